@@ -1,0 +1,70 @@
+# Switchboard: every target installs what it needs first (make setup is idempotent).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+MODEL     ?=
+ARTIFACTS ?= build/artifacts/$(if $(MODEL),$(notdir $(abspath $(MODEL))),default)
+REPO      ?= model_repository
+PRECISION ?= fp32,int8
+export HTTP_PORT ?= 8000
+export GRPC_PORT ?= 8001
+export METRICS_PORT ?= 8002
+export REDIS_PORT ?= 6379
+PYTEST_ARGS ?=
+
+SETUP_STAMP := $(VENV)/.switchboard-setup
+MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
+
+.PHONY: help setup model export serve stop status chat test test-unit test-integration perf lock clean
+
+help: ## show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+	@echo "  variables: MODEL=path/to/hf-checkpoint PRECISION=$(PRECISION) HTTP_PORT GRPC_PORT METRICS_PORT REDIS_PORT"
+
+setup: ## venv, pinned packages, tritonserver + Python backend, perf_analyzer, redis-server
+	@bash scripts/setup.sh
+
+model: setup ## build the embedded default model from corpus/ (cached; skipped when MODEL is set)
+ifeq ($(MODEL),)
+	@$(PY) -m switchboard.defaultmodel --out build/default-model
+else
+	@echo "MODEL=$(MODEL): using that checkpoint, no default model to build"
+endif
+
+export: model ## export MODEL (default: the built default model) to ONNX + INT8 and install it into the repository
+	@$(PY) -m switchboard.export --model $(MODEL_DIR) --out $(ARTIFACTS) --precision $(PRECISION) --install $(REPO)
+
+serve: export ## start redis-server and tritonserver in the background (ports 8000/8001/8002, Redis 6379)
+	@$(PY) -m switchboard.launch up --repository $(REPO)
+
+stop: ## stop what `make serve` started
+	@$(PY) -m switchboard.launch down
+
+status: ## what `make serve` started
+	@$(PY) -m switchboard.launch status
+
+chat: setup ## interactive chat with the running server (TEXT="..." for one question)
+	@$(VENV)/bin/switchboard-chat $(if $(TEXT),"$(TEXT)")
+
+test: export ## unit and integration tests (real tritonserver and redis-server on free ports)
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup ## only the fast unit tests
+	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: export ## only the integration tests
+	@$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+perf: export ## perf_analyzer against chat with real corpus questions (report in build/perf)
+	@$(PY) -m switchboard.perf.analyzer --out build/perf
+
+lock: ## re-resolve requirements.in into requirements.lock
+	@$(PY) -m pip install -q -r requirements.in && $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock
+
+clean: ## stop the stack, remove build outputs, installed artifacts and the venv
+	-@[ -x $(PY) ] && $(PY) -m switchboard.launch down
+	@rm -rf build $(VENV) .pytest_cache
+	@find $(REPO) -path '*/1/*' ! -name model.py -type f -delete
+	@find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,94 @@
+"""Hugging Face causal LM -> ONNX decoder with KV-cache inputs and outputs (one graph).
+
+transformers 5 takes a ``DynamicCache``, not tuples; the wrapper takes flat key/value tensors,
+builds the cache, and returns flat ``present`` tensors, which the dynamo exporter handles.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SUPPORTED = {"llama", "qwen2", "mistral", "gpt2"}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_window: int
+
+
+def geometry(config) -> Geometry:
+    if config.model_type not in SUPPORTED:
+        raise ValueError(f"unsupported architecture {config.model_type!r} "
+                         f"({', '.join(config.architectures or [])}); supported: {', '.join(sorted(SUPPORTED))}")
+    heads = config.num_attention_heads
+    return Geometry(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        vocab_size=config.vocab_size,
+        context_window=config.max_position_embeddings,
+    )
+
+
+class DecoderWrapper(torch.nn.Module):
+    def __init__(self, model, num_layers: int):
+        super().__init__()
+        self.model = model
+        self.num_layers = num_layers
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for i in range(self.num_layers):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+        present = []
+        for layer in out.past_key_values.layers:
+            present += [layer.keys, layer.values]
+        return (out.logits, *present)
+
+
+def io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    inputs = ["input_ids", "attention_mask", "position_ids"]
+    outputs = ["logits"]
+    for i in range(num_layers):
+        inputs += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        outputs += [f"present.{i}.key", f"present.{i}.value"]
+    return inputs, outputs
+
+
+def export(model, geo: Geometry, path: Path) -> Path:
+    """Export ``model`` (eval mode, fp32) to ``path``; large models get external data."""
+    wrapper = DecoderWrapper(model, geo.num_layers).eval()
+    batch, new, past_len = 2, 3, 4
+    # A few new tokens on top of a short past: a one-token sample trips dynamo on is_causal.
+    sample = [torch.randint(0, geo.vocab_size, (batch, new)),
+              torch.ones(batch, past_len + new, dtype=torch.long),
+              torch.arange(past_len, past_len + new).repeat(batch, 1)]
+    # Distinct tensors: the exporter aliases inputs that are the same object, which would
+    # wire one layer's key input into its value path.
+    sample += [torch.randn(batch, geo.num_kv_heads, past_len, geo.head_dim) for _ in range(2 * geo.num_layers)]
+    b, s, p, t = (torch.export.Dim(n) for n in ("batch", "sequence", "past", "total"))
+    # *past is one varargs entry: its shapes go in one nested tuple.
+    dynamic = ({0: b, 1: s}, {0: b, 1: t}, {0: b, 1: s}, tuple({0: b, 2: p} for _ in range(2 * geo.num_layers)))
+    inputs, outputs = io_names(geo.num_layers)
+    large = sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        program = torch.onnx.export(wrapper, tuple(sample), input_names=inputs, output_names=outputs,
+                                    dynamic_shapes=dynamic, dynamo=True, optimize=True,
+                                    external_data=large)
+    program.save(str(path), external_data=large)
+    return path

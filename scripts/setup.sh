@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything Switchboard needs on a plain Debian 12 machine: system packages,
+# the pinned Python environment, and a Triton backend directory for the Python backend.
+# Idempotent: every step checks before it acts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+ldconfig -p | grep -q libb64.so.0d || need_apt+=(libb64-0d)
+if ((${#need_apt[@]})); then
+  echo "==> installing system packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.switchboard-setup"
+want=$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "==> installing pinned Python packages (requirements.lock)"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -r requirements.lock
+  "$VENV/bin/pip" install -q --no-deps -e .
+  echo "$want" > "$stamp"
+fi
+
+# Triton looks for backends/<name>/ under --backend-directory; the pytriton wheel keeps
+# the Python backend and its per-Python stubs apart, so assemble the directory once.
+"$VENV/bin/python" -m switchboard.triton.install_backend build/triton/backends
+echo "==> setup done ($VENV, build/triton/backends)"

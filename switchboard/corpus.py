@@ -1,0 +1,165 @@
+"""The bilingual customer-service corpus shipped in ``corpus/``.
+
+FAQ entries carry slot placeholders (``{order_id}``, ``{sku}``, ...) that are filled with
+seeded random values, so the model sees many order numbers and SKU codes but the corpus stays
+small and reviewable. The same loader feeds training, calibration, perf workloads and the
+fallback FAQ retrieval; ``heldout.jsonl`` is never used for training.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CORPUS_DIR = Path(__file__).resolve().parent.parent / "corpus"
+SLOT_RE = re.compile(r"\{(order_id|sku|price|product|tracking|phone|days)\}")
+
+_PRODUCTS = {
+    "en": ["wireless earbuds", "running shoes", "coffee maker", "desk lamp", "phone case",
+           "backpack", "smart watch", "air fryer", "yoga mat", "bluetooth speaker",
+           "winter jacket", "water bottle", "mechanical keyboard", "baby stroller"],
+    "zh": ["蓝牙耳机", "跑步鞋", "咖啡机", "台灯", "手机壳", "双肩包", "智能手表", "空气炸锅",
+           "瑜伽垫", "蓝牙音箱", "羽绒服", "保温杯", "机械键盘", "婴儿推车"],
+}
+
+
+def _sku(rng: random.Random) -> str:
+    u, d = string.ascii_uppercase, string.digits
+    return "SKU-" + rng.choice(u) + rng.choice(d) + rng.choice(u) + rng.choice(d) + rng.choice(d)
+
+
+def _price(rng: random.Random, lang: str) -> str:
+    if lang == "zh":
+        return f"{rng.choice([39, 59, 99, 129, 199, 299, 399, 599, 1299])}元"
+    return f"${rng.choice([9, 19, 24, 39, 49, 79, 99, 149, 249])}.{rng.choice(['99', '50', '00'])}"
+
+
+def _phone(rng: random.Random, lang: str) -> str:
+    if lang == "zh":
+        return f"1{rng.choice('3589')}{rng.randint(0, 9)} {rng.randint(1000, 9999)} {rng.randint(1000, 9999)}"
+    return f"+1 {rng.randint(201, 989)}-555-{rng.randint(1000, 9999):04d}"
+
+
+def _tracking(rng: random.Random) -> str:
+    return rng.choice(["SF", "YT", "1Z", "JD"]) + "".join(rng.choice(string.digits) for _ in range(10))
+
+
+def fill_slots(values: dict[str, str], text: str) -> str:
+    return SLOT_RE.sub(lambda m: values[m.group(1)], text)
+
+
+def sample_slots(rng: random.Random, lang: str) -> dict[str, str]:
+    """One consistent set of slot values for a whole conversation."""
+    return {
+        "order_id": "SB" + "".join(rng.choice(string.digits) for _ in range(8)),
+        "sku": _sku(rng),
+        "price": _price(rng, lang),
+        "product": rng.choice(_PRODUCTS["zh" if lang == "zh" else "en"]),
+        "tracking": _tracking(rng),
+        "phone": _phone(rng, lang),
+        "days": str(rng.randint(2, 14)),
+    }
+
+
+@dataclass(frozen=True)
+class FaqEntry:
+    id: str
+    lang: str
+    topic: str
+    questions: tuple[str, ...]
+    answer: str
+    heldout: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Dialog:
+    id: str
+    lang: str
+    turns: tuple[dict, ...]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    faq: tuple[FaqEntry, ...]
+    dialogs: tuple[Dialog, ...]
+
+    def files(self) -> list[Path]:
+        return sorted(CORPUS_DIR.glob("*.jsonl"))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: {e}") from None
+    return rows
+
+
+def load(directory: Path = CORPUS_DIR) -> Corpus:
+    heldout: dict[str, list[str]] = {}
+    if (directory / "heldout.jsonl").exists():
+        for row in _read_jsonl(directory / "heldout.jsonl"):
+            heldout.setdefault(row["id"], []).extend(row["questions"])
+    faq = tuple(
+        FaqEntry(r["id"], r["lang"], r.get("topic", ""), tuple(r["questions"]), r["answer"],
+                 tuple(heldout.get(r["id"], ())))
+        for r in _read_jsonl(directory / "faq.jsonl")
+    )
+    dialogs = ()
+    if (directory / "dialogs.jsonl").exists():
+        dialogs = tuple(Dialog(r["id"], r["lang"], tuple(r["turns"]))
+                        for r in _read_jsonl(directory / "dialogs.jsonl"))
+    return Corpus(faq, dialogs)
+
+
+def training_conversations(corpus: Corpus, n: int, seed: int = 0,
+                           max_exchanges: int = 4) -> list[list[dict]]:
+    """Seeded conversations (lists of user/assistant messages) for supervised training.
+
+    Single-turn FAQ pairs dominate; the rest chain several FAQ pairs or replay a dialog so
+    the model learns to answer the latest question with earlier turns in its context.
+    """
+    rng = random.Random(seed)
+    by_lang: dict[str, list[FaqEntry]] = {}
+    for e in corpus.faq:
+        by_lang.setdefault(e.lang, []).append(e)
+    out: list[list[dict]] = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.12 and corpus.dialogs:
+            d = rng.choice(corpus.dialogs)
+            slots = sample_slots(rng, d.lang)
+            out.append([{"role": t["role"], "content": fill_slots(slots, t["content"])} for t in d.turns])
+            continue
+        lang = rng.choice(sorted(by_lang))
+        exchanges = 1 if kind < 0.6 else rng.randint(2, max_exchanges)
+        slots = sample_slots(rng, lang)
+        conv: list[dict] = []
+        for _ in range(exchanges):
+            # Mixed-language conversations happen in this domain; let some turns switch.
+            pool = by_lang[rng.choice(sorted(by_lang))] if rng.random() < 0.1 else by_lang[lang]
+            e = rng.choice(pool)
+            conv.append({"role": "user", "content": fill_slots(slots, rng.choice(e.questions))})
+            conv.append({"role": "assistant", "content": fill_slots(slots, e.answer)})
+        out.append(conv)
+    return out
+
+
+def sample_questions(corpus: Corpus, n: int, seed: int = 0, heldout: bool = False) -> list[str]:
+    """Filled-in customer questions, e.g. for perf input data or calibration."""
+    rng = random.Random(seed)
+    entries = [e for e in corpus.faq if e.heldout] if heldout else list(corpus.faq)
+    out = []
+    for _ in range(n):
+        e = rng.choice(entries)
+        q = rng.choice(e.heldout if heldout else e.questions)
+        out.append(fill_slots(sample_slots(rng, e.lang), q))
+    return out

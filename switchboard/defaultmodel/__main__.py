@@ -1,0 +1,111 @@
+"""Build the embedded default model from the corpus: ``python -m switchboard.defaultmodel``.
+
+Writes a Hugging Face checkpoint (config, safetensors weights, tokenizer with chat template)
+to the output directory. The build is skipped when a checkpoint made from the same inputs
+(corpus files, this code, the training config) is already there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from switchboard import corpus as corpus_mod
+from switchboard.prompt import DEFAULT_SYSTEM_PROMPT
+
+log = logging.getLogger("switchboard.defaultmodel")
+HERE = Path(__file__).resolve().parent
+
+
+def inputs_digest(cfg, corpus_dir: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(corpus_dir.glob("*.jsonl")) + sorted(HERE.glob("*.py")) + [Path(corpus_mod.__file__)]
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    h.update(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
+    h.update(DEFAULT_SYSTEM_PROMPT.encode())
+    return h.hexdigest()[:16]
+
+
+def build(out: Path, cfg, corpus_dir: Path, progress: bool = True) -> dict:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from switchboard.defaultmodel import tokenizer as tokmod
+    from switchboard.defaultmodel.train import encode_conversation, train
+
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+    t0 = time.time()
+    data = corpus_mod.load(corpus_dir)
+    convs = corpus_mod.training_conversations(data, cfg.conversations, seed=cfg.seed)
+
+    texts = [DEFAULT_SYSTEM_PROMPT] + [m["content"] for c in convs for m in c]
+    tok = tokmod.train_tokenizer(texts, cfg.vocab_size, out, cfg.context_window)
+    ids = {"bos": tok.token_to_id(tokmod.BOS), "end": tok.token_to_id(tokmod.END),
+           **{r.strip("<|>"): tok.token_to_id(r) for r in tokmod.ROLE_TOKENS}}
+    pad_id = tok.token_to_id(tokmod.PAD)
+    examples = [e for c in convs if (e := encode_conversation(tok, c, DEFAULT_SYSTEM_PROMPT, ids, cfg.max_len))]
+    log.info("tokenizer: %d tokens; %d training conversations (%d dropped as too long)",
+             tok.get_vocab_size(), len(examples), len(convs) - len(examples))
+
+    torch.manual_seed(cfg.seed)
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=cfg.context_window,
+        rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=ids["bos"], eos_token_id=ids["end"],
+        pad_token_id=pad_id,
+    )
+    model = LlamaForCausalLM(config)
+    losses = train(model, examples, cfg, pad_id, progress=progress)
+    model.save_pretrained(out)
+    GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["end"], pad_token_id=pad_id,
+                     do_sample=False).save_pretrained(out)
+    info = {
+        "name": "switchboard-default",
+        "system_prompt": DEFAULT_SYSTEM_PROMPT,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_config": dataclasses.asdict(cfg),
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "build_seconds": round(time.time() - t0, 1),
+    }
+    (out / "switchboard.json").write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n")
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    from switchboard.defaultmodel.train import TrainConfig
+
+    p = argparse.ArgumentParser(prog="python -m switchboard.defaultmodel", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("build/default-model"), help="checkpoint directory")
+    p.add_argument("--corpus", type=Path, default=corpus_mod.CORPUS_DIR, help="corpus directory")
+    p.add_argument("--steps", type=int, default=TrainConfig.steps, help="training steps")
+    p.add_argument("--force", action="store_true", help="rebuild even if the inputs did not change")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    cfg = TrainConfig(steps=args.steps)
+    digest = inputs_digest(cfg, args.corpus)
+    stamp = args.out / ".inputs"
+    if not args.force and stamp.exists() and stamp.read_text().strip() == digest:
+        log.info("default model is up to date (%s, inputs %s)", args.out, digest)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    info = build(args.out, cfg, args.corpus, progress=not args.no_progress)
+    stamp.write_text(digest + "\n")
+    log.info("built %s: %.1fM parameters, final loss %.3f, %.0f s",
+             args.out, info["parameters"] / 1e6, info["final_loss"], info["build_seconds"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Answer accuracy of an exported model on the corpus: does greedy decoding give the FAQ
+answer for training questions and for held-out paraphrases it never saw?"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from switchboard import corpus as corpus_mod
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    train: float
+    heldout: float
+    n_train: int
+    n_heldout: int
+    samples: list[tuple[str, str, str]]  # question, expected, answer
+
+
+def _same(answer: str, expected: str, chars: int = 24) -> bool:
+    a, e = answer.strip(), expected.strip()
+    return a[:chars] == e[:chars]
+
+
+def answer_accuracy(artifacts, precision: str = "fp32", per_entry: int = 1, seed: int = 0,
+                    max_new_tokens: int = 24) -> Accuracy:
+    from switchboard.engine.runtime import OnnxDecoder
+    from switchboard.engine.scheduler import Engine, GenerationRequest
+    from switchboard.manifest import Manifest
+    from switchboard.tokenizer import TextTokenizer
+
+    manifest = Manifest.load(artifacts)
+    tok = TextTokenizer(artifacts)
+    engine = Engine(OnnxDecoder(artifacts, manifest, precision), max_batch=32, max_waiting=1 << 16,
+                    stop_ids=set(manifest.eos_token_ids))
+    rng = random.Random(seed)
+    system = [{"role": "system", "content": manifest.system_prompt}] if manifest.system_prompt else []
+    cases = []  # (split, question, expected)
+    for e in corpus_mod.load().faq:
+        for split, pool in (("train", e.questions), ("heldout", e.heldout)):
+            for q in rng.sample(list(pool), min(per_entry, len(pool))):
+                slots = corpus_mod.sample_slots(rng, e.lang)
+                cases.append((split, corpus_mod.fill_slots(slots, q), corpus_mod.fill_slots(slots, e.answer)))
+
+    class Sink:
+        def __init__(self):
+            self.tokens, self.done = [], False
+
+        def on_tokens(self, ids):
+            self.tokens += ids
+
+        def on_finish(self, result):
+            self.done = True
+
+        def on_error(self, error):
+            raise error
+
+        def cancelled(self):
+            return False
+
+    sinks = []
+    for _, q, _ in cases:
+        ids = tok.encode(tok.template.render(system + [{"role": "user", "content": q}]))
+        sinks.append(Sink())
+        engine.submit(GenerationRequest(ids, max_new_tokens), sinks[-1])
+    while not all(s.done for s in sinks):
+        engine.step()
+    hits = {"train": [], "heldout": []}
+    samples = []
+    for (split, q, expected), s in zip(cases, sinks):
+        answer = tok.decode(s.tokens)
+        hits[split].append(_same(answer, expected))
+        samples.append((q, expected, answer))
+    rate = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    return Accuracy(rate(hits["train"]), rate(hits["heldout"]), len(hits["train"]), len(hits["heldout"]), samples)

@@ -1,0 +1,1 @@
+"""Generation engine: ONNX Runtime decoder, KV batch, priority scheduler (no Triton here)."""

@@ -1,0 +1,221 @@
+"""Start and stop the stack: ``python -m switchboard.launch up|down|status``.
+
+``up`` starts a private redis-server and tritonserver (the pytriton build, Python backend)
+in the background, waits until every model is READY and records their pids under the run
+directory; ``down`` stops exactly what ``up`` started. The same ``Stack`` class starts
+servers on free ports for the integration tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+    redis: int = 6379
+
+    @classmethod
+    def free(cls) -> "Ports":
+        return cls(free_port(), free_port(), free_port(), free_port())
+
+
+@dataclass
+class Stack:
+    ports: Ports = field(default_factory=Ports)
+    repository: Path = ROOT / "model_repository"
+    run_dir: Path = ROOT / "build" / "run"
+    backends: Path = ROOT / "build" / "triton" / "backends"
+    env: dict[str, str] = field(default_factory=dict)   # extra SWITCHBOARD_* overrides
+    redis: subprocess.Popen | None = None
+    triton: subprocess.Popen | None = None
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports.redis}/0"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    def start_redis(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if port_open(self.ports.redis):
+            raise SystemExit(f"port {self.ports.redis} is in use: set REDIS_PORT or stop what listens there")
+        self.redis = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", "--port", str(self.ports.redis), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--daemonize", "no", "--maxmemory", "512mb",
+             "--maxmemory-policy", "volatile-lru"],
+            stdout=open(self.run_dir / f"redis-{self.ports.redis}.log", "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        _wait(lambda: port_open(self.ports.redis), 10, "redis-server", self.redis)
+
+    def stop_redis(self) -> None:
+        _stop(self.redis)
+        self.redis = None
+
+    def start_triton(self, timeout: float = 180) -> None:
+        from switchboard.triton.install_backend import install, server_binary, server_library_dir
+
+        install(self.backends)
+        for p in (self.ports.http, self.ports.grpc, self.ports.metrics):
+            if port_open(p):
+                raise SystemExit(f"port {p} is in use: set HTTP_PORT/GRPC_PORT/METRICS_PORT or stop what listens there")
+        env = dict(os.environ)
+        venv_bin = str(Path(sys.executable).parent)
+        # The Python backend stub imports from the environment first on PATH.
+        env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+        env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)
+        env["LD_LIBRARY_PATH"] = str(server_library_dir()) + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+        env["SWITCHBOARD_REDIS_URL"] = self.redis_url
+        env.update(self.env)
+        cmd = [str(server_binary()), "--model-repository", str(self.repository),
+               "--backend-directory", str(self.backends),
+               "--http-port", str(self.ports.http), "--grpc-port", str(self.ports.grpc),
+               "--metrics-port", str(self.ports.metrics),
+               # Models are loaded at start-up only; no load/unload API at run time.
+               "--model-control-mode", "none", "--exit-on-error", "true", "--strict-readiness", "true",
+               "--backend-config", "python,shm-default-byte-size=16777216",
+               "--backend-config", "python,shm-growth-byte-size=16777216",
+               "--log-verbose", "0"]
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.triton_log = self.run_dir / f"tritonserver-{self.ports.grpc}.log"
+        self.triton = subprocess.Popen(cmd, env=env, stdout=open(self.triton_log, "ab"), stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        _wait(self.ready, timeout, f"tritonserver (log: {self.triton_log})", self.triton)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.http}/v2/health/ready", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def stop_triton(self) -> None:
+        _stop(self.triton, timeout=30)
+        self.triton = None
+
+    def start(self) -> "Stack":
+        self.start_redis()
+        try:
+            self.start_triton()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.stop_triton()
+        self.stop_redis()
+
+
+def _wait(check, timeout: float, what: str, proc: subprocess.Popen | None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
+
+
+def _stop(proc: subprocess.Popen | None, timeout: float = 10) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)  # tritonserver shuts down models cleanly on SIGINT
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _pidfile(run_dir: Path, name: str) -> Path:
+    return run_dir / f"{name}.pid"
+
+
+def _kill_pid(path: Path, timeout: float = 30) -> bool:
+    try:
+        pid = int(path.read_text())
+    except (OSError, ValueError):
+        return False
+    path.unlink(missing_ok=True)
+    try:
+        os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    p.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    p.add_argument("--redis-port", type=int, default=int(os.environ.get("REDIS_PORT", 6379)))
+    p.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    p.add_argument("--run-dir", type=Path, default=ROOT / "build" / "run")
+    args = p.parse_args(argv)
+    run = args.run_dir
+    if args.action == "down":
+        stopped = [n for n in ("tritonserver", "redis-server") if _kill_pid(_pidfile(run, n))]
+        print("stopped: " + (", ".join(stopped) or "nothing was running"))
+        return 0
+    if args.action == "status":
+        for n in ("tritonserver", "redis-server"):
+            f = _pidfile(run, n)
+            print(f"{n}: {'pid ' + f.read_text().strip() if f.exists() else 'not started'}")
+        return 0
+    if _pidfile(run, "tritonserver").exists():
+        print("already up (make stop first)")
+        return 1
+    stack = Stack(Ports(args.http_port, args.grpc_port, args.metrics_port, args.redis_port), args.repository, run)
+    print(f"starting redis-server on :{args.redis_port} and tritonserver (HTTP :{args.http_port}, "
+          f"gRPC :{args.grpc_port}, metrics :{args.metrics_port}) ...", flush=True)
+    stack.start()
+    _pidfile(run, "redis-server").write_text(str(stack.redis.pid))
+    _pidfile(run, "tritonserver").write_text(str(stack.triton.pid))
+    print(f"ready: gRPC {stack.grpc_url}, HTTP http://127.0.0.1:{args.http_port}, "
+          f"metrics http://127.0.0.1:{args.metrics_port}/metrics; logs in {run}; `make stop` stops both")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The manifest written next to exported artifacts, and the model fingerprint.
+
+The fingerprint is a hash over weights, tokenizer, graph and precision: a KV cache written by
+one fingerprint is never used by another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    fingerprint: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_window: int
+    eos_token_ids: list[int]
+    end_of_turn_id: int
+    system_prompt: str | None
+    kv_dtype: str = "float32"
+    variants: dict[str, dict] = field(default_factory=dict)   # precision -> {file, fingerprint, sha256...}
+    source: dict = field(default_factory=dict)                # where the checkpoint came from
+    parity: dict = field(default_factory=dict)                # export-time checks against PyTorch
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        return (self.num_layers, 2, self.num_kv_heads, self.head_dim)
+
+    def variant(self, precision: str) -> dict:
+        if precision not in self.variants:
+            raise ValueError(f"precision {precision!r} not exported; have {sorted(self.variants)}")
+        return self.variants[precision]
+
+    def save(self, directory: Path) -> None:
+        (directory / MANIFEST).write_text(json.dumps(asdict(self), ensure_ascii=False, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path) -> "Manifest":
+        path = Path(directory) / MANIFEST
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: run `make export` first")
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+
+def file_digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(p.name.encode())
+        with p.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,143 @@
+"""The public ``chat`` request as a typed, validated object.
+
+Everything a client can send is checked here, before any work: the Triton glue turns a
+``RequestError`` into ``INVALID_ARG`` with this message. Nothing here knows Triton.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+
+PRIORITY_LIVE, PRIORITY_DEFAULT = 1, 2
+PRIORITY_PARAMETER = "chat_priority"
+
+
+class RequestError(ValueError):
+    """The client sent something invalid; the message names what."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_text_bytes: int = 16384
+    max_session_id_bytes: int = 256
+    default_max_new_tokens: int = 96
+    max_new_tokens: int = 512
+    priority_levels: int = 2
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    text: str
+    session_id: str | None
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    priority: int
+    seed: int | None = None
+
+
+def _one(name: str, array: np.ndarray | None):
+    if array is None:
+        return None
+    if array.size != 1:
+        raise RequestError(f"{name}: expected exactly one value, got shape {list(array.shape)} "
+                           "(send one message per request)")
+    return array.reshape(-1)[0]
+
+
+def _utf8(name: str, value, max_bytes: int) -> str:
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogatepass")
+    if not isinstance(value, (bytes, bytearray, np.bytes_)):
+        raise RequestError(f"{name}: expected BYTES (UTF-8 text)")
+    value = bytes(value)
+    if len(value) > max_bytes:
+        raise RequestError(f"{name}: {len(value)} bytes is over the limit of {max_bytes}")
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"{name}: not valid UTF-8 (byte {e.start})") from None
+    bad = next((c for c in text if unicodedata.category(c) == "Cc" and c not in "\t\n\r"), None)
+    if bad is not None:
+        raise RequestError(f"{name}: contains control character U+{ord(bad):04X}")
+    if unicodedata.category(text[:1] or "a") == "Cs":
+        raise RequestError(f"{name}: not valid UTF-8")
+    return text
+
+
+def _number(name: str, value, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    if value is None:
+        return default
+    out = float(value)
+    if not math.isfinite(out) or out > hi or out < lo or (lo_open and out == lo):
+        bracket = "(" if lo_open else "["
+        raise RequestError(f"{name}: {out} is outside {bracket}{lo}, {hi}]")
+    return out
+
+
+def _int_param(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise RequestError(f"parameter {name}: expected an integer in [{lo}, {hi}]")
+    try:
+        out = int(value)
+    except ValueError:
+        raise RequestError(f"parameter {name}: expected an integer in [{lo}, {hi}]") from None
+    if not lo <= out <= hi:
+        raise RequestError(f"parameter {name}: {out} is outside [{lo}, {hi}]")
+    return out
+
+
+def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, limits: Limits) -> ChatRequest:
+    raw_text = _one("text", inputs.get("text"))
+    if raw_text is None:
+        raise RequestError("text: required input is missing")
+    text = _utf8("text", raw_text, limits.max_text_bytes)
+    if not text.strip():
+        raise RequestError("text: empty message")
+
+    session_id = None
+    raw_session = _one("session_id", inputs.get("session_id"))
+    if raw_session is not None:
+        session_id = _utf8("session_id", raw_session, limits.max_session_id_bytes)
+        if not session_id:
+            raise RequestError("session_id: empty (omit it for a one-off chat)")
+
+    raw_max = _one("max_new_tokens", inputs.get("max_new_tokens"))
+    max_new = limits.default_max_new_tokens if raw_max is None else int(raw_max)
+    if not 1 <= max_new <= limits.max_new_tokens:
+        raise RequestError(f"max_new_tokens: {max_new} is outside [1, {limits.max_new_tokens}]")
+
+    temperature = _number("temperature", _one("temperature", inputs.get("temperature")), 0.0, 0.0, 2.0)
+    top_p = _number("top_p", _one("top_p", inputs.get("top_p")), 1.0, 0.0, 1.0, lo_open=True)
+
+    # Triton's own request priority is not visible to a Python model in 2.51, so clients
+    # send the same value as the request parameter `chat_priority` (the SDK does both).
+    priority = PRIORITY_DEFAULT
+    if PRIORITY_PARAMETER in parameters:
+        priority = _int_param(PRIORITY_PARAMETER, parameters[PRIORITY_PARAMETER], 1, limits.priority_levels)
+    seed = _int_param("seed", parameters["seed"], 0, 2**32 - 1) if "seed" in parameters else None
+    return ChatRequest(text, session_id, max_new, temperature, top_p, priority, seed)
+
+
+def longest_common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass(frozen=True)
+class Router:
+    """Length-aware routing: prompts up to ``threshold`` tokens go to the short pool."""
+
+    threshold: int
+    short_pool: str = "engine_short"
+    long_pool: str = "engine_long"
+
+    def route(self, prompt_tokens: int) -> tuple[str, str]:
+        return ("short", self.short_pool) if prompt_tokens <= self.threshold else ("long", self.long_pool)

@@ -1,0 +1,72 @@
+"""Serve-time tokenizer: ``tokenizers`` plus the checkpoint's chat template.
+
+The server never imports transformers (slow to import, large in every stub process). The
+export step writes a ``tokenizer.json`` for every checkpoint, so this works for the default
+model and for Llama, Qwen2, Mistral and GPT-2 checkpoints alike.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+
+def _token_text(value) -> str | None:
+    # tokenizer_config.json stores special tokens either as strings or as AddedToken dicts.
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _raise(message: str):
+    raise TemplateError(message)
+
+
+class ChatTemplate:
+    """A Hugging Face chat template rendered the way transformers renders it."""
+
+    def __init__(self, source: str, bos_token: str | None, eos_token: str | None):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self._template = env.from_string(source)
+        self._special = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     **self._special)
+
+
+class TextTokenizer:
+    def __init__(self, directory: Path):
+        directory = Path(directory)
+        self._tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if not template and (directory / "chat_template.jinja").exists():
+            template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        if not template:
+            raise ValueError(f"{directory}: the tokenizer has no chat template")
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.template = ChatTemplate(template, self.bos_token, self.eos_token)
+
+    @cached_property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def encode(self, text: str) -> list[int]:
+        # The chat template already wrote BOS and role markers as text.
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,1 @@
+"""Thin Triton glue: turns Triton requests into plain objects and results back."""

@@ -1,0 +1,25 @@
+"""Test tiers by folder: tests/unit (pure modules), tests/model (the exported model, no
+server), tests/integration (real tritonserver and redis-server on free ports)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "build" / "artifacts" / "default"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
+        if tier in ("unit", "model", "integration"):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    if not (ARTIFACTS / "manifest.json").exists():
+        pytest.fail(f"{ARTIFACTS} has no exported model: run `make export` (make test does)")
+    return ARTIFACTS

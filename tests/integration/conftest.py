@@ -1,0 +1,59 @@
+"""One real redis-server and one real tritonserver (the repository in model_repository/) on
+free ports for the whole integration session."""
+
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+import pytest
+import redis
+import tritonclient.grpc as grpcclient
+
+from switchboard.client import ChatClient
+from switchboard.launch import Ports, Stack
+
+
+@pytest.fixture(scope="session")
+def stack(artifacts, tmp_path_factory):
+    s = Stack(Ports.free(), run_dir=tmp_path_factory.mktemp("run"))
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def client(stack) -> ChatClient:
+    return ChatClient(stack.grpc_url, timeout_s=120)
+
+
+@pytest.fixture(scope="session")
+def redis_client(stack):
+    r = redis.Redis(port=stack.ports.redis)
+    yield r
+    r.close()
+
+
+def raw_chat(url: str, inputs: dict[str, tuple[np.ndarray, str]], parameters: dict | None = None, timeout=60):
+    """Send a hand-made request to chat; returns (responses, error)."""
+    responses: queue.Queue = queue.Queue()
+    tensors = []
+    for name, (array, triton_type) in inputs.items():
+        t = grpcclient.InferInput(name, list(array.shape), triton_type)
+        t.set_data_from_numpy(array)
+        tensors.append(t)
+    c = grpcclient.InferenceServerClient(url)
+    c.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        c.async_stream_infer("chat", tensors, parameters=parameters)
+        out = []
+        while True:
+            result, error = responses.get(timeout=timeout)
+            if error is not None:
+                return out, error
+            out.append(result)
+            if result.as_numpy("stats") is not None:
+                return out, None
+    finally:
+        c.stop_stream()
+        c.close()

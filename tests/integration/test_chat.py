@@ -1,0 +1,142 @@
+"""End to end over gRPC: real tritonserver, real redis-server, the exported default model."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from switchboard.client import ChatError, ChatStats
+from switchboard.session import session_key
+
+from .conftest import raw_chat
+
+
+def collect(client, text, **kw) -> tuple[list[str], ChatStats]:
+    deltas, stats = [], None
+    for event in client.chat(text, temperature=0.0, **kw):
+        if isinstance(event, ChatStats):
+            stats = event
+        else:
+            deltas.append(event)
+    return deltas, stats
+
+
+def conversation(redis_client, session_id):
+    raw = redis_client.get(session_key("sb", session_id) + ":conv")
+    return json.loads(raw) if raw else None
+
+
+def test_all_models_ready(stack):
+    with grpcclient.InferenceServerClient(stack.grpc_url) as c:
+        assert c.is_server_ready()
+        for name in ("chat", "engine_short", "engine_long"):
+            assert c.is_model_ready(name), name
+
+
+def test_second_turn_reuses_the_first_turns_kv_and_matches_a_cold_cache(client, redis_client):
+    turns = ["Where is my order?", "Can I change the delivery address?"]
+    _, s1 = collect(client, turns[0], session_id="reuse-warm")
+    warm, s2 = collect(client, turns[1], session_id="reuse-warm")
+    assert s1.reused_tokens == 0 and s1.raw["session"] == "miss"
+    assert s2.reused_tokens > s1.prompt_tokens, "turn 2 should reuse turn 1's prompt and answer"
+
+    # The same conversation, with the KV entry removed before turn 2: full prefill.
+    collect(client, turns[0], session_id="reuse-cold")
+    assert redis_client.delete(session_key("sb", "reuse-cold") + ":kv") == 1
+    cold, s2_cold = collect(client, turns[1], session_id="reuse-cold")
+    assert s2_cold.reused_tokens == 0
+    assert s2_cold.prompt_tokens == s2.prompt_tokens
+    assert "".join(warm) == "".join(cold)
+    assert s2.generated_tokens > 0
+
+
+def test_streamed_deltas_join_to_the_stored_answer(client, redis_client):
+    deltas, stats = collect(client, "我的订单什么时候发货？", session_id="stream-zh")
+    answer = "".join(deltas)
+    assert len(deltas) > 3, "the answer should arrive in several deltas"
+    assert stats.generated_tokens >= len(deltas)
+    assert answer.encode("utf-8").decode("utf-8") == answer and "\ufffd" not in answer
+    stored = conversation(redis_client, "stream-zh")
+    assert stored["messages"][-1] == {"role": "assistant", "content": answer}
+    reply = client.chat("我的订单什么时候发货？", stream=False, temperature=0.0)
+    assert reply.text == answer and reply.stats.generated_tokens == stats.generated_tokens
+
+
+def test_length_aware_routing(client):
+    _, short = collect(client, "Hi, is SKU-A7X92 in stock?", max_new_tokens=8)
+    long_text = " ".join(["My order arrived damaged and the box was open, the charger is missing,"
+                          " and the screen has a crack on the left side."] * 8)
+    _, long = collect(client, long_text, max_new_tokens=8)
+    assert short.route == "short" and short.prompt_tokens <= 160
+    assert long.route == "long" and long.prompt_tokens > 160
+
+
+def test_priority_one_overtakes_a_queue_of_priority_two(client):
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def send(name, priority):
+        try:
+            collect(client, "How do I return a damaged item?", priority=priority, max_new_tokens=48)
+        finally:
+            with lock:
+                finished.append(name)
+
+    background = [threading.Thread(target=send, args=(f"p2-{i}", 2)) for i in range(24)]
+    for t in background:
+        t.start()
+    time.sleep(1.0)  # the queue is formed: 8 running in the engine, the rest waiting
+    vip = threading.Thread(target=send, args=("p1", 1))
+    vip.start()
+    for t in background + [vip]:
+        t.join(300)
+    assert len(finished) == 25
+    later = finished[finished.index("p1") + 1:]
+    assert len(later) >= 8, f"priority 1 finished at position {finished.index('p1') + 1} of 25: {finished}"
+
+
+def _expect_invalid(url, inputs, parameters=None, needle=""):
+    _, error = raw_chat(url, inputs, parameters)
+    assert error is not None, "expected an error"
+    assert "INVALID_ARG" in str(error.status()), error
+    assert needle in error.message(), error.message()
+
+
+def b(x):
+    return np.asarray([[x]], dtype=np.object_)
+
+
+@pytest.mark.parametrize("inputs, needle", [
+    ({"session_id": (b(b"s"), "BYTES")}, "text: required"),
+    ({"text": (b(b""), "BYTES")}, "text: empty"),
+    ({"text": (b(b"\xc3\x28 broken"), "BYTES")}, "not valid UTF-8"),
+    ({"text": (b(b"hi"), "BYTES"), "max_new_tokens": (np.asarray([[-5]], np.int32), "INT32")}, "max_new_tokens: -5"),
+    ({"text": (b(b"hi"), "BYTES"), "max_new_tokens": (np.asarray([[10**9]], np.int32), "INT32")}, "max_new_tokens"),
+])
+def test_bad_input_is_invalid_arg_and_server_stays_ready(stack, client, inputs, needle):
+    _expect_invalid(stack.grpc_url, inputs, needle=needle)
+    assert client.ready()
+
+
+def test_bad_priority_parameter(stack):
+    _expect_invalid(stack.grpc_url, {"text": (b(b"hi"), "BYTES")}, {"chat_priority": 9}, "chat_priority")
+
+
+def test_chat_without_redis_answers_without_reuse(stack, client):
+    collect(client, "Where is my order?", session_id="no-redis")
+    stack.stop_redis()
+    try:
+        deltas, stats = collect(client, "Can I change the delivery address?", session_id="no-redis")
+        assert "".join(deltas).strip()
+        assert stats.reused_tokens == 0 and stats.raw["session"] == "unavailable"
+    finally:
+        stack.start_redis()
+    time.sleep(2.5)  # the store retries Redis after its back-off
+    collect(client, "Where is my order?", session_id="redis-back")
+    _, stats = collect(client, "Can I change the delivery address?", session_id="redis-back")
+    assert stats.reused_tokens > 0

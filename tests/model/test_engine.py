@@ -1,0 +1,121 @@
+"""The engine on the real exported default model (ONNX Runtime), driven step by step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from switchboard.engine.runtime import OnnxDecoder
+from switchboard.engine.scheduler import Engine, GenerationRequest
+from switchboard.manifest import Manifest
+from switchboard.tokenizer import TextTokenizer
+
+
+class Sink:
+    def __init__(self, log=None, name=None):
+        self.tokens, self.result, self.error = [], None, None
+        self.log, self.name = log, name
+
+    def on_tokens(self, ids):
+        self.tokens += ids
+
+    def on_finish(self, result):
+        self.result = result
+        if self.log is not None:
+            self.log.append(self.name)
+
+    def on_error(self, error):
+        self.error = error
+
+    def cancelled(self):
+        return False
+
+
+@pytest.fixture(scope="module")
+def model(artifacts):
+    manifest = Manifest.load(artifacts)
+    return manifest, OnnxDecoder(artifacts, manifest, "fp32", threads=2), TextTokenizer(artifacts)
+
+
+def engine(model, max_batch=8):
+    manifest, decoder, _ = model
+    return Engine(decoder, max_batch=max_batch, max_waiting=64, stop_ids=set(manifest.eos_token_ids))
+
+
+def prompt(model, *turns):
+    manifest, _, tok = model
+    messages = [{"role": "system", "content": manifest.system_prompt}] if manifest.system_prompt else []
+    messages += [{"role": r, "content": c} for r, c in turns]
+    return tok.encode(tok.template.render(messages))
+
+
+def run(e, requests):
+    sinks = [Sink() for _ in requests]
+    for r, s in zip(requests, sinks):
+        e.submit(r, s)
+    while any(s.result is None for s in sinks):
+        e.step()
+    return sinks
+
+
+QUESTIONS = ["How do I return a damaged item?", "我的订单什么时候发货？", "Can I pay with PayPal?"]
+
+
+def test_batched_generation_matches_each_sequence_alone(model):
+    prompts = [prompt(model, ("user", q)) for q in QUESTIONS]
+    alone = [run(engine(model), [GenerationRequest(p, 24)])[0].tokens for p in prompts]
+    together = [s.tokens for s in run(engine(model), [GenerationRequest(p, 24) for p in prompts])]
+    assert together == alone
+    assert all(len(t) > 3 for t in alone)
+
+
+def test_cached_prefix_gives_the_same_tokens_as_a_full_prefill(model):
+    _, _, tok = model
+    first = prompt(model, ("user", QUESTIONS[0]))
+    sink = run(engine(model), [GenerationRequest(first, 32, return_cache=True)])[0]
+    answer = tok.decode(sink.tokens)
+    second = prompt(model, ("user", QUESTIONS[0]), ("assistant", answer), ("user", "And how long does the refund take?"))
+    covered = first + sink.tokens[:-1]
+    reused = 0
+    while reused < min(len(covered), len(second)) and covered[reused] == second[reused]:
+        reused += 1
+    assert reused > len(first) // 2
+    cache = np.ascontiguousarray(sink.result.cache[:, :, :, :reused])
+    with_cache = run(engine(model), [GenerationRequest(second, 24, reused=reused, past=cache)])[0].tokens
+    without = run(engine(model), [GenerationRequest(second, 24)])[0].tokens
+    assert with_cache == without
+
+
+def test_a_sequence_joining_a_running_batch_is_unaffected(model):
+    p1, p2 = prompt(model, ("user", QUESTIONS[1])), prompt(model, ("user", QUESTIONS[2]))
+    alone = run(engine(model), [GenerationRequest(p2, 20)])[0].tokens
+    e = engine(model)
+    first, late = Sink(), Sink()
+    e.submit(GenerationRequest(p1, 40), first)
+    for _ in range(5):
+        e.step()
+    e.submit(GenerationRequest(p2, 20), late)
+    while late.result is None or first.result is None:
+        e.step()
+    assert late.tokens == alone
+
+
+def test_priority_one_is_admitted_before_waiting_priority_two(model):
+    order: list[str] = []
+    e = engine(model, max_batch=1)
+    p = prompt(model, ("user", QUESTIONS[0]))
+    sinks = [Sink(order, f"p2-{i}") for i in range(3)] + [Sink(order, "p1")]
+    for i, s in enumerate(sinks):
+        e.submit(GenerationRequest(p, 4, priority=1 if s.name == "p1" else 2), s)
+    while any(s.result is None for s in sinks):
+        e.step()
+    assert order[0] == "p1"
+    assert order[1:] == ["p2-0", "p2-1", "p2-2"]
+
+
+def test_invalid_requests_are_refused_before_queueing(model):
+    e = engine(model)
+    with pytest.raises(ValueError, match="reused"):
+        e.validate(GenerationRequest([1, 2, 3], 4, reused=3))
+    with pytest.raises(ValueError, match="past KV shape"):
+        e.validate(GenerationRequest([1, 2, 3], 4, reused=2, past=np.zeros((1, 2, 1, 2, 1), np.float32)))

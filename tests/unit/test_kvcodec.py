@@ -1,0 +1,49 @@
+import numpy as np
+import pytest
+
+from switchboard import kvcodec
+from switchboard.kvcodec import CacheEntryRejected, KVEntry
+
+SHAPE = (2, 2, 3, 4)  # layers, k/v, heads, head_dim
+
+
+def entry(n=5):
+    rng = np.random.default_rng(0)
+    kv = rng.standard_normal((SHAPE[0], 2, SHAPE[2], n, SHAPE[3])).astype(np.float32)
+    return KVEntry(list(range(10, 10 + n)), kv)
+
+
+def decode(blob, fp="fp-a", secret=b""):
+    return kvcodec.decode(blob, fp, SHAPE, np.float32, secret)
+
+
+def test_round_trip():
+    e = entry()
+    out = decode(kvcodec.encode(e, "fp-a"))
+    assert out.tokens == e.tokens
+    np.testing.assert_array_equal(out.kv, e.kv)
+
+
+@pytest.mark.parametrize("mangle, reason", [
+    (lambda b: b[:-7], "digest|size"),
+    (lambda b: b[:20], "truncated|unreadable"),
+    (lambda b: b[:-1] + bytes([b[-1] ^ 1]), "digest"),
+    (lambda b: b"\x80\x04pickle", "not a Switchboard"),
+    (lambda b: b"", "not a Switchboard"),
+])
+def test_corrupted_entries_are_rejected(mangle, reason):
+    with pytest.raises(CacheEntryRejected, match=reason):
+        decode(mangle(kvcodec.encode(entry(), "fp-a")))
+
+
+def test_foreign_model_and_forged_entries_are_rejected():
+    blob = kvcodec.encode(entry(), "fp-b")
+    with pytest.raises(CacheEntryRejected, match="another model"):
+        decode(blob)
+    with pytest.raises(CacheEntryRejected, match="digest"):
+        decode(kvcodec.encode(entry(), "fp-a", secret=b"other"), secret=b"ours")
+
+
+def test_shape_must_match_the_model():
+    with pytest.raises(CacheEntryRejected, match="shape"):
+        kvcodec.decode(kvcodec.encode(entry(), "fp-a"), "fp-a", (2, 2, 3, 8), np.float32)
