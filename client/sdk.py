@@ -122,7 +122,9 @@ class ChatClient:
             parameters["seed"] = int(seed)
         client = grpcclient.InferenceServerClient(self.url)
         try:
-            client.start_stream(callback=callback)
+            # Without this header a stream reports errors as bare messages; with it, as gRPC
+            # status codes (INVALID_ARGUMENT, UNAVAILABLE, ...), closing the stream after.
+            client.start_stream(callback=callback, headers={"triton_grpc_error": "true"})
             client.async_stream_infer(self.model, inputs, request_id=f"{os.getpid()}-{next(_ids)}",
                                       priority=int(priority), parameters=parameters,
                                       outputs=[grpcclient.InferRequestedOutput("text_output"),

@@ -6,11 +6,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-PY=${PYTHON:-python3}
+# The Python backend stub in the tritonserver build links Debian's libpython3.11 and then
+# imports the standard library of the environment first on PATH; a venv made from any other
+# 3.11 (pyenv, a newer patch release) mixes two interpreters and fails in C extensions such
+# as _ssl. So the venv is always made from Debian's own python3.11.
+PY=${PYTHON:-/usr/bin/python3.11}
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 ldconfig -p | grep -q libb64.so.0d || need_apt+=(libb64-0d)
+ldconfig -p | grep -q libpython3.11.so.1.0 || need_apt+=(libpython3.11)
+[ -x "$PY" ] || need_apt+=(python3.11)
+"$PY" -c "import ensurepip" 2>/dev/null || need_apt+=(python3.11-venv)
 if ((${#need_apt[@]})); then
   echo "==> installing system packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -18,6 +25,11 @@ if ((${#need_apt[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+want_home=$(dirname "$(readlink -f "$PY")")
+if [ -f "$VENV/pyvenv.cfg" ] && ! grep -qx "home = $want_home" "$VENV/pyvenv.cfg"; then
+  echo "==> $VENV was made from another Python; re-creating it from $PY"
+  rm -rf "$VENV"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   echo "==> creating $VENV"
   "$PY" -m venv "$VENV"
@@ -28,7 +40,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "==> installing pinned Python packages (requirements.lock)"
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -r requirements.lock
-  "$VENV/bin/pip" install -q --no-deps -e .
+  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e .
   echo "$want" > "$stamp"
 fi
 

@@ -75,7 +75,7 @@ class TritonPythonModel:
                              params.str("short_pool", "engine_short"), params.str("long_pool", "engine_long"))
 
     def _setup_admission(self, params: Params) -> None:
-        inflight = params.int("max_inflight", 16, 1, 1024)
+        inflight = params.int("max_inflight", 64, 1, 1024)
         self._slots = threading.BoundedSemaphore(inflight)
         self._pool = ThreadPoolExecutor(max_workers=inflight, thread_name_prefix="chat")
 

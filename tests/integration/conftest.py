@@ -34,6 +34,12 @@ def redis_client(stack):
     r.close()
 
 
+@pytest.fixture(scope="session")
+def raw(stack):
+    """raw(inputs, parameters=None): a hand-made request to chat; returns (responses, error)."""
+    return lambda inputs, parameters=None: raw_chat(stack.grpc_url, inputs, parameters)
+
+
 def raw_chat(url: str, inputs: dict[str, tuple[np.ndarray, str]], parameters: dict | None = None, timeout=60):
     """Send a hand-made request to chat; returns (responses, error)."""
     responses: queue.Queue = queue.Queue()
@@ -43,7 +49,7 @@ def raw_chat(url: str, inputs: dict[str, tuple[np.ndarray, str]], parameters: di
         t.set_data_from_numpy(array)
         tensors.append(t)
     c = grpcclient.InferenceServerClient(url)
-    c.start_stream(callback=lambda result, error: responses.put((result, error)))
+    c.start_stream(callback=lambda result, error: responses.put((result, error)), headers={"triton_grpc_error": "true"})
     try:
         c.async_stream_infer("chat", tensors, parameters=parameters)
         out = []

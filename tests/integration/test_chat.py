@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from switchboard.client import ChatError, ChatStats
+from switchboard.client import ChatStats
 from switchboard.session import session_key
-
-from .conftest import raw_chat
 
 
 def collect(client, text, **kw) -> tuple[list[str], ChatStats]:
@@ -79,10 +77,12 @@ def test_length_aware_routing(client):
 def test_priority_one_overtakes_a_queue_of_priority_two(client):
     finished: list[str] = []
     lock = threading.Lock()
+    streaming = threading.Event()
 
     def send(name, priority):
         try:
-            collect(client, "How do I return a damaged item?", priority=priority, max_new_tokens=48)
+            for event in client.chat("How do I return a damaged item?", priority=priority, max_new_tokens=48):
+                streaming.set()
         finally:
             with lock:
                 finished.append(name)
@@ -90,18 +90,20 @@ def test_priority_one_overtakes_a_queue_of_priority_two(client):
     background = [threading.Thread(target=send, args=(f"p2-{i}", 2)) for i in range(24)]
     for t in background:
         t.start()
-    time.sleep(1.0)  # the queue is formed: 8 running in the engine, the rest waiting
+    # Once the first batch streams, the other priority-2 requests are queued (in the engine
+    # and in front of chat); the priority-1 request arrives behind all of them.
+    assert streaming.wait(60)
     vip = threading.Thread(target=send, args=("p1", 1))
     vip.start()
     for t in background + [vip]:
         t.join(300)
     assert len(finished) == 25
-    later = finished[finished.index("p1") + 1:]
-    assert len(later) >= 8, f"priority 1 finished at position {finished.index('p1') + 1} of 25: {finished}"
+    position = finished.index("p1") + 1
+    assert 25 - position >= 8, f"priority 1 finished {position}th of 25: {finished}"
 
 
-def _expect_invalid(url, inputs, parameters=None, needle=""):
-    _, error = raw_chat(url, inputs, parameters)
+def _expect_invalid(raw, inputs, parameters=None, needle=""):
+    _, error = raw(inputs, parameters)
     assert error is not None, "expected an error"
     assert "INVALID_ARG" in str(error.status()), error
     assert needle in error.message(), error.message()
@@ -118,13 +120,13 @@ def b(x):
     ({"text": (b(b"hi"), "BYTES"), "max_new_tokens": (np.asarray([[-5]], np.int32), "INT32")}, "max_new_tokens: -5"),
     ({"text": (b(b"hi"), "BYTES"), "max_new_tokens": (np.asarray([[10**9]], np.int32), "INT32")}, "max_new_tokens"),
 ])
-def test_bad_input_is_invalid_arg_and_server_stays_ready(stack, client, inputs, needle):
-    _expect_invalid(stack.grpc_url, inputs, needle=needle)
+def test_bad_input_is_invalid_arg_and_server_stays_ready(raw, client, inputs, needle):
+    _expect_invalid(raw, inputs, needle=needle)
     assert client.ready()
 
 
-def test_bad_priority_parameter(stack):
-    _expect_invalid(stack.grpc_url, {"text": (b(b"hi"), "BYTES")}, {"chat_priority": 9}, "chat_priority")
+def test_bad_priority_parameter(raw):
+    _expect_invalid(raw, {"text": (b(b"hi"), "BYTES")}, {"chat_priority": 9}, "chat_priority")
 
 
 def test_chat_without_redis_answers_without_reuse(stack, client):
