@@ -40,6 +40,10 @@ class EngineError(RuntimeError):
     pass
 
 
+class Cancelled(RuntimeError):
+    pass
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config, version = load_config(args)
@@ -100,6 +104,8 @@ class TritonPythonModel:
             send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
         except EngineError as e:
             send_error(sender, str(e), pb_utils.TritonError.UNAVAILABLE)
+        except Cancelled:
+            send_error(sender, "cancelled by the client", pb_utils.TritonError.CANCELLED)
         except Exception:
             log.exception("chat failed")
             send_error(sender, "internal error")
@@ -124,6 +130,8 @@ class TritonPythonModel:
         generated: list[int] = []
         ttft_ms, cache, engine_stats = None, None, {}
         for response in self._generate(pool, prompt, past, chat):
+            if request.is_cancelled():
+                raise Cancelled()  # nothing is stored for a turn the customer never saw
             ids = response.get("token_ids")
             if ids is not None:
                 generated.extend(ids)
