@@ -38,9 +38,13 @@ stamp="$VENV/.switchboard-setup"
 want=$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "==> installing pinned Python packages (requirements.lock)"
-  "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -r requirements.lock
-  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e .
+  # pip warns once per package about this machine's extra local index folders; keep the rest.
+  quiet() { "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
+  quiet "$VENV/bin/pip" install -q --upgrade pip
+  quiet "$VENV/bin/pip" install -q -r requirements.lock
+  # setuptools is chatty about editable installs; show its output only if it fails.
+  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e . >"$VENV/editable-install.log" 2>&1 \
+    || { cat "$VENV/editable-install.log"; exit 1; }
   echo "$want" > "$stamp"
 fi
 
