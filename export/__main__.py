@@ -20,6 +20,10 @@ from pathlib import Path
 log = logging.getLogger("switchboard.export")
 HERE = Path(__file__).resolve().parent
 REPO_MODELS = ("chat", "engine_short", "engine_long")
+# For base checkpoints without a chat template (e.g. GPT-2): each turn ends with the EOS
+# token, which is also what generation stops on.
+FALLBACK_TEMPLATE = ("{% for message in messages %}{{ message['role'] + ': ' + message['content'] + eos_token + '\\n' }}"
+                     "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
 
 
 def _digest_dir(path: Path) -> str:
@@ -37,40 +41,50 @@ def _inputs_digest(model_dir: Path, precisions: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def _calibration_prompts(tok, system_prompt: str | None, n: int) -> list[list[int]]:
-    from switchboard import corpus
-
-    questions = corpus.sample_questions(corpus.load(), n, seed=1)
+def _prompts(tok, system_prompt: str | None, conversations: list[list[dict]], limit: int) -> list[list[int]]:
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return [tok.encode(tok.template.render(system + [{"role": "user", "content": q}])) for q in questions]
+    return [tok.encode(tok.template.render(system + c))[-limit:] for c in conversations]
 
 
-def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = True) -> dict:
+VARIANTS = ("fp32", "int8-dynamic", "int8-minmax", "int8-entropy", "int8-percentile")
+
+
+def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = True,
+               parts: tuple[str, ...] = ("mlp", "attention"), calibration_per_class: int = 8,
+               gate=None, heldout_per_class: int = 6, bench_batches: tuple[int, ...] | None = (1, 8, 32)) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from switchboard.engine.runtime import OnnxDecoder
-    from switchboard.export import onnx_export, parity, quantize
+    from switchboard.export import accuracy, calibration, onnx_export, parity, quantize
     from switchboard.manifest import Manifest, file_digest
     from switchboard.tokenizer import TextTokenizer
 
     t0 = time.time()
     config = AutoConfig.from_pretrained(model_dir)
-    geo = onnx_export.geometry(config)
+    try:
+        geo = onnx_export.geometry(config)
+    except ValueError as e:
+        raise SystemExit(f"{model_dir}: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*"):
         if stale.is_file():
             stale.unlink()
 
-    log.info("[1/4] loading %s (%s)", model_dir, config.model_type)
+    log.info("[1/5] loading %s (%s)", model_dir, config.model_type)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not tokenizer.chat_template:
+        if tokenizer.eos_token is None:
+            raise SystemExit(f"{model_dir}: the tokenizer has neither a chat template nor an EOS token")
+        log.warning("%s has no chat template; using `role: content<eos>` turns", model_dir)
+        tokenizer.chat_template = FALLBACK_TEMPLATE
     tokenizer.save_pretrained(out)  # always writes tokenizer.json (fast tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     info_path = model_dir / "switchboard.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     system_prompt = info.get("system_prompt")
 
-    log.info("[2/4] exporting ONNX with KV cache")
+    log.info("[2/5] exporting ONNX with KV cache")
     fp32 = onnx_export.export(model, geo, out / "model.onnx")
     tok = TextTokenizer(out)
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
@@ -100,22 +114,59 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
                                    "tokenizer_sha256": tok_digest})
     manifest.save(out)
 
-    prompts = _calibration_prompts(tok, system_prompt, 48)
+    limit = min(geo.context_window - 1, 512)
+    prompts = _prompts(tok, system_prompt, calibration.calibration_set(calibration_per_class), limit)
     report = {}
+    decoder = OnnxDecoder(out, manifest, "fp32")
     if check:
-        log.info("[3/4] checking ONNX against PyTorch (left padding, cached prefix, decode steps)")
-        decoder = OnnxDecoder(out, manifest, "fp32")
-        report = parity.check(model, decoder, prompts[:4])
+        log.info("[3/5] checking ONNX against PyTorch (left padding, cached prefix, decode steps)")
+        report = parity.check(model, decoder, [prompts[i] for i in range(0, len(prompts), max(1, len(prompts) // 4))][:4])
         log.info("parity: %s", json.dumps(report))
         if not report["ok"]:
             raise SystemExit(f"export check failed: ONNX does not match PyTorch: {report}")
-    if "int8" in precisions:
-        log.info("[4/4] INT8: static Q/DQ calibrated on %d corpus prompts", len(prompts))
-        decoder = OnnxDecoder(out, manifest, "fp32")
-        quantize.quantize_int8_static(fp32, out / "model.int8.onnx", quantize.calibration_feeds(decoder, prompts))
-        add_variant("int8", [out / "model.int8.onnx"])
+    int8 = [p for p in precisions if p != "fp32"]
+    if int8:
+        log.info("[4/5] INT8 variants %s on parts %s; calibration: %d prompts over %s",
+                 ",".join(int8), ",".join(parts), len(prompts), ",".join(calibration.CLASSES))
+    for precision in int8:
+        target = out / f"model.{precision}.onnx"
+        if precision == "int8-dynamic":
+            quantize.quantize_int8_dynamic(fp32, target, parts)
+        else:
+            method = precision.split("-", 1)[1]
+            fixed = 96 if method in quantize.FIXED_SHAPE_METHODS else None
+            quantize.quantize_int8_static(fp32, target, calibration.feeds(decoder, prompts, fixed), method, parts)
+        add_variant(precision, [target])
+        for f in out.glob("*.onnx.data"):  # quantizers may write external data next to the output
+            if f.name != "model.onnx.data":
+                add_variant(precision, [target, f])
     manifest = Manifest(**{**manifest.__dict__, "variants": variants, "parity": report})
     manifest.save(out)
+    accuracy_report = {}
+    if int8 and gate is not None:
+        log.info("[5/5] accuracy of %s against FP32 on held-out conversations", ",".join(int8))
+        results = accuracy.evaluate(out, int8, accuracy.heldout_cases(heldout_per_class),
+                                    answer_accuracy=manifest.name == "switchboard-default")
+        accuracy_report = accuracy.as_dict(results)
+        manifest = Manifest(**{**manifest.__dict__, "accuracy": accuracy_report})
+        manifest.save(out)
+        failed = {v: gate.failures(results[v]) for v in int8 if gate.failures(results[v])}
+        for v, r in results.items():
+            log.info("  %-16s greedy %.3f  top-1 %.4f  cosine %.5f  ppl %.3f (%+.1f%%)%s", v,
+                     r.greedy_sequences_identical, r.teacher_forced_top1, r.logits_cosine, r.perplexity,
+                     100 * r.perplexity_delta, f"  answers {r.answer_accuracy:.2f}" if r.answer_accuracy is not None else "")
+    else:
+        failed = {}
+    if bench_batches:
+        from switchboard.export import report
+
+        log.info("report: latency of %s at batch %s", ",".join(precisions), ",".join(map(str, bench_batches)))
+        bench = report.benchmark(out, precisions, batches=bench_batches)
+        path = report.write(out, bench, accuracy_report, f"{manifest.name} ({config.model_type})")
+        log.info("report: %s", path)
+    if failed:
+        lines = "; ".join(f"{v}: {', '.join(f)}" for v, f in failed.items())
+        raise SystemExit(f"accuracy gate failed (not shipping): {lines}")
     log.info("exported %s to %s in %.0f s", manifest.name, out, time.time() - t0)
     return manifest.__dict__
 
@@ -142,7 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint directory")
     p.add_argument("--out", type=Path, required=True, help="artifact directory to write")
-    p.add_argument("--precision", default="fp32,int8", help="comma-separated: fp32,int8 (default: both)")
+    p.add_argument("--precision", default="fp32,int8-dynamic,int8-minmax,int8-entropy,int8-percentile",
+                   help=f"comma-separated variants from {','.join(VARIANTS)} (default: all)")
+    p.add_argument("--int8-parts", default="mlp,attention",
+                   help="MatMuls to quantize: mlp, attention, lm_head (default: mlp,attention; the rest stays FP32)")
+    p.add_argument("--calibration-per-class", type=int, default=8,
+                   help="calibration prompts per class (plain, codes, prices, phones, mixed, long)")
+    p.add_argument("--no-gate", action="store_true", help="skip the accuracy evaluation and gate")
+    p.add_argument("--bench-batches", default="1,8,32", help="report latency at these batch sizes ('' = no report)")
+    p.add_argument("--min-greedy", type=float, default=0.80, help="gate: greedy sequences identical to FP32")
+    p.add_argument("--min-top1", type=float, default=0.97, help="gate: teacher-forced top-1 agreement")
+    p.add_argument("--min-cosine", type=float, default=0.99, help="gate: logits cosine to FP32")
+    p.add_argument("--max-ppl-increase", type=float, default=0.10, help="gate: relative perplexity increase")
     p.add_argument("--install", type=Path, metavar="REPOSITORY", help="install into this model repository")
     p.add_argument("--no-check", action="store_true", help="skip the ONNX-vs-PyTorch check")
     p.add_argument("--force", action="store_true", help="export even if the inputs did not change")
@@ -151,15 +213,21 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.model / "config.json").exists():
         p.error(f"--model {args.model}: no config.json (not a Hugging Face checkpoint directory)")
     precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
-    bad = set(precisions) - {"fp32", "int8"}
+    bad = set(precisions) - set(VARIANTS)
     if bad or "fp32" not in precisions:
         p.error(f"--precision: fp32 is required; unknown: {', '.join(sorted(bad)) or '-'}")
+    parts = tuple(x.strip() for x in args.int8_parts.split(",") if x.strip())
+    from switchboard.export.accuracy import Gate
 
-    digest = _inputs_digest(args.model, precisions)
+    gate = None if args.no_gate else Gate(args.min_greedy, args.min_top1, args.min_cosine, args.max_ppl_increase)
+    options = [*precisions, *parts, str(args.calibration_per_class), repr(gate)]
+    digest = _inputs_digest(args.model, options)
     stamp = args.out / ".inputs"
     if args.force or not stamp.exists() or stamp.read_text().strip() != digest:
         stamp.unlink(missing_ok=True)
-        run_export(args.model, args.out, precisions, check=not args.no_check)
+        batches = tuple(int(b) for b in args.bench_batches.split(",") if b.strip())
+        run_export(args.model, args.out, precisions, check=not args.no_check, parts=parts,
+                   calibration_per_class=args.calibration_per_class, gate=gate, bench_batches=batches)
         stamp.write_text(digest + "\n")
     else:
         log.info("artifacts in %s are up to date (inputs %s)", args.out, digest)

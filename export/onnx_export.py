@@ -31,12 +31,18 @@ def geometry(config) -> Geometry:
         raise ValueError(f"unsupported architecture {config.model_type!r} "
                          f"({', '.join(config.architectures or [])}); supported: {', '.join(sorted(SUPPORTED))}")
     heads = config.num_attention_heads
+    context = config.max_position_embeddings
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True):
+        # The exported graph keeps the whole cache; within the window that is exactly
+        # sliding-window attention, so the context is capped at the window.
+        context = min(context, int(window))
     return Geometry(
         num_layers=config.num_hidden_layers,
         num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
         vocab_size=config.vocab_size,
-        context_window=config.max_position_embeddings,
+        context_window=context,
     )
 
 
@@ -49,7 +55,7 @@ class DecoderWrapper(torch.nn.Module):
     def forward(self, input_ids, attention_mask, position_ids, *past):
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache()  # full layers: present = past + new, for every family
         for i in range(self.num_layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

@@ -1,8 +1,16 @@
-"""INT8 variants for ONNX Runtime on CPU, calibrated on customer-service prompts.
+"""INT8 variants for ONNX Runtime on CPU (and the Q/DQ form TensorRT consumes).
 
-Static Q/DQ with MinMax calibration, weight MatMuls only (the attention score MatMuls and
-the tied lm_head stay FP32): quantizing every op broke a trained tiny model here, weight
-MatMuls kept ~99.8% of teacher-forced tokens. Q/DQ is also the form TensorRT consumes.
+- ``int8-dynamic``: weights INT8, activations quantized on the fly (ORT's advice for
+  transformers on CPU); no calibration.
+- ``int8-minmax`` / ``int8-entropy`` / ``int8-percentile``: static Q/DQ with activation
+  ranges calibrated on customer-service prompts (``export.calibration``).
+
+Which MatMuls are quantized is a choice of *parts*: ``mlp`` (gate/up/down or c_fc/c_proj),
+``attention`` (q/k/v/o projections) and ``lm_head``. The default, ``mlp,attention``, keeps the
+LM head (and everything that is not a weight MatMul: norms, softmax, attention scores) in
+FP32: quantizing every op broke a trained tiny model here, weight MatMuls kept ~99.8% of
+teacher-forced tokens. Parts are found through the module path the exporter records on
+every node (``pkg.torch.onnx.name_scopes``), so this works for every supported family.
 """
 
 from __future__ import annotations
@@ -13,54 +21,90 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                      quantize_static)
+                                      quantize_dynamic, quantize_static)
 
 log = logging.getLogger(__name__)
 
+PARTS = ("mlp", "attention", "lm_head")
+DEFAULT_PARTS = ("mlp", "attention")
+METHODS = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+           "percentile": CalibrationMethod.Percentile}
+# Entropy and Percentile build histograms per tensor and need every feed to have one shape.
+FIXED_SHAPE_METHODS = {"entropy", "percentile"}
 
-def weight_matmuls(model_path: Path) -> list[str]:
+
+def _scope(node) -> str:
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            return prop.value
+    return node.name
+
+
+def part_of(scope: str) -> str | None:
+    if "lm_head" in scope:
+        return "lm_head"
+    if ".mlp." in scope or ".mlp'" in scope:
+        return "mlp"
+    if ".self_attn." in scope or ".attn." in scope or ".self_attn'" in scope or ".attn'" in scope:
+        return "attention"
+    return None
+
+
+def weight_matmuls(model_path: Path) -> dict[str, list[str]]:
+    """Node names of the MatMul/Gemm nodes that multiply by a weight, by part."""
     model = onnx.load(str(model_path), load_external_data=False)
     weights = {init.name for init in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and any(i in weights for i in n.input)]
+    # A weight may reach its MatMul through a Transpose (tied embeddings, Conv1D layouts).
+    transposed = {n.output[0] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in weights}
+    parts: dict[str, list[str]] = {p: [] for p in PARTS}
+    for n in model.graph.node:
+        if n.op_type in ("MatMul", "Gemm") and any(i in weights or i in transposed for i in n.input[1:2]):
+            part = part_of(_scope(n))
+            if part:
+                parts[part].append(n.name)
+    return parts
 
 
-class PromptReader(CalibrationDataReader):
-    """Feeds of single prompts (prefill from an empty past) and of decode steps on top of them."""
+def select(model_path: Path, parts: tuple[str, ...]) -> list[str]:
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
+    found = weight_matmuls(model_path)
+    nodes = [n for p in parts for n in found[p]]
+    if not nodes:
+        raise ValueError(f"no weight MatMuls found for parts {parts} in {model_path}")
+    return nodes
 
+
+class FeedReader(CalibrationDataReader):
     def __init__(self, feeds: list[dict[str, np.ndarray]]):
+        self._feeds = feeds
         self._it = iter(feeds)
 
     def get_next(self):
         return next(self._it, None)
 
-
-def calibration_feeds(decoder, prompts: list[list[int]]) -> list[dict[str, np.ndarray]]:
-    from switchboard.engine.batch import prefill_inputs
-
-    m = decoder.manifest
-    feeds = []
-    for prompt in prompts:
-        ids, mask, pos, past, _ = prefill_inputs([prompt], [0], [None], m.num_layers, m.num_kv_heads,
-                                                 m.head_dim, decoder.dtype)
-        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
-        for i, (k, v) in enumerate(past):
-            feed[f"past_key_values.{i}.key"], feed[f"past_key_values.{i}.value"] = k, v
-        feeds.append(feed)
-        logits, present = decoder.forward(ids, mask, pos, past)
-        step = {"input_ids": logits[:, -1:].argmax(-1).astype(np.int64),
-                "attention_mask": np.ones((1, mask.shape[1] + 1), np.int64),
-                "position_ids": np.asarray([[len(prompt)]], np.int64)}
-        for i, (k, v) in enumerate(present):
-            step[f"past_key_values.{i}.key"], step[f"past_key_values.{i}.value"] = k, v
-        feeds.append(step)
-    return feeds
+    def rewind(self):
+        self._it = iter(self._feeds)
 
 
-def quantize_int8_static(fp32: Path, out: Path, feeds: list[dict[str, np.ndarray]]) -> Path:
-    nodes = weight_matmuls(fp32)
-    log.info("INT8 static Q/DQ: %d weight MatMuls, %d calibration feeds", len(nodes), len(feeds))
-    quantize_static(str(fp32), str(out), PromptReader(feeds), quant_format=QuantFormat.QDQ,
+def quantize_int8_dynamic(fp32: Path, out: Path, parts: tuple[str, ...] = DEFAULT_PARTS) -> Path:
+    nodes = select(fp32, parts)
+    log.info("INT8 dynamic: %d weight MatMuls (%s)", len(nodes), ",".join(parts))
+    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
+                     per_channel=True, extra_options={"MatMulConstBOnly": True})
+    return out
+
+
+def quantize_int8_static(fp32: Path, out: Path, feeds: list[dict[str, np.ndarray]], method: str = "minmax",
+                         parts: tuple[str, ...] = DEFAULT_PARTS) -> Path:
+    nodes = select(fp32, parts)
+    log.info("INT8 static Q/DQ (%s): %d weight MatMuls (%s), %d calibration feeds",
+             method, len(nodes), ",".join(parts), len(feeds))
+    extra = {"ActivationSymmetric": False, "WeightSymmetric": True}
+    if method == "percentile":
+        extra["CalibPercentile"] = 99.99
+    quantize_static(str(fp32), str(out), FeedReader(feeds), quant_format=QuantFormat.QDQ,
                     nodes_to_quantize=nodes, per_channel=True, weight_type=QuantType.QInt8,
-                    activation_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
-                    extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+                    activation_type=QuantType.QInt8, calibrate_method=METHODS[method], extra_options=extra)
     return out

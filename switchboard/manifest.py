@@ -30,6 +30,7 @@ class Manifest:
     variants: dict[str, dict] = field(default_factory=dict)   # precision -> {file, fingerprint, sha256...}
     source: dict = field(default_factory=dict)                # where the checkpoint came from
     parity: dict = field(default_factory=dict)                # export-time checks against PyTorch
+    accuracy: dict = field(default_factory=dict)              # variants against FP32 on held-out data
 
     @property
     def kv_shape(self) -> tuple[int, int, int, int]:

@@ -1,5 +1,6 @@
-"""Test tiers by folder: tests/unit (pure modules), tests/model (the exported model, no
-server), tests/integration (real tritonserver and redis-server on free ports)."""
+"""Test tiers by folder: tests/unit (pure modules), tests/export (export and quantization of
+tiny models built in the test), tests/model (the exported default model, no server),
+tests/integration (real tritonserver and redis-server on free ports)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ ARTIFACTS = ROOT / "build" / "artifacts" / "default"
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
-        if tier in ("unit", "model", "integration"):
+        if tier in ("unit", "export", "model", "integration"):
             item.add_marker(getattr(pytest.mark, tier))
 
 

@@ -22,10 +22,10 @@ class TrainConfig:
     num_layers: int = 4
     num_heads: int = 8
     num_kv_heads: int = 4
-    intermediate_size: int = 768
+    intermediate_size: int = 512
     vocab_size: int = 4096
     context_window: int = 1024
-    steps: int = 420
+    steps: int = 600
     batch_size: int = 32
     max_len: int = 256
     lr: float = 3e-3

@@ -1,0 +1,191 @@
+"""Accuracy of every exported variant against FP32 on held-out conversations, and the gate.
+
+The held-out set is built from ``corpus/heldout.jsonl`` questions, which neither training nor
+calibration ever sees, in the same long-tail classes as calibration (codes, prices, phone
+numbers, mixed Chinese/English, long multi-turn prompts). Metrics, per variant:
+
+- greedy sequences identical: free-running greedy continuations equal to FP32's;
+- greedy token agreement: tokens before the first divergence, over all tokens;
+- teacher-forced top-1: on FP32's continuation, the share of positions where the variant's
+  argmax equals FP32's; logits cosine on the same positions;
+- perplexity of the reference FAQ answers, and its change relative to FP32;
+- answer accuracy (default model only): the greedy answer starts like the FAQ answer.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from switchboard import corpus as corpus_mod
+from switchboard.engine.batch import prefill_inputs
+from switchboard.export.calibration import CLASSES
+from switchboard.export.parity import onnx_greedy
+
+
+@dataclass
+class Case:
+    kind: str
+    messages: list[dict]
+    reference: str | None  # the FAQ answer to the last question, when there is one
+
+
+def heldout_cases(per_class: int, seed: int = 0) -> list[Case]:
+    data = corpus_mod.load()
+    rng = random.Random(f"heldout:{seed}")
+    faq = [e for e in data.faq if e.heldout]
+    slot_of = {"codes": ("{sku}", "{order_id}", "{tracking}"), "prices": ("{price}",), "phones": ("{phone}",)}
+    cases: list[Case] = []
+    for kind in CLASSES:
+        if kind in slot_of:
+            pool = [(e, q) for e in faq for q in e.heldout if any(s in q for s in slot_of[kind])]
+        elif kind == "mixed":
+            pool = [(e, q) for e in faq if e.lang == "zh" for q in e.heldout]
+        else:
+            pool = [(e, q) for e in faq for q in e.heldout if not corpus_mod.SLOT_RE.search(q)]
+        for _ in range(per_class):
+            e, q = rng.choice(pool)
+            slots = corpus_mod.sample_slots(rng, e.lang)
+            question = corpus_mod.fill_slots(slots, q)
+            if kind == "mixed":
+                question += f" ({corpus_mod.sample_slots(rng, 'en')['product']})"
+            history: list[dict] = []
+            if kind == "long":
+                for _ in range(rng.randint(5, 7)):
+                    h = rng.choice(faq)
+                    s = corpus_mod.sample_slots(rng, h.lang)
+                    history += [{"role": "user", "content": corpus_mod.fill_slots(s, rng.choice(h.heldout))},
+                                {"role": "assistant", "content": corpus_mod.fill_slots(s, h.answer)}]
+            cases.append(Case(kind, history + [{"role": "user", "content": question}],
+                              corpus_mod.fill_slots(slots, e.answer)))
+    return cases
+
+
+@dataclass
+class VariantAccuracy:
+    variant: str
+    greedy_sequences_identical: float = 1.0
+    greedy_token_agreement: float = 1.0
+    teacher_forced_top1: float = 1.0
+    logits_cosine: float = 1.0
+    perplexity: float = float("nan")
+    perplexity_delta: float = 0.0
+    answer_accuracy: float | None = None
+    by_class_top1: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Gate:
+    min_greedy_sequences: float = 0.80
+    min_teacher_forced_top1: float = 0.97
+    min_logits_cosine: float = 0.99
+    max_perplexity_increase: float = 0.10   # relative
+
+    def failures(self, a: VariantAccuracy) -> list[str]:
+        out = []
+        if a.greedy_sequences_identical < self.min_greedy_sequences:
+            out.append(f"greedy sequences identical {a.greedy_sequences_identical:.3f} < {self.min_greedy_sequences}")
+        if a.teacher_forced_top1 < self.min_teacher_forced_top1:
+            out.append(f"teacher-forced top-1 {a.teacher_forced_top1:.3f} < {self.min_teacher_forced_top1}")
+        if a.logits_cosine < self.min_logits_cosine:
+            out.append(f"logits cosine {a.logits_cosine:.4f} < {self.min_logits_cosine}")
+        if a.perplexity_delta > self.max_perplexity_increase:
+            out.append(f"perplexity +{100 * a.perplexity_delta:.1f}% > +{100 * self.max_perplexity_increase:.0f}%")
+        return out
+
+
+def _rows(decoder, sequences: list[list[int]], batch: int = 16):
+    """Full-sequence logits, one array [len(seq), V] per sequence (left padding removed)."""
+    m = decoder.manifest
+    out = []
+    for i in range(0, len(sequences), batch):
+        chunk = sequences[i:i + batch]
+        ids, mask, pos, past, _ = prefill_inputs(chunk, [0] * len(chunk), [None] * len(chunk), m.num_layers,
+                                                 m.num_kv_heads, m.head_dim, decoder.dtype)
+        logits, _ = decoder.forward(ids, mask, pos, past)
+        width = ids.shape[1]
+        out += [logits[r, width - len(s):] for r, s in enumerate(chunk)]
+    return out
+
+
+def _greedy(decoder, prompts: list[list[int]], steps: int, batch: int = 16) -> list[list[int]]:
+    out = []
+    for i in range(0, len(prompts), batch):
+        tokens, _, _ = onnx_greedy(decoder, prompts[i:i + batch], steps)
+        out += tokens
+    return out
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def evaluate(artifacts: Path, variants: list[str], cases: list[Case], steps: int = 16,
+             answer_accuracy: bool = False) -> dict[str, VariantAccuracy]:
+    from switchboard.engine.runtime import OnnxDecoder
+    from switchboard.manifest import Manifest
+    from switchboard.tokenizer import TextTokenizer
+
+    manifest = Manifest.load(artifacts)
+    tok = TextTokenizer(artifacts)
+    system = [{"role": "system", "content": manifest.system_prompt}] if manifest.system_prompt else []
+    limit = manifest.context_window - steps - 1
+    prompts = [tok.encode(tok.template.render(system + c.messages))[-limit:] for c in cases]
+    refs = [(p, tok.encode(c.reference)[: limit - len(p)]) if c.reference else None for p, c in zip(prompts, cases)]
+
+    decoders = {v: OnnxDecoder(artifacts, manifest, v) for v in ["fp32", *variants]}
+    base_greedy = _greedy(decoders["fp32"], prompts, steps)
+    forced = [p + g[:-1] for p, g in zip(prompts, base_greedy)]
+    scored = [p + a for p, a in (r for r in refs if r)]
+
+    def continuation_logits(decoder):
+        rows = _rows(decoder, forced)
+        return [r[len(p) - 1:] for r, p in zip(rows, prompts)]
+
+    def perplexity(decoder) -> float:
+        nll, count = 0.0, 0
+        for row, (p, a) in zip(_rows(decoder, scored), (r for r in refs if r)):
+            lp = _log_softmax(row[len(p) - 1:len(p) - 1 + len(a)])
+            nll -= float(lp[np.arange(len(a)), a].sum())
+            count += len(a)
+        return math.exp(nll / max(count, 1))
+
+    base_logits = continuation_logits(decoders["fp32"])
+    base_ppl = perplexity(decoders["fp32"])
+    results = {"fp32": VariantAccuracy("fp32", perplexity=base_ppl)}
+    for v in variants:
+        d = decoders[v]
+        greedy = _greedy(d, prompts, steps)
+        same_seq = np.mean([g == b for g, b in zip(greedy, base_greedy)])
+        agree = []
+        for g, b in zip(greedy, base_greedy):
+            k = next((i for i, (x, y) in enumerate(zip(g, b)) if x != y), len(b))
+            agree.append(k / len(b))
+        logits = continuation_logits(d)
+        top1, cos, by_class = [], [], {}
+        for case, x, y in zip(cases, logits, base_logits):
+            hits = (x.argmax(-1) == y.argmax(-1))
+            top1 += hits.tolist()
+            by_class.setdefault(case.kind, []).extend(hits.tolist())
+            num = (x * y).sum(-1)
+            cos += (num / (np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1) + 1e-12)).tolist()
+        ppl = perplexity(d)
+        results[v] = VariantAccuracy(v, float(same_seq), float(np.mean(agree)), float(np.mean(top1)),
+                                     float(np.mean(cos)), ppl, ppl / base_ppl - 1.0,
+                                     by_class_top1={k: float(np.mean(h)) for k, h in by_class.items()})
+    if answer_accuracy:
+        from switchboard.defaultmodel.evaluate import answer_accuracy as measure
+
+        for v, r in results.items():
+            r.answer_accuracy = measure(artifacts, v).heldout
+    return results
+
+
+def as_dict(results: dict[str, VariantAccuracy]) -> dict[str, dict]:
+    return {k: asdict(v) for k, v in results.items()}
