@@ -11,8 +11,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -155,6 +153,11 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
             log.info("  %-16s greedy %.3f  top-1 %.4f  cosine %.5f  ppl %.3f (%+.1f%%)%s", v,
                      r.greedy_sequences_identical, r.teacher_forced_top1, r.logits_cosine, r.perplexity,
                      100 * r.perplexity_delta, f"  answers {r.answer_accuracy:.2f}" if r.answer_accuracy is not None else "")
+        coverage = _coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts, calibration_per_class,
+                                   heldout_per_class) if any(p != "int8-dynamic" for p in int8) else {}
+        manifest = Manifest(**{**manifest.__dict__, "accuracy": {**accuracy_report, **coverage}})
+        manifest.save(out)
+        accuracy_report.update(coverage)
     else:
         failed = {}
     if bench_batches:
@@ -171,8 +174,32 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
     return manifest.__dict__
 
 
+def _coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts, per_class, heldout_per_class) -> dict:
+    """What calibration coverage changes: MinMax calibrated on plain questions only, against
+    the covered set, on the same held-out classes (the plain model is deleted afterwards)."""
+    from switchboard.export import accuracy, calibration, quantize
+    from switchboard.manifest import Manifest, file_digest
+
+    log.info("coverage study: MinMax calibrated on plain questions only")
+    plain = _prompts(tok, system_prompt, calibration.calibration_set(per_class, covered=False), limit)
+    target = out / "model.int8-minmax-plaincal.onnx"
+    quantize.quantize_int8_static(fp32, target, calibration.feeds(decoder, plain), "minmax", parts)
+    m = Manifest.load(out)
+    study = {**m.variants, "int8-minmax-plaincal": {"file": target.name, "fingerprint": "study",
+                                                     "weights_sha256": file_digest([target]), "bytes": target.stat().st_size}}
+    Manifest(**{**m.__dict__, "variants": study}).save(out)
+    try:
+        results = accuracy.evaluate(out, ["int8-minmax-plaincal"], accuracy.heldout_cases(heldout_per_class))
+    finally:
+        m.save(out)
+        target.unlink(missing_ok=True)
+    return {"int8-minmax-plaincal": accuracy.as_dict(results)["int8-minmax-plaincal"]}
+
+
 def install(artifacts: Path, repository: Path) -> None:
     """Put the artifacts into each model's version folder (hard links where possible)."""
+    from switchboard.export.render import _place
+
     for name in REPO_MODELS:
         version = repository / name / "1"
         if not version.is_dir():
@@ -180,12 +207,7 @@ def install(artifacts: Path, repository: Path) -> None:
         for old in version.iterdir():
             if old.name != "model.py" and old.is_file():
                 old.unlink()
-        for f in artifacts.iterdir():
-            if f.is_file() and not f.name.startswith("."):
-                try:
-                    os.link(f, version / f.name)
-                except OSError:
-                    shutil.copy2(f, version / f.name)
+        _place(artifacts, version, name, "local")
     log.info("installed %s into %s", artifacts, ", ".join(f"{repository}/{n}/1" for n in REPO_MODELS))
 
 

@@ -59,7 +59,16 @@ class TritonPythonModel:
         self.manifest = Manifest.load(version)
         precision = params.str("precision", "fp32")
         self.fingerprint = self.manifest.variant(precision)["fingerprint"]
-        decoder = OnnxDecoder(version, self.manifest, precision, threads=params.int("threads", 2, 1, 64))
+        runtime = params.str("runtime", "onnxruntime")
+        if runtime == "onnxruntime":
+            decoder = OnnxDecoder(version, self.manifest, precision, threads=params.int("threads", 2, 1, 64))
+        elif runtime.startswith("triton:"):  # NVIDIA's container: native backend on the GPU
+            from switchboard.triton.bls_decoder import BlsDecoder
+
+            decoder = BlsDecoder(runtime.split(":", 1)[1], self.manifest)
+        else:
+            raise ValueError(f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
+                             "expected onnxruntime or triton:<model>")
         self.engine = Engine(decoder, max_batch=params.int("max_batch", 8, 1, 256),
                              max_waiting=params.int("max_waiting", 32, 1, 4096),
                              stop_ids=set(self.manifest.eos_token_ids))

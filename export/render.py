@@ -1,0 +1,268 @@
+"""Render the Triton model repository for a target: ``python -m switchboard.export.render``.
+
+Targets:
+- ``local``: this machine's tritonserver (pytriton build, Python backend only): the pools run
+  the ONNX graph in-process with ONNX Runtime. This is the committed ``model_repository/``.
+- ``ngc-onnxruntime``: NVIDIA's Triton container: the graph is served by the native
+  ``onnxruntime`` backend on the GPU as ``decoder``; the pools keep scheduling and batching
+  and call it over BLS for every prefill and decode step.
+- ``ngc-tensorrt``: the same with TensorRT engines (``tensorrt_plan``): one engine per pool,
+  ``decoder_short`` and ``decoder_long``, each built with an optimization profile whose shape
+  ranges match its pool (see ``export.tensorrt``).
+
+Every config is generated here, so a test can compare each rendering with what it should be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+TARGETS = ("local", "ngc-onnxruntime", "ngc-tensorrt")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    max_batch_size: int       # Triton's batcher: requests per execute
+    preferred: tuple[int, int]
+    queue_delay_us: int
+    max_queue_size: int
+    timeout_us: int
+    engine_batch: int         # sequences the engine decodes together
+    max_prompt: int           # longest prompt routed here (profile / documentation)
+    blurb: str
+
+
+LONG_PROMPT_TOKENS = 160
+POOLS = (
+    Pool("short", 16, (4, 8), 1000, 64, 20_000_000, 8, LONG_PROMPT_TOKENS,
+         "Prompts up to long_prompt_tokens (chat/config.pbtxt): larger batches, short queue delay."),
+    Pool("long", 8, (2, 4), 4000, 32, 30_000_000, 4, 1024,
+         "Long prompts: smaller batches so one long prefill does not stall many short chats."),
+)
+
+
+def _params(items: list[tuple[str, str]]) -> str:
+    body = ",\n".join(f'  {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in items)
+    return f"parameters [\n{body}\n]\n"
+
+
+def chat_config() -> str:
+    return '''# Public entry model: streaming (decoupled) customer-service chat.
+# Orchestrates prompt building, the Redis session lookup, length-aware routing to a pool,
+# detokenization and the session write-back (switchboard/triton/chat_model.py).
+name: "chat"
+backend: "python"
+# One request per execute: when all `max_inflight` slots are taken, execute waits holding a
+# single request and everything else stays in Triton's priority-ordered queue.
+max_batch_size: 1
+model_transaction_policy { decoupled: true }
+
+input [
+  { name: "text" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "session_id" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },
+  { name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+  { name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true }
+]
+output [
+  { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "stats" data_type: TYPE_STRING dims: [ 1 ] }
+]
+
+# Priority 1 = live/VIP, 2 = default. Waiting normally happens in the pools' engines, which
+# order by the carried priority; requests queue here only beyond `max_inflight` chats, and
+# Triton serves this queue by request priority with the per-priority policy.
+dynamic_batching {
+  max_queue_delay_microseconds: 0
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy {
+    timeout_action: REJECT
+    default_timeout_microseconds: 60000000
+    allow_timeout_override: true
+    max_queue_size: 256
+  }
+  priority_queue_policy {
+    key: 1
+    value {
+      timeout_action: REJECT
+      default_timeout_microseconds: 60000000
+      allow_timeout_override: true
+      max_queue_size: 128
+    }
+  }
+}
+
+instance_group [ { kind: KIND_CPU count: 1 } ]
+
+# Every parameter can be overridden with SWITCHBOARD_<KEY> in the server's environment.
+''' + _params([("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
+               ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
+               ("max_inflight", "64"), ("default_max_new_tokens", "96"), ("max_new_tokens_limit", "512"),
+               ("precision", "fp32")])
+
+
+def engine_config(pool: Pool, runtime: str) -> str:
+    where = ("runs the ONNX graph in-process with ONNX Runtime" if runtime == "onnxruntime"
+             else f"calls the native model `{runtime.split(':', 1)[1]}` over BLS for every step")
+    return f'''# Generation pool for {pool.name} prompts. {pool.blurb}
+# The engine batches at iteration level (switchboard/engine/scheduler.py, max_batch below)
+# and {where}.
+# Triton's batcher groups arrivals and holds the overflow under the queue policy.
+# Requests from chat arrive over BLS, which cannot set Triton priority in 2.51: chat sends
+# the priority as a request parameter and the engine's scheduler orders by it. The
+# priority levels here apply to clients that call this pool directly.
+name: "engine_{pool.name}"
+backend: "python"
+max_batch_size: {pool.max_batch_size}
+model_transaction_policy {{ decoupled: true }}
+
+input [
+  {{ name: "input_ids" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }},
+  {{ name: "past_kv" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1, -1 ] optional: true allow_ragged_batch: true }},
+  {{ name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }},
+  {{ name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true }},
+  {{ name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true }}
+]
+output [
+  {{ name: "token_ids" data_type: TYPE_INT32 dims: [ -1 ] }},
+  {{ name: "kv" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1, -1 ] }},
+  {{ name: "stats" data_type: TYPE_STRING dims: [ 1 ] }}
+]
+
+dynamic_batching {{
+  preferred_batch_size: [ {pool.preferred[0]}, {pool.preferred[1]} ]
+  max_queue_delay_microseconds: {pool.queue_delay_us}
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy {{
+    timeout_action: REJECT
+    default_timeout_microseconds: {pool.timeout_us}
+    allow_timeout_override: true
+    max_queue_size: {pool.max_queue_size}
+  }}
+}}
+
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+
+''' + _params([("max_batch", str(pool.engine_batch)), ("max_waiting", "64"), ("threads", "2"),
+               ("precision", "fp32"), *([("runtime", runtime)] if runtime != "onnxruntime" else [])])
+
+
+def decoder_config(name: str, manifest, platform: str, filename: str) -> str:
+    m = manifest
+    io_in = [("input_ids", "TYPE_INT64", "[ -1, -1 ]"), ("attention_mask", "TYPE_INT64", "[ -1, -1 ]"),
+             ("position_ids", "TYPE_INT64", "[ -1, -1 ]")]
+    io_out = [("logits", "TYPE_FP32", f"[ -1, -1, {m.vocab_size} ]")]
+    kv = f"[ -1, {m.num_kv_heads}, -1, {m.head_dim} ]"
+    for i in range(m.num_layers):
+        io_in += [(f"past_key_values.{i}.key", "TYPE_FP32", kv), (f"past_key_values.{i}.value", "TYPE_FP32", kv)]
+        io_out += [(f"present.{i}.key", "TYPE_FP32", kv), (f"present.{i}.value", "TYPE_FP32", kv)]
+
+    def block(items):
+        return ",\n".join(f'  {{ name: "{n}" data_type: {t} dims: {d} }}' for n, t, d in items)
+
+    backend = 'backend: "onnxruntime"' if platform == "onnxruntime" else 'platform: "tensorrt_plan"'
+    return f'''# The decoder graph ({m.name}, fingerprint {m.fingerprint}) on the GPU, served by Triton's
+# native {platform} backend. Called over BLS by the engine pools, which own batching and the
+# KV cache; no batcher here (max_batch_size 0: the batch dimension is explicit).
+name: "{name}"
+{backend}
+default_model_filename: "{filename}"
+max_batch_size: 0
+
+input [
+{block(io_in)}
+]
+output [
+{block(io_out)}
+]
+
+instance_group [ {{ kind: KIND_GPU count: 1 }} ]
+'''
+
+
+def render(target: str, out: Path, manifest=None, artifacts: Path | None = None) -> list[Path]:
+    """Write config.pbtxt and model.py files for ``target`` under ``out``; with ``artifacts``,
+    also place the model files (hard links where possible)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")
+    files: dict[str, str] = {"chat/config.pbtxt": chat_config()}
+    for pool in POOLS:
+        runtime = {"local": "onnxruntime", "ngc-onnxruntime": "triton:decoder",
+                   "ngc-tensorrt": f"triton:decoder_{pool.name}"}[target]
+        files[f"engine_{pool.name}/config.pbtxt"] = engine_config(pool, runtime)
+    if target != "local":
+        if manifest is None:
+            raise ValueError(f"target {target} needs the manifest (--artifacts)")
+        if target == "ngc-onnxruntime":
+            files["decoder/config.pbtxt"] = decoder_config("decoder", manifest, "onnxruntime", "model.onnx")
+        else:
+            for pool in POOLS:
+                files[f"decoder_{pool.name}/config.pbtxt"] = decoder_config(
+                    f"decoder_{pool.name}", manifest, "tensorrt_plan", f"model.{pool.name}.plan")
+    written = []
+    for rel, text in files.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+        model = path.parent.name
+        version = path.parent / "1"
+        version.mkdir(exist_ok=True)
+        if not model.startswith("decoder"):
+            glue = "chat_model" if model == "chat" else "engine_model"
+            (version / "model.py").write_text(
+                f'"""Triton entry point: the logic lives in switchboard.triton.{glue}."""\n\n'
+                f"from switchboard.triton.{glue} import TritonPythonModel  # noqa: F401\n")
+        if artifacts is not None:
+            _place(artifacts, version, model, target)
+    return written
+
+
+def _place(artifacts: Path, version: Path, model: str, target: str) -> None:
+    if model.startswith("decoder_"):
+        wanted = [f"model.{model.split('_', 1)[1]}.plan"]
+    elif model == "decoder":
+        wanted = [p.name for p in artifacts.glob("model.onnx*")]
+    else:  # Python models read the manifest and tokenizer; local pools also the ONNX graphs
+        wanted = [p.name for p in artifacts.iterdir() if p.is_file() and not p.name.startswith((".", "report."))
+                  and (target == "local" or not p.name.startswith("model."))]
+    for name in wanted:
+        src = artifacts / name
+        if not src.exists():
+            raise SystemExit(f"{src} missing (build TensorRT engines with `python -m switchboard.export.tensorrt`)")
+        dst = version / name
+        dst.unlink(missing_ok=True)
+        try:
+            dst.hardlink_to(src)
+        except OSError:
+            shutil.copy2(src, dst)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.export.render", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", choices=TARGETS, default="local")
+    p.add_argument("--out", type=Path, help="repository to write (default: model_repository for local, "
+                                              "build/repos/<target> otherwise)")
+    p.add_argument("--artifacts", type=Path, help="exported artifacts to place into the repository")
+    args = p.parse_args(argv)
+    out = args.out or (ROOT / "model_repository" if args.target == "local" else ROOT / "build" / "repos" / args.target)
+    manifest = None
+    if args.artifacts:
+        from switchboard.manifest import Manifest
+
+        manifest = Manifest.load(args.artifacts)
+    for path in render(args.target, out, manifest, args.artifacts):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

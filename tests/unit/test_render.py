@@ -1,0 +1,77 @@
+"""The model repository rendered for each target, checked against what it should be."""
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from switchboard.export.render import TARGETS, render
+from switchboard.manifest import Manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = Manifest(name="tiny", fingerprint="fp", num_layers=2, num_kv_heads=2, head_dim=8, vocab_size=100,
+                    context_window=64, eos_token_ids=[1], end_of_turn_id=1, system_prompt=None)
+
+
+def parse(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def params(cfg) -> dict[str, str]:
+    return {k: v.string_value for k, v in cfg.parameters.items()}
+
+
+def test_local_rendering_is_the_committed_repository(tmp_path):
+    render("local", tmp_path)
+    rendered = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert [str(p) for p in rendered] == ["chat/1/model.py", "chat/config.pbtxt", "engine_long/1/model.py",
+                                          "engine_long/config.pbtxt", "engine_short/1/model.py",
+                                          "engine_short/config.pbtxt"]
+    for rel in rendered:
+        assert (tmp_path / rel).read_text() == (ROOT / "model_repository" / rel).read_text(), rel
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_config_is_a_valid_triton_model_config(target, tmp_path):
+    for path in render(target, tmp_path, MANIFEST):
+        cfg = parse(path)
+        assert cfg.name == path.parent.name
+
+
+def test_priority_and_queue_policies():
+    chat = parse(ROOT / "model_repository/chat/config.pbtxt")
+    assert chat.model_transaction_policy.decoupled and chat.max_batch_size == 1
+    assert chat.dynamic_batching.priority_levels == 2 and chat.dynamic_batching.default_priority_level == 2
+    assert chat.dynamic_batching.priority_queue_policy[1].max_queue_size == 128
+    for pool, batch in (("short", "8"), ("long", "4")):
+        cfg = parse(ROOT / f"model_repository/engine_{pool}/config.pbtxt")
+        db = cfg.dynamic_batching
+        assert db.priority_levels == 2 and db.default_queue_policy.max_queue_size > 0
+        assert db.default_queue_policy.default_timeout_microseconds > 0 and list(db.preferred_batch_size)
+        assert params(cfg)["max_batch"] == batch and "runtime" not in params(cfg)
+
+
+def test_ngc_onnxruntime_serves_the_graph_natively_on_the_gpu(tmp_path):
+    render("ngc-onnxruntime", tmp_path, MANIFEST)
+    decoder = parse(tmp_path / "decoder/config.pbtxt")
+    assert decoder.backend == "onnxruntime" and decoder.max_batch_size == 0
+    assert decoder.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    dims = {i.name: list(i.dims) for i in decoder.input}
+    assert dims["past_key_values.1.value"] == [-1, 2, -1, 8] and len(dims) == 3 + 2 * 2
+    assert {o.name: list(o.dims) for o in decoder.output}["logits"] == [-1, -1, 100]
+    for pool in ("short", "long"):
+        assert params(parse(tmp_path / f"engine_{pool}/config.pbtxt"))["runtime"] == "triton:decoder"
+
+
+def test_ngc_tensorrt_has_one_engine_per_pool(tmp_path):
+    render("ngc-tensorrt", tmp_path, MANIFEST)
+    for pool in ("short", "long"):
+        decoder = parse(tmp_path / f"decoder_{pool}/config.pbtxt")
+        assert decoder.platform == "tensorrt_plan" and decoder.default_model_filename == f"model.{pool}.plan"
+        assert params(parse(tmp_path / f"engine_{pool}/config.pbtxt"))["runtime"] == f"triton:decoder_{pool}"
+
+
+def test_unknown_target_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown target 'docker'"):
+        render("docker", tmp_path)
