@@ -154,7 +154,7 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
                      r.greedy_sequences_identical, r.teacher_forced_top1, r.logits_cosine, r.perplexity,
                      100 * r.perplexity_delta, f"  answers {r.answer_accuracy:.2f}" if r.answer_accuracy is not None else "")
         coverage = _coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts, calibration_per_class,
-                                   heldout_per_class) if any(p != "int8-dynamic" for p in int8) else {}
+                                   heldout_per_class, prompts) if any(p != "int8-dynamic" for p in int8) else {}
         manifest = Manifest(**{**manifest.__dict__, "accuracy": {**accuracy_report, **coverage}})
         manifest.save(out)
         accuracy_report.update(coverage)
@@ -174,26 +174,32 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
     return manifest.__dict__
 
 
-def _coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts, per_class, heldout_per_class) -> dict:
-    """What calibration coverage changes: MinMax calibrated on plain questions only, against
-    the covered set, on the same held-out classes (the plain model is deleted afterwards)."""
+def _coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts, per_class, heldout_per_class,
+                    covered_prompts) -> dict:
+    """What calibration coverage changes: MinMax calibrated on the covered set against MinMax
+    calibrated on plain questions only, on the same held-out classes (study graphs are
+    deleted afterwards; nothing here is shipped)."""
     from switchboard.export import accuracy, calibration, quantize
     from switchboard.manifest import Manifest, file_digest
 
-    log.info("coverage study: MinMax calibrated on plain questions only")
+    log.info("coverage study: MinMax calibrated on the covered set vs on plain questions only")
     plain = _prompts(tok, system_prompt, calibration.calibration_set(per_class, covered=False), limit)
-    target = out / "model.int8-minmax-plaincal.onnx"
-    quantize.quantize_int8_static(fp32, target, calibration.feeds(decoder, plain), "minmax", parts)
     m = Manifest.load(out)
-    study = {**m.variants, "int8-minmax-plaincal": {"file": target.name, "fingerprint": "study",
-                                                     "weights_sha256": file_digest([target]), "bytes": target.stat().st_size}}
+    study = dict(m.variants)
+    for name, prompts in (("study-minmax-covered", covered_prompts), ("study-minmax-plain", plain)):
+        target = out / f"model.{name}.onnx"
+        quantize.quantize_int8_static(fp32, target, calibration.feeds(decoder, prompts), "minmax", parts)
+        study[name] = {"file": target.name, "fingerprint": name, "weights_sha256": file_digest([target]),
+                       "bytes": target.stat().st_size}
     Manifest(**{**m.__dict__, "variants": study}).save(out)
+    names = ["study-minmax-covered", "study-minmax-plain"]
     try:
-        results = accuracy.evaluate(out, ["int8-minmax-plaincal"], accuracy.heldout_cases(heldout_per_class))
+        results = accuracy.evaluate(out, names, accuracy.heldout_cases(heldout_per_class))
     finally:
         m.save(out)
-        target.unlink(missing_ok=True)
-    return {"int8-minmax-plaincal": accuracy.as_dict(results)["int8-minmax-plaincal"]}
+        for name in names:
+            (out / f"model.{name}.onnx").unlink(missing_ok=True)
+    return {k: v for k, v in accuracy.as_dict(results).items() if k in names}
 
 
 def install(artifacts: Path, repository: Path) -> None:

@@ -102,10 +102,10 @@ def write(artifacts: Path, bench: dict, accuracy: dict, title: str) -> Path:
             lines.append(f"| {v} | {a['greedy_sequences_identical']:.3f} | {a['greedy_token_agreement']:.3f} "
                          f"| {a['teacher_forced_top1']:.4f} | {a['logits_cosine']:.5f} | {a['perplexity']:.3f} "
                          f"| {100 * a['perplexity_delta']:+.2f}% | {ans} |")
-        if "int8-minmax-plaincal" in accuracy:
-            lines += ["", "`int8-minmax-plaincal` is a coverage study, not shipped: MinMax calibrated on plain "
-                      "questions only, against `int8-minmax` calibrated on the covered set (codes, prices, "
-                      "phone numbers, mixed Chinese/English, long prompts)."]
+        if "study-minmax-plain" in accuracy:
+            lines += ["", "Calibration coverage study (not shipped): `study-minmax-covered` is MinMax calibrated on "
+                      "the covered set (codes, prices, phone numbers, mixed Chinese/English, long prompts), "
+                      "`study-minmax-plain` on the same number of plain questions only."]
         classes = sorted({k for a in accuracy.values() for k in a.get("by_class_top1", {})})
         if classes:
             lines += ["", "Teacher-forced top-1 by held-out class:", "",
