@@ -49,7 +49,8 @@ VARIANTS = ("fp32", "int8-dynamic", "int8-minmax", "int8-entropy", "int8-percent
 
 def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = True,
                parts: tuple[str, ...] = ("mlp", "attention"), calibration_per_class: int = 8,
-               gate=None, heldout_per_class: int = 6, bench_batches: tuple[int, ...] | None = (1, 8, 32)) -> dict:
+               gate=None, heldout_per_class: int = 6, bench_batches: tuple[int, ...] | None = (1, 8, 32),
+               bench_repeats: int = 5, bench_prompt: int = 64) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -164,7 +165,7 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
         from switchboard.export import report
 
         log.info("report: latency of %s at batch %s", ",".join(precisions), ",".join(map(str, bench_batches)))
-        bench = report.benchmark(out, precisions, batches=bench_batches)
+        bench = report.benchmark(out, precisions, batches=bench_batches, prompt=bench_prompt, repeats=bench_repeats)
         path = report.write(out, bench, accuracy_report, f"{manifest.name} ({config.model_type})")
         log.info("report: %s", path)
     if failed:
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="calibration prompts per class (plain, codes, prices, phones, mixed, long)")
     p.add_argument("--no-gate", action="store_true", help="skip the accuracy evaluation and gate")
     p.add_argument("--bench-batches", default="1,8,32", help="report latency at these batch sizes ('' = no report)")
+    p.add_argument("--bench-repeats", type=int, default=5, help="interleaved repetitions per measurement")
+    p.add_argument("--bench-prompt", type=int, default=64, help="prompt tokens per sequence in the prefill measurement")
     p.add_argument("--min-greedy", type=float, default=0.80, help="gate: greedy sequences identical to FP32")
     p.add_argument("--min-top1", type=float, default=0.97, help="gate: teacher-forced top-1 agreement")
     p.add_argument("--min-cosine", type=float, default=0.99, help="gate: logits cosine to FP32")
@@ -255,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         stamp.unlink(missing_ok=True)
         batches = tuple(int(b) for b in args.bench_batches.split(",") if b.strip())
         run_export(args.model, args.out, precisions, check=not args.no_check, parts=parts,
-                   calibration_per_class=args.calibration_per_class, gate=gate, bench_batches=batches)
+                   calibration_per_class=args.calibration_per_class, gate=gate, bench_batches=batches,
+                   bench_repeats=args.bench_repeats, bench_prompt=args.bench_prompt)
         stamp.write_text(digest + "\n")
     else:
         log.info("artifacts in %s are up to date (inputs %s)", args.out, digest)
