@@ -205,7 +205,7 @@ def _coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts, per_cl
 
 def install(artifacts: Path, repository: Path) -> None:
     """Put the artifacts into each model's version folder (hard links where possible)."""
-    from switchboard.export.render import _place
+    from switchboard.export.render import place_artifacts
 
     for name in REPO_MODELS:
         version = repository / name / "1"
@@ -214,7 +214,7 @@ def install(artifacts: Path, repository: Path) -> None:
         for old in version.iterdir():
             if old.name != "model.py" and old.is_file():
                 old.unlink()
-        _place(artifacts, version, name, "local")
+        place_artifacts(artifacts, version, name, "local")
     log.info("installed %s into %s", artifacts, ", ".join(f"{repository}/{n}/1" for n in REPO_MODELS))
 
 

@@ -222,11 +222,11 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
                 f'"""Triton entry point: the logic lives in switchboard.triton.{glue}."""\n\n'
                 f"from switchboard.triton.{glue} import TritonPythonModel  # noqa: F401\n")
         if artifacts is not None:
-            _place(artifacts, version, model, target)
+            place_artifacts(artifacts, version, model, target)
     return written
 
 
-def _place(artifacts: Path, version: Path, model: str, target: str) -> None:
+def place_artifacts(artifacts: Path, version: Path, model: str, target: str) -> None:
     if model.startswith("decoder_"):
         wanted = [f"model.{model.split('_', 1)[1]}.plan"]
     elif model == "decoder":

@@ -87,7 +87,10 @@ class SessionStore:
             return Lookup(status="unavailable")
         key = session_key(self.config.prefix, session_id)
         try:
-            conv_raw, kv_raw = self._redis.mget([f"{key}:conv", f"{key}:kv" if want_kv else f"{key}:conv"])
+            if want_kv:
+                conv_raw, kv_raw = self._redis.mget([f"{key}:conv", f"{key}:kv"])
+            else:
+                conv_raw, kv_raw = self._redis.get(f"{key}:conv"), None
         except redis.RedisError as e:
             self._failed("lookup", e)
             return Lookup(status="unavailable")
