@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model export serve stop status chat test test-unit test-integration perf lock clean
+.PHONY: help setup model export serve stop status chat test test-unit test-integration perf bench bench-full lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -61,6 +61,12 @@ test-integration: export ## only the integration tests
 
 perf: export ## perf_analyzer against chat with real corpus questions (report in build/perf)
 	@$(PY) -m switchboard.perf.analyzer --out build/perf
+
+bench: export ## side-by-side benchmark, quick (~10 min): optimized vs baseline vs LitServe vs HF generate (build/bench/quick)
+	@$(PY) -m switchboard.perf.bench --preset quick $(BENCH_ARGS)
+
+bench-full: export ## the whole sweep: 6 loads x 3 rounds, INT8 too, perf_analyzer concurrency + request-rate (~1 h)
+	@$(PY) -m switchboard.perf.bench --preset full $(BENCH_ARGS)
 
 lock: ## re-resolve requirements.in into requirements.lock
 	@$(PY) -m pip install -q -r requirements.in && $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock

@@ -44,10 +44,25 @@ def write_input_data(path: Path, n: int, seed: int = 0) -> Path:
     return path
 
 
-def run_perf_analyzer(url: str, input_data: Path, concurrency: str, export: Path, requests: int,
-                      priority: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
+def write_workload_data(path: Path, workload: Path) -> Path:
+    """perf_analyzer input data from a workload file: every turn as a one-off request (perf_analyzer
+    cannot chain turns; ``switchboard.perf.driver`` replays them as sessions)."""
+    from switchboard.perf.workload import load
+
+    _, sessions = load(workload)
+    data = {"data": [{"text": [t], "max_new_tokens": [s.max_new_tokens]} for s in sessions for t in s.turns]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=1))
+    return path
+
+
+def run_perf_analyzer(url: str, input_data: Path, concurrency: str | None, export: Path, requests: int,
+                      priority: int = 2, timeout: float = 600, request_rate: str | None = None,
+                      ) -> subprocess.CompletedProcess:
+    """One sweep: ``concurrency`` ("1:4:1") or ``request_rate`` ("5:20:5", requests/s)."""
+    sweep = ["--request-rate-range", request_rate] if request_rate else ["--concurrency-range", concurrency]
     cmd = [str(perf_analyzer_binary()), "-m", "chat", "-i", "grpc", "-u", url, "--streaming",
-           "--input-data", str(input_data), "--concurrency-range", concurrency,
+           "--input-data", str(input_data), *sweep,
            "--measurement-mode", "count_windows", "--measurement-request-count", str(requests),
            "--stability-percentage", "50", "--max-trials", "4",
            "--request-parameter", f"{PRIORITY_PARAMETER}:{priority}:int",
@@ -76,6 +91,7 @@ def llm_metrics(export: Path) -> list[dict]:
         span_s = (max(ends) - min(starts)) / 1e9
         pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
         rows.append({
+            "mode": experiment["experiment"].get("mode", "concurrency"),
             "concurrency": experiment["experiment"].get("value"),
             "requests": len(e2e), "requests_per_s": len(e2e) / span_s,
             "text_deltas_per_s": responses / span_s,
@@ -87,10 +103,10 @@ def llm_metrics(export: Path) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| concurrency | requests | req/s | text deltas/s | TTFT P50 | TTFT P99 | ITL P50 | ITL P99 "
+    head = ("| load | requests | req/s | text deltas/s | TTFT P50 | TTFT P99 | ITL P50 | ITL P99 "
             "| E2E P50 | E2E P99 |\n|---|---|---|---|---|---|---|---|---|---|\n")
     return head + "".join(
-        f"| {r['concurrency']} | {r['requests']} | {r['requests_per_s']:.2f} | {r['text_deltas_per_s']:.1f} "
+        f"| {r.get('mode', 'concurrency').replace('_', ' ')} {r['concurrency']} | {r['requests']} | {r['requests_per_s']:.2f} | {r['text_deltas_per_s']:.1f} "
         f"| {r['ttft_p50_ms']:.0f} ms | {r['ttft_p99_ms']:.0f} ms | {r['itl_p50_ms']:.1f} ms | {r['itl_p99_ms']:.1f} ms "
         f"| {r['e2e_p50_ms']:.0f} ms | {r['e2e_p99_ms']:.0f} ms |\n" for r in rows)
 

@@ -44,8 +44,12 @@ class TurnRecord:
     fallback: bool = False
 
 
-def run_session(client: ChatClient, s: Session, t0: float, records: list, lock: threading.Lock,
-                deadline: float, session_prefix: str = "") -> None:
+ABANDONED = "ABANDONED"
+REJECTED = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP_503", "HTTP_504")  # still streaming when the run's hard stop came; cancelled by the driver
+
+
+def run_session(client, s: Session, t0: float, records: list, lock: threading.Lock,
+                deadline: float, session_prefix: str = "", hard_stop: float = float("inf")) -> None:
     delay = t0 + s.arrival_s - time.perf_counter()
     if delay > 0:
         time.sleep(delay)
@@ -58,6 +62,8 @@ def run_session(client: ChatClient, s: Session, t0: float, records: list, lock: 
             for event in client.chat(text, session_id=session_prefix + s.id, priority=s.priority,
                                      max_new_tokens=s.max_new_tokens):
                 now = time.perf_counter()
+                if now > hard_stop:
+                    raise ChatError("the run ended first", ABANDONED)  # leaving the loop cancels the stream
                 if isinstance(event, ChatStats):
                     rec.generated, rec.prompt_tokens = event.generated_tokens, event.prompt_tokens
                     rec.reused, rec.route, rec.fallback = event.reused_tokens, event.route, event.fallback
@@ -78,18 +84,26 @@ def run_session(client: ChatClient, s: Session, t0: float, records: list, lock: 
             return  # a customer whose turn failed does not carry on with the script
 
 
-def drive(url: str, sessions: list[Session], max_seconds: float = 600, session_prefix: str = "") -> tuple[list[TurnRecord], float]:
-    client = ChatClient(url, timeout_s=120)
+def drive(client, sessions: list[Session], max_seconds: float = 600, session_prefix: str = "",
+          grace_s: float = 120) -> tuple[list[TurnRecord], float]:
+    """Replay ``sessions`` against ``client`` (a ``ChatClient``, or anything with its ``chat``).
+
+    No turn starts after ``max_seconds``; turns still streaming ``grace_s`` later are cancelled
+    and recorded as ``ABANDONED``. Returns the records and the wall time."""
+    if isinstance(client, str):
+        client = ChatClient(client, timeout_s=120)
     records: list[TurnRecord] = []
     lock = threading.Lock()
     t0 = time.perf_counter()
     deadline = t0 + max_seconds
-    threads = [threading.Thread(target=run_session, args=(client, s, t0, records, lock, deadline, session_prefix),
-                                daemon=True) for s in sessions]
+    hard_stop = deadline + grace_s
+    threads = [threading.Thread(target=run_session,
+                                args=(client, s, t0, records, lock, deadline, session_prefix, hard_stop), daemon=True)
+               for s in sessions]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(max(0.0, deadline - time.perf_counter()) + 130)
+        t.join(max(0.0, hard_stop - time.perf_counter()) + 5)
     return records, time.perf_counter() - t0
 
 
@@ -110,7 +124,7 @@ def summarize(records: list[TurnRecord], wall_s: float, key=None) -> list[dict]:
         e2e = [r.e2e_ms for r in ok]
         rows.append({
             "group": name, "turns": len(rs), "failed": len(rs) - len(ok),
-            "rejected": sum(r.status in ("UNAVAILABLE", "RESOURCE_EXHAUSTED") for r in rs),
+            "rejected": sum(r.status in REJECTED for r in rs),
             "requests_per_s": len(ok) / wall_s, "output_tokens_per_s": sum(r.generated for r in ok) / wall_s,
             "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90), "ttft_p99_ms": _pct(ttft, 99),
             "itl_p50_ms": _pct(itl, 50), "itl_p99_ms": _pct(itl, 99),
@@ -135,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC address")
     p.add_argument("--workload", type=Path, default=Path("build/perf/workload.jsonl"))
     p.add_argument("--out", type=Path, default=Path("build/perf/driver"))
-    p.add_argument("--max-seconds", type=float, default=600)
+    p.add_argument("--max-seconds", type=float, default=600, help="no turn starts after this")
+    p.add_argument("--grace-seconds", type=float, default=120, help="then turns still streaming are cancelled")
     args = p.parse_args(argv)
     _, sessions = load(args.workload)
-    records, wall = drive(args.url, sessions, args.max_seconds)
+    records, wall = drive(args.url, sessions, args.max_seconds, grace_s=args.grace_seconds)
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "turns.jsonl").open("w") as f:
         for r in records:

@@ -68,6 +68,10 @@ class _Sequence:
     admitted_with: int = 0
 
 
+STAT_KEYS = ("prefill_batches", "prefill_tokens", "prefill_padded_tokens", "decode_steps", "decode_columns",
+             "decode_padded_columns", "finished_stop", "finished_length", "finished_cancelled", "busy_s")
+
+
 class Engine:
     def __init__(self, decoder: OnnxDecoder, max_batch: int, max_waiting: int, stop_ids: set[int]):
         m = decoder.manifest
@@ -84,7 +88,7 @@ class Engine:
         self._batch: KVBatch | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
-        self.stats = Counter()                 # read by metrics; written by the loop thread only
+        self.stats = Counter({k: 0 for k in STAT_KEYS})  # written by the loop thread only
         self.batch_sizes: Counter = Counter()  # decode batch size -> steps
 
     # -- submission (any thread) -------------------------------------------------------
@@ -120,6 +124,17 @@ class Engine:
         with self._cv:
             return len(self._waiting)
 
+    def snapshot(self) -> tuple[dict, dict, int, int]:
+        """Counters, decode steps per batch size, waiting and running sequences (any thread)."""
+        while True:
+            try:
+                stats, sizes = dict(self.stats), dict(self.batch_sizes)
+                break
+            except RuntimeError:  # the loop thread added a key while we copied
+                continue
+        with self._cv:
+            return stats, sizes, len(self._waiting), len(self._running)
+
     # -- the loop --------------------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="switchboard-engine", daemon=True)
@@ -151,12 +166,14 @@ class Engine:
 
     def step(self) -> None:
         """One iteration: admit and prefill, then one decode step for the running batch."""
+        t0 = time.perf_counter()
         admitted = self._admit()
         if admitted:
             self._prefill(admitted)
         elif self._running:
             self._decode()
         self._retire()
+        self.stats["busy_s"] += time.perf_counter() - t0
 
     def _admit(self) -> list[_Sequence]:
         with self._cv:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from switchboard.engine.runtime import OnnxDecoder
-from switchboard.engine.scheduler import Engine, GenerationRequest, GenerationResult
+from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
 from switchboard.manifest import Manifest
 from switchboard.params import Params
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
@@ -50,6 +51,80 @@ class _Sink:
         return self.request.is_cancelled()
 
 
+_DESCRIPTIONS = {
+    "prefill_batches": "prefill calls (one per admission round)",
+    "prefill_tokens": "prompt tokens prefilled (cached prefixes excluded)",
+    "prefill_padded_tokens": "prefill input positions including left padding",
+    "decode_steps": "decode steps",
+    "decode_columns": "attention-mask positions over all decode steps and rows",
+    "decode_padded_columns": "masked (wasted) attention-mask positions over all decode steps and rows",
+    "finished_stop": "sequences that ended at an end-of-turn token",
+    "finished_length": "sequences that ended at max_new_tokens or the context window",
+    "finished_cancelled": "sequences cancelled by the client",
+    "busy_s": "seconds the engine loop spent in steps",
+}
+
+
+class EngineMetrics:
+    """The engine's counters as Triton custom metrics on the metrics port (Prometheus text),
+    next to Triton's own: ``switchboard_engine_<counter>_total{model=...}``, decode steps per
+    batch size and the waiting/running gauges. A thread copies them once per ``interval``."""
+
+    def __init__(self, model: str, engine: Engine, interval: float = 1.0):
+        F = pb_utils.MetricFamily
+        self.model, self.engine, self.interval = model, engine, interval
+        self._families = {k: F(name=f"switchboard_engine_{k}_total", description=d, kind=F.COUNTER)
+                          for k, d in _DESCRIPTIONS.items()}
+        self._counters = {k: f.Metric(labels={"model": model}) for k, f in self._families.items()}
+        self._families["batch"] = F(name="switchboard_engine_batch_steps_total",
+                                    description="decode steps by batch size", kind=F.COUNTER)
+        self._families["waiting"] = F(name="switchboard_engine_waiting", description="sequences waiting for a batch slot",
+                                      kind=F.GAUGE)
+        self._families["running"] = F(name="switchboard_engine_running", description="sequences in the running batch",
+                                      kind=F.GAUGE)
+        self._waiting = self._families["waiting"].Metric(labels={"model": model})
+        self._running = self._families["running"].Metric(labels={"model": model})
+        self._batch: dict[int, object] = {}
+        self._last: dict = {}
+        self._last_sizes: dict = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="switchboard-metrics", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.publish()
+            except Exception:  # metrics must never take the model down
+                log.exception("publishing engine metrics failed")
+
+    def publish(self) -> None:
+        stats, sizes, waiting, running = self.engine.snapshot()
+        for key in STAT_KEYS:
+            delta = stats.get(key, 0) - self._last.get(key, 0)
+            if delta > 0:
+                self._counters[key].increment(float(delta))
+        for size, steps in sizes.items():
+            delta = steps - self._last_sizes.get(size, 0)
+            if delta > 0:
+                if size not in self._batch:
+                    self._batch[size] = self._families["batch"].Metric(labels={"model": self.model,
+                                                                              "batch_size": str(size)})
+                self._batch[size].increment(float(delta))
+        self._last, self._last_sizes = stats, sizes
+        self._waiting.set(float(waiting))
+        self._running.set(float(running))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.interval)
+        # Metrics before their families (the backend requires this order).
+        self._counters.clear()
+        self._batch.clear()
+        self._waiting = self._running = None
+        self._families.clear()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config, version = load_config(args)
@@ -73,6 +148,7 @@ class TritonPythonModel:
                              max_waiting=params.int("max_waiting", 32, 1, 4096),
                              stop_ids=set(self.manifest.eos_token_ids))
         self.engine.start()
+        self.metrics = EngineMetrics(self.name, self.engine)
         log.info("%s ready: %s %s, max batch %d", self.name, self.manifest.name, precision, self.engine.max_batch)
 
     def execute(self, requests):
@@ -121,4 +197,5 @@ class TritonPythonModel:
         )
 
     def finalize(self):
+        self.metrics.close()
         self.engine.stop()
