@@ -103,7 +103,11 @@ class Running:
         run_dir = out / "run" / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
         if spec.kind == "triton":
-            self.stack = Stack(Ports.free(), repository=repository, run_dir=run_dir, env=dict(spec.env))
+            env = dict(spec.env)
+            if device.startswith("cuda"):  # engines in PyTorch on the GPU, instances KIND_GPU
+                repository = gpu_repository(repository, out / "repository-gpu")
+                env.update({"SWITCHBOARD_RUNTIME": "torch:cuda", "SWITCHBOARD_CHECKPOINT": str(checkpoint.resolve())})
+            self.stack = Stack(Ports.free(), repository=repository, run_dir=run_dir, env=env)
             self.stack.start()
             self.url = self.stack.grpc_url
         else:
@@ -147,6 +151,19 @@ class Running:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, 9)
+
+
+def gpu_repository(repository: Path, out: Path) -> Path:
+    """A copy of the repository whose engine pools run as KIND_GPU instances (the chat model
+    stays on the CPU: it tokenizes and talks to Redis)."""
+    import shutil
+
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(repository, out, ignore=shutil.ignore_patterns("__pycache__"))
+    for config in out.glob("engine_*/config.pbtxt"):
+        config.write_text(config.read_text().replace("kind: KIND_CPU", "kind: KIND_GPU"))
+    return out
 
 
 def scrape(port: int) -> dict:

@@ -50,6 +50,8 @@ REJECTED = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP_503", "HTTP_504")  # stil
 
 def run_session(client, s: Session, t0: float, records: list, lock: threading.Lock,
                 deadline: float, session_prefix: str = "", hard_stop: float = float("inf")) -> None:
+    if t0 + s.arrival_s > deadline:
+        return  # arrives after the run's arrival window
     delay = t0 + s.arrival_s - time.perf_counter()
     if delay > 0:
         time.sleep(delay)

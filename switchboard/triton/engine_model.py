@@ -141,9 +141,20 @@ class TritonPythonModel:
             from switchboard.triton.bls_decoder import BlsDecoder
 
             decoder = BlsDecoder(runtime.split(":", 1)[1], self.manifest)
+        elif runtime.split(":", 1)[0] == "torch":  # a GPU without TensorRT: the checkpoint in PyTorch
+            from switchboard.engine.torch_runtime import TorchDecoder
+
+            checkpoint = params.str("checkpoint")
+            if not checkpoint:
+                raise ValueError(f"{self.name}/config.pbtxt: runtime {runtime!r} needs parameter 'checkpoint' "
+                                 "(the Hugging Face checkpoint the repository was exported from)")
+            device = runtime.split(":", 1)[1] if ":" in runtime else "cpu"
+            if device == "cuda" and args.get("model_instance_kind") == "GPU":
+                device = f"cuda:{args['model_instance_device_id']}"
+            decoder = TorchDecoder(checkpoint, self.manifest, device, threads=params.int("threads", 2, 1, 64))
         else:
             raise ValueError(f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
-                             "expected onnxruntime or triton:<model>")
+                             "expected onnxruntime, torch[:cpu|cuda] or triton:<model>")
         self.engine = Engine(decoder, max_batch=params.int("max_batch", 8, 1, 256),
                              max_waiting=params.int("max_waiting", 32, 1, 4096),
                              stop_ids=set(self.manifest.eos_token_ids))

@@ -1,0 +1,59 @@
+"""The Hugging Face checkpoint in PyTorch behind the ONNX graph's interface.
+
+``runtime: torch:cuda`` in a pool's config runs the engine on an NVIDIA GPU where TensorRT and
+onnxruntime-gpu are absent (FP16 weights on CUDA); ``torch:cpu`` is the same path on the CPU,
+which the tests use to check it against ONNX Runtime. Inputs and outputs are numpy arrays
+laid out exactly like ``OnnxDecoder``'s, so the scheduler and the KV batch layout do not change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from switchboard.manifest import Manifest
+
+
+class TorchDecoder:
+    def __init__(self, checkpoint: Path, manifest: Manifest, device: str = "cpu", threads: int = 2):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if device == "cpu":
+            torch.set_num_threads(threads)
+        self.torch = torch
+        self.manifest = manifest
+        self.device = torch.device(device)
+        self.model_dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.model_dtype)
+        self.model.to(self.device).eval()
+        if self.model.config.num_hidden_layers != manifest.num_layers:
+            raise ValueError(f"checkpoint {checkpoint} has {self.model.config.num_hidden_layers} layers, "
+                             f"the exported model {manifest.num_layers}: not the same model")
+        self.dtype = np.dtype(manifest.kv_dtype)  # what the batch layout keeps between steps
+
+    def empty_past(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        shape = (batch, self.manifest.num_kv_heads, 0, self.manifest.head_dim)
+        return [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in range(self.manifest.num_layers)]
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+                past: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        torch = self.torch
+        from transformers import DynamicCache
+
+        def dev(a, dtype=None):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype)
+
+        with torch.inference_mode():
+            cache = DynamicCache()
+            if past and past[0][0].shape[2]:
+                for i, (k, v) in enumerate(past):
+                    cache.update(dev(k, self.model_dtype), dev(v, self.model_dtype), i)
+            out = self.model(input_ids=dev(input_ids, torch.long), attention_mask=dev(attention_mask, torch.long),
+                             position_ids=dev(position_ids, torch.long), past_key_values=cache, use_cache=True)
+            logits = out.logits.float().cpu().numpy()
+            present = [(layer.keys.float().cpu().numpy().astype(self.dtype, copy=False),
+                        layer.values.float().cpu().numpy().astype(self.dtype, copy=False))
+                       for layer in out.past_key_values.layers]
+        return logits, present

@@ -1,0 +1,46 @@
+"""The PyTorch runtime (the GPU path without TensorRT) against ONNX Runtime, on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from switchboard.engine.runtime import OnnxDecoder
+from switchboard.engine.scheduler import Engine, GenerationRequest
+from switchboard.engine.torch_runtime import TorchDecoder
+from switchboard.manifest import Manifest
+from tests.model.test_engine import Sink
+
+CHECKPOINT = "build/default-model"
+
+
+def test_torch_runtime_matches_onnx_and_drives_the_engine(artifacts):
+    from tests.conftest import ROOT
+
+    manifest = Manifest.load(artifacts)
+    onnx = OnnxDecoder(artifacts, manifest, "fp32", threads=2)
+    torch_rt = TorchDecoder(ROOT / CHECKPOINT, manifest, "cpu")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, manifest.vocab_size, (2, 7))
+    mask = np.ones((2, 7), np.int64)
+    mask[1, :3] = 0  # left padding
+    pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    a_logits, a_present = onnx.forward(ids, mask, pos, onnx.empty_past(2))
+    b_logits, b_present = torch_rt.forward(ids, mask, pos, torch_rt.empty_past(2))
+    assert np.abs(a_logits[:, -1] - b_logits[:, -1]).max() < 1e-3
+    # one decode step on top of the cache
+    step = np.argmax(a_logits[:, -1], -1)[:, None]
+    mask2 = np.concatenate([mask, np.ones((2, 1), np.int64)], 1)
+    a2, _ = onnx.forward(step, mask2, pos[:, -1:] + 1, a_present)
+    b2, _ = torch_rt.forward(step, mask2, pos[:, -1:] + 1, b_present)
+    assert np.abs(a2 - b2).max() < 1e-3
+
+    outputs = []
+    for decoder in (onnx, torch_rt):
+        engine = Engine(decoder, max_batch=4, max_waiting=8, stop_ids=set(manifest.eos_token_ids))
+        sinks = [Sink() for _ in range(3)]
+        for i, sink in enumerate(sinks):
+            engine.submit(GenerationRequest(prompt=list(ids[0, : 4 + i]), max_new_tokens=12), sink)
+        while any(s.result is None for s in sinks):
+            engine.step()
+        outputs.append([s.tokens for s in sinks])
+    assert outputs[0] == outputs[1]
