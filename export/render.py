@@ -58,8 +58,8 @@ def chat_config() -> str:
 # detokenization and the session write-back (switchboard/triton/chat_model.py).
 name: "chat"
 backend: "python"
-# One request per execute: when all `max_inflight` slots are taken, execute waits holding a
-# single request and everything else stays in Triton's priority-ordered queue.
+# One request per execute; execute only validates and hands the chat to the model's own
+# admission (switchboard/admission.py), which can still answer from the FAQ when overloaded.
 max_batch_size: 1
 model_transaction_policy { decoupled: true }
 
@@ -75,9 +75,9 @@ output [
   { name: "stats" data_type: TYPE_STRING dims: [ 1 ] }
 ]
 
-# Priority 1 = live/VIP, 2 = default. Waiting normally happens in the pools' engines, which
-# order by the carried priority; requests queue here only beyond `max_inflight` chats, and
-# Triton serves this queue by request priority with the per-priority policy.
+# Priority 1 = live/VIP, 2 = default. Chats wait in chat's admission queue (by priority, at most
+# max_queue_wait_s, then the FAQ answers) and in the pools' engines (by the carried priority);
+# this queue only fills if execute itself falls behind, and rejects under the policy below.
 dynamic_batching {
   max_queue_delay_microseconds: 0
   priority_levels: 2
@@ -104,7 +104,9 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # Every parameter can be overridden with SWITCHBOARD_<KEY> in the server's environment.
 ''' + _params([("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
                ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
-               ("max_inflight", "64"), ("default_max_new_tokens", "96"), ("max_new_tokens_limit", "512"),
+               ("max_inflight", "64"), ("max_pending", "1024"), ("max_queue_wait_s", "5"),
+               ("engine_first_token_s", "10"), ("engine_stall_s", "10"), ("fallback", "true"),
+               ("fallback_faq", "faq.jsonl"), ("default_max_new_tokens", "96"), ("max_new_tokens_limit", "512"),
                ("precision", "fp32")])
 
 
@@ -238,12 +240,17 @@ def place_artifacts(artifacts: Path, version: Path, model: str, target: str) -> 
         src = artifacts / name
         if not src.exists():
             raise SystemExit(f"{src} missing (build TensorRT engines with `python -m switchboard.export.tensorrt`)")
-        dst = version / name
-        dst.unlink(missing_ok=True)
-        try:
-            dst.hardlink_to(src)
-        except OSError:
-            shutil.copy2(src, dst)
+        _link(src, version / name)
+    if model == "chat":  # the FAQ that chat answers from when the engines cannot (overload, failure)
+        shutil.copy2(ROOT / "corpus" / "faq.jsonl", version / "faq.jsonl")
+
+
+def _link(src: Path, dst: Path) -> None:
+    dst.unlink(missing_ok=True)
+    try:
+        dst.hardlink_to(src)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ prefilled from scratch instead of using a cache that belongs to another model or
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import struct
 from dataclasses import dataclass
@@ -56,6 +57,16 @@ def decode(blob: bytes, fingerprint: str, expect_shape: tuple[int, int, int, int
            secret: bytes = b"") -> KVEntry:
     """``expect_shape``: (layers, 2, kv_heads, head_dim) of the serving model."""
     try:
+        return _decode(blob, fingerprint, expect_shape, dtype, secret)
+    except CacheEntryRejected:
+        raise
+    except Exception as e:  # bytes from Redis are untrusted: any surprise is a rejection, never a crash
+        raise CacheEntryRejected(f"malformed entry: {e.__class__.__name__}") from None
+
+
+def _decode(blob: bytes, fingerprint: str, expect_shape: tuple[int, int, int, int], dtype: np.dtype,
+            secret: bytes) -> KVEntry:
+    try:
         if not blob.startswith(MAGIC):
             raise CacheEntryRejected("not a Switchboard KV entry")
         (n,) = _LEN.unpack_from(blob, len(MAGIC))
@@ -65,14 +76,17 @@ def decode(blob: bytes, fingerprint: str, expect_shape: tuple[int, int, int, int
         header = json.loads(blob[start:start + n])
         body = header["meta"].encode()
         meta = json.loads(body)
+        if not isinstance(meta, dict):
+            raise CacheEntryRejected("unreadable header: meta is not an object")
         payload = memoryview(blob)[start + n:]
-    except (struct.error, ValueError, KeyError, TypeError, UnicodeError) as e:
+    except (struct.error, ValueError, KeyError, TypeError, UnicodeError, AttributeError, RecursionError) as e:
         if isinstance(e, CacheEntryRejected):
             raise
         raise CacheEntryRejected(f"unreadable header: {e.__class__.__name__}") from None
     if meta.get("fingerprint") != fingerprint:
         raise CacheEntryRejected("entry was written by another model")
-    if header.get("digest") != _digest(secret, body, payload):
+    if not isinstance(header.get("digest"), str) or not hmac.compare_digest(header["digest"],
+                                                                            _digest(secret, body, payload)):
         raise CacheEntryRejected("digest mismatch (corrupted, truncated or forged)")
     tokens, shape = meta["tokens"], tuple(meta["shape"])
     if np.dtype(meta["dtype"]) != np.dtype(dtype):

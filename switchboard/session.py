@@ -14,6 +14,7 @@ timeout, failures are logged and counted, and after one failure the store stays 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import threading
@@ -98,7 +99,7 @@ class SessionStore:
             return Lookup()
         try:
             conversation = self._decode_conversation(conv_raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             log.warning("rejected conversation entry: %s", e)
             return Lookup(status="rejected")
         entry, status = None, "hit"
@@ -114,8 +115,8 @@ class SessionStore:
         if not self._available():
             return False
         key = session_key(self.config.prefix, session_id)
-        conv_blob = json.dumps({"fingerprint": self.fingerprint, "messages": conversation.messages,
-                                "tokens": conversation.tokens}, ensure_ascii=False, separators=(",", ":"))
+        body = {"fingerprint": self.fingerprint, "messages": conversation.messages, "tokens": conversation.tokens}
+        conv_blob = json.dumps({**body, "digest": self._conv_digest(body)}, ensure_ascii=False, separators=(",", ":"))
         try:
             pipe = self._redis.pipeline(transaction=True)
             pipe.set(f"{key}:conv", conv_blob, ex=self.config.ttl_s)
@@ -130,10 +131,18 @@ class SessionStore:
             self._failed("write-back", e)
             return False
 
+    def _conv_digest(self, body: dict) -> str:
+        canonical = json.dumps(body, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
+        return hashlib.blake2b(canonical, key=self.config.secret[:64], digest_size=32,
+                               person=b"sb-conv").hexdigest()
+
     def _decode_conversation(self, raw: bytes) -> Conversation:
         data = json.loads(raw)
         if not isinstance(data, dict) or data.get("fingerprint") != self.fingerprint:
             raise ValueError("entry was written by another model")
+        body = {k: data.get(k) for k in ("fingerprint", "messages", "tokens")}
+        if not isinstance(data.get("digest"), str) or not hmac.compare_digest(data["digest"], self._conv_digest(body)):
+            raise ValueError("digest mismatch (corrupted, truncated or forged)")
         messages, tokens = data.get("messages"), data.get("tokens")
         if not (isinstance(messages, list) and all(
                 isinstance(m, dict) and m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)

@@ -5,23 +5,27 @@ window, append-only tokens); reuse the cached KV of the longest common prefix; r
 to a pool; stream the pool's tokens back as UTF-8 text deltas; store the session with a TTL;
 end with a response carrying ``stats``.
 
-``execute`` admits at most ``max_inflight`` requests at a time and waits for a free slot
-otherwise, so excess load queues in front of this model, where Triton orders it by request
-priority and applies the queue policy.
+``execute`` validates and hands each request to ``Admission`` (switchboard/admission.py): at
+most ``max_inflight`` chats generate at once, the rest wait by priority for at most
+``max_queue_wait_s``. A chat that cannot get a slot in time, or whose pool rejects, times out
+or fails before the first text was sent, is answered from the FAQ (``"fallback": true``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from switchboard.admission import Admission, PoolHealth
 from switchboard.detok import IncrementalDetokenizer
+from switchboard.fallback import FaqFallback
 from switchboard.kvcodec import KVEntry
 from switchboard.manifest import Manifest
 from switchboard.params import Params
@@ -40,8 +44,20 @@ class EngineError(RuntimeError):
     pass
 
 
+class EngineTimeout(EngineError):
+    pass
+
+
 class Cancelled(RuntimeError):
     pass
+
+
+@dataclass
+class _Job:
+    request: object
+    sender: object
+    chat: object
+    t0: float
 
 
 class TritonPythonModel:
@@ -52,6 +68,7 @@ class TritonPythonModel:
         self._load_model(version, params)
         self._setup_sessions(params)
         self._setup_routing(params)
+        self._setup_fallback(params, version)
         self._setup_admission(params)
 
     # -- initialize, step by step -----------------------------------------------------------
@@ -78,10 +95,26 @@ class TritonPythonModel:
         self.router = Router(params.int("long_prompt_tokens", 160, 1),
                              params.str("short_pool", "engine_short"), params.str("long_pool", "engine_long"))
 
+    def _setup_fallback(self, params: Params, version) -> None:
+        self.fallback_enabled = params.bool("fallback", True)
+        self.faq = None
+        if self.fallback_enabled:
+            path = version / params.str("fallback_faq", "faq.jsonl")
+            if not path.is_file():
+                raise FileNotFoundError(f"chat/config.pbtxt: parameter 'fallback_faq': {path} is missing "
+                                        "(make export installs corpus/faq.jsonl there; or set fallback=false)")
+            self.faq = FaqFallback.from_file(path)
+        # No ResponseIterator.cancel() in 2.51: a BLS stream can only be abandoned, so these
+        # bound how long a chat waits for its pool (queue + prefill, then between tokens).
+        self.first_token_s = params.float("engine_first_token_s", 10.0, 0.1, 600)
+        self.stall_s = params.float("engine_stall_s", 10.0, 0.1, 600)
+        self.pool_health = PoolHealth(params.float("pool_retry_after_s", 30.0, 0.1, 3600))
+
     def _setup_admission(self, params: Params) -> None:
-        inflight = params.int("max_inflight", 64, 1, 1024)
-        self._slots = threading.BoundedSemaphore(inflight)
-        self._pool = ThreadPoolExecutor(max_workers=inflight, thread_name_prefix="chat")
+        self.admission = Admission(max_inflight=params.int("max_inflight", 64, 1, 1024),
+                                   max_pending=params.int("max_pending", 1024, 0, 1 << 20),
+                                   max_wait_s=params.float("max_queue_wait_s", 5.0, 0.0, 600),
+                                   run=self._serve, shed=self._shed)
 
     # -- requests -------------------------------------------------------------------------
     def execute(self, requests):
@@ -93,13 +126,15 @@ class TritonPythonModel:
             except RequestError as e:
                 send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
                 continue
-            self._slots.acquire()
-            self._pool.submit(self._serve, request, sender, chat)
+            self.admission.submit(_Job(request, sender, chat, time.perf_counter()), chat.priority)
         return None
 
-    def _serve(self, request, sender, chat) -> None:
+    def _serve(self, job: _Job) -> None:
+        request, sender, chat = job.request, job.sender, job.chat
         try:
-            self._chat(request, sender, chat)
+            if request.is_cancelled():
+                raise Cancelled()
+            self._chat(request, sender, chat, job.t0)
         except RequestError as e:
             send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
         except EngineError as e:
@@ -109,11 +144,27 @@ class TritonPythonModel:
         except Exception:
             log.exception("chat failed")
             send_error(sender, "internal error")
-        finally:
-            self._slots.release()
 
-    def _chat(self, request, sender, chat) -> None:
-        t0 = time.perf_counter()
+    def _shed(self, job: _Job, reason: str) -> None:
+        """No generation slot in time: answer from the FAQ."""
+        if job.request.is_cancelled():
+            send_error(job.sender, "cancelled by the client", pb_utils.TritonError.CANCELLED)
+        elif self.faq is None:
+            send_error(job.sender, f"overloaded ({reason}); try again later", pb_utils.TritonError.UNAVAILABLE)
+        else:
+            self._answer_from_faq(job.sender, job.chat, job.t0, reason, {"session": "skipped"})
+
+    def _answer_from_faq(self, sender, chat, t0: float, reason: str, extra: dict) -> None:
+        answer = self.faq.answer(chat.text)
+        self._send_text(sender, answer.text)
+        stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0, "route": None, "ttft_ms": None,
+                 "total_ms": None, "fallback": True, "fallback_reason": reason, "faq_id": answer.entry_id,
+                 "session": "none", "dropped_turns": 0, "finish_reason": "fallback", "engine_queue_ms": None,
+                 "batch_size": None, "priority": chat.priority, **extra}
+        stats["total_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+        self._send_final(sender, stats)
+
+    def _chat(self, request, sender, chat, t0: float) -> None:
         lookup = self.sessions.load(chat.session_id, want_kv=self.kv_reuse) if chat.session_id else Lookup()
         try:
             prompt = self.prompts.build(lookup.conversation, chat.text, chat.max_new_tokens)
@@ -125,22 +176,42 @@ class TritonPythonModel:
             if reused:
                 past = np.ascontiguousarray(lookup.kv.kv[:, :, :, :reused])
         route, pool = self.router.route(len(prompt.ids))
+        other = self.router.long_pool if pool == self.router.short_pool else self.router.short_pool
 
         detok = IncrementalDetokenizer(self.tokenizer.decode)
         generated: list[int] = []
         ttft_ms, cache, engine_stats = None, None, {}
-        for response in self._generate(pool, prompt, past, chat):
-            if request.is_cancelled():
-                raise Cancelled()  # nothing is stored for a turn the customer never saw
-            ids = response.get("token_ids")
-            if ids is not None:
-                generated.extend(ids)
-                delta = detok.add([t for t in ids if t not in self.stop_ids])
-                if delta:
-                    ttft_ms = ttft_ms if ttft_ms is not None else (time.perf_counter() - t0) * 1000
-                    self._send_text(sender, delta)
-            cache = response.get("kv", cache)
-            engine_stats = response.get("stats", engine_stats)
+        # A pool that fails before anything was sent is retried on the other pool (both serve
+        # every length); when both fail or time out, the customer gets the FAQ answer.
+        for attempt, pool in enumerate(self.pool_health.order(pool, other)):
+            try:
+                for response in self._generate(pool, prompt, past, chat):
+                    if request.is_cancelled():
+                        raise Cancelled()  # nothing is stored for a turn the customer never saw
+                    ids = response.get("token_ids")
+                    if ids is not None:
+                        generated.extend(ids)
+                        delta = detok.add([t for t in ids if t not in self.stop_ids])
+                        if delta:
+                            ttft_ms = ttft_ms if ttft_ms is not None else (time.perf_counter() - t0) * 1000
+                            self._send_text(sender, delta)
+                    cache = response.get("kv", cache)
+                    engine_stats = response.get("stats", engine_stats)
+                break
+            except EngineError as e:
+                if generated:
+                    raise  # text already streamed: an error, not a second answer
+                log.warning("%s", e)
+                timed_out = isinstance(e, EngineTimeout)
+                if not timed_out and "not healthy" in str(e):
+                    self.pool_health.failed(pool)  # the stub died; Triton 2.51 does not restart it
+                if timed_out or attempt == 1:
+                    if self.faq is None:
+                        raise
+                    reason = "engine_timeout" if timed_out else "engine_error"
+                    return self._answer_from_faq(sender, chat, t0, reason, {
+                        "session": lookup.status if chat.session_id else "none", "prompt_tokens": len(prompt.ids)})
+        route = "short" if pool == self.router.short_pool else "long"
         tail = detok.flush()
         if tail:
             self._send_text(sender, tail)
@@ -161,12 +232,16 @@ class TritonPythonModel:
             "finish_reason": engine_stats.get("reason"), "engine_queue_ms": engine_stats.get("queue_ms"),
             "batch_size": engine_stats.get("batch_size"), "priority": chat.priority,
         }
+        self._send_final(sender, stats)
+
+    @staticmethod
+    def _send_final(sender, stats: dict) -> None:
         final = [pb_utils.Tensor("text_output", np.asarray([[b""]], np.object_)),
                  pb_utils.Tensor("stats", np.asarray([[json.dumps(stats).encode()]], np.object_))]
         sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
 
     def _generate(self, pool: str, prompt, past, chat):
-        """Stream the pool's responses as dicts of numpy outputs."""
+        """Stream the pool's responses as dicts of numpy outputs, each within its deadline."""
         inputs = [pb_utils.Tensor("input_ids", np.asarray([prompt.ids], np.int32)),
                   pb_utils.Tensor("max_new_tokens", np.asarray([[prompt.max_new_tokens]], np.int32)),
                   pb_utils.Tensor("temperature", np.asarray([[chat.temperature]], np.float32)),
@@ -177,9 +252,11 @@ class TritonPythonModel:
                       "return_kv": bool(chat.session_id and self.kv_reuse)}
         if chat.seed is not None:
             parameters["seed"] = chat.seed
+        # `timeout` lets the pool's Triton queue reject a request it could not start in time.
         bls = pb_utils.InferenceRequest(model_name=pool, inputs=inputs, parameters=parameters,
-                                        requested_output_names=["token_ids", "kv", "stats"])
-        for response in bls.exec(decoupled=True):
+                                        requested_output_names=["token_ids", "kv", "stats"],
+                                        timeout=int(self.first_token_s * 1e6))
+        for response in self._bounded(pool, bls):
             if response.has_error():
                 raise EngineError(f"{pool}: {response.error().message()}")
             out = {}
@@ -196,11 +273,43 @@ class TritonPythonModel:
                     out[name] = json.loads(array.reshape(-1)[0])
             yield out
 
+    def _bounded(self, pool: str, bls):
+        """The BLS stream, read on a helper thread so that a pool that never answers (its stub
+        died mid-request: Triton 2.51 then never completes the stream) costs a timeout, not a
+        hung chat. An abandoned stream is drained and dropped by its helper thread."""
+        responses: queue.Queue = queue.Queue()
+        # exec() here, on the chat's thread: called from the helper thread it stalled ~0.5 s.
+        stream = bls.exec(decoupled=True)
+
+        def pump():
+            try:
+                for response in stream:
+                    responses.put(response)
+            except Exception as e:  # surfaced to the chat as an engine error
+                responses.put(e)
+            responses.put(None)
+
+        threading.Thread(target=pump, name=f"bls-{pool}", daemon=True).start()
+        first = True
+        while True:
+            wait = self.first_token_s if first else self.stall_s
+            try:
+                item = responses.get(timeout=wait)
+            except queue.Empty:
+                what = "no first response" if first else "stream stalled"
+                raise EngineTimeout(f"{pool}: {what} within {wait:g} s") from None
+            if item is None:
+                return
+            if isinstance(item, Exception):
+                raise EngineError(f"{pool}: {item}")
+            yield item
+            first = False
+
     @staticmethod
     def _send_text(sender, text: str) -> None:
         out = pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_))
         sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
 
     def finalize(self):
-        self._pool.shutdown(wait=True, cancel_futures=False)
+        self.admission.close()
         self.sessions.close()

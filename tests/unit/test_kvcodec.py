@@ -47,3 +47,28 @@ def test_foreign_model_and_forged_entries_are_rejected():
 def test_shape_must_match_the_model():
     with pytest.raises(CacheEntryRejected, match="shape"):
         kvcodec.decode(kvcodec.encode(entry(), "fp-a"), "fp-a", (2, 2, 3, 8), np.float32)
+
+
+def _forge(meta_or_header: bytes) -> bytes:
+    return kvcodec.MAGIC + kvcodec._LEN.pack(len(meta_or_header)) + meta_or_header
+
+
+@pytest.mark.parametrize("blob", [
+    _forge(b"[1, 2, 3]"),                                  # header is not an object
+    _forge(b'{"meta": "[1]", "digest": "00"}'),            # meta is not an object
+    _forge(b'{"meta": 5, "digest": "00"}'),
+    _forge(b"[" * 50000 + b"]" * 50000),                    # nesting deep enough to recurse
+    _forge(b'{"meta": "{\\"fingerprint\\": \\"fp-a\\"}", "digest": 7}'),
+    b"",
+    kvcodec.MAGIC + b"\xff\xff\xff\xff",
+])
+def test_malformed_entries_are_rejected_not_crashes(blob):
+    with pytest.raises(CacheEntryRejected):
+        decode(blob)
+
+
+def test_a_well_formed_forgery_without_the_secret_is_rejected():
+    """Tokens, dtype and shape all plausible, digest computed without the server's secret."""
+    forged = kvcodec.encode(entry(), "fp-a", secret=b"attacker")
+    with pytest.raises(CacheEntryRejected, match="digest"):
+        decode(forged, secret=b"server-secret")

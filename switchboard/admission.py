@@ -1,0 +1,156 @@
+"""Admission control for ``chat``: who gets a generation slot, who gets the FAQ fallback.
+
+``chat``'s ``execute`` hands every valid request to ``Admission`` and returns at once. At most
+``max_inflight`` chats generate at a time; the rest wait here ordered by priority (1 before
+2), then arrival. A chat that waits longer than ``max_wait_s``, or arrives while
+``max_pending`` chats already wait (the newest lowest-priority one makes room), is *shed*:
+handed to the ``shed`` callback, which answers from the FAQ. So under any burst every
+request is answered or refused within a bounded time, nothing waits without limit, and a
+priority-1 chat waits at most for one generation slot to free up.
+
+Waiting happens here rather than in Triton's queue in front of the model because Triton
+rejects a queued request without the model ever seeing it (no fallback answer is possible);
+Triton's own queue policy stays as the backstop.
+
+``PoolHealth`` remembers which generation pool failed recently, so chats are routed around a
+pool whose stub died instead of each paying for the failure.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(order=True)
+class _Pending:
+    priority: int
+    seq: int
+    deadline: float = field(compare=False)
+    job: object = field(compare=False)
+
+
+class Admission:
+    def __init__(self, max_inflight: int, max_pending: int, max_wait_s: float,
+                 run: Callable[[object], None], shed: Callable[[object, str], None],
+                 shed_workers: int = 2, clock: Callable[[], float] = time.monotonic):
+        self.max_inflight, self.max_pending, self.max_wait_s = max_inflight, max_pending, max_wait_s
+        self._run, self._shed, self._clock = run, shed, clock
+        self._heap: list[_Pending] = []
+        self._seq = itertools.count()
+        self._inflight = 0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._runners = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="chat")
+        self._shedders = ThreadPoolExecutor(max_workers=shed_workers, thread_name_prefix="chat-shed")
+        self.counts = {"admitted": 0, "shed_timeout": 0, "shed_full": 0}   # guarded by _cv
+        self._thread = threading.Thread(target=self._loop, name="chat-admission", daemon=True)
+        self._thread.start()
+
+    def submit(self, job, priority: int) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, _Pending(priority, next(self._seq), self._clock() + self.max_wait_s, job))
+            self._cv.notify()
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._heap)
+
+    def inflight(self) -> int:
+        with self._cv:
+            return self._inflight
+
+    def _loop(self) -> None:
+        while True:
+            start, shed = [], []
+            with self._cv:
+                if self._stop:
+                    return
+                now = self._clock()
+                # Oldest-deadline-first would be fairer to waiting chats, but a chat past its
+                # deadline gets a faster answer from the FAQ than from a slot it would wait for.
+                expired = [p for p in self._heap if p.deadline <= now]
+                if expired:
+                    self._heap = [p for p in self._heap if p.deadline > now]
+                    heapq.heapify(self._heap)
+                    shed += [(p, "queue_timeout") for p in expired]
+                    self.counts["shed_timeout"] += len(expired)
+                while len(self._heap) > self.max_pending:
+                    worst = max(self._heap)              # lowest priority, newest
+                    self._heap.remove(worst)
+                    heapq.heapify(self._heap)
+                    shed.append((worst, "queue_full"))
+                    self.counts["shed_full"] += 1
+                while self._heap and self._inflight < self.max_inflight:
+                    start.append(heapq.heappop(self._heap))
+                    self._inflight += 1
+                    self.counts["admitted"] += 1
+                if not start and not shed:
+                    timeout = min((p.deadline for p in self._heap), default=now + 1.0) - now
+                    self._cv.wait(max(timeout, 0.001))
+                    continue
+            for p, reason in shed:
+                self._shedders.submit(self._guard, self._shed, p.job, reason)
+            for p in start:
+                self._runners.submit(self._run_and_release, p.job)
+
+    def _run_and_release(self, job) -> None:
+        try:
+            self._guard(self._run, job)
+        finally:
+            with self._cv:
+                self._inflight -= 1
+                self._cv.notify()
+
+    @staticmethod
+    def _guard(fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # the callbacks answer their own errors; this only keeps the loop alive
+            log.exception("chat job failed")
+
+    def close(self, shed_reason: str = "shutting_down") -> None:
+        """Stop admitting; waiting chats are shed (answered), running ones finish."""
+        with self._cv:
+            self._stop = True
+            waiting, self._heap = self._heap, []
+            self._cv.notify_all()
+        self._thread.join(5)
+        for p in waiting:
+            self._guard(self._shed, p.job, shed_reason)
+        self._runners.shutdown(wait=True)
+        self._shedders.shutdown(wait=True)
+
+
+class PoolHealth:
+    """Pools that failed (not: were busy) in the last ``retry_after_s`` are avoided."""
+
+    def __init__(self, retry_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.retry_after_s = retry_after_s
+        self._clock = clock
+        self._down: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def failed(self, pool: str) -> None:
+        with self._lock:
+            first = self._down.get(pool, 0.0) <= self._clock()
+            self._down[pool] = self._clock() + self.retry_after_s
+        if first:
+            log.error("pool %s failed; routing around it for %.0f s", pool, self.retry_after_s)
+
+    def up(self, pool: str) -> bool:
+        with self._lock:
+            return self._down.get(pool, 0.0) <= self._clock()
+
+    def order(self, preferred: str, other: str) -> list[str]:
+        """Pools to try, healthy first: the preferred one, then the other."""
+        pools = [preferred, other]
+        return sorted(pools, key=lambda p: not self.up(p))

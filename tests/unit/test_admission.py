@@ -1,0 +1,124 @@
+"""Admission control: slots, priority order, bounded waiting, shedding to the fallback."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from switchboard.admission import Admission, PoolHealth
+
+
+class Recorder:
+    def __init__(self):
+        self.started, self.shed = [], []
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self, job):
+        with self.lock:
+            self.started.append(job)
+        self.release.wait(10)
+
+    def on_shed(self, job, reason):
+        with self.lock:
+            self.shed.append((job, reason))
+
+
+def wait_until(check, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_at_most_max_inflight_run_and_priority_one_goes_first():
+    r = Recorder()
+    a = Admission(max_inflight=2, max_pending=100, max_wait_s=30, run=r.run, shed=r.on_shed)
+    try:
+        for i in range(5):
+            a.submit(f"p2-{i}", 2)
+        assert wait_until(lambda: len(r.started) == 2)
+        a.submit("vip", 1)
+        time.sleep(0.05)
+        assert len(r.started) == 2 and a.pending() == 4
+        r.release.set()
+        assert wait_until(lambda: len(r.started) == 6)
+        assert r.started[2] == "vip", r.started
+        assert r.started[3:] == ["p2-2", "p2-3", "p2-4"]
+        assert r.shed == []
+    finally:
+        r.release.set()
+        a.close()
+
+
+def test_waiting_past_the_deadline_is_shed_with_a_reason():
+    r = Recorder()
+    a = Admission(max_inflight=1, max_pending=100, max_wait_s=0.2, run=r.run, shed=r.on_shed)
+    try:
+        a.submit("running", 2)
+        assert wait_until(lambda: r.started == ["running"])
+        t0 = time.monotonic()
+        a.submit("late", 2)
+        assert wait_until(lambda: r.shed == [("late", "queue_timeout")])
+        assert 0.15 < time.monotonic() - t0 < 2.0
+        assert a.counts["shed_timeout"] == 1
+    finally:
+        r.release.set()
+        a.close()
+
+
+def test_a_full_queue_sheds_the_newest_lowest_priority_chat():
+    r = Recorder()
+    a = Admission(max_inflight=1, max_pending=2, max_wait_s=30, run=r.run, shed=r.on_shed)
+    try:
+        a.submit("running", 2)
+        assert wait_until(lambda: r.started == ["running"])
+        a.submit("p2-old", 2)
+        a.submit("p2-new", 2)
+        a.submit("vip", 1)
+        assert wait_until(lambda: len(r.shed) == 1)
+        assert r.shed == [("p2-new", "queue_full")]
+        assert a.pending() == 2
+    finally:
+        r.release.set()
+        a.close()
+
+
+def test_a_failing_job_frees_its_slot():
+    shed = []
+
+    def run(job):
+        raise RuntimeError("boom")
+
+    a = Admission(max_inflight=1, max_pending=10, max_wait_s=5, run=run, shed=lambda j, why: shed.append(j))
+    try:
+        for i in range(3):
+            a.submit(i, 2)
+        assert wait_until(lambda: a.inflight() == 0 and a.pending() == 0 and a.counts["admitted"] == 3)
+        assert shed == []
+    finally:
+        a.close()
+
+
+def test_close_answers_the_waiting_chats():
+    r = Recorder()
+    a = Admission(max_inflight=1, max_pending=10, max_wait_s=30, run=r.run, shed=r.on_shed)
+    a.submit("running", 2)
+    assert wait_until(lambda: r.started == ["running"])
+    a.submit("waiting", 2)
+    r.release.set()
+    a.close()
+    assert ("waiting", "shutting_down") in r.shed or "waiting" in r.started
+
+
+def test_pool_health_routes_around_a_failed_pool_then_retries():
+    now = [0.0]
+    h = PoolHealth(retry_after_s=30, clock=lambda: now[0])
+    assert h.order("engine_short", "engine_long") == ["engine_short", "engine_long"]
+    h.failed("engine_short")
+    assert h.order("engine_short", "engine_long") == ["engine_long", "engine_short"]
+    now[0] = 31.0
+    assert h.up("engine_short")
+    assert h.order("engine_short", "engine_long") == ["engine_short", "engine_long"]
