@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -86,8 +87,8 @@ class Preset:
 
 PRESETS = {
     "smoke": Preset(("optimized", "baseline", "hf", "litserve"), (3.0,), 5, 20, 1, None, None, 0),
-    "quick": Preset(("optimized", "baseline", "litserve", "hf"), (0.5, 2.0), 20, 20, 2, "4:4", None, 24),
-    "full": Preset(("optimized", "optimized-int8", "baseline", "litserve", "hf"), (0.25, 0.5, 1.0, 2.0, 3.0, 4.0),
+    "quick": Preset(("optimized", "baseline", "litserve", "hf"), (1.0, 4.0), 20, 20, 2, "4:4", None, 24),
+    "full": Preset(("optimized", "optimized-int8", "baseline", "litserve", "hf"), (0.5, 1.0, 2.0, 3.0, 4.0, 6.0),
                    60, 30, 3, "1:8:1", "5:30:5", 48),
 }
 
@@ -423,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the Hugging Face checkpoint the peers serve (the one the repository was exported from)")
     args = p.parse_args(argv)
     args.out = args.out or ROOT / "build" / "bench" / args.preset
+    # `kill` stops the run like Ctrl-C: every server it started is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     unknown = set((args.systems or "").split(",")) - set(SYSTEMS) - {""}
     if unknown:
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")

@@ -234,6 +234,14 @@ def write_report(out: Path) -> Path:
           f"## Headline: {top:g} sessions/s offered\n", headline(results, out, top)]
     for load in sorted(loads)[:-1]:
         md += [f"\n## {load:g} sessions/s offered\n", headline(results, out, load)]
+    if "optimized" in results["systems"]:
+        from switchboard.perf.driver import TurnRecord, summarize, table
+
+        recs = [TurnRecord(**r) for r in load_records(out, "optimized", top)]
+        wall = sum(e["wall_s"] for e in results["runs"] if e["system"] == "optimized" and e["load"] == top)
+        if recs:
+            md += [f"\n## Optimized at {top:g} sessions/s by priority, route and turn\n"]
+            md += [table(summarize(recs, wall, key), key) + "\n" for key in ("priority", "route", "turn")]
     lim = results.get("limit")
     if lim and lim.get("tokens"):
         md += ["\n## The limit: the bare runtime at the same batch sizes\n",
