@@ -65,7 +65,7 @@ perf: export ## perf_analyzer against chat with real corpus questions (report in
 bench: export ## side-by-side benchmark, quick (~10 min): optimized vs baseline vs LitServe vs HF generate (build/bench/quick)
 	@$(PY) -m switchboard.perf.bench --preset quick $(BENCH_ARGS)
 
-bench-full: export ## the whole sweep: 6 loads x 3 rounds, INT8 too, perf_analyzer concurrency + request-rate (~1 h)
+bench-full: export ## the whole sweep: 5 systems incl. INT8, 6 loads x 2 rounds, perf_analyzer concurrency + request-rate (~1 h)
 	@$(PY) -m switchboard.perf.bench --preset full $(BENCH_ARGS)
 
 lock: ## re-resolve requirements.in into requirements.lock
