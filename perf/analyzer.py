@@ -116,11 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", help="gRPC address of a running server (default: start one on free ports)")
     p.add_argument("--out", type=Path, default=Path("build/perf"), help="output directory")
     p.add_argument("--concurrency", default="1:4:1", help="perf_analyzer --concurrency-range")
+    p.add_argument("--request-rate", help="perf_analyzer --request-rate-range (requests/s), instead of concurrency")
+    p.add_argument("--workload", type=Path, help="input data from a workload file (every turn as a one-off "
+                   "request) instead of corpus questions")
     p.add_argument("--requests", type=int, default=24, help="requests per measurement window")
     p.add_argument("--questions", type=int, default=200, help="corpus questions in the input data")
     args = p.parse_args(argv)
 
-    data = write_input_data(args.out / "input_data.json", args.questions)
+    data = (write_workload_data(args.out / "input_data.json", args.workload) if args.workload
+            else write_input_data(args.out / "input_data.json", args.questions))
     stack = None
     url = args.url
     if url is None:
@@ -131,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         stack.start()
         url = stack.grpc_url
     try:
-        print(f"perf_analyzer -m chat --streaming against {url}, concurrency {args.concurrency} ...", flush=True)
+        sweep = f"request rate {args.request_rate}" if args.request_rate else f"concurrency {args.concurrency}"
+        print(f"perf_analyzer -m chat --streaming against {url}, {sweep} ...", flush=True)
         export = args.out / "profile_export.json"
-        proc = run_perf_analyzer(url, data, args.concurrency, export, args.requests)
+        proc = run_perf_analyzer(url, data, args.concurrency, export, args.requests, request_rate=args.request_rate)
         (args.out / "perf_analyzer.log").write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         if stack is not None:
             stack.stop()
     rows = llm_metrics(export)
-    report = ("# perf_analyzer: chat (gRPC streaming, corpus questions, max_new_tokens 48)\n\n" + markdown(rows)
+    source = f"workload {args.workload}" if args.workload else "corpus questions, max_new_tokens 48"
+    report = (f"# perf_analyzer: chat (gRPC streaming, {source})\n\n" + markdown(rows)
               + "\nTTFT: request sent to first streamed text delta; ITL: between text deltas; "
                 "E2E: to the final response (with stats).\n")
     (args.out / "report.md").write_text(report)
