@@ -10,10 +10,11 @@ One run, the same seeded customer-service traffic against every system on this m
   litserve        the Hugging Face checkpoint in PyTorch behind LitServe with request batching
   hf              the same checkpoint behind a plain HTTP endpoint running ``generate``
 
-All systems start once and stay up; runs alternate between them (the order rotates every
-load level and round) so machine drift hits all alike. Each run replays a workload file with
-the session-aware driver; Triton's /metrics is scraped around every run for the engines'
-batch sizes and padding. The bare ONNX Runtime loop is timed in the same run at the batch
+Runs alternate between the systems (the order rotates every load level and round) so machine
+drift hits all alike. Each run starts its system fresh (servers start in seconds), warms it
+up, replays a workload file with the session-aware driver and stops it, so nothing else runs
+on the cores meanwhile (LitServe's worker, for one, polls its queue while idle). Triton's
+/metrics is scraped around every run for the engines' batch sizes and padding. The bare ONNX Runtime loop is timed in the same run at the batch
 sizes the optimized server formed: the limit served tokens/s is compared with. perf_analyzer
 sweeps (concurrency, request rate) run against the Triton systems. Results, a markdown
 report with ratios and PNG plots go to ``--out``.
@@ -299,21 +300,14 @@ def run(args) -> Path:
         path = wl.save(wl.generate(spec), spec, out / "workloads" / f"load-{load:g}.jsonl")
         workloads[load] = wl.load(path)[1]
 
-    running: dict[str, Running] = {}
     results = {"preset": args.preset, "systems": {n: asdict(SYSTEMS[n]) for n in systems}, "loads": loads,
                "seconds": seconds, "grace": preset.grace, "rounds": rounds, "device": device_info(args.device),
                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": [], "analyzer": {}, "limit": None,
                "command": "python -m switchboard.perf.bench " + " ".join(sys.argv[1:])}
+    for name in systems:
+        print(f"{name}: {SYSTEMS[name].about}", flush=True)
+    system: Running | None = None
     try:
-        for name in systems:
-            t0 = time.perf_counter()
-            print(f"starting {name}: {SYSTEMS[name].about} ...", flush=True)
-            running[name] = Running(SYSTEMS[name], out, args.device, args.checkpoint, args.repository)
-            print(f"  {name} ready on {running[name].url} in {time.perf_counter() - t0:.0f} s", flush=True)
-        for name, system in running.items():  # warm-up: first-call costs stay out of the runs
-            for _ in system.client(60).chat("hello", session_id=f"warm-{name}", max_new_tokens=8):
-                pass
-
         total = rounds * len(loads) * len(systems)
         k = 0
         for r in range(rounds):
@@ -322,13 +316,17 @@ def run(args) -> Path:
                 order = systems[shift:] + systems[:shift]
                 for name in order:
                     k += 1
-                    system = running[name]
+                    system = Running(SYSTEMS[name], out, args.device, args.checkpoint, args.repository)
+                    for _ in system.client(60).chat("hello", session_id=f"warm-{name}", max_new_tokens=8):
+                        pass  # first-call costs stay out of the run
                     before = system.metrics()
                     records, wall = drive(system.client(seconds + preset.grace), workloads[load], seconds,
                                           session_prefix=f"{name}-r{r}-l{load:g}-", grace_s=preset.grace)
                     system.drain()
                     time.sleep(1.5 if before else 0)  # the engines publish their counters once a second
                     after = system.metrics()
+                    system.stop()
+                    system = None
                     row = summarize(records, wall)[0] if records else {}
                     entry = {"system": name, "round": r, "load": load, "wall_s": wall, "summary": row,
                              "by_priority": summarize(records, wall, "priority"),
@@ -343,7 +341,7 @@ def run(args) -> Path:
                           f"{row.get('ttft_p50_ms', float('nan')):.0f}/{row.get('ttft_p99_ms', float('nan')):.0f} ms, "
                           f"failed {row.get('failed', 0)} (abandoned {abandoned})", flush=True)
 
-        if "optimized" in running:
+        if "optimized" in systems:
             top = max(loads)
             pools: dict = {}
             for e in results["runs"]:
@@ -364,9 +362,9 @@ def run(args) -> Path:
             results["limit"] = limit
 
         if preset.analyzer_requests:
-            results["analyzer"] = analyzer_sweeps(running, workloads[max(loads)], out, preset)
+            results["analyzer"] = analyzer_sweeps(systems, workloads[max(loads)], out, preset, args)
     finally:
-        for system in running.values():
+        if system is not None:
             system.stop()
     results["elapsed_s"] = time.time() - started
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -377,7 +375,7 @@ def run(args) -> Path:
     return report
 
 
-def analyzer_sweeps(running: dict[str, Running], sessions, out: Path, preset: Preset) -> dict:
+def analyzer_sweeps(systems: list[str], sessions, out: Path, preset: Preset, args) -> dict:
     from switchboard.perf.analyzer import llm_metrics, run_perf_analyzer, write_workload_data
 
     data = out / "analyzer" / "input_data.json"
@@ -385,22 +383,26 @@ def analyzer_sweeps(running: dict[str, Running], sessions, out: Path, preset: Pr
     wl.save(sessions, wl.WorkloadSpec(), spec_path)
     write_workload_data(data, spec_path)
     found = {}
-    for name, system in running.items():
-        if system.stack is None:
+    for name in systems:
+        if SYSTEMS[name].kind != "triton":
             continue  # perf_analyzer speaks Triton's protocol only
         rows = []
-        sweeps = [("concurrency", preset.analyzer_concurrency, None), ("request_rate", None, preset.analyzer_rate)]
-        for mode, conc, rate in sweeps:
-            if not (conc or rate):
-                continue
-            print(f"perf_analyzer --streaming against {name}: {mode} {conc or rate} ...", flush=True)
-            export = out / "analyzer" / f"{name}-{mode}.json"
-            proc = run_perf_analyzer(system.url, data, conc, export, preset.analyzer_requests, request_rate=rate)
-            (out / "analyzer" / f"{name}-{mode}.log").write_text(proc.stdout + proc.stderr)
-            if proc.returncode != 0:
-                print(f"  perf_analyzer failed (exit {proc.returncode}); log in {out}/analyzer", flush=True)
-                continue
-            rows += llm_metrics(export)
+        system = Running(SYSTEMS[name], out, args.device, args.checkpoint, args.repository)
+        try:
+            sweeps = [("concurrency", preset.analyzer_concurrency, None), ("request_rate", None, preset.analyzer_rate)]
+            for mode, conc, rate in sweeps:
+                if not (conc or rate):
+                    continue
+                print(f"perf_analyzer --streaming against {name}: {mode} {conc or rate} ...", flush=True)
+                export = out / "analyzer" / f"{name}-{mode}.json"
+                proc = run_perf_analyzer(system.url, data, conc, export, preset.analyzer_requests, request_rate=rate)
+                (out / "analyzer" / f"{name}-{mode}.log").write_text(proc.stdout + proc.stderr)
+                if proc.returncode != 0:
+                    print(f"  perf_analyzer failed (exit {proc.returncode}); log in {out}/analyzer", flush=True)
+                    continue
+                rows += llm_metrics(export)
+        finally:
+            system.stop()
         found[name] = rows
     return found
 

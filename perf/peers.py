@@ -236,7 +236,15 @@ class HttpChatClient:
                 raise ChatError(str(e), "UNAVAILABLE") from None
             if r.status != 200:
                 raise ChatError(r.read().decode(errors="replace")[:200], f"HTTP_{r.status}")
-            while line := r.readline():
+            while True:
+                try:
+                    line = r.readline()
+                except TimeoutError:
+                    raise ChatError(f"nothing streamed for {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
+                except (OSError, http.client.HTTPException) as e:
+                    raise ChatError(f"stream broken: {e}", "UNAVAILABLE") from None
+                if not line:
+                    raise ChatError("stream ended without stats", "INTERNAL")
                 if not line.strip():
                     continue
                 event = json.loads(line)
@@ -247,7 +255,6 @@ class HttpChatClient:
                     return
                 elif "error" in event:
                     raise ChatError(str(event["error"]), "INTERNAL")
-            raise ChatError("stream ended without stats", "INTERNAL")
         finally:
             c.close()
 
