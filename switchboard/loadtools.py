@@ -1,0 +1,84 @@
+"""Shared pieces of ``switchboard.chaos`` and ``switchboard.soak``: timed chats, process
+memory, percentiles and markdown tables."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from switchboard.client import ChatClient, ChatError
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    seconds: float
+    priority: int = 2
+    fallback: bool = False
+    reason: str | None = None       # fallback reason or error code
+    stats: dict = field(default_factory=dict)
+
+
+def timed_chat(client: ChatClient, text: str, **kw) -> Outcome:
+    t0 = time.monotonic()
+    priority = kw.get("priority", 2)
+    try:
+        reply = client.chat(text, stream=False, **kw)
+    except ChatError as e:
+        return Outcome(False, time.monotonic() - t0, priority, reason=e.code or "ERROR")
+    raw = reply.stats.raw
+    ok = bool(reply.text.strip())
+    return Outcome(ok, time.monotonic() - t0, priority, raw.get("fallback", False),
+                   raw.get("fallback_reason") if ok else "EMPTY", raw)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f} ms"
+
+
+def rss_kib(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def children(pid: int) -> dict[str, int]:
+    """Python-backend stubs of a tritonserver process, by model name."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        for a in args:
+            if a.endswith(b"/1/model.py"):
+                out[Path(a.decode()).parent.parent.name] = int(proc.name)
+    return out
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_summary(path: Path, title: str, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# {title}\n\n{body}\n")
+    print(f"\n{body}\n\nwritten to {path}", flush=True)

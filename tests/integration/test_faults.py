@@ -1,0 +1,226 @@
+"""Faults and overload against real servers (fast versions of `make chaos`): Redis stopped
+under load, Redis paused, corrupted or foreign cache entries, a burst beyond capacity, and
+Python-backend stub processes killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from switchboard.client import ChatClient, ChatError
+from switchboard.launch import Ports, Stack
+from switchboard.session import session_key
+
+
+def ask(client, text, **kw):
+    return client.chat(text, stream=False, temperature=0.0, **kw)
+
+
+def test_redis_stopped_during_load_no_chat_fails_and_reuse_resumes(stack, client):
+    stop = threading.Event()
+    results, errors = [], []
+
+    def worker(n):
+        i = 0
+        while not stop.is_set():
+            try:
+                r = ask(client, "Where is my order?" if i % 2 == 0 else "Can I change the address?",
+                        session_id=f"load-{n}", max_new_tokens=12)
+                results.append(r.stats.raw["session"])
+            except ChatError as e:
+                errors.append(e)
+            i += 1
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    stack.stop_redis()
+    time.sleep(2.0)
+    stack.start_redis()
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert errors == [], errors[:3]
+    assert "unavailable" in results and "hit" in results
+    # Reuse resumes within seconds of Redis coming back (the store's back-off is 2 s).
+    deadline = time.monotonic() + 10
+    while True:
+        ask(client, "Where is my order?", session_id="after-outage")
+        r = ask(client, "Can I change the delivery address?", session_id="after-outage")
+        if r.stats.reused_tokens > 0:
+            break
+        assert time.monotonic() < deadline, "reuse did not resume within 10 s of Redis returning"
+        time.sleep(0.5)
+
+
+def test_paused_redis_costs_a_bounded_lookup_not_the_chat(stack, client, redis_client):
+    ask(client, "Where is my order?", session_id="paused")
+    time.sleep(2.5)  # any back-off from earlier tests is over
+    redis_client.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+    try:
+        t0 = time.monotonic()
+        r = ask(client, "Can I change the delivery address?", session_id="paused", max_new_tokens=8)
+        elapsed = time.monotonic() - t0
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
+    assert r.stats.raw["session"] == "unavailable" and r.stats.generated_tokens > 0
+    assert elapsed < 2.0, f"a 3 s Redis pause cost the chat {elapsed:.2f} s (lookup timeout is 0.25 s)"
+
+
+def _kv_key(sid):
+    return session_key("sb", sid) + ":kv"
+
+
+def _conv_key(sid):
+    return session_key("sb", sid) + ":conv"
+
+
+def _flip_fingerprint(blob: bytes) -> bytes:
+    return blob.replace(b'fingerprint\\":\\"', b'fingerprint\\":\\"x', 1)
+
+
+TAMPER = {
+    "kv-truncated": (_kv_key, lambda b: b[: len(b) // 2]),
+    "kv-bit-flip": (_kv_key, lambda b: b[:-1] + bytes([b[-1] ^ 0x40])),
+    "kv-foreign-model": (_kv_key, _flip_fingerprint),
+    "kv-pickle": (_kv_key, lambda b: b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94."),
+    "conv-tokens-edited": (_conv_key, lambda b: b.replace(b'"tokens":[', b'"tokens":[7,', 1)),
+    "conv-foreign-model": (_conv_key, lambda b: b.replace(b'"fingerprint":"', b'"fingerprint":"x', 1)),
+    "conv-garbage": (_conv_key, lambda b: b"\x00\xff not json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPER))
+def test_tampered_cache_entries_are_rejected_and_recomputed(client, redis_client, case):
+    which, mangle = TAMPER[case]
+    sid = f"tamper-{case}"
+    ask(client, "Where is my order?", session_id=sid)
+    key = which(sid)
+    blob = redis_client.get(key)
+    assert blob, key
+    redis_client.set(key, mangle(blob), keepttl=True)
+    r = ask(client, "Can I change the delivery address?", session_id=sid)
+    assert r.stats.raw["session"] == "rejected"
+    assert r.stats.reused_tokens == 0 and r.stats.generated_tokens > 0
+
+
+def test_a_valid_entry_of_another_conversation_is_only_used_for_the_shared_prefix(client, redis_client):
+    ask(client, "Where is my order?", session_id="donor")
+    ask(client, "How do I return a damaged item?", session_id="victim")
+    ask(client, "How do I return a damaged item?", session_id="victim-cold")
+    redis_client.set(_kv_key("victim"), redis_client.get(_kv_key("donor")), keepttl=True)
+    redis_client.delete(_kv_key("victim-cold"))
+    warm = ask(client, "Can I change the delivery address?", session_id="victim")
+    cold = ask(client, "Can I change the delivery address?", session_id="victim-cold")
+    assert cold.stats.reused_tokens == 0
+    assert warm.stats.reused_tokens < cold.stats.prompt_tokens // 2, "only the shared system prefix may match"
+    assert warm.text == cold.text
+
+
+# -- a second stack with small limits: overload and killed stubs ----------------------------
+
+@pytest.fixture(scope="module")
+def tight(artifacts, tmp_path_factory):
+    s = Stack(Ports.free(), run_dir=tmp_path_factory.mktemp("tight"), env={
+        "SWITCHBOARD_MAX_INFLIGHT": "2", "SWITCHBOARD_MAX_QUEUE_WAIT_S": "0.5",
+        "SWITCHBOARD_ENGINE_FIRST_TOKEN_S": "4", "SWITCHBOARD_ENGINE_STALL_S": "4",
+        "SWITCHBOARD_POOL_RETRY_AFTER_S": "600"})
+    s.start()
+    yield s
+    # A model whose stub was killed never unloads in 2.51: a clean shutdown would wait 30 s.
+    for proc in (s.triton, s.redis):
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_burst_beyond_capacity_every_chat_is_answered_in_time_vip_first(tight):
+    client = ChatClient(tight.grpc_url, timeout_s=30)
+
+    def one(i):
+        t0 = time.monotonic()
+        priority = 1 if i % 8 == 0 else 2
+        r = client.chat("Where is my order?" if i % 2 else "我的订单什么时候发货？", stream=False,
+                        priority=priority, max_new_tokens=48)
+        return priority, r, time.monotonic() - t0
+
+    with ThreadPoolExecutor(48) as pool:
+        results = list(pool.map(one, range(96)))
+    fallbacks = [r for p, r, _ in results if r.stats.fallback]
+    assert fallbacks, "a burst 48x the admission limit should shed some chats to the FAQ"
+    for _, r, elapsed in results:
+        assert r.text.strip(), "every customer gets an answer"
+        assert elapsed < 30
+    assert all(r.stats.raw["fallback_reason"] in ("queue_timeout", "queue_full") for r in fallbacks)
+    assert all(r.stats.raw["faq_id"] for r in fallbacks), "these questions are in the FAQ"
+    vip = [r for p, r, _ in results if p == 1]
+    assert sum(r.stats.fallback for r in vip) <= len(vip) // 4, "priority 1 is admitted before priority 2"
+
+
+def _stub_pid(stack, model):
+    """The Python-backend stub of ``model``: a child of tritonserver whose arguments name its model.py."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != stack.triton.pid:
+                continue
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if any(a.endswith(f"/{model}/1/model.py".encode()) for a in args):
+            return int(proc.name)
+    raise AssertionError(f"no stub process for {model}")
+
+
+def test_killed_engine_stub_errors_or_falls_back_never_hangs_then_recovers(tight):
+    """Seen in Triton 2.51: killing a stub mid-request either leaves the server up (the model
+    stays READY, the stub is never restarted: chat routes around the pool) or aborts the whole
+    tritonserver (boost::interprocess::lock_exception). Either way clients must not hang."""
+    client = ChatClient(tight.grpc_url, timeout_s=60)
+    box = {}
+
+    def inflight():
+        t0 = time.monotonic()
+        try:
+            box["reply"] = client.chat("Tell me about returns and refunds.", stream=False, max_new_tokens=400)
+        except ChatError as e:
+            box["error"] = e
+        box["elapsed"] = time.monotonic() - t0
+
+    t = threading.Thread(target=inflight)
+    t.start()
+    time.sleep(0.05)
+    os.kill(_stub_pid(tight, "engine_short"), signal.SIGKILL)
+    t.join(60)
+    assert "elapsed" in box and box["elapsed"] < 15, "the in-flight chat must end within the stall timeout"
+    assert "reply" in box or box["error"].code in ("UNAVAILABLE", None), box
+    time.sleep(1.0)
+    if tight.triton.poll() is not None:
+        # The server aborted: a supervisor (here the Stack) restarts it and chats work again.
+        tight.triton = None
+        tight.start_triton()
+        assert ask(ChatClient(tight.grpc_url), "Where is my order?", max_new_tokens=8).stats.generated_tokens > 0
+        return
+    # Server survived: after the failure is seen, short chats go to the other pool.
+    replies = [client.chat("Where is my order?", stream=False, max_new_tokens=8) for _ in range(3)]
+    assert all(r.text.strip() for r in replies)
+    assert replies[-1].stats.route == "long" and not replies[-1].stats.fallback
+    with grpcclient.InferenceServerClient(tight.grpc_url) as c:
+        assert c.is_server_ready()
+
+
+def test_killed_chat_stub_gives_errors_not_hangs(tight):
+    client = ChatClient(tight.grpc_url, timeout_s=60)
+    os.kill(_stub_pid(tight, "chat"), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(ChatError):
+        client.chat("Where is my order?", stream=False, max_new_tokens=8)
+    assert time.monotonic() - t0 < 15
