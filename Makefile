@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model export serve stop status chat test test-unit test-integration perf bench bench-full lock clean
+.PHONY: help setup model export serve stop status chat test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -67,6 +67,12 @@ bench: export ## side-by-side benchmark, quick (~10 min): optimized vs baseline 
 
 bench-full: export ## the whole sweep: 5 systems incl. INT8, 6 loads x 2 rounds, perf_analyzer concurrency + request-rate (~1 h)
 	@$(PY) -m switchboard.perf.bench --preset full $(BENCH_ARGS)
+
+chaos: export ## faults and a 5x overload burst against a private stack (summary in build/chaos/summary.md)
+	@$(PY) -m switchboard.chaos --out build/chaos
+
+soak: export ## 10 minutes of multi-turn load: memory flat, sessions expire, no errors (build/soak/summary.md)
+	@$(PY) -m switchboard.soak --out build/soak
 
 lock: ## re-resolve requirements.in into requirements.lock
 	@$(PY) -m pip install -q -r requirements.in && $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock
