@@ -18,6 +18,7 @@ class Outcome:
     fallback: bool = False
     reason: str | None = None       # fallback reason or error code
     stats: dict = field(default_factory=dict)
+    backlog: float = 0.0            # how late the load generator started it (chaos burst)
 
 
 def timed_chat(client: ChatClient, text: str, **kw) -> Outcome:
@@ -27,6 +28,8 @@ def timed_chat(client: ChatClient, text: str, **kw) -> Outcome:
         reply = client.chat(text, stream=False, **kw)
     except ChatError as e:
         return Outcome(False, time.monotonic() - t0, priority, reason=e.code or "ERROR")
+    except Exception as e:  # e.g. the server is gone: tritonclient raises before the stream opens
+        return Outcome(False, time.monotonic() - t0, priority, reason=e.__class__.__name__)
     raw = reply.stats.raw
     ok = bool(reply.text.strip())
     return Outcome(ok, time.monotonic() - t0, priority, raw.get("fallback", False),
