@@ -11,6 +11,7 @@ Prints a markdown summary and writes it to ``build/soak/summary.md``; exits 1 if
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import threading
@@ -25,6 +26,34 @@ from switchboard.corpus import load, sample_questions
 from switchboard.launch import ROOT, Ports, Stack
 from switchboard.loadtools import children, ms, percentile, rss_kib, table, timed_chat, write_summary
 from switchboard.session import session_key
+
+
+def growth_rows(samples: list[tuple[float, dict]], duration_s: float) -> tuple[list[list], bool]:
+    """Memory growth per process after warm-up (the first quarter): rows for the table, and
+    whether every one stayed under 10%. Process RSS compares the first and last sample after
+    warm-up; Redis' used_memory follows the live sessions, so its two halves are averaged."""
+    warm = [s for t, s in samples if t >= duration_s / 4]
+    rows, ok = [], True
+    if not warm:
+        return rows, False
+    half = len(warm) // 2
+    for name in warm[-1]:
+        if name == "redis keys":
+            continue
+        if name.startswith("redis") and half >= 2:
+            first = sum(s[name] for s in warm[:half]) / half
+            last = sum(s[name] for s in warm[half:]) / (len(warm) - half)
+        else:
+            first, last = warm[0].get(name), warm[-1].get(name)
+        if not first or last is None:
+            rows.append([name, "-", "-", "-", "no data"])
+            ok = False
+            continue
+        growth = (last - first) / first * 100
+        ok &= growth < 10
+        rows.append([name, f"{first / 1024:.1f} MiB", f"{last / 1024:.1f} MiB", f"{growth:+.1f}%",
+                     "ok" if growth < 10 else "GREW"])
+    return rows, ok
 
 
 def log(msg: str) -> None:
@@ -95,21 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.stop()
 
-    warm = [s for t, s in samples if t >= args.duration_s / 4]
-    rows, ok = [], True
-    for name in samples[-1][1]:
-        if name == "redis keys":
-            continue
-        first = warm[0][1].get(name) if warm else None
-        last = samples[-1][1].get(name)
-        # Redis' used_memory tracks live sessions: compare the plateau, not one sample.
-        if name.startswith("redis") and len(warm) >= 4:
-            first = sum(s[name] for s in warm[: len(warm) // 2]) / (len(warm) // 2)
-            last = sum(s[name] for s in warm[len(warm) // 2:]) / (len(warm) - len(warm) // 2)
-        growth = (last - first) / first * 100 if first else 0.0
-        ok &= growth < 10
-        rows.append([name, f"{first / 1024:.1f} MiB" if first else "-", f"{last / 1024:.1f} MiB" if last else "-",
-                     f"{growth:+.1f}%", "ok" if growth < 10 else "GREW"])
+    (args.out / "samples.json").write_text(json.dumps(samples))
+    rows, ok = growth_rows(samples, args.duration_s)
     lat = [o.seconds for o in outcomes if o.ok]
     errors = Counter(o.reason for o in outcomes if not o.ok)
     sessions = Counter(o.stats.get("session") for o in outcomes)
