@@ -49,6 +49,7 @@ def aggregate(results: dict, out: Path, system: str, load: float) -> dict:
         "requests_per_s": len(ok) / wall, "output_tokens_per_s": sum(r["generated"] for r in ok) / wall,
         "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "vip_ttft_p99": _pct(vip, 99),
         "e2e_p50": _pct(e2e, 50), "e2e_p99": _pct(e2e, 99), "itl_p50": _pct(itl, 50), "itl_p99": _pct(itl, 99),
+        "fallback": sum(bool(r.get("fallback")) for r in ok),
         "reused_share": sum(r["reused"] for r in ok) / max(1, sum(r["prompt_tokens"] for r in ok)),
     }
 
@@ -65,13 +66,13 @@ def headline(results: dict, out: Path, load: float) -> str:
     systems = list(results["systems"])
     agg = {s: aggregate(results, out, s, load) for s in systems}
     lines = ["| system | turns ok/all | req/s | out tok/s | TTFT P50 | TTFT P99 | VIP TTFT P99 | E2E P50 | E2E P99 "
-             "| ITL P50 | failed (abandoned) | prompt tokens from cache |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ITL P50 | failed (abandoned) | FAQ fallback | prompt tokens from cache |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s, a in agg.items():
         lines.append(f"| {s} | {a['ok']}/{a['turns']} | {_f(a['requests_per_s'], 2)} | {_f(a['output_tokens_per_s'])} "
                      f"| {_f(a['ttft_p50'])} ms | {_f(a['ttft_p99'])} ms | {_f(a['vip_ttft_p99'])} ms "
                      f"| {_f(a['e2e_p50'])} ms | {_f(a['e2e_p99'])} ms | {_f(a['itl_p50'], 1)} ms "
-                     f"| {a['failed']} ({a['abandoned']}) | {a['reused_share']:.0%} |")
+                     f"| {a['failed']} ({a['abandoned']}) | {a['fallback']} | {a['reused_share']:.0%} |")
     text = "\n".join(lines) + "\n"
     if "optimized" in agg and len(agg) > 1:
         o = agg["optimized"]
