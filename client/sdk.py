@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -23,6 +24,21 @@ from tritonclient.utils import InferenceServerException
 from switchboard.request import PRIORITY_PARAMETER
 
 _ids = itertools.count()
+
+# Triton 2.51 can crash (SIGSEGV in its gRPC stream handler) when a client tears a stream down
+# at the moment the server finishes it with an error status (`triton_grpc_error`): measured
+# here, 3 crashes in ~4000 streams closed at once, none in 7000 closed 10-20 ms later.
+# Fixed upstream after 2.51 (gRPC cancellation races, server#8034); the pause costs only the
+# error path.
+_CLOSE_AFTER_ERROR_S = 0.025
+
+
+def close_stream(client: grpcclient.InferenceServerClient, ended_by_error: bool, cancel: bool = False) -> None:
+    """Stop a client's stream and close it, pausing first when the server ended it with an error."""
+    if ended_by_error:
+        time.sleep(_CLOSE_AFTER_ERROR_S)
+    client.stop_stream(cancel_requests=cancel)
+    client.close()
 
 
 class ChatError(RuntimeError):
@@ -121,6 +137,7 @@ class ChatClient:
         if seed is not None:
             parameters["seed"] = int(seed)
         client = grpcclient.InferenceServerClient(self.url)
+        ended_by_error = False
         try:
             # Without this header a stream reports errors as bare messages; with it, as gRPC
             # status codes (INVALID_ARGUMENT, UNAVAILABLE, ...), closing the stream after.
@@ -135,6 +152,7 @@ class ChatClient:
                 except queue.Empty:
                     raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
                 if error is not None:
+                    ended_by_error = True
                     raise ChatError(str(error.message() if hasattr(error, "message") else error), _status(error))
                 text_out = result.as_numpy("text_output")
                 if text_out is not None:
@@ -146,5 +164,4 @@ class ChatClient:
                     done.set()
                     yield ChatStats.from_json(stats.reshape(-1)[0])
         finally:
-            client.stop_stream(cancel_requests=not done.is_set())
-            client.close()
+            close_stream(client, ended_by_error, cancel=not done.is_set() and not ended_by_error)

@@ -1,8 +1,8 @@
 """The generation loop: priority admission, iteration-level batching, streaming callbacks.
 
 Each iteration admits waiting sequences (lowest priority number first, then arrival order)
-while the batch has room, prefills them together on top of their cached prefixes, merges them
-into the running batch, and runs one decode step for everybody. Finished rows leave between
+while the batch has room (``priority_slots`` rows are kept for priority 1), prefills them
+together on top of their cached prefixes, merges them into the running batch, and runs one decode step for everybody. Finished rows leave between
 steps. Nothing here knows Triton: results go to a ``Sink``.
 """
 
@@ -73,10 +73,14 @@ STAT_KEYS = ("prefill_batches", "prefill_tokens", "prefill_padded_tokens", "deco
 
 
 class Engine:
-    def __init__(self, decoder: OnnxDecoder, max_batch: int, max_waiting: int, stop_ids: set[int]):
+    def __init__(self, decoder: OnnxDecoder, max_batch: int, max_waiting: int, stop_ids: set[int],
+                 priority_slots: int = 0):
         m = decoder.manifest
         self.decoder = decoder
         self.max_batch = max_batch
+        # Rows of the running batch that only priority-1 sequences may take: without preemption
+        # a VIP arriving at a full batch would wait for a whole answer to finish.
+        self.priority_slots = max(0, min(priority_slots, max_batch - 1))
         self.max_waiting = max_waiting
         self.stop_ids = frozenset(stop_ids)
         self.context_window = m.context_window
@@ -177,8 +181,12 @@ class Engine:
 
     def _admit(self) -> list[_Sequence]:
         with self._cv:
-            room = self.max_batch - len(self._running)
-            out = [heapq.heappop(self._waiting)[2] for _ in range(min(room, len(self._waiting)))]
+            out: list[_Sequence] = []
+            while self._waiting:
+                limit = self.max_batch if self._waiting[0][0] <= 1 else self.max_batch - self.priority_slots
+                if len(self._running) + len(out) >= limit:
+                    break
+                out.append(heapq.heappop(self._waiting)[2])
             if out:
                 self._cv.notify_all()  # room in the waiting queue
         now = time.perf_counter()

@@ -157,6 +157,7 @@ class TritonPythonModel:
                              "expected onnxruntime, torch[:cpu|cuda] or triton:<model>")
         self.engine = Engine(decoder, max_batch=params.int("max_batch", 8, 1, 256),
                              max_waiting=params.int("max_waiting", 32, 1, 4096),
+                             priority_slots=params.int("priority_slots", 1, 0, 256),
                              stop_ids=set(self.manifest.eos_token_ids))
         self.engine.start()
         self.metrics = EngineMetrics(self.name, self.engine)

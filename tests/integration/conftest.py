@@ -10,6 +10,7 @@ import pytest
 import redis
 import tritonclient.grpc as grpcclient
 
+from switchboard.client.sdk import close_stream
 from switchboard.client import ChatClient
 from switchboard.launch import Ports, Stack
 
@@ -50,6 +51,7 @@ def raw_chat(url: str, inputs: dict[str, tuple[np.ndarray, str]], parameters: di
         tensors.append(t)
     c = grpcclient.InferenceServerClient(url)
     c.start_stream(callback=lambda result, error: responses.put((result, error)), headers={"triton_grpc_error": "true"})
+    error = None
     try:
         c.async_stream_infer("chat", tensors, parameters=parameters)
         out = []
@@ -61,5 +63,4 @@ def raw_chat(url: str, inputs: dict[str, tuple[np.ndarray, str]], parameters: di
             if result.as_numpy("stats") is not None:
                 return out, None
     finally:
-        c.stop_stream()
-        c.close()
+        close_stream(c, error is not None)

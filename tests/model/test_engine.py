@@ -37,9 +37,10 @@ def model(artifacts):
     return manifest, OnnxDecoder(artifacts, manifest, "fp32", threads=2), TextTokenizer(artifacts)
 
 
-def engine(model, max_batch=8):
+def engine(model, max_batch=8, priority_slots=0):
     manifest, decoder, _ = model
-    return Engine(decoder, max_batch=max_batch, max_waiting=64, stop_ids=set(manifest.eos_token_ids))
+    return Engine(decoder, max_batch=max_batch, max_waiting=64, stop_ids=set(manifest.eos_token_ids),
+                  priority_slots=priority_slots)
 
 
 def prompt(model, *turns):
@@ -111,6 +112,24 @@ def test_priority_one_is_admitted_before_waiting_priority_two(model):
         e.step()
     assert order[0] == "p1"
     assert order[1:] == ["p2-0", "p2-1", "p2-2"]
+
+
+def test_a_reserved_slot_lets_priority_one_start_while_priority_two_fills_the_batch(model):
+    e = engine(model, max_batch=3, priority_slots=1)
+    p = prompt(model, ("user", QUESTIONS[0]))
+    background = [Sink(name=f"p2-{i}") for i in range(4)]
+    for s in background:
+        e.submit(GenerationRequest(p, 40), s)
+    for _ in range(3):
+        e.step()
+    assert len(e._running) == 2 and e.waiting() == 2, "priority 2 may fill all but the reserved row"
+    vip = Sink(name="p1")
+    e.submit(GenerationRequest(p, 4, priority=1), vip)
+    e.step()
+    assert len(e._running) == 3 and e.waiting() == 2, "priority 1 starts at the next step"
+    while vip.result is None:
+        e.step()
+    assert all(s.result is None for s in background), "the VIP finished before any priority-2 answer"
 
 
 def test_invalid_requests_are_refused_before_queueing(model):

@@ -1,0 +1,62 @@
+"""Reproduce the Triton 2.51 crash on gRPC streams ended by an error status.
+
+Starts a private stack, then opens streams one after another, each sending a chat with empty
+text (refused with INVALID_ARG, which with `triton_grpc_error` ends the stream) and closing
+it, either at once or after a pause. Stops at the first server crash.
+
+    python scripts/error-stream-stress.py --streams 3000 --pause-ms 0    # crashed after 466..2202
+    python scripts/error-stream-stress.py --streams 3000 --pause-ms 20   # no crash in 7000
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tqdm import tqdm
+
+from switchboard.launch import ROOT, Ports, Stack
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--streams", type=int, default=3000, help="streams to open (default 3000)")
+    p.add_argument("--pause-ms", type=float, default=0.0, help="pause between the error and closing the stream")
+    p.add_argument("--run-dir", default=str(ROOT / "build" / "stress"), help="logs of the private stack")
+    args = p.parse_args()
+    stack = Stack(Ports.free(), run_dir=Path(args.run_dir))
+    stack.start()
+    text = grpcclient.InferInput("text", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.asarray([[b""]], np.object_))
+    crashed_at = None
+    try:
+        for i in tqdm(range(args.streams), desc="error streams", unit="stream"):
+            got: queue.Queue = queue.Queue()
+            c = grpcclient.InferenceServerClient(stack.grpc_url)
+            c.start_stream(callback=lambda result, error, q=got: q.put(error), headers={"triton_grpc_error": "true"})
+            c.async_stream_infer("chat", [text])
+            try:
+                got.get(timeout=30)
+            except queue.Empty:
+                pass
+            time.sleep(args.pause_ms / 1000)
+            c.stop_stream()
+            c.close()
+            if stack.triton.poll() is not None:
+                crashed_at = i + 1
+                break
+    finally:
+        stack.stop()
+    if crashed_at:
+        print(f"tritonserver died after {crashed_at} streams (log: {stack.triton_log})")
+        return 1
+    print(f"no crash in {args.streams} streams closed {args.pause_ms:g} ms after the error")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
