@@ -81,6 +81,12 @@ def burst(client, questions, rate: float, seconds: float, deadline_s: float = 30
     return results, n
 
 
+def ttft(outcomes) -> str:
+    """Server-side time to first token (from chat's arrival), P50 and P95."""
+    values = [o.stats["ttft_ms"] / 1000 for o in outcomes if o.stats.get("ttft_ms") is not None]
+    return f"P50 {ms(percentile(values, 50))}, P95 {ms(percentile(values, 95))}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--burst-s", type=float, default=30.0, help="length of the 5x burst (default 30)")
@@ -99,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         base = [timed_chat(client, questions[i], priority=1, max_new_tokens=48) for i in range(20)]
         base_p50, base_p95 = percentile([o.seconds for o in base], 50), percentile([o.seconds for o in base], 95)
         rows.append(["baseline (idle, priority 1)", len(base), sum(o.ok for o in base), 0, 0, 0,
-                     f"P50 {ms(base_p50)}, P95 {ms(base_p95)}"])
+                     f"P50 {ms(base_p50)}, P95 {ms(base_p95)}; TTFT {ttft(base)}"])
 
         log("2/5 capacity at concurrency 4 for 8 s")
         done, stop, threads = closed_loop(client, questions, 8, 4)
@@ -109,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         rate = args.factor * capacity
         log(f"capacity {capacity:.1f} chats/s; burst at {rate:.0f}/s for {args.burst_s:.0f} s")
         results, sent = burst(client, questions, rate, args.burst_s)
-        vip = [o.seconds for o in results if o.priority == 1 and o.ok and not o.fallback]
+        vip_outcomes = [o for o in results if o.priority == 1 and o.ok and not o.fallback]
+        vip = [o.seconds for o in vip_outcomes]
         fb = Counter(o.reason for o in results if o.fallback)
         errs = Counter(o.reason for o in results if not o.ok)
         over = sum(o.seconds > 30 for o in results)
@@ -118,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{backlog:.1f} s late; latencies are measured from the actual send.")
         rows.append([f"burst {args.factor:g}x ({rate:.0f}/s, {args.burst_s:.0f} s)", sent,
                      sum(o.ok and not o.fallback for o in results), sum(fb.values()), sum(errs.values()), over,
-                     f"priority-1 generated P50 {ms(percentile(vip, 50))}, P95 {ms(percentile(vip, 95))}; "
+                     f"priority-1 generated P50 {ms(percentile(vip, 50))}, P95 {ms(percentile(vip, 95))}, "
+                     f"TTFT {ttft(vip_outcomes)}; "
                      f"fallback {dict(fb)}; errors {dict(errs)}"])
 
         log("3/5 Redis stopped for 5 s under load")
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(["engine_short stub killed (chats after the kill)", len(outs), sum(o.ok and not o.fallback for o in outs),
                      sum(o.fallback for o in outs),
                      sum(not o.ok for o in outs), sum(o.seconds > 30 for o in outs),
-                     f"slowest {ms(max(o.seconds for o in outs))}; last 10 routed {dict(routes)}; "
+                     f"slowest {ms(max((o.seconds for o in outs), default=None))}; last 10 routed {dict(routes)}; "
                      f"errors {dict(Counter(o.reason for o in outs if not o.ok))}"])
     finally:
         for proc in (stack.triton, stack.redis):  # a killed stub blocks a clean shutdown for 30 s
