@@ -41,6 +41,19 @@ class StoreConfig:
     prefix: str = "sb"
     secret: bytes = b""
     max_kv_bytes: int = 64 << 20
+    # TLS (``rediss://`` URLs): CA bundle to verify the server, and a client certificate and
+    # key where Redis requires them (``tls-auth-clients yes``). Empty: system CAs, no client cert.
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+
+    def connection_kwargs(self) -> dict:
+        if not self.url.startswith("rediss://"):
+            if self.tls_ca_file or self.tls_cert_file or self.tls_key_file:
+                raise ValueError("redis TLS files are set but the URL is not rediss://")
+            return {}
+        tls = {"ssl_ca_certs": self.tls_ca_file, "ssl_certfile": self.tls_cert_file, "ssl_keyfile": self.tls_key_file}
+        return {k: v for k, v in tls.items() if v}
 
 
 def session_key(prefix: str, session_id: str) -> str:
@@ -63,7 +76,7 @@ class SessionStore:
         self.kv_dtype = np.dtype(kv_dtype)
         self._redis = redis.Redis.from_url(
             config.url, socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s,
-            retry=Retry(NoBackoff(), 0), health_check_interval=0,
+            retry=Retry(NoBackoff(), 0), health_check_interval=0, **config.connection_kwargs(),
         )
         self._lock = threading.Lock()
         self._down_until = 0.0
