@@ -102,7 +102,10 @@ dynamic_batching {
 instance_group [ { kind: KIND_CPU count: 1 } ]
 
 # Every parameter can be overridden with SWITCHBOARD_<KEY> in the server's environment.
+# redis_tls_*_file: with a rediss:// redis_url, the CA to verify Redis (empty: system CAs) and
+# a client certificate and key where Redis requires them.
 ''' + _params([("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
+               ("redis_tls_ca_file", ""), ("redis_tls_cert_file", ""), ("redis_tls_key_file", ""),
                ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
                ("max_inflight", "64"), ("max_pending", "1024"), ("max_queue_wait_s", "5"),
                ("engine_first_token_s", "10"), ("engine_stall_s", "10"), ("fallback", "true"),
@@ -153,7 +156,10 @@ dynamic_batching {{
 
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 
-''' + _params([("max_batch", str(pool.engine_batch)), ("max_waiting", "64"), ("threads", "2"),
+# priority_slots: rows of the running batch only priority 1 may take, so a VIP starts at the
+# next decode step instead of waiting for an answer to finish (0: off).
+''' + _params([("max_batch", str(pool.engine_batch)), ("max_waiting", "64"), ("priority_slots", "1"),
+               ("threads", "2"),
                ("precision", "fp32"), *([("runtime", runtime)] if runtime != "onnxruntime" else [])])
 
 
