@@ -2,8 +2,9 @@
 
 Each iteration admits waiting sequences (lowest priority number first, then arrival order)
 while the batch has room (``priority_slots`` rows are kept for priority 1), prefills them
-together on top of their cached prefixes, merges them into the running batch, and runs one decode step for everybody. Finished rows leave between
-steps. Nothing here knows Triton: results go to a ``Sink``.
+together on top of their cached prefixes, merges them into the running batch, and runs one
+decode step for everybody. Finished rows leave between steps. Nothing here knows Triton:
+results go to a ``Sink``.
 """
 
 from __future__ import annotations

@@ -89,9 +89,9 @@ class TritonPythonModel:
         store = StoreConfig(url=params.str("redis_url", StoreConfig.url), ttl_s=params.int("session_ttl_s", 3600, 1),
                             timeout_s=params.float("redis_timeout_s", 0.25, 0.001, 30),
                             secret=(params.str("session_secret", "") or "").encode(),
-                            tls_ca_file=params.str("redis_tls_ca_file", "") or "",
-                            tls_cert_file=params.str("redis_tls_cert_file", "") or "",
-                            tls_key_file=params.str("redis_tls_key_file", "") or "")
+                            tls_ca_file=params.str("redis_tls_ca_file", ""),
+                            tls_cert_file=params.str("redis_tls_cert_file", ""),
+                            tls_key_file=params.str("redis_tls_key_file", ""))
         self.sessions = SessionStore(store, self.fingerprint, self.manifest.kv_shape, np.dtype(self.manifest.kv_dtype))
 
     def _setup_routing(self, params: Params) -> None:

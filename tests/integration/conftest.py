@@ -10,8 +10,8 @@ import pytest
 import redis
 import tritonclient.grpc as grpcclient
 
-from switchboard.client.sdk import close_stream
 from switchboard.client import ChatClient
+from switchboard.client.sdk import close_stream
 from switchboard.launch import Ports, Stack
 
 
