@@ -13,7 +13,6 @@ import json
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -22,21 +21,13 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from switchboard.request import PRIORITY_PARAMETER
+from switchboard.status import untag
 
 _ids = itertools.count()
 
-# Triton 2.51 can crash (SIGSEGV in its gRPC stream handler) when a client tears a stream down
-# at the moment the server finishes it with an error status (`triton_grpc_error`): measured
-# here, 3 crashes in ~4000 streams closed at once, none in 7000 closed 10-20 ms later.
-# Fixed upstream after 2.51 (gRPC cancellation races, server#8034); the pause costs only the
-# error path.
-_CLOSE_AFTER_ERROR_S = 0.025
 
-
-def close_stream(client: grpcclient.InferenceServerClient, ended_by_error: bool, cancel: bool = False) -> None:
-    """Stop a client's stream and close it, pausing first when the server ended it with an error."""
-    if ended_by_error:
-        time.sleep(_CLOSE_AFTER_ERROR_S)
+def close_stream(client: grpcclient.InferenceServerClient, cancel: bool = False) -> None:
+    """Stop a client's stream (cancelling what is still running when ``cancel``) and close it."""
     client.stop_stream(cancel_requests=cancel)
     client.close()
 
@@ -72,9 +63,14 @@ class ChatReply:
     stats: ChatStats
 
 
-def _status(e: InferenceServerException) -> str | None:
-    status = e.status() or ""
-    return status.split(".")[-1] if status else None
+def error_of(e: InferenceServerException) -> tuple[str | None, str]:
+    """(gRPC status name or None, message) of an error from a stream: the code the model wrote
+    at the head of its message (switchboard.status), else the gRPC status of the call itself
+    (UNAVAILABLE when the server is gone), else None (Triton's own dtype/shape checks)."""
+    code, message = untag(e.message() if hasattr(e, "message") else str(e))
+    if code is None and e.status():
+        code = e.status().split(".")[-1]
+    return code, message
 
 
 class ChatClient:
@@ -137,11 +133,10 @@ class ChatClient:
         if seed is not None:
             parameters["seed"] = int(seed)
         client = grpcclient.InferenceServerClient(self.url)
-        ended_by_error = False
         try:
-            # Without this header a stream reports errors as bare messages; with it, as gRPC
-            # status codes (INVALID_ARGUMENT, UNAVAILABLE, ...), closing the stream after.
-            client.start_stream(callback=callback, headers={"triton_grpc_error": "true"})
+            # Not the `triton_grpc_error` header: streams it ends with an error status can crash
+            # Triton 2.51 (README, "Reliability"); the code comes in the message instead.
+            client.start_stream(callback=callback)
             client.async_stream_infer(self.model, inputs, request_id=f"{os.getpid()}-{next(_ids)}",
                                       priority=int(priority), parameters=parameters,
                                       outputs=[grpcclient.InferRequestedOutput("text_output"),
@@ -152,8 +147,9 @@ class ChatClient:
                 except queue.Empty:
                     raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
                 if error is not None:
-                    ended_by_error = True
-                    raise ChatError(str(error.message() if hasattr(error, "message") else error), _status(error))
+                    done.set()  # an error response is the request's last
+                    code, message = error_of(error)
+                    raise ChatError(message, code)
                 text_out = result.as_numpy("text_output")
                 if text_out is not None:
                     delta = text_out.reshape(-1)[0]
@@ -164,4 +160,4 @@ class ChatClient:
                     done.set()
                     yield ChatStats.from_json(stats.reshape(-1)[0])
         finally:
-            close_stream(client, ended_by_error, cancel=not done.is_set() and not ended_by_error)
+            close_stream(client, cancel=not done.is_set())

@@ -32,6 +32,7 @@ from switchboard.params import Params
 from switchboard.prompt import PromptBuilder, PromptTooLong
 from switchboard.request import Limits, RequestError, Router, longest_common_prefix, parse_chat_request
 from switchboard.session import Lookup, SessionStore, StoreConfig
+from switchboard.status import untag
 from switchboard.tokenizer import TextTokenizer
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 
@@ -127,7 +128,7 @@ class TritonPythonModel:
                 inputs = {name: input_array(request, name) for name in INPUTS}
                 chat = parse_chat_request(inputs, request_parameters(request), self.limits)
             except RequestError as e:
-                send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
+                send_error(sender, str(e), "INVALID_ARG")
                 continue
             self.admission.submit(_Job(request, sender, chat, time.perf_counter()), chat.priority)
         return None
@@ -139,11 +140,11 @@ class TritonPythonModel:
                 raise Cancelled()
             self._chat(request, sender, chat, job.t0)
         except RequestError as e:
-            send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
+            send_error(sender, str(e), "INVALID_ARG")
         except EngineError as e:
-            send_error(sender, str(e), pb_utils.TritonError.UNAVAILABLE)
+            send_error(sender, str(e), "UNAVAILABLE")
         except Cancelled:
-            send_error(sender, "cancelled by the client", pb_utils.TritonError.CANCELLED)
+            send_error(sender, "cancelled by the client", "CANCELLED")
         except Exception:
             log.exception("chat failed")
             send_error(sender, "internal error")
@@ -151,9 +152,9 @@ class TritonPythonModel:
     def _shed(self, job: _Job, reason: str) -> None:
         """No generation slot in time: answer from the FAQ."""
         if job.request.is_cancelled():
-            send_error(job.sender, "cancelled by the client", pb_utils.TritonError.CANCELLED)
+            send_error(job.sender, "cancelled by the client", "CANCELLED")
         elif self.faq is None:
-            send_error(job.sender, f"overloaded ({reason}); try again later", pb_utils.TritonError.UNAVAILABLE)
+            send_error(job.sender, f"overloaded ({reason}); try again later", "UNAVAILABLE")
         else:
             self._answer_from_faq(job.sender, job.chat, job.t0, reason, {"session": "skipped"})
 
@@ -261,7 +262,7 @@ class TritonPythonModel:
                                         timeout=int(self.first_token_s * 1e6))
         for response in self._bounded(pool, bls):
             if response.has_error():
-                raise EngineError(f"{pool}: {response.error().message()}")
+                raise EngineError(f"{pool}: {untag(response.error().message())[1]}")
             out = {}
             for name in ("token_ids", "kv", "stats"):
                 tensor = pb_utils.get_output_tensor_by_name(response, name)

@@ -170,13 +170,13 @@ class TritonPythonModel:
                 req = self._parse(request)
                 self.engine.validate(req)
             except ValueError as e:
-                send_error(sender, f"{self.name}: {e}", pb_utils.TritonError.INVALID_ARG)
+                send_error(sender, f"{self.name}: {e}", "INVALID_ARG")
                 continue
             while not self.engine.wait_for_room(timeout=1.0):
                 if request.is_cancelled():
                     break
             if request.is_cancelled():
-                send_error(sender, "cancelled", pb_utils.TritonError.CANCELLED)
+                send_error(sender, "cancelled", "CANCELLED")
                 continue
             self.engine.submit(req, _Sink(request, sender))
         return None

@@ -50,8 +50,7 @@ def raw_chat(url: str, inputs: dict[str, tuple[np.ndarray, str]], parameters: di
         t.set_data_from_numpy(array)
         tensors.append(t)
     c = grpcclient.InferenceServerClient(url)
-    c.start_stream(callback=lambda result, error: responses.put((result, error)), headers={"triton_grpc_error": "true"})
-    error = None
+    c.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
         c.async_stream_infer("chat", tensors, parameters=parameters)
         out = []
@@ -63,4 +62,4 @@ def raw_chat(url: str, inputs: dict[str, tuple[np.ndarray, str]], parameters: di
             if result.as_numpy("stats") is not None:
                 return out, None
     finally:
-        close_stream(c, error is not None)
+        close_stream(c)

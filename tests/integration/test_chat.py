@@ -11,6 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatStats
+from switchboard.client.sdk import error_of
 from switchboard.session import session_key
 
 
@@ -129,8 +130,9 @@ def test_priority_one_waits_less_than_a_backlog_of_priority_two(client, stack):
 def _expect_invalid(raw, inputs, parameters=None, needle=""):
     _, error = raw(inputs, parameters)
     assert error is not None, "expected an error"
-    assert "INVALID_ARG" in str(error.status()), error
-    assert needle in error.message(), error.message()
+    assert error.message().startswith("[INVALID_ARG] "), error.message()
+    code, message = error_of(error)
+    assert code == "INVALID_ARGUMENT" and needle in message, (code, message)
 
 
 def b(x):
