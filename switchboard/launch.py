@@ -1,14 +1,16 @@
 """Start and stop the stack: ``python -m switchboard.launch up|down|status``.
 
 ``up`` starts a private redis-server and tritonserver (the pytriton build, Python backend)
-in the background, waits until every model is READY and records their pids under the run
-directory; ``down`` stops exactly what ``up`` started. The same ``Stack`` class starts
+in the background under ``switchboard.supervisor`` (which restarts tritonserver when it dies or
+stops answering), waits until every model is READY and records the supervisor's pid under the
+run directory; ``down`` stops exactly what ``up`` started. The same ``Stack`` class starts
 servers on free ports for the integration tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -118,9 +120,17 @@ class Stack:
         except OSError:
             return False
 
-    def stop_triton(self) -> None:
-        _stop(self.triton, timeout=30)
+    def stop_triton(self, timeout: float = 30) -> None:
+        _stop(self.triton, timeout)
         self.triton = None
+
+    def restart_triton(self, stop_timeout: float = 10) -> None:
+        """Stop tritonserver and whatever stubs it left, then start it again on the same ports.
+        (A model whose stub died never unloads in 2.51, so a clean stop would wait its 30 s.)"""
+        self.stop_triton(stop_timeout)
+        ports = (self.ports.http, self.ports.grpc, self.ports.metrics)
+        _wait(lambda: not any(port_open(p) for p in ports), 30, "the old tritonserver's ports", None)
+        self.start_triton()
 
     def start(self) -> "Stack":
         self.start_redis()
@@ -148,14 +158,21 @@ def _wait(check, timeout: float, what: str, proc: subprocess.Popen | None) -> No
 
 
 def _stop(proc: subprocess.Popen | None, timeout: float = 10) -> None:
-    if proc is None or proc.poll() is not None:
+    """Stop a process started in its own session, then anything left in its group: the
+    Python-backend stubs of a tritonserver that crashed outlive it otherwise."""
+    if proc is None:
         return
-    proc.send_signal(signal.SIGINT)  # tritonserver shuts down models cleanly on SIGINT
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)  # tritonserver shuts down models cleanly on SIGINT
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
     try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def _pidfile(run_dir: Path, name: str) -> Path:
@@ -174,13 +191,19 @@ def _kill_pid(path: Path, timeout: float = 30) -> bool:
         return False
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             return True
         time.sleep(0.2)
     os.killpg(pid, signal.SIGKILL)
     return True
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,28 +215,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-port", type=int, default=int(os.environ.get("REDIS_PORT", 6379)))
     p.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     p.add_argument("--run-dir", type=Path, default=ROOT / "build" / "run")
+    p.add_argument("--timeout-s", type=float, default=300, help="how long `up` waits for the models (default 300)")
+    p.add_argument("--probe-interval-s", type=float, default=5.0, help="seconds between the supervisor's probes")
+    p.add_argument("--probe-failures", type=int, default=3, help="failed probes in a row before a restart")
     args = p.parse_args(argv)
     run = args.run_dir
+    pidfile, state_file = _pidfile(run, "supervisor"), run / "supervisor.json"
     if args.action == "down":
-        stopped = [n for n in ("tritonserver", "redis-server") if _kill_pid(_pidfile(run, n))]
-        print("stopped: " + (", ".join(stopped) or "nothing was running"))
+        stopped = _kill_pid(pidfile, timeout=90)
+        print("stopped: " + ("supervisor, tritonserver, redis-server" if stopped else "nothing was running"))
         return 0
     if args.action == "status":
-        for n in ("tritonserver", "redis-server"):
-            f = _pidfile(run, n)
-            print(f"{n}: {'pid ' + f.read_text().strip() if f.exists() else 'not started'}")
+        if not pidfile.exists():
+            print("not started")
+            return 1
+        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        print(f"supervisor: pid {pidfile.read_text().strip()}; tritonserver: pid {state.get('tritonserver_pid')}, "
+              f"restarts {state.get('restarts', 0)}, last failure: {state.get('last_failure') or 'none'}")
         return 0
-    if _pidfile(run, "tritonserver").exists():
+    if pidfile.exists():
         print("already up (make stop first)")
         return 1
-    stack = Stack(Ports(args.http_port, args.grpc_port, args.metrics_port, args.redis_port), args.repository, run)
+    run.mkdir(parents=True, exist_ok=True)
+    state_file.unlink(missing_ok=True)
+    log_path = run / "supervisor.log"
     print(f"starting redis-server on :{args.redis_port} and tritonserver (HTTP :{args.http_port}, "
-          f"gRPC :{args.grpc_port}, metrics :{args.metrics_port}) ...", flush=True)
-    stack.start()
-    _pidfile(run, "redis-server").write_text(str(stack.redis.pid))
-    _pidfile(run, "tritonserver").write_text(str(stack.triton.pid))
-    print(f"ready: gRPC {stack.grpc_url}, HTTP http://127.0.0.1:{args.http_port}, "
-          f"metrics http://127.0.0.1:{args.metrics_port}/metrics; logs in {run}; `make stop` stops both")
+          f"gRPC :{args.grpc_port}, metrics :{args.metrics_port}) under a supervisor ...", flush=True)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "switchboard.supervisor", "--repository", str(args.repository), "--run-dir", str(run),
+         "--http-port", str(args.http_port), "--grpc-port", str(args.grpc_port),
+         "--metrics-port", str(args.metrics_port), "--redis-port", str(args.redis_port),
+         "--interval-s", str(args.probe_interval_s), "--failures", str(args.probe_failures)],
+        stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait(state_file.exists, args.timeout_s, f"the stack (log: {log_path})", supervisor)
+    except (RuntimeError, TimeoutError) as e:
+        _stop(supervisor, timeout=60)
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+        print(f"{e}\n" + "\n".join(tail), file=sys.stderr)
+        return 1
+    pidfile.write_text(str(supervisor.pid))
+    print(f"ready: gRPC 127.0.0.1:{args.grpc_port}, HTTP http://127.0.0.1:{args.http_port}, "
+          f"metrics http://127.0.0.1:{args.metrics_port}/metrics; logs in {run} (supervisor.log: probes and "
+          f"restarts); `make stop` stops everything")
     return 0
 
 

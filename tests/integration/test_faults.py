@@ -9,13 +9,13 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatClient, ChatError
 from switchboard.launch import Ports, Stack
+from switchboard.loadtools import children
 from switchboard.session import session_key
 
 
@@ -166,20 +166,6 @@ def test_burst_beyond_capacity_every_chat_is_answered_in_time_vip_first(tight):
     assert sum(r.stats.fallback for r in vip) <= len(vip) // 4, "priority 1 is admitted before priority 2"
 
 
-def _stub_pid(stack, model):
-    """The Python-backend stub of ``model``: a child of tritonserver whose arguments name its model.py."""
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != stack.triton.pid:
-                continue
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if any(a.endswith(f"/{model}/1/model.py".encode()) for a in args):
-            return int(proc.name)
-    raise AssertionError(f"no stub process for {model}")
-
-
 def test_killed_engine_stub_errors_or_falls_back_never_hangs_then_recovers(tight):
     """Seen in Triton 2.51: killing a stub mid-request either leaves the server up (the model
     stays READY, the stub is never restarted: chat routes around the pool) or aborts the whole
@@ -198,7 +184,7 @@ def test_killed_engine_stub_errors_or_falls_back_never_hangs_then_recovers(tight
     t = threading.Thread(target=inflight)
     t.start()
     time.sleep(0.05)
-    os.kill(_stub_pid(tight, "engine_short"), signal.SIGKILL)
+    os.kill(children(tight.triton.pid)["engine_short"], signal.SIGKILL)
     t.join(60)
     assert "elapsed" in box and box["elapsed"] < 15, "the in-flight chat must end within the stall timeout"
     assert "reply" in box or box["error"].code in ("UNAVAILABLE", None), box
@@ -219,7 +205,7 @@ def test_killed_engine_stub_errors_or_falls_back_never_hangs_then_recovers(tight
 
 def test_killed_chat_stub_gives_errors_not_hangs(tight):
     client = ChatClient(tight.grpc_url, timeout_s=60)
-    os.kill(_stub_pid(tight, "chat"), signal.SIGKILL)
+    os.kill(children(tight.triton.pid)["chat"], signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(ChatError):
         client.chat("Where is my order?", stream=False, max_new_tokens=8)

@@ -1,0 +1,205 @@
+"""Keep tritonserver serving: restart it when it exits or stops answering real requests.
+
+Triton 2.51 never restarts a Python-backend stub that died: its model stays READY and every
+request to it fails ("Stub process ... is not healthy"), and a killed stub sometimes aborts the
+whole server (boost::interprocess::lock_exception). Readiness alone cannot see the first case.
+So the supervisor probes with real requests every few seconds (one priority-1 chat, and one
+token from each engine pool directly) and restarts tritonserver when it has exited or failed
+``failures`` probes in a row. redis-server keeps running across restarts: sessions survive.
+
+``python -m switchboard.launch up`` runs the stack under this supervisor in the background;
+``python -m switchboard.supervisor --help`` runs it in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+log = logging.getLogger("switchboard.supervisor")
+
+POOLS = ("engine_short", "engine_long")
+PROBE_TEXT = "Where is my order?"
+
+
+def _pool_request(url: str, model: str, timeout_s: float) -> str | None:
+    """One token from an engine pool over a stream; the failure, or None."""
+    import tritonclient.grpc as grpcclient
+
+    from switchboard.client.sdk import close_stream, error_of
+
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    ids = grpcclient.InferInput("input_ids", [1, 3], "INT32")
+    ids.set_data_from_numpy(np.asarray([[1, 2, 3]], np.int32))
+    limit = grpcclient.InferInput("max_new_tokens", [1, 1], "INT32")
+    limit.set_data_from_numpy(np.asarray([[1]], np.int32))
+    finished = False
+    try:
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer(model, [ids, limit], parameters={"priority": 1})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                result, error = got.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return f"{model}: no answer within {timeout_s:.0f} s"
+            if error is not None:
+                finished = True
+                return f"{model}: {error_of(error)[1]}"
+            if result.as_numpy("stats") is not None:
+                finished = True
+                return None
+    except Exception as e:  # the server is gone or refused the stream
+        return f"{model}: {e}"
+    finally:
+        try:
+            close_stream(client, cancel=not finished)
+        except Exception:
+            pass
+
+
+def probe(url: str, timeout_s: float = 20.0) -> str | None:
+    """A priority-1 chat of one token, then one token from each pool; the first failure or None.
+    An FAQ answer because a pool failed counts as a failure; one because of load does not."""
+    from switchboard.client import ChatClient, ChatError
+
+    try:
+        reply = ChatClient(url, timeout_s=timeout_s).chat(PROBE_TEXT, stream=False, priority=1, max_new_tokens=1)
+    except ChatError as e:
+        if e.code == "UNAVAILABLE" and str(e).startswith("overloaded"):
+            return None  # serving, but shedding load: restarting would make it worse
+        return f"chat: {e}" + (f" ({e.code})" if e.code else "")
+    except Exception as e:
+        return f"chat: {e}"
+    if reply.stats.fallback and reply.stats.raw.get("fallback_reason") == "engine_error":
+        return "chat: answered from the FAQ because a pool failed"
+    for pool in POOLS:
+        failure = _pool_request(url, pool, timeout_s)
+        if failure is not None:
+            return failure
+    return None
+
+
+@dataclass
+class Supervisor:
+    """Restart decisions over a ``Stack`` (switchboard.launch) and a probe."""
+
+    stack: object
+    probe: Callable[[], str | None]
+    interval_s: float = 5.0
+    failures_to_restart: int = 3
+    state_file: Path | None = None
+    failures: int = 0
+    restarts: int = 0
+    last_failure: str | None = None
+    restarted_at: float | None = None   # time.monotonic() when the last restart was ready
+
+    def check(self) -> str | None:
+        """One round: why tritonserver must restart now, or None."""
+        proc = self.stack.triton
+        if proc is None:
+            return "tritonserver is not running"
+        if proc.poll() is not None:
+            return f"tritonserver exited with code {proc.returncode}"
+        failure = self.probe()
+        if failure is None:
+            self.failures = 0
+            return None
+        self.failures += 1
+        self.last_failure = failure
+        log.warning("probe failed (%d of %d): %s", self.failures, self.failures_to_restart, failure)
+        if proc.poll() is not None:
+            return f"tritonserver exited with code {proc.returncode}"
+        return failure if self.failures >= self.failures_to_restart else None
+
+    def restart(self, reason: str) -> None:
+        self.restarts += 1
+        self.last_failure = reason
+        log.error("restarting tritonserver (restart %d): %s", self.restarts, reason)
+        self.stack.restart_triton()
+        self.failures = 0
+        self.restarted_at = time.monotonic()
+        log.info("tritonserver ready again (pid %d)", self.stack.triton.pid)
+
+    def run(self, stop: threading.Event) -> None:
+        backoff = 0.0
+        self.write_state()
+        while not stop.wait(self.interval_s + backoff):
+            reason = self.check()
+            if reason is not None:
+                try:
+                    self.restart(reason)
+                    backoff = 0.0
+                except Exception as e:  # the next round tries again, waiting longer each time
+                    backoff = min(60.0, max(2.0, backoff * 2))
+                    log.error("restart failed (next try in %.0f s): %s", self.interval_s + backoff, e)
+            self.write_state()
+
+    def write_state(self) -> None:
+        if self.state_file is None:
+            return
+        proc = self.stack.triton
+        state = {"pid": os.getpid(), "tritonserver_pid": proc.pid if proc is not None else None,
+                 "restarts": self.restarts, "failures": self.failures, "last_failure": self.last_failure,
+                 "checked_at": time.time()}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.state_file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from switchboard.launch import ROOT, Ports, Stack
+
+    p = argparse.ArgumentParser(prog="python -m switchboard.supervisor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    p.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    p.add_argument("--redis-port", type=int, default=int(os.environ.get("REDIS_PORT", 6379)))
+    p.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    p.add_argument("--run-dir", type=Path, default=ROOT / "build" / "run")
+    p.add_argument("--interval-s", type=float, default=5.0, help="seconds between probes (default 5)")
+    p.add_argument("--failures", type=int, default=3, help="failed probes in a row before a restart (default 3)")
+    p.add_argument("--probe-timeout-s", type=float, default=20.0, help="deadline of one probe request (default 20)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    stack = Stack(Ports(args.http_port, args.grpc_port, args.metrics_port, args.redis_port), args.repository,
+                  args.run_dir)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    state_file = args.run_dir / "supervisor.json"
+    state_file.unlink(missing_ok=True)
+    log.info("starting redis-server :%d and tritonserver (gRPC :%d)", args.redis_port, args.grpc_port)
+    try:
+        stack.start()
+    except BaseException as e:
+        log.error("the stack did not start: %s", e)
+        return 1
+    supervisor = Supervisor(stack, lambda: probe(stack.grpc_url, args.probe_timeout_s), args.interval_s,
+                            args.failures, state_file)
+    log.info("serving: gRPC %s; probing every %.0f s", stack.grpc_url, args.interval_s)
+    try:
+        supervisor.run(stop)
+    finally:
+        log.info("stopping")
+        stack.stop()
+        state_file.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
