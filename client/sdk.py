@@ -136,11 +136,15 @@ class ChatClient:
         try:
             # Not the `triton_grpc_error` header: streams it ends with an error status can crash
             # Triton 2.51 (README, "Reliability"); the code comes in the message instead.
-            client.start_stream(callback=callback)
-            client.async_stream_infer(self.model, inputs, request_id=f"{os.getpid()}-{next(_ids)}",
-                                      priority=int(priority), parameters=parameters,
-                                      outputs=[grpcclient.InferRequestedOutput("text_output"),
-                                               grpcclient.InferRequestedOutput("stats")])
+            try:
+                client.start_stream(callback=callback)
+                client.async_stream_infer(self.model, inputs, request_id=f"{os.getpid()}-{next(_ids)}",
+                                          priority=int(priority), parameters=parameters,
+                                          outputs=[grpcclient.InferRequestedOutput("text_output"),
+                                                   grpcclient.InferRequestedOutput("stats")])
+            except InferenceServerException as e:  # no stream: the server is down or unreachable
+                done.set()
+                raise ChatError(f"could not send to {self.url}: {e.message()}", error_of(e)[0] or "UNAVAILABLE") from None
             while not done.is_set():
                 try:
                     result, error = responses.get(timeout=self.timeout_s)

@@ -49,7 +49,7 @@ def _pool_request(url: str, model: str, timeout_s: float) -> str | None:
     finished = False
     try:
         client.start_stream(callback=lambda result, error: got.put((result, error)))
-        client.async_stream_infer(model, [ids, limit], parameters={"priority": 1})
+        client.async_stream_infer(model, [ids, limit])
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -102,6 +102,7 @@ class Supervisor:
     interval_s: float = 5.0
     failures_to_restart: int = 3
     state_file: Path | None = None
+    probes: int = 0
     failures: int = 0
     restarts: int = 0
     last_failure: str | None = None
@@ -115,6 +116,7 @@ class Supervisor:
         if proc.poll() is not None:
             return f"tritonserver exited with code {proc.returncode}"
         failure = self.probe()
+        self.probes += 1
         if failure is None:
             self.failures = 0
             return None
@@ -153,8 +155,8 @@ class Supervisor:
             return
         proc = self.stack.triton
         state = {"pid": os.getpid(), "tritonserver_pid": proc.pid if proc is not None else None,
-                 "restarts": self.restarts, "failures": self.failures, "last_failure": self.last_failure,
-                 "checked_at": time.time()}
+                 "probes": self.probes, "restarts": self.restarts, "failures": self.failures,
+                 "last_failure": self.last_failure, "checked_at": time.time()}
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         tmp.replace(self.state_file)

@@ -190,9 +190,8 @@ def test_killed_engine_stub_errors_or_falls_back_never_hangs_then_recovers(tight
     assert "reply" in box or box["error"].code in ("UNAVAILABLE", None), box
     time.sleep(1.0)
     if tight.triton.poll() is not None:
-        # The server aborted: a supervisor (here the Stack) restarts it and chats work again.
-        tight.triton = None
-        tight.start_triton()
+        # The server aborted: a supervisor restarts it (sweeping the stubs it left) and chats work again.
+        tight.restart_triton()
         assert ask(ChatClient(tight.grpc_url), "Where is my order?", max_new_tokens=8).stats.generated_tokens > 0
         return
     # Server survived: after the failure is seen, short chats go to the other pool.

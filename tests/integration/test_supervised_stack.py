@@ -49,6 +49,16 @@ def _wait_for_restart(run, restarts: int, client: ChatClient, timeout: float = 2
     raise AssertionError(f"no restart {restarts} within {timeout:.0f} s: {_state(run)}")
 
 
+def test_a_healthy_stack_passes_every_probe(supervised):
+    _, run = supervised
+    deadline = time.monotonic() + 60
+    while _state(run)["probes"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    state = _state(run)
+    assert state["probes"] >= 3, state
+    assert state["restarts"] == 0 and state["failures"] == 0 and state["last_failure"] is None, state
+
+
 def test_a_server_that_dies_is_restarted_and_sessions_survive(supervised):
     ports, run = supervised
     client = ChatClient(f"127.0.0.1:{ports.grpc}", timeout_s=60)
