@@ -144,7 +144,8 @@ class ChatClient:
                                                    grpcclient.InferRequestedOutput("stats")])
             except InferenceServerException as e:  # no stream: the server is down or unreachable
                 done.set()
-                raise ChatError(f"could not send to {self.url}: {e.message()}", error_of(e)[0] or "UNAVAILABLE") from None
+                code = error_of(e)[0] or "UNAVAILABLE"
+                raise ChatError(f"could not send to {self.url}: {e.message()}", code) from None
             while not done.is_set():
                 try:
                     result, error = responses.get(timeout=self.timeout_s)

@@ -206,15 +206,32 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.launch", description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=["up", "down", "status"])
+def add_stack_arguments(p: argparse.ArgumentParser) -> None:
+    """Ports, repository and run directory, shared by ``launch`` and ``supervisor``."""
     p.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     p.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     p.add_argument("--redis-port", type=int, default=int(os.environ.get("REDIS_PORT", 6379)))
     p.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     p.add_argument("--run-dir", type=Path, default=ROOT / "build" / "run")
+
+
+def stack_arguments(args: argparse.Namespace) -> list[str]:
+    """``args`` from ``add_stack_arguments`` as a command line again."""
+    return ["--http-port", str(args.http_port), "--grpc-port", str(args.grpc_port),
+            "--metrics-port", str(args.metrics_port), "--redis-port", str(args.redis_port),
+            "--repository", str(args.repository), "--run-dir", str(args.run_dir)]
+
+
+def stack_from_arguments(args: argparse.Namespace) -> Stack:
+    return Stack(Ports(args.http_port, args.grpc_port, args.metrics_port, args.redis_port), args.repository,
+                 args.run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=["up", "down", "status"])
+    add_stack_arguments(p)
     p.add_argument("--timeout-s", type=float, default=300, help="how long `up` waits for the models (default 300)")
     p.add_argument("--probe-interval-s", type=float, default=5.0, help="seconds between the supervisor's probes")
     p.add_argument("--probe-failures", type=int, default=3, help="failed probes in a row before a restart")
@@ -242,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"starting redis-server on :{args.redis_port} and tritonserver (HTTP :{args.http_port}, "
           f"gRPC :{args.grpc_port}, metrics :{args.metrics_port}) under a supervisor ...", flush=True)
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "switchboard.supervisor", "--repository", str(args.repository), "--run-dir", str(run),
-         "--http-port", str(args.http_port), "--grpc-port", str(args.grpc_port),
-         "--metrics-port", str(args.metrics_port), "--redis-port", str(args.redis_port),
+        [sys.executable, "-m", "switchboard.supervisor", *stack_arguments(args),
          "--interval-s", str(args.probe_interval_s), "--failures", str(args.probe_failures)],
         stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:

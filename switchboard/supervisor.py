@@ -163,23 +163,17 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from switchboard.launch import ROOT, Ports, Stack
+    from switchboard.launch import add_stack_arguments, stack_from_arguments
 
     p = argparse.ArgumentParser(prog="python -m switchboard.supervisor", description=__doc__.split("\n\n")[0])
-    p.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
-    p.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
-    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
-    p.add_argument("--redis-port", type=int, default=int(os.environ.get("REDIS_PORT", 6379)))
-    p.add_argument("--repository", type=Path, default=ROOT / "model_repository")
-    p.add_argument("--run-dir", type=Path, default=ROOT / "build" / "run")
+    add_stack_arguments(p)
     p.add_argument("--interval-s", type=float, default=5.0, help="seconds between probes (default 5)")
     p.add_argument("--failures", type=int, default=3, help="failed probes in a row before a restart (default 3)")
     p.add_argument("--probe-timeout-s", type=float, default=20.0, help="deadline of one probe request (default 20)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.run_dir.mkdir(parents=True, exist_ok=True)
-    stack = Stack(Ports(args.http_port, args.grpc_port, args.metrics_port, args.redis_port), args.repository,
-                  args.run_dir)
+    stack = stack_from_arguments(args)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
