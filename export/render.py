@@ -104,10 +104,14 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # Every parameter can be overridden with SWITCHBOARD_<KEY> in the server's environment.
 # redis_tls_*_file: with a rediss:// redis_url, the CA to verify Redis (empty: system CAs) and
 # a client certificate and key where Redis requires them.
+# max_inflight_reserved: of the max_inflight generation slots, those only priority 1 may take.
+# cancel_poll_ms: how often a generating chat asks whether its client went away (each ask is
+# a round trip to the server process).
 ''' + _params([("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
                ("redis_tls_ca_file", ""), ("redis_tls_cert_file", ""), ("redis_tls_key_file", ""),
                ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
-               ("max_inflight", "64"), ("max_pending", "1024"), ("max_queue_wait_s", "5"),
+               ("max_inflight", "64"), ("max_inflight_reserved", "8"), ("max_pending", "1024"),
+               ("max_queue_wait_s", "5"), ("cancel_poll_ms", "50"),
                ("engine_first_token_s", "10"), ("engine_stall_s", "10"), ("fallback", "true"),
                ("fallback_faq", "faq.jsonl"), ("default_max_new_tokens", "96"), ("max_new_tokens_limit", "512"),
                ("precision", "fp32")])
@@ -158,8 +162,11 @@ instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 
 # priority_slots: rows of the running batch only priority 1 may take, so a VIP starts at the
 # next decode step instead of waiting for an answer to finish (0: off).
+# stream_interval_ms: priority-2 tokens are sent together at most this often (priority 1: one
+# response per token); cancel_poll_ms: how often a running sequence asks whether its client went
+# away. Both bound round trips to the server process (switchboard/engine/stream.py).
 ''' + _params([("max_batch", str(pool.engine_batch)), ("max_waiting", "64"), ("priority_slots", "1"),
-               ("threads", "2"),
+               ("stream_interval_ms", "50"), ("cancel_poll_ms", "50"), ("threads", "2"),
                ("precision", "fp32"), *([("runtime", runtime)] if runtime != "onnxruntime" else [])])
 
 

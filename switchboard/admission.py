@@ -1,8 +1,8 @@
 """Admission control for ``chat``: who gets a generation slot, who gets the FAQ fallback.
 
 ``chat``'s ``execute`` hands every valid request to ``Admission`` and returns at once. At most
-``max_inflight`` chats generate at a time; the rest wait here ordered by priority (1 before
-2), then arrival. A chat that waits longer than ``max_wait_s``, or arrives while
+``max_inflight`` chats generate at a time, of which ``reserved`` only priority 1 may
+take; the rest wait here ordered by priority (1 before 2), then arrival. A chat that waits longer than ``max_wait_s``, or arrives while
 ``max_pending`` chats already wait (the newest lowest-priority one makes room), is *shed*:
 handed to the ``shed`` callback, which answers from the FAQ. So under any burst every
 request is answered or refused within a bounded time, nothing waits without limit, and a
@@ -41,8 +41,11 @@ class _Pending:
 class Admission:
     def __init__(self, max_inflight: int, max_pending: int, max_wait_s: float,
                  run: Callable[[object], None], shed: Callable[[object, str], None],
-                 shed_workers: int = 2, clock: Callable[[], float] = time.monotonic):
+                 shed_workers: int = 2, clock: Callable[[], float] = time.monotonic, reserved: int = 0):
         self.max_inflight, self.max_pending, self.max_wait_s = max_inflight, max_pending, max_wait_s
+        # Slots only priority 1 may take: a VIP arriving while every slot is busy would
+        # otherwise wait for some chat to finish.
+        self.reserved = max(0, min(reserved, max_inflight - 1))
         self._run, self._shed, self._clock = run, shed, clock
         self._heap: list[_Pending] = []
         self._seq = itertools.count()
@@ -89,7 +92,7 @@ class Admission:
                     heapq.heapify(self._heap)
                     shed.append((worst, "queue_full"))
                     self.counts["shed_full"] += 1
-                while self._heap and self._inflight < self.max_inflight:
+                while self._heap and self._inflight < self._limit(self._heap[0].priority):
                     start.append(heapq.heappop(self._heap))
                     self._inflight += 1
                     self.counts["admitted"] += 1
@@ -101,6 +104,9 @@ class Admission:
                 self._shedders.submit(self._guard, self._shed, p.job, reason)
             for p in start:
                 self._runners.submit(self._run_and_release, p.job)
+
+    def _limit(self, priority: int) -> int:
+        return self.max_inflight if priority <= 1 else self.max_inflight - self.reserved
 
     def _run_and_release(self, job) -> None:
         try:
@@ -154,3 +160,50 @@ class PoolHealth:
         """Pools to try, healthy first: the preferred one, then the other."""
         pools = [preferred, other]
         return sorted(pools, key=lambda p: not self.up(p))
+
+
+class PriorityGate:
+    """One holder at a time; waiters are let in by priority (1 first), then arrival.
+
+    ``chat`` sends every response through it. A Python-backend stub's sends are synchronous
+    round trips that the server handles one after another, so under load a send waits behind
+    every other stream's; without the gate a priority-1 chat paid that wait on each of its
+    tokens while priority-2 chats held the line.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._busy = False
+        self._waiting: list[tuple[int, int, threading.Lock]] = []
+        self._seq = itertools.count()
+
+    def acquire(self, priority: int) -> None:
+        with self._lock:
+            if not self._busy:
+                self._busy = True
+                return
+            turn = threading.Lock()
+            turn.acquire()
+            heapq.heappush(self._waiting, (priority, next(self._seq), turn))
+        turn.acquire()  # released by the holder that hands us the gate
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiting:
+                heapq.heappop(self._waiting)[2].release()  # the gate passes on, still busy
+            else:
+                self._busy = False
+
+    def __call__(self, priority: int):
+        return _Held(self, priority)
+
+
+class _Held:
+    def __init__(self, gate: PriorityGate, priority: int):
+        self.gate, self.priority = gate, priority
+
+    def __enter__(self):
+        self.gate.acquire(self.priority)
+
+    def __exit__(self, *exc):
+        self.gate.release()

@@ -59,7 +59,7 @@ def finish(stop, threads):
         t.join(120)
 
 
-def burst(client, questions, rate: float, seconds: float, deadline_s: float = 30.0):
+def burst(client, questions, rate: float, seconds: float, vip_share: float = 0.15):
     rng = random.Random(0)
     results, lock = [], threading.Lock()
     pool = ThreadPoolExecutor(max_workers=256)
@@ -75,7 +75,7 @@ def burst(client, questions, rate: float, seconds: float, deadline_s: float = 30
         now = time.monotonic()
         if next_at > now:
             time.sleep(next_at - now)
-        pool.submit(one, n, 1 if rng.random() < 0.15 else 2, next_at)
+        pool.submit(one, n, 1 if rng.random() < vip_share else 2, next_at)
         n += 1
         next_at += rng.expovariate(rate)
         if n % int(max(rate, 1) * 5) == 0:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from switchboard.admission import Admission, PoolHealth
+from switchboard.admission import Admission, PoolHealth, PriorityGate
 from switchboard.detok import IncrementalDetokenizer
+from switchboard.engine.stream import CancelPoll
 from switchboard.fallback import FaqFallback
 from switchboard.kvcodec import KVEntry
 from switchboard.manifest import Manifest
@@ -115,7 +116,11 @@ class TritonPythonModel:
         self.pool_health = PoolHealth(params.float("pool_retry_after_s", 30.0, 0.1, 3600))
 
     def _setup_admission(self, params: Params) -> None:
+        # Every response goes out through the gate, priority 1 first (PriorityGate says why).
+        self.gate = PriorityGate()
+        self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
         self.admission = Admission(max_inflight=params.int("max_inflight", 64, 1, 1024),
+                                   reserved=params.int("max_inflight_reserved", 8, 0, 1024),
                                    max_pending=params.int("max_pending", 1024, 0, 1 << 20),
                                    max_wait_s=params.float("max_queue_wait_s", 5.0, 0.0, 600),
                                    run=self._serve, shed=self._shed)
@@ -160,13 +165,12 @@ class TritonPythonModel:
 
     def _answer_from_faq(self, sender, chat, t0: float, reason: str, extra: dict) -> None:
         answer = self.faq.answer(chat.text)
-        self._send_text(sender, answer.text)
         stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0, "route": None, "ttft_ms": None,
                  "total_ms": None, "fallback": True, "fallback_reason": reason, "faq_id": answer.entry_id,
                  "session": "none", "dropped_turns": 0, "finish_reason": "fallback", "engine_queue_ms": None,
                  "batch_size": None, "priority": chat.priority, **extra}
         stats["total_ms"] = round((time.perf_counter() - t0) * 1000, 2)
-        self._send_final(sender, stats)
+        self._send_final(sender, stats, answer.text)
 
     def _chat(self, request, sender, chat, t0: float) -> None:
         lookup = self.sessions.load(chat.session_id, want_kv=self.kv_reuse) if chat.session_id else Lookup()
@@ -185,12 +189,13 @@ class TritonPythonModel:
         detok = IncrementalDetokenizer(self.tokenizer.decode)
         generated: list[int] = []
         ttft_ms, cache, engine_stats = None, None, {}
+        cancelled = CancelPoll(request.is_cancelled, self.cancel_poll_s)
         # A pool that fails before anything was sent is retried on the other pool (both serve
         # every length); when both fail or time out, the customer gets the FAQ answer.
         for attempt, pool in enumerate(self.pool_health.order(pool, other)):
             try:
                 for response in self._generate(pool, prompt, past, chat):
-                    if request.is_cancelled():
+                    if cancelled():
                         raise Cancelled()  # nothing is stored for a turn the customer never saw
                     ids = response.get("token_ids")
                     if ids is not None:
@@ -198,7 +203,7 @@ class TritonPythonModel:
                         delta = detok.add([t for t in ids if t not in self.stop_ids])
                         if delta:
                             ttft_ms = ttft_ms if ttft_ms is not None else (time.perf_counter() - t0) * 1000
-                            self._send_text(sender, delta)
+                            self._send_text(sender, delta, chat.priority)
                     cache = response.get("kv", cache)
                     engine_stats = response.get("stats", engine_stats)
                 break
@@ -217,8 +222,6 @@ class TritonPythonModel:
                         "session": lookup.status if chat.session_id else "none", "prompt_tokens": len(prompt.ids)})
         route = "short" if pool == self.router.short_pool else "long"
         tail = detok.flush()
-        if tail:
-            self._send_text(sender, tail)
 
         if chat.session_id:
             conversation = self.prompts.after_answer(prompt, generated, detok.text, self.manifest.end_of_turn_id)
@@ -236,13 +239,14 @@ class TritonPythonModel:
             "finish_reason": engine_stats.get("reason"), "engine_queue_ms": engine_stats.get("queue_ms"),
             "batch_size": engine_stats.get("batch_size"), "priority": chat.priority,
         }
-        self._send_final(sender, stats)
+        self._send_final(sender, stats, tail)
 
-    @staticmethod
-    def _send_final(sender, stats: dict) -> None:
-        final = [pb_utils.Tensor("text_output", np.asarray([[b""]], np.object_)),
+    def _send_final(self, sender, stats: dict, text: str = "") -> None:
+        """The last response: the rest of the text (if any) and ``stats``."""
+        final = [pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_)),
                  pb_utils.Tensor("stats", np.asarray([[json.dumps(stats).encode()]], np.object_))]
-        sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
+        with self.gate(stats["priority"]):
+            sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
 
     def _generate(self, pool: str, prompt, past, chat):
         """Stream the pool's responses as dicts of numpy outputs, each within its deadline."""
@@ -309,10 +313,10 @@ class TritonPythonModel:
             yield item
             first = False
 
-    @staticmethod
-    def _send_text(sender, text: str) -> None:
+    def _send_text(self, sender, text: str, priority: int) -> None:
         out = pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_))
-        sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+        with self.gate(priority):
+            sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
 
     def finalize(self):
         self.admission.close()

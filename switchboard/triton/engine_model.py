@@ -19,6 +19,7 @@ import triton_python_backend_utils as pb_utils
 
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
+from switchboard.engine.stream import CancelPoll, TokenStream
 from switchboard.manifest import Manifest
 from switchboard.params import Params
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
@@ -28,27 +29,30 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class _Sink:
-    def __init__(self, request, sender):
-        self.request = request
+    def __init__(self, request, sender, stream: TokenStream, cancel_poll_s: float):
         self.sender = sender
+        self.stream = stream
+        self.cancelled = CancelPoll(request.is_cancelled, cancel_poll_s)
 
     def on_tokens(self, ids: list[int]) -> None:
-        out = pb_utils.Tensor("token_ids", np.asarray([ids], np.int32))
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+        ids = self.stream.add(ids)
+        if ids:
+            out = pb_utils.Tensor("token_ids", np.asarray([ids], np.int32))
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
 
     def on_finish(self, result: GenerationResult) -> None:
         stats = {"reason": result.reason, "generated": len(result.tokens), "queue_ms": round(result.queue_ms, 2),
                  "prefill_ms": round(result.prefill_ms, 2), "batch_size": result.batch_size_at_admission}
         outputs = [pb_utils.Tensor("stats", np.asarray([[json.dumps(stats).encode()]], np.object_))]
+        held = self.stream.rest()
+        if held and result.reason != "cancelled":
+            outputs.append(pb_utils.Tensor("token_ids", np.asarray([held], np.int32)))
         if result.cache is not None:
             outputs.append(pb_utils.Tensor("kv", result.cache[None]))
         self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL)
 
     def on_error(self, error: Exception) -> None:
         send_error(self.sender, f"generation failed: {error.__class__.__name__}")
-
-    def cancelled(self) -> bool:
-        return self.request.is_cancelled()
 
 
 _DESCRIPTIONS = {
@@ -159,6 +163,10 @@ class TritonPythonModel:
                              max_waiting=params.int("max_waiting", 32, 1, 4096),
                              priority_slots=params.int("priority_slots", 1, 0, 256),
                              stop_ids=set(self.manifest.eos_token_ids))
+        # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
+        # one send per token (switchboard/engine/stream.py says why).
+        self.stream_interval_s = params.float("stream_interval_ms", 50.0, 0.0, 10000) / 1000
+        self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
         self.engine.start()
         self.metrics = EngineMetrics(self.name, self.engine)
         log.info("%s ready: %s %s, max batch %d", self.name, self.manifest.name, precision, self.engine.max_batch)
@@ -178,7 +186,8 @@ class TritonPythonModel:
             if request.is_cancelled():
                 send_error(sender, "cancelled", "CANCELLED")
                 continue
-            self.engine.submit(req, _Sink(request, sender))
+            stream = TokenStream(0.0 if req.priority <= 1 else self.stream_interval_s)
+            self.engine.submit(req, _Sink(request, sender, stream, self.cancel_poll_s))
         return None
 
     def _parse(self, request) -> GenerationRequest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from switchboard.admission import Admission, PoolHealth
+from switchboard.admission import Admission, PoolHealth, PriorityGate
 
 
 class Recorder:
@@ -51,6 +51,59 @@ def test_at_most_max_inflight_run_and_priority_one_goes_first():
     finally:
         r.release.set()
         a.close()
+
+
+def test_reserved_slots_start_priority_one_while_priority_two_waits():
+    r = Recorder()
+    a = Admission(max_inflight=3, max_pending=100, max_wait_s=30, run=r.run, shed=r.on_shed, reserved=1)
+    try:
+        for i in range(4):
+            a.submit(f"p2-{i}", 2)
+        assert wait_until(lambda: len(r.started) == 2)
+        time.sleep(0.05)
+        assert len(r.started) == 2 and a.pending() == 2  # the third slot stays free for priority 1
+        a.submit("vip", 1)
+        assert wait_until(lambda: len(r.started) == 3)
+        assert r.started[2] == "vip"
+        a.submit("vip-2", 1)
+        time.sleep(0.05)
+        assert len(r.started) == 3  # all slots busy now, for priority 1 too
+    finally:
+        r.release.set()
+        a.close()
+
+
+def test_the_gate_lets_waiters_in_by_priority_then_arrival():
+    gate = PriorityGate()
+    order, threads = [], []
+    gate.acquire(2)  # held while the waiters line up
+
+    def wait(name, priority):
+        with gate(priority):
+            order.append(name)
+
+    for name, priority in [("p2-a", 2), ("p2-b", 2), ("vip-a", 1), ("p2-c", 2), ("vip-b", 1)]:
+        t = threading.Thread(target=wait, args=(name, priority))
+        t.start()
+        threads.append(t)
+        assert wait_until(lambda: len(gate._waiting) == len(threads))
+    gate.release()
+    for t in threads:
+        t.join(5)
+    assert order == ["vip-a", "vip-b", "p2-a", "p2-b", "p2-c"]
+    with gate(2):  # free again: no wait
+        pass
+    assert not gate._busy and not gate._waiting
+
+
+def test_the_gate_is_released_when_the_holder_raises():
+    gate = PriorityGate()
+    try:
+        with gate(1):
+            raise RuntimeError("send failed")
+    except RuntimeError:
+        pass
+    assert not gate._busy
 
 
 def test_waiting_past_the_deadline_is_shed_with_a_reason():
