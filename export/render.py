@@ -110,7 +110,7 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 ''' + _params([("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
                ("redis_tls_ca_file", ""), ("redis_tls_cert_file", ""), ("redis_tls_key_file", ""),
                ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
-               ("max_inflight", "64"), ("max_inflight_reserved", "8"), ("max_pending", "1024"),
+               ("max_inflight", "64"), ("max_inflight_reserved", "16"), ("max_pending", "1024"),
                ("max_queue_wait_s", "5"), ("cancel_poll_ms", "50"),
                ("engine_first_token_s", "10"), ("engine_stall_s", "10"), ("fallback", "true"),
                ("fallback_faq", "faq.jsonl"), ("default_max_new_tokens", "96"), ("max_new_tokens_limit", "512"),

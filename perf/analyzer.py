@@ -61,6 +61,7 @@ def run_perf_analyzer(url: str, input_data: Path, concurrency: str | None, expor
                       ) -> subprocess.CompletedProcess:
     """One sweep: ``concurrency`` ("1:4:1") or ``request_rate`` ("5:20:5", requests/s)."""
     sweep = ["--request-rate-range", request_rate] if request_rate else ["--concurrency-range", concurrency]
+    export.unlink(missing_ok=True)  # perf_analyzer refuses to overwrite an earlier run's export
     cmd = [str(perf_analyzer_binary()), "-m", "chat", "-i", "grpc", "-u", url, "--streaming",
            "--input-data", str(input_data), *sweep,
            "--measurement-mode", "count_windows", "--measurement-request-count", str(requests),

@@ -3,7 +3,7 @@
 Starts redis-server and tritonserver on free ports and runs, in order:
 1. baseline: priority-1 latency of single chats on an idle server;
 2. burst: capacity measured at concurrency 4, then open-loop arrivals at 5x that rate for
-   ``--burst-s`` seconds (15% priority 1), every chat with a 30 s client deadline;
+   ``--burst-s`` seconds (``--vip-share``, 15%, priority 1), every chat with a 30 s client deadline;
 3. Redis stopped for 5 s under load, then restarted (time until KV reuse resumes);
 4. Redis paused (``CLIENT PAUSE`` 3 s) under load;
 5. the ``engine_short`` stub killed with chats in flight, under ``switchboard.supervisor``
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--burst-s", type=float, default=30.0, help="length of the 5x burst (default 30)")
     p.add_argument("--factor", type=float, default=5.0, help="burst rate as a multiple of capacity (default 5)")
+    p.add_argument("--vip-share", type=float, default=0.15, help="share of priority-1 chats in the burst (default 0.15)")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "chaos")
     args = p.parse_args(argv)
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         capacity = sum(o.ok and not o.fallback for _, o in done) / 8
         rate = args.factor * capacity
         log(f"capacity {capacity:.1f} chats/s; burst at {rate:.0f}/s for {args.burst_s:.0f} s")
-        results, sent = burst(client, questions, rate, args.burst_s)
+        results, sent = burst(client, questions, rate, args.burst_s, args.vip_share)
         vip_outcomes = [o for o in results if o.priority == 1 and o.ok and not o.fallback]
         vip = [o.seconds for o in vip_outcomes]
         fb = Counter(o.reason for o in results if o.fallback)

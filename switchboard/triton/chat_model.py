@@ -120,7 +120,7 @@ class TritonPythonModel:
         self.gate = PriorityGate()
         self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
         self.admission = Admission(max_inflight=params.int("max_inflight", 64, 1, 1024),
-                                   reserved=params.int("max_inflight_reserved", 8, 0, 1024),
+                                   reserved=params.int("max_inflight_reserved", 16, 0, 1024),
                                    max_pending=params.int("max_pending", 1024, 0, 1 << 20),
                                    max_wait_s=params.float("max_queue_wait_s", 5.0, 0.0, 600),
                                    run=self._serve, shed=self._shed)
