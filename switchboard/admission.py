@@ -1,12 +1,13 @@
 """Admission control for ``chat``: who gets a generation slot, who gets the FAQ fallback.
 
 ``chat``'s ``execute`` hands every valid request to ``Admission`` and returns at once. At most
-``max_inflight`` chats generate at a time, of which ``reserved`` only priority 1 may
-take; the rest wait here ordered by priority (1 before 2), then arrival. A chat that waits longer than ``max_wait_s``, or arrives while
-``max_pending`` chats already wait (the newest lowest-priority one makes room), is *shed*:
-handed to the ``shed`` callback, which answers from the FAQ. So under any burst every
-request is answered or refused within a bounded time, nothing waits without limit, and a
-priority-1 chat waits at most for one generation slot to free up.
+``max_inflight`` chats generate at a time, ``reserved`` of those slots for priority 1 only;
+the rest wait here ordered by priority (1 before 2), then arrival. A chat that waits longer
+than ``max_wait_s``, or arrives while ``max_pending`` chats already wait (the newest
+lowest-priority one makes room), is *shed*: handed to the ``shed`` callback, which answers
+from the FAQ. So under any burst every request is answered or refused within a bounded time,
+nothing waits without limit, and a priority-1 chat waits at most for one generation slot to
+free up.
 
 Waiting happens here rather than in Triton's queue in front of the model because Triton
 rejects a queued request without the model ever seeing it (no fallback answer is possible);
