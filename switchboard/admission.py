@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -195,16 +196,10 @@ class PriorityGate:
             else:
                 self._busy = False
 
+    @contextmanager
     def __call__(self, priority: int):
-        return _Held(self, priority)
-
-
-class _Held:
-    def __init__(self, gate: PriorityGate, priority: int):
-        self.gate, self.priority = gate, priority
-
-    def __enter__(self):
-        self.gate.acquire(self.priority)
-
-    def __exit__(self, *exc):
-        self.gate.release()
+        self.acquire(priority)
+        try:
+            yield
+        finally:
+            self.release()

@@ -3,7 +3,8 @@
 Starts redis-server and tritonserver on free ports and runs, in order:
 1. baseline: priority-1 latency of single chats on an idle server;
 2. burst: capacity measured at concurrency 4, then open-loop arrivals at 5x that rate for
-   ``--burst-s`` seconds (``--vip-share``, 15%, priority 1), every chat with a 30 s client deadline;
+   ``--burst-s`` seconds (a ``--vip-share`` of 15% at priority 1), every chat with a 30 s
+   client deadline;
 3. Redis stopped for 5 s under load, then restarted (time until KV reuse resumes);
 4. Redis paused (``CLIENT PAUSE`` 3 s) under load;
 5. the ``engine_short`` stub killed with chats in flight, under ``switchboard.supervisor``

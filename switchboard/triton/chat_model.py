@@ -113,12 +113,12 @@ class TritonPythonModel:
         # bound how long a chat waits for its pool (queue + prefill, then between tokens).
         self.first_token_s = params.float("engine_first_token_s", 10.0, 0.1, 600)
         self.stall_s = params.float("engine_stall_s", 10.0, 0.1, 600)
+        self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
         self.pool_health = PoolHealth(params.float("pool_retry_after_s", 30.0, 0.1, 3600))
 
     def _setup_admission(self, params: Params) -> None:
         # Every response goes out through the gate, priority 1 first (PriorityGate says why).
         self.gate = PriorityGate()
-        self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
         self.admission = Admission(max_inflight=params.int("max_inflight", 64, 1, 1024),
                                    reserved=params.int("max_inflight_reserved", 16, 0, 1024),
                                    max_pending=params.int("max_pending", 1024, 0, 1 << 20),
