@@ -6,6 +6,6 @@
         ...  # str deltas, then one ChatStats
 """
 
-from switchboard.client.sdk import ChatClient, ChatError, ChatReply, ChatStats
+from switchboard.client.sdk import AsyncChatClient, ChatClient, ChatError, ChatReply, ChatStats
 
-__all__ = ["ChatClient", "ChatError", "ChatReply", "ChatStats"]
+__all__ = ["AsyncChatClient", "ChatClient", "ChatError", "ChatReply", "ChatStats"]

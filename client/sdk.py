@@ -8,16 +8,19 @@ scheduler (Python models in Triton 2.51 cannot read Triton's priority).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
 from switchboard.request import PRIORITY_PARAMETER
@@ -73,6 +76,46 @@ def error_of(e: InferenceServerException) -> tuple[str | None, str]:
     return code, message
 
 
+def stream_request(model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p,
+                   seed) -> dict:
+    """Keyword arguments of tritonclient's ``async_stream_infer`` (and the dict its asyncio
+    client's ``stream_infer`` reads) for one chat."""
+    def tensor(name, value, dtype, triton_type):
+        t = grpcclient.InferInput(name, [1, 1], triton_type)
+        t.set_data_from_numpy(np.asarray([[value]], dtype=dtype))
+        return t
+
+    raw = text if isinstance(text, bytes) else text.encode("utf-8")
+    inputs = [tensor("text", raw, np.object_, "BYTES")]
+    if session_id is not None:
+        sid = session_id if isinstance(session_id, bytes) else session_id.encode("utf-8")
+        inputs.append(tensor("session_id", sid, np.object_, "BYTES"))
+    if max_new_tokens is not None:
+        inputs.append(tensor("max_new_tokens", max_new_tokens, np.int32, "INT32"))
+    if temperature is not None:
+        inputs.append(tensor("temperature", temperature, np.float32, "FP32"))
+    if top_p is not None:
+        inputs.append(tensor("top_p", top_p, np.float32, "FP32"))
+    parameters = {PRIORITY_PARAMETER: int(priority)}
+    if seed is not None:
+        parameters["seed"] = int(seed)
+    return {"model_name": model, "inputs": inputs, "request_id": f"{os.getpid()}-{next(_ids)}",
+            "priority": int(priority), "parameters": parameters,
+            "outputs": [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("stats")]}
+
+
+def parse_response(result) -> tuple[str, ChatStats | None]:
+    """(text delta, stats if this is the last response) of one streamed response."""
+    delta, stats = "", None
+    text_out = result.as_numpy("text_output")
+    if text_out is not None:
+        delta = text_out.reshape(-1)[0].decode("utf-8")
+    blob = result.as_numpy("stats")
+    if blob is not None:
+        stats = ChatStats.from_json(blob.reshape(-1)[0])
+    return delta, stats
+
+
 class ChatClient:
     def __init__(self, url: str = "127.0.0.1:8001", model: str = "chat", timeout_s: float = 120.0):
         self.url = url
@@ -102,46 +145,21 @@ class ChatClient:
                 parts.append(event)
         return ChatReply("".join(parts), stats)
 
-    def _inputs(self, text, session_id, max_new_tokens, temperature, top_p) -> list:
-        def tensor(name, value, dtype, triton_type):
-            t = grpcclient.InferInput(name, [1, 1], triton_type)
-            t.set_data_from_numpy(np.asarray([[value]], dtype=dtype))
-            return t
-
-        raw = text if isinstance(text, bytes) else text.encode("utf-8")
-        inputs = [tensor("text", raw, np.object_, "BYTES")]
-        if session_id is not None:
-            sid = session_id if isinstance(session_id, bytes) else session_id.encode("utf-8")
-            inputs.append(tensor("session_id", sid, np.object_, "BYTES"))
-        if max_new_tokens is not None:
-            inputs.append(tensor("max_new_tokens", max_new_tokens, np.int32, "INT32"))
-        if temperature is not None:
-            inputs.append(tensor("temperature", temperature, np.float32, "FP32"))
-        if top_p is not None:
-            inputs.append(tensor("top_p", top_p, np.float32, "FP32"))
-        return inputs
-
     def _events(self, text, session_id, priority, max_new_tokens, temperature, top_p, seed):
-        inputs = self._inputs(text, session_id, max_new_tokens, temperature, top_p)
+        request = stream_request(self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed)
         responses: queue.Queue = queue.Queue()
         done = threading.Event()
 
         def callback(result, error):
             responses.put((result, error))
 
-        parameters = {PRIORITY_PARAMETER: int(priority)}
-        if seed is not None:
-            parameters["seed"] = int(seed)
         client = grpcclient.InferenceServerClient(self.url)
         try:
             # Not the `triton_grpc_error` header: streams it ends with an error status can crash
             # Triton 2.51 (README, "Reliability"); the code comes in the message instead.
             try:
                 client.start_stream(callback=callback)
-                client.async_stream_infer(self.model, inputs, request_id=f"{os.getpid()}-{next(_ids)}",
-                                          priority=int(priority), parameters=parameters,
-                                          outputs=[grpcclient.InferRequestedOutput("text_output"),
-                                                   grpcclient.InferRequestedOutput("stats")])
+                client.async_stream_infer(**request)
             except InferenceServerException as e:  # no stream: the server is down or unreachable
                 done.set()
                 code = error_of(e)[0] or "UNAVAILABLE"
@@ -155,14 +173,88 @@ class ChatClient:
                     done.set()  # an error response is the request's last
                     code, message = error_of(error)
                     raise ChatError(message, code)
-                text_out = result.as_numpy("text_output")
-                if text_out is not None:
-                    delta = text_out.reshape(-1)[0]
-                    if delta:
-                        yield delta.decode("utf-8")
-                stats = result.as_numpy("stats")
+                delta, stats = parse_response(result)
+                if delta:
+                    yield delta
                 if stats is not None:
                     done.set()
-                    yield ChatStats.from_json(stats.reshape(-1)[0])
+                    yield stats
         finally:
             close_stream(client, cancel=not done.is_set())
+
+
+class AsyncChatClient:
+    """The asyncio twin of ``ChatClient`` for services and load generators that hold many chats
+    at once: every chat is a stream on one shared gRPC channel, where ``ChatClient`` opens a
+    channel and a receiving thread per chat. Create and use it inside one running event loop.
+
+        async with AsyncChatClient("127.0.0.1:8001") as client:
+            async for event in client.stream("Where is my order?", priority=1):
+                ...  # str deltas, then one ChatStats
+    """
+
+    def __init__(self, url: str = "127.0.0.1:8001", model: str = "chat", timeout_s: float = 120.0):
+        self.url = url
+        self.model = model
+        self.timeout_s = timeout_s
+        self._client = aiogrpc.InferenceServerClient(url)
+
+    async def __aenter__(self) -> "AsyncChatClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def chat(self, text: str, session_id: str | None = None, priority: int = 2,
+                   max_new_tokens: int | None = None, temperature: float | None = None,
+                   top_p: float | None = None, seed: int | None = None) -> ChatReply:
+        """The whole answer. Raises ``ChatError`` on refusal."""
+        parts, stats = [], None
+        async for event in self.stream(text, session_id, priority, max_new_tokens, temperature, top_p, seed):
+            if isinstance(event, ChatStats):
+                stats = event
+            else:
+                parts.append(event)
+        return ChatReply("".join(parts), stats)
+
+    async def stream(self, text: str, session_id: str | None = None, priority: int = 2,
+                     max_new_tokens: int | None = None, temperature: float | None = None,
+                     top_p: float | None = None, seed: int | None = None) -> AsyncIterator[str | ChatStats]:
+        """Text deltas (str) ending with one ``ChatStats``; leaving early cancels the chat."""
+        request = stream_request(self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed)
+        answered = asyncio.Event()
+
+        async def requests():
+            yield request
+            await answered.wait()  # our half of the stream stays open until the answer is complete
+
+        responses = self._client.stream_infer(requests())
+        done = False
+        try:
+            while not done:
+                try:
+                    result, error = await asyncio.wait_for(responses.__anext__(), self.timeout_s)
+                except asyncio.TimeoutError:
+                    raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
+                except StopAsyncIteration:
+                    raise ChatError(f"{self.url} closed the stream before the answer was complete",
+                                    "UNAVAILABLE") from None
+                except grpc.aio.AioRpcError as e:  # the server is down or unreachable
+                    raise ChatError(f"could not send to {self.url}: {e.details()}", e.code().name) from None
+                if error is not None:
+                    done = True  # an error response is the request's last
+                    code, message = error_of(error)
+                    raise ChatError(message, code)
+                delta, stats = parse_response(result)
+                if delta:
+                    yield delta
+                if stats is not None:
+                    done = True
+                    yield stats
+        finally:
+            answered.set()
+            if not done:
+                responses.cancel()

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from switchboard.client import ChatClient, ChatError
+from switchboard.client import AsyncChatClient, ChatClient, ChatError, ChatReply
 
 
 @dataclass
@@ -30,10 +30,27 @@ def timed_chat(client: ChatClient, text: str, **kw) -> Outcome:
         return Outcome(False, time.monotonic() - t0, priority, reason=e.code or "ERROR")
     except Exception as e:  # e.g. the server is gone: tritonclient raises before the stream opens
         return Outcome(False, time.monotonic() - t0, priority, reason=e.__class__.__name__)
+    return _outcome(reply, time.monotonic() - t0, priority)
+
+
+async def timed_chat_async(client: AsyncChatClient, text: str, **kw) -> Outcome:
+    """``timed_chat`` for the asyncio client."""
+    t0 = time.monotonic()
+    priority = kw.get("priority", 2)
+    try:
+        reply = await client.chat(text, **kw)
+    except ChatError as e:
+        return Outcome(False, time.monotonic() - t0, priority, reason=e.code or "ERROR")
+    except Exception as e:
+        return Outcome(False, time.monotonic() - t0, priority, reason=e.__class__.__name__)
+    return _outcome(reply, time.monotonic() - t0, priority)
+
+
+def _outcome(reply: ChatReply, seconds: float, priority: int) -> Outcome:
     raw = reply.stats.raw
     ok = bool(reply.text.strip())
-    return Outcome(ok, time.monotonic() - t0, priority, raw.get("fallback", False),
-                   raw.get("fallback_reason") if ok else "EMPTY", raw)
+    return Outcome(ok, seconds, priority, raw.get("fallback", False), raw.get("fallback_reason") if ok else "EMPTY",
+                   raw)
 
 
 def percentile(values: list[float], q: float) -> float | None:

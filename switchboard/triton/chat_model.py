@@ -123,7 +123,8 @@ class TritonPythonModel:
                                    reserved=params.int("max_inflight_reserved", 16, 0, 1024),
                                    max_pending=params.int("max_pending", 1024, 0, 1 << 20),
                                    max_wait_s=params.float("max_queue_wait_s", 5.0, 0.0, 600),
-                                   run=self._serve, shed=self._shed)
+                                   run=self._serve, shed=self._shed,
+                                   shed_workers=params.int("shed_workers", 8, 1, 256))
 
     # -- requests -------------------------------------------------------------------------
     def execute(self, requests):
