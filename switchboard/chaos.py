@@ -61,9 +61,10 @@ def finish(stop, threads):
         t.join(120)
 
 
-def burst(url: str, questions, rate: float, seconds: float, vip_share: float = 0.15):
+def burst(url: str, questions, rate: float, seconds: float, vip_share: float):
     """Open-loop Poisson arrivals at ``rate`` for ``seconds``, each chat a stream on one asyncio
-    channel (a thread per chat cost the generator ~10 ms of CPU per chat on the server's cores)."""
+    channel (a thread per chat cost the generator 8-10 ms of CPU per chat on the server's cores
+    and fell tens of seconds behind schedule)."""
     return asyncio.run(_burst(url, questions, rate, seconds, vip_share))
 
 
