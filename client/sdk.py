@@ -104,8 +104,12 @@ def stream_request(model: str, text, session_id, priority: int, max_new_tokens, 
             "outputs": [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("stats")]}
 
 
-def parse_response(result) -> tuple[str, ChatStats | None]:
-    """(text delta, stats if this is the last response) of one streamed response."""
+def parse_response(result, error) -> tuple[str, ChatStats | None]:
+    """(text delta, stats if this is the last response) of one streamed response; an error
+    response (always the request's last) raises ``ChatError``."""
+    if error is not None:
+        code, message = error_of(error)
+        raise ChatError(message, code)
     delta, stats = "", None
     text_out = result.as_numpy("text_output")
     if text_out is not None:
@@ -171,9 +175,7 @@ class ChatClient:
                     raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
                 if error is not None:
                     done.set()  # an error response is the request's last
-                    code, message = error_of(error)
-                    raise ChatError(message, code)
-                delta, stats = parse_response(result)
+                delta, stats = parse_response(result, error)
                 if delta:
                     yield delta
                 if stats is not None:
@@ -244,11 +246,8 @@ class AsyncChatClient:
                                     "UNAVAILABLE") from None
                 except grpc.aio.AioRpcError as e:  # the server is down or unreachable
                     raise ChatError(f"could not send to {self.url}: {e.details()}", e.code().name) from None
-                if error is not None:
-                    done = True  # an error response is the request's last
-                    code, message = error_of(error)
-                    raise ChatError(message, code)
-                delta, stats = parse_response(result)
+                done = error is not None  # an error response is the request's last
+                delta, stats = parse_response(result, error)
                 if delta:
                     yield delta
                 if stats is not None:
