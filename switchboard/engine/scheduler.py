@@ -1,10 +1,17 @@
 """The generation loop: priority admission, iteration-level batching, streaming callbacks.
 
-Each iteration admits waiting sequences (lowest priority number first, then arrival order)
-while the batch has room (``priority_slots`` rows are kept for priority 1), prefills them
-together on top of their cached prefixes, merges them into the running batch, and runs one
-decode step for everybody. Finished rows leave between steps. Nothing here knows Triton:
-results go to a ``Sink``.
+Each iteration works on one *lane*, a running batch with its own KV cache: it admits waiting
+sequences (lowest priority number first, then arrival order) while there is room
+(``priority_slots`` rows are kept for priority 1) and prefills them together on top of their
+cached prefixes, or else runs one decode step for the lane's rows. Finished rows leave
+between steps. Nothing here knows Triton: results go to a ``Sink``.
+
+Priority 1 has its own lane when ``preempt_steps`` > 0. While it has work its iterations come
+first, and priority 2's lane gets one iteration after every ``preempt_steps`` of them, so
+priority 2 is slowed, never starved. A priority-1 token then costs a step at priority 1's own
+batch size, not one in a full priority-2 batch with priority-2 prefills in between: under a 5x
+burst this halved priority 1's time in the engine (README, "Priority 1 under a burst").
+``preempt_steps`` 0 is one shared lane for all priorities.
 """
 
 from __future__ import annotations
@@ -58,6 +65,12 @@ class Sink(Protocol):
 
 
 @dataclass
+class _Lane:
+    running: list["_Sequence"] = field(default_factory=list)
+    batch: KVBatch | None = None
+
+
+@dataclass
 class _Sequence:
     request: GenerationRequest
     sink: Sink
@@ -75,7 +88,7 @@ STAT_KEYS = ("prefill_batches", "prefill_tokens", "prefill_padded_tokens", "deco
 
 class Engine:
     def __init__(self, decoder: OnnxDecoder, max_batch: int, max_waiting: int, stop_ids: set[int],
-                 priority_slots: int = 0):
+                 priority_slots: int = 0, preempt_steps: int = 0):
         m = decoder.manifest
         self.decoder = decoder
         self.max_batch = max_batch
@@ -89,8 +102,9 @@ class Engine:
         self._waiting: list[tuple[int, int, _Sequence]] = []
         self._order = itertools.count()
         self._cv = threading.Condition()
-        self._running: list[_Sequence] = []
-        self._batch: KVBatch | None = None
+        self.preempt_steps = max(0, preempt_steps)
+        self._urgent, self._normal = _Lane(), _Lane()   # priority 1 (when preempting); the rest
+        self._urgent_streak = 0                         # priority-1 iterations in a row
         self._stop = False
         self._thread: threading.Thread | None = None
         self.stats = Counter({k: 0 for k in STAT_KEYS})  # written by the loop thread only
@@ -138,7 +152,13 @@ class Engine:
             except RuntimeError:  # the loop thread added a key while we copied
                 continue
         with self._cv:
-            return stats, sizes, len(self._waiting), len(self._running)
+            return stats, sizes, len(self._waiting), self.running()
+
+    def running(self) -> int:
+        return len(self._urgent.running) + len(self._normal.running)
+
+    def _lane(self, priority: int) -> _Lane:
+        return self._urgent if priority <= 1 and self.preempt_steps else self._normal
 
     # -- the loop --------------------------------------------------------------------------
     def start(self) -> None:
@@ -151,41 +171,63 @@ class Engine:
             self._cv.notify_all()
         if self._thread:
             self._thread.join(timeout)
-        for seq in self._running + [s for _, _, s in self._waiting]:
+        for seq in self._urgent.running + self._normal.running + [s for _, _, s in self._waiting]:
             seq.sink.on_error(RuntimeError("engine stopped"))
-        self._running, self._waiting, self._batch = [], [], None
+        self._waiting, self._urgent, self._normal = [], _Lane(), _Lane()
 
     def _loop(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._stop or self._waiting or self._running)
+                self._cv.wait_for(lambda: self._stop or self._waiting or self.running())
                 if self._stop:
                     return
             try:
                 self.step()
             except Exception as e:  # a runtime failure fails the batch, not the engine
                 log.exception("generation step failed")
-                for seq in self._running:
-                    seq.sink.on_error(e)
-                self._running, self._batch = [], None
+                for lane in (self._urgent, self._normal):
+                    for seq in lane.running:
+                        seq.sink.on_error(e)
+                    lane.running, lane.batch = [], None
 
     def step(self) -> None:
-        """One iteration: admit and prefill, then one decode step for the running batch."""
+        """One iteration on one lane: admit and prefill, or else one decode step."""
         t0 = time.perf_counter()
-        admitted = self._admit()
+        lane = self._turn()
+        admitted = self._admit(lane)
         if admitted:
-            self._prefill(admitted)
-        elif self._running:
-            self._decode()
-        self._retire()
+            self._prefill(lane, admitted)
+        elif lane.running:
+            self._decode(lane)
+        self._retire(lane)
         self.stats["busy_s"] += time.perf_counter() - t0
 
-    def _admit(self) -> list[_Sequence]:
+    def _turn(self) -> _Lane:
+        """The lane this iteration works on."""
+        if not self.preempt_steps:
+            return self._normal
+        with self._cv:
+            urgent_waiting = bool(self._waiting) and self._waiting[0][0] <= 1
+            normal_waiting = any(p > 1 for p, _, _ in self._waiting)
+        idle = not self._urgent.running and (not urgent_waiting or self.running() >= self.max_batch)
+        if idle:  # nothing priority 1 could do this iteration
+            self._urgent_streak = 0
+            return self._normal
+        if (self._normal.running or normal_waiting) and self._urgent_streak >= self.preempt_steps:
+            self._urgent_streak = 0
+            return self._normal
+        self._urgent_streak += 1
+        return self._urgent
+
+    def _admit(self, lane: _Lane) -> list[_Sequence]:
         with self._cv:
             out: list[_Sequence] = []
             while self._waiting:
-                limit = self.max_batch if self._waiting[0][0] <= 1 else self.max_batch - self.priority_slots
-                if len(self._running) + len(out) >= limit:
+                priority = self._waiting[0][0]
+                if self._lane(priority) is not lane:
+                    break  # priority 1 waits for its own lane's turn, the next iteration
+                limit = self.max_batch if priority <= 1 else self.max_batch - self.priority_slots
+                if self.running() + len(out) >= limit:
                     break
                 out.append(heapq.heappop(self._waiting)[2])
             if out:
@@ -201,7 +243,7 @@ class Engine:
             return True
         return False
 
-    def _prefill(self, seqs: list[_Sequence]) -> None:
+    def _prefill(self, lane: _Lane, seqs: list[_Sequence]) -> None:
         layers, heads, dim = self._shape
         t0 = time.perf_counter()
         ids, mask, pos, past, next_pos = prefill_inputs(
@@ -214,24 +256,24 @@ class Engine:
         self.stats["prefill_padded_tokens"] += int(ids.size)
         for seq in seqs:
             seq.prefill_ms = elapsed
-            seq.admitted_with = len(self._running) + len(seqs)
+            seq.admitted_with = len(lane.running) + len(seqs)
             seq.request.past = None  # the batch owns the cache now
         new = KVBatch(present, mask, next_pos)
-        self._batch = new if self._batch is None else self._batch.merge(new)
-        self._running.extend(seqs)
+        lane.batch = new if lane.batch is None else lane.batch.merge(new)
+        lane.running.extend(seqs)
         self._emit(seqs, logits[:, -1, :])
 
-    def _decode(self) -> None:
-        b = self._batch
-        tokens = np.asarray([[s.tokens[-1]] for s in self._running], np.int64)
+    def _decode(self, lane: _Lane) -> None:
+        b = lane.batch
+        tokens = np.asarray([[s.tokens[-1]] for s in lane.running], np.int64)
         mask = np.concatenate([b.mask, np.ones((b.size, 1), b.mask.dtype)], axis=1)
         logits, present = self.decoder.forward(tokens, mask, b.next_pos[:, None], b.kv)
-        self._batch = KVBatch(present, mask, b.next_pos + 1)
+        lane.batch = KVBatch(present, mask, b.next_pos + 1)
         self.stats["decode_steps"] += 1
         self.stats["decode_padded_columns"] += int(mask.size - mask.sum())
         self.stats["decode_columns"] += int(mask.size)
         self.batch_sizes[b.size] += 1
-        self._emit(self._running, logits[:, -1, :])
+        self._emit(lane.running, logits[:, -1, :])
 
     def _emit(self, seqs: list[_Sequence], last_logits: np.ndarray) -> None:
         """``last_logits[i]`` is the next-token distribution of ``seqs[i]``."""
@@ -245,35 +287,35 @@ class Engine:
                 log.exception("sink failed; dropping the sequence")
                 seq.tokens.append(-1)
 
-    def _finished(self, seq: _Sequence, row: int) -> str | None:
+    def _finished(self, lane: _Lane, seq: _Sequence, row: int) -> str | None:
         if seq.tokens and seq.tokens[-1] == -1:
             return "error"
         if seq.tokens and seq.tokens[-1] in self.stop_ids:
             return "stop"
         if len(seq.tokens) >= seq.request.max_new_tokens:
             return "length"
-        if int(self._batch.next_pos[row]) >= self.context_window:
+        if int(lane.batch.next_pos[row]) >= self.context_window:
             return "length"
         if seq.sink.cancelled():
             return "cancelled"
         return None
 
-    def _retire(self) -> None:
+    def _retire(self, lane: _Lane) -> None:
         keep = []
-        for row, seq in enumerate(self._running):
-            reason = self._finished(seq, row)
+        for row, seq in enumerate(lane.running):
+            reason = self._finished(lane, seq, row)
             if reason is None:
                 keep.append(row)
                 continue
             if reason == "error":
                 continue
-            cache = self._batch.row_cache(row) if seq.request.return_cache else None
+            cache = lane.batch.row_cache(row) if seq.request.return_cache else None
             self.stats["finished_" + reason] += 1
             try:
                 seq.sink.on_finish(GenerationResult(seq.tokens, reason, cache, seq.queue_ms, seq.prefill_ms,
                                                     seq.admitted_with))
             except Exception:
                 log.exception("sink failed at finish")
-        if len(keep) != len(self._running):
-            self._running = [self._running[i] for i in keep]
-            self._batch = self._batch.select(keep) if keep else None
+        if len(keep) != len(lane.running):
+            lane.running = [lane.running[i] for i in keep]
+            lane.batch = lane.batch.select(keep) if keep else None

@@ -5,6 +5,10 @@ to the server process, which handles them one after another. One send per token 
 one cancellation check per row per step made those round trips, not the model, the limit
 under load (README, "Priority 1 under a burst"). So:
 
+- ``Outbox`` takes the sends off the engine loop: the loop only queues tokens; one sender
+  thread sends them, priority 1 first, each stream's queued tokens in one response. While the
+  server answers round trips quickly every token goes alone; when it is slow, tokens coalesce
+  instead of the decode loop (and every row's next token) waiting on each send.
 - ``TokenStream`` holds a sequence's tokens back until ``interval_s`` has passed since its
   last send (the first token always goes at once, so time to first token is untouched);
   priority 1 uses interval 0, one send per token.
@@ -14,6 +18,9 @@ under load (README, "Priority 1 under a burst"). So:
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import threading
 import time
 from typing import Callable
 
@@ -55,3 +62,49 @@ class CancelPoll:
             self._checked_at = now
             self._cancelled = bool(self._check())
         return self._cancelled
+
+
+class Outbox:
+    """Tokens and finals queued by the engine loop, taken by one sender thread.
+
+    ``put`` never blocks on I/O. ``take`` returns the highest-priority stream with anything
+    queued (lowest priority number, then the one waiting longest), with all its queued tokens
+    and, if the stream ended, its final item; a stream's items therefore leave in order.
+    """
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._pending: dict[object, list] = {}     # key -> [tokens, final, has_final]
+        self._ready: list[tuple[int, int, object]] = []
+        self._seq = itertools.count()
+        self._closed = False
+
+    def put(self, key, priority: int, tokens: list[int] = (), final=None, end: bool = False) -> None:
+        with self._cv:
+            entry = self._pending.get(key)
+            if entry is None:
+                entry = self._pending[key] = [[], None, False]
+                heapq.heappush(self._ready, (priority, next(self._seq), key))
+                self._cv.notify()
+            entry[0].extend(tokens)
+            if end:
+                entry[1], entry[2] = final, True
+
+    def take(self, timeout: float | None = None):
+        """``(key, tokens, final, end)``, or None after ``timeout`` or once closed and empty."""
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._ready or self._closed, timeout) or not self._ready:
+                return None
+            _, _, key = heapq.heappop(self._ready)
+            tokens, final, end = self._pending.pop(key)
+            return key, tokens, final, end
+
+    def __len__(self) -> int:
+        with self._cv:
+            return len(self._ready)
+
+    def close(self) -> None:
+        """``take`` drains what is queued, then returns None."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()

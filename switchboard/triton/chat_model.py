@@ -250,7 +250,7 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
 
     def _generate(self, pool: str, prompt, past, chat):
-        """Stream the pool's responses as dicts of numpy outputs, each within its deadline."""
+        """Stream the pool's responses as dicts of outputs, each within its deadline."""
         inputs = [pb_utils.Tensor("input_ids", np.asarray([prompt.ids], np.int32)),
                   pb_utils.Tensor("max_new_tokens", np.asarray([[prompt.max_new_tokens]], np.int32)),
                   pb_utils.Tensor("temperature", np.asarray([[chat.temperature]], np.float32)),
@@ -265,27 +265,30 @@ class TritonPythonModel:
         bls = pb_utils.InferenceRequest(model_name=pool, inputs=inputs, parameters=parameters,
                                         requested_output_names=["token_ids", "kv", "stats"],
                                         timeout=int(self.first_token_s * 1e6))
-        for response in self._bounded(pool, bls):
-            if response.has_error():
-                raise EngineError(f"{pool}: {untag(response.error().message())[1]}")
-            out = {}
-            for name in ("token_ids", "kv", "stats"):
-                tensor = pb_utils.get_output_tensor_by_name(response, name)
-                if tensor is None:
-                    continue
-                array = tensor.as_numpy()
-                if name == "token_ids":
-                    out[name] = array.reshape(-1).tolist()
-                elif name == "kv":
-                    out[name] = array.reshape(array.shape[-5:])
-                else:
-                    out[name] = json.loads(array.reshape(-1)[0])
-            yield out
+        # Responses that queued while this chat waited for its turn to send go out as one.
+        for responses in self._bounded(pool, bls):
+            merged: dict = {}
+            for response in responses:
+                if response.has_error():
+                    raise EngineError(f"{pool}: {untag(response.error().message())[1]}")
+                for name in ("token_ids", "kv", "stats"):
+                    tensor = pb_utils.get_output_tensor_by_name(response, name)
+                    if tensor is None:
+                        continue
+                    array = tensor.as_numpy()
+                    if name == "token_ids":
+                        merged.setdefault(name, []).extend(array.reshape(-1).tolist())
+                    elif name == "kv":
+                        merged[name] = array.reshape(array.shape[-5:])
+                    else:
+                        merged[name] = json.loads(array.reshape(-1)[0])
+            yield merged
 
     def _bounded(self, pool: str, bls):
-        """The BLS stream, read on a helper thread so that a pool that never answers (its stub
-        died mid-request: Triton 2.51 then never completes the stream) costs a timeout, not a
-        hung chat. An abandoned stream is drained and dropped by its helper thread."""
+        """The BLS stream in batches: every response that has arrived (at least one). Read on a
+        helper thread so that a pool that never answers (its stub died mid-request: Triton 2.51
+        then never completes the stream) costs a timeout, not a hung chat. An abandoned stream
+        is drained and dropped by its helper thread."""
         responses: queue.Queue = queue.Queue()
         # exec() here, on the chat's thread: called from the helper thread it stalled ~0.5 s.
         stream = bls.exec(decoupled=True)
@@ -303,15 +306,21 @@ class TritonPythonModel:
         while True:
             wait = self.first_token_s if first else self.stall_s
             try:
-                item = responses.get(timeout=wait)
+                batch = [responses.get(timeout=wait)]
             except queue.Empty:
                 what = "no first response" if first else "stream stalled"
                 raise EngineTimeout(f"{pool}: {what} within {wait:g} s") from None
-            if item is None:
+            while batch[-1] is not None and not isinstance(batch[-1], Exception) and not responses.empty():
+                batch.append(responses.get_nowait())
+            end = batch[-1] is None
+            if end:
+                batch.pop()
+            if batch and isinstance(batch[-1], Exception):
+                raise EngineError(f"{pool}: {batch[-1]}")
+            if batch:
+                yield batch
+            if end:
                 return
-            if isinstance(item, Exception):
-                raise EngineError(f"{pool}: {item}")
-            yield item
             first = False
 
     def _send_text(self, sender, text: str, priority: int) -> None:

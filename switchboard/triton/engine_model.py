@@ -3,7 +3,8 @@
 Requests come from ``chat`` over BLS: prompt ids, the cached KV of the prompt's prefix,
 sampling settings, and (as request parameters) the priority and the model fingerprint the
 cache was written with. ``execute`` hands them to the engine's scheduler and returns; the
-engine thread streams one response per token and a final one with the KV cache and stats.
+engine thread queues each row's tokens and a sender thread streams them, priority 1 first, then
+a final response with the KV cache and stats.
 When the engine's own queue is full, ``execute`` waits, so the overflow stays in Triton's
 queue where the pool's queue policy (timeouts, maximum size) applies.
 """
@@ -19,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
-from switchboard.engine.stream import CancelPoll, TokenStream
+from switchboard.engine.stream import Outbox, TokenStream
 from switchboard.manifest import Manifest
 from switchboard.params import Params
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
@@ -29,30 +30,122 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class _Sink:
-    def __init__(self, request, sender, stream: TokenStream, cancel_poll_s: float):
-        self.sender = sender
-        self.stream = stream
-        self.cancelled = CancelPoll(request.is_cancelled, cancel_poll_s)
+    """One sequence's way back to ``chat``. The engine loop calls ``on_*`` (they only queue);
+    the sender thread calls ``deliver``."""
+
+    def __init__(self, request, sender, priority: int, outbox: Outbox, stream: TokenStream, watch: _CancelWatch):
+        self.request, self.sender, self.priority, self.outbox, self.stream = request, sender, priority, outbox, stream
+        self.watch, self.watched = watch, False
+        self.broken = False           # a send failed (sender thread)
+        self.cancel_seen = False      # the client cancelled (CancelWatch)
+        # Guards `done`: Triton 2.51 segfaults in is_cancelled() on a request whose final
+        # response was sent, so CancelWatch asks only while holding this and not done.
+        self.lock = threading.Lock()
+        self.done = False
+
+    def cancelled(self) -> bool:
+        # Watched from the engine's first question on (admission), so the round trips scale
+        # with the running batch, not with every request waiting behind it.
+        if not self.watched:
+            self.watched = True
+            self.watch.add(self)
+        return self.broken or self.cancel_seen
 
     def on_tokens(self, ids: list[int]) -> None:
         ids = self.stream.add(ids)
         if ids:
-            out = pb_utils.Tensor("token_ids", np.asarray([ids], np.int32))
-            self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+            self.outbox.put(self, self.priority, ids)
 
     def on_finish(self, result: GenerationResult) -> None:
+        self.outbox.put(self, self.priority, self.stream.rest(), result, end=True)
+
+    def on_error(self, error: Exception) -> None:
+        self.outbox.put(self, self.priority, (), error, end=True)
+
+    def deliver(self, ids: list[int], final, end: bool) -> None:
+        if not end:
+            out = pb_utils.Tensor("token_ids", np.asarray([ids], np.int32))
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+        elif isinstance(final, Exception):
+            send_error(self.sender, f"generation failed: {final.__class__.__name__}")
+        else:
+            self.sender.send(self._final(final, ids), flags=FINAL)
+
+    @staticmethod
+    def _final(result: GenerationResult, ids: list[int]):
         stats = {"reason": result.reason, "generated": len(result.tokens), "queue_ms": round(result.queue_ms, 2),
                  "prefill_ms": round(result.prefill_ms, 2), "batch_size": result.batch_size_at_admission}
         outputs = [pb_utils.Tensor("stats", np.asarray([[json.dumps(stats).encode()]], np.object_))]
-        held = self.stream.rest()
-        if held and result.reason != "cancelled":
-            outputs.append(pb_utils.Tensor("token_ids", np.asarray([held], np.int32)))
+        if ids and result.reason != "cancelled":
+            outputs.append(pb_utils.Tensor("token_ids", np.asarray([ids], np.int32)))
         if result.cache is not None:
             outputs.append(pb_utils.Tensor("kv", result.cache[None]))
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL)
+        return pb_utils.InferenceResponse(output_tensors=outputs)
 
-    def on_error(self, error: Exception) -> None:
-        send_error(self.sender, f"generation failed: {error.__class__.__name__}")
+
+class _CancelWatch:
+    """Asks Triton every ``interval_s`` whether each live request was cancelled, on its own
+    thread: ``is_cancelled`` is a round trip to the server that the engine loop must not wait on."""
+
+    def __init__(self, name: str, interval_s: float):
+        self.interval_s = max(interval_s, 0.001)
+        self._live: set[_Sink] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-cancel-watch", daemon=True)
+        self._thread.start()
+
+    def add(self, sink: _Sink) -> None:
+        with self._lock:
+            self._live.add(sink)
+
+    def discard(self, sink: _Sink) -> None:
+        with self._lock:
+            self._live.discard(sink)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                live = list(self._live)
+            for sink in live:
+                with sink.lock:
+                    if sink.done:
+                        continue
+                    try:
+                        if sink.request.is_cancelled():
+                            sink.cancel_seen = True
+                    except Exception:  # the request is gone: nobody to answer
+                        sink.cancel_seen = True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5 * self.interval_s + 1)
+
+
+class _Sender:
+    """The one thread that sends the engine's responses, priority 1 first (Outbox says why)."""
+
+    def __init__(self, name: str, watch: _CancelWatch):
+        self.outbox, self.watch = Outbox(), watch
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-sender", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while (item := self.outbox.take()) is not None:
+            sink, ids, final, end = item
+            if end:
+                self.watch.discard(sink)
+                with sink.lock:
+                    sink.done = True
+            try:
+                sink.deliver(ids, final, end)
+            except Exception:  # the client is gone: the engine drops the sequence at its next step
+                log.exception("send failed; dropping the sequence")
+                sink.broken = True
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.outbox.close()
+        self._thread.join(timeout)
 
 
 _DESCRIPTIONS = {
@@ -140,7 +233,7 @@ class TritonPythonModel:
         self.fingerprint = self.manifest.variant(precision)["fingerprint"]
         runtime = params.str("runtime", "onnxruntime")
         if runtime == "onnxruntime":
-            decoder = OnnxDecoder(version, self.manifest, precision, threads=params.int("threads", 2, 1, 64))
+            decoder = OnnxDecoder(version, self.manifest, precision, threads=params.int("threads", 1, 1, 64))
         elif runtime.startswith("triton:"):  # NVIDIA's container: native backend on the GPU
             from switchboard.triton.bls_decoder import BlsDecoder
 
@@ -155,18 +248,21 @@ class TritonPythonModel:
             device = runtime.split(":", 1)[1] if ":" in runtime else "cpu"
             if device == "cuda" and args.get("model_instance_kind") == "GPU":
                 device = f"cuda:{args['model_instance_device_id']}"
-            decoder = TorchDecoder(checkpoint, self.manifest, device, threads=params.int("threads", 2, 1, 64))
+            decoder = TorchDecoder(checkpoint, self.manifest, device, threads=params.int("threads", 1, 1, 64))
         else:
             raise ValueError(f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
                              "expected onnxruntime, torch[:cpu|cuda] or triton:<model>")
         self.engine = Engine(decoder, max_batch=params.int("max_batch", 8, 1, 256),
                              max_waiting=params.int("max_waiting", 32, 1, 4096),
                              priority_slots=params.int("priority_slots", 1, 0, 256),
+                             preempt_steps=params.int("preempt_steps", 4, 0, 1 << 20),
                              stop_ids=set(self.manifest.eos_token_ids))
         # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
         # one send per token (switchboard/engine/stream.py says why).
         self.stream_interval_s = params.float("stream_interval_ms", 50.0, 0.0, 10000) / 1000
         self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
+        self.watch = _CancelWatch(self.name, self.cancel_poll_s)
+        self.sender = _Sender(self.name, self.watch)
         self.engine.start()
         self.metrics = EngineMetrics(self.name, self.engine)
         log.info("%s ready: %s %s, max batch %d", self.name, self.manifest.name, precision, self.engine.max_batch)
@@ -187,7 +283,7 @@ class TritonPythonModel:
                 send_error(sender, "cancelled", "CANCELLED")
                 continue
             stream = TokenStream(0.0 if req.priority <= 1 else self.stream_interval_s)
-            self.engine.submit(req, _Sink(request, sender, stream, self.cancel_poll_s))
+            self.engine.submit(req, _Sink(request, sender, req.priority, self.sender.outbox, stream, self.watch))
         return None
 
     def _parse(self, request) -> GenerationRequest:
@@ -220,3 +316,5 @@ class TritonPythonModel:
     def finalize(self):
         self.metrics.close()
         self.engine.stop()
+        self.sender.close()
+        self.watch.close()

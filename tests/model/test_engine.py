@@ -37,10 +37,10 @@ def model(artifacts):
     return manifest, OnnxDecoder(artifacts, manifest, "fp32", threads=2), TextTokenizer(artifacts)
 
 
-def engine(model, max_batch=8, priority_slots=0):
+def engine(model, max_batch=8, priority_slots=0, preempt_steps=0):
     manifest, decoder, _ = model
     return Engine(decoder, max_batch=max_batch, max_waiting=64, stop_ids=set(manifest.eos_token_ids),
-                  priority_slots=priority_slots)
+                  priority_slots=priority_slots, preempt_steps=preempt_steps)
 
 
 def prompt(model, *turns):
@@ -122,14 +122,39 @@ def test_a_reserved_slot_lets_priority_one_start_while_priority_two_fills_the_ba
         e.submit(GenerationRequest(p, 40), s)
     for _ in range(3):
         e.step()
-    assert len(e._running) == 2 and e.waiting() == 2, "priority 2 may fill all but the reserved row"
+    assert e.running() == 2 and e.waiting() == 2, "priority 2 may fill all but the reserved row"
     vip = Sink(name="p1")
     e.submit(GenerationRequest(p, 4, priority=1), vip)
     e.step()
-    assert len(e._running) == 3 and e.waiting() == 2, "priority 1 starts at the next step"
+    assert e.running() == 3 and e.waiting() == 2, "priority 1 starts at the next step"
     while vip.result is None:
         e.step()
     assert all(s.result is None for s in background), "the VIP finished before any priority-2 answer"
+
+
+def test_priority_one_decodes_in_its_own_batch_while_priority_two_slows_but_advances(model):
+    background_prompt, vip_prompt = prompt(model, ("user", QUESTIONS[0])), prompt(model, ("user", QUESTIONS[2]))
+    alone = run(engine(model), [GenerationRequest(vip_prompt, 12)])[0].tokens
+    e = engine(model, max_batch=4, priority_slots=1, preempt_steps=2)
+    background = [Sink() for _ in range(3)]
+    for s in background:
+        e.submit(GenerationRequest(background_prompt, 80), s)
+    e.step()  # one prefill for the three
+    e.batch_sizes.clear()
+    before = [len(s.tokens) for s in background]
+    vip = Sink()
+    e.submit(GenerationRequest(vip_prompt, 12, priority=1), vip)
+    iterations = 0
+    while vip.result is None:
+        e.step()
+        iterations += 1
+    assert vip.tokens == alone, "its own batch, same tokens"
+    assert set(e.batch_sizes) == {1, 3}, "priority 1 decoded alone, priority 2 in its own batch"
+    vip_iterations = len(vip.tokens)  # its prefill, then one decode step per further token
+    advanced = [len(s.tokens) - b for s, b in zip(background, before)]
+    assert advanced == [iterations - vip_iterations] * 3
+    assert advanced[0] >= (vip_iterations - 1) // 2, "one priority-2 step after every 2 of priority 1"
+    assert all(s.result is None for s in background)
 
 
 def test_invalid_requests_are_refused_before_queueing(model):
