@@ -76,15 +76,17 @@ output [
 ]
 
 # Priority 1 = live/VIP, 2 = default. Chats wait in chat's admission queue (by priority, at most
-# max_queue_wait_s, then the FAQ answers) and in the pools' engines (by the carried priority);
-# this queue only fills if execute itself falls behind, and rejects under the policy below.
+# max_queue_wait_s, then the FAQ answers) and in the pools' engines (by the carried priority).
+# This queue fills when chat holds priority 2 back (max_pending chats already wait for a slot or
+# their FAQ answer) and refuses under the policy below: full, or after 10 s, well inside a
+# client's 30 s, at no cost to chat.
 dynamic_batching {
   max_queue_delay_microseconds: 0
   priority_levels: 2
   default_priority_level: 2
   default_queue_policy {
     timeout_action: REJECT
-    default_timeout_microseconds: 60000000
+    default_timeout_microseconds: 10000000
     allow_timeout_override: true
     max_queue_size: 256
   }
@@ -105,6 +107,8 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # redis_tls_*_file: with a rediss:// redis_url, the CA to verify Redis (empty: system CAs) and
 # a client certificate and key where Redis requires them.
 # max_inflight_reserved: of the max_inflight generation slots, those only priority 1 may take.
+# max_pending: chats waiting for a slot or for their FAQ answer; beyond it priority 2 waits in
+# Triton's queue above.
 # cancel_poll_ms: how often a generating chat asks whether its client went away (each ask is
 # a round trip to the server process).
 # shed_workers: threads answering from the FAQ; each answer waits on a round trip to the

@@ -9,6 +9,12 @@ from the FAQ. So under any burst every request is answered or refused within a b
 nothing waits without limit, and a priority-1 chat waits at most for one generation slot to
 free up.
 
+Answers leave at a bounded rate (each is a round trip to the server), so shed chats can pile
+up faster than they are answered: at 5x a capacity of 61 chats/s, FAQ answers fell past the
+30 s deadline. ``wait_for_room`` lets ``chat``'s ``execute`` hold back new priority-2 chats
+while ``max_pending`` chats wait for a slot or for their answer; they then wait in Triton's
+queue, which refuses them (queue full, or its timeout) without a round trip to the stub.
+
 Waiting happens here rather than in Triton's queue in front of the model because Triton
 rejects a queued request without the model ever seeing it (no fallback answer is possible);
 Triton's own queue policy stays as the backstop.
@@ -52,6 +58,7 @@ class Admission:
         self._heap: list[_Pending] = []
         self._seq = itertools.count()
         self._inflight = 0
+        self._shedding = 0    # handed to the shed workers, not yet answered
         self._cv = threading.Condition()
         self._stop = False
         self._runners = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="chat")
@@ -64,6 +71,12 @@ class Admission:
         with self._cv:
             heapq.heappush(self._heap, _Pending(priority, next(self._seq), self._clock() + self.max_wait_s, job))
             self._cv.notify()
+
+    def wait_for_room(self, timeout: float) -> bool:
+        """Wait until fewer than ``max_pending`` chats wait for a slot or a shed answer."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._stop or len(self._heap) + self._shedding < self.max_pending,
+                                     timeout)
 
     def pending(self) -> int:
         with self._cv:
@@ -98,14 +111,23 @@ class Admission:
                     start.append(heapq.heappop(self._heap))
                     self._inflight += 1
                     self.counts["admitted"] += 1
+                self._shedding += len(shed)
                 if not start and not shed:
                     timeout = min((p.deadline for p in self._heap), default=now + 1.0) - now
                     self._cv.wait(max(timeout, 0.001))
                     continue
             for p, reason in shed:
-                self._shedders.submit(self._guard, self._shed, p.job, reason)
+                self._shedders.submit(self._shed_and_count, p.job, reason)
             for p in start:
                 self._runners.submit(self._run_and_release, p.job)
+
+    def _shed_and_count(self, job, reason: str) -> None:
+        try:
+            self._guard(self._shed, job, reason)
+        finally:
+            with self._cv:
+                self._shedding -= 1
+                self._cv.notify_all()
 
     def _limit(self, priority: int) -> int:
         return self.max_inflight if priority <= 1 else self.max_inflight - self.reserved

@@ -136,8 +136,20 @@ class TritonPythonModel:
             except RequestError as e:
                 send_error(sender, str(e), "INVALID_ARG")
                 continue
+            if chat.priority > 1 and not self._wait_for_room(request):
+                send_error(sender, "cancelled by the client", "CANCELLED")
+                continue
             self.admission.submit(_Job(request, sender, chat, time.perf_counter()), chat.priority)
         return None
+
+    def _wait_for_room(self, request) -> bool:
+        """Backpressure (``Admission.wait_for_room``): a priority-2 chat waits here, and the chats
+        behind it in Triton's queue, which refuses them when full or timed out without costing this
+        stub a round trip. False: the client left meanwhile."""
+        while not self.admission.wait_for_room(timeout=1.0):
+            if request.is_cancelled():
+                return False
+        return True
 
     def _serve(self, job: _Job) -> None:
         request, sender, chat = job.request, job.sender, job.chat

@@ -175,3 +175,27 @@ def test_pool_health_routes_around_a_failed_pool_then_retries():
     now[0] = 31.0
     assert h.up("engine_short")
     assert h.order("engine_short", "engine_long") == ["engine_short", "engine_long"]
+
+
+def test_wait_for_room_holds_new_chats_while_max_pending_wait_for_a_slot_or_their_shed_answer():
+    release, shed = threading.Event(), []
+
+    def slow_shed(job, reason):
+        release.wait(5)
+        shed.append(job)
+
+    a = Admission(max_inflight=1, max_pending=2, max_wait_s=0.05, run=lambda job: release.wait(5), shed=slow_shed,
+                  shed_workers=1)
+    try:
+        a.submit("running", 2)
+        time.sleep(0.1)
+        assert a.inflight() == 1 and a.wait_for_room(0.5)
+        a.submit("shed-1", 2)
+        a.submit("shed-2", 2)
+        assert not a.wait_for_room(0.3), "two chats wait for their FAQ answer"
+        release.set()
+        assert a.wait_for_room(2.0)
+        assert sorted(shed) == ["shed-1", "shed-2"]
+    finally:
+        release.set()
+        a.close()
