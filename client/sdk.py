@@ -66,6 +66,11 @@ class ChatReply:
     stats: ChatStats
 
 
+# What Triton itself answers when the queue in front of a model is full or a request waited
+# past the queue policy's timeout (no status code reaches a stream client in 2.51).
+TRITON_QUEUE_REFUSALS = ("Exceeds maximum queue size", "Request timeout expired")
+
+
 def error_of(e: InferenceServerException) -> tuple[str | None, str]:
     """(gRPC status name or None, message) of an error from a stream: the code the model wrote
     at the head of its message (switchboard.status), else the gRPC status of the call itself
@@ -76,11 +81,6 @@ def error_of(e: InferenceServerException) -> tuple[str | None, str]:
     if code is None and any(m in message for m in TRITON_QUEUE_REFUSALS):
         code = "UNAVAILABLE"  # Triton's queue in front of chat refused it: overloaded, retry later
     return code, message
-
-
-# What Triton itself answers when the queue in front of a model is full or a request waited
-# past the queue policy's timeout (no status code reaches a stream client in 2.51).
-TRITON_QUEUE_REFUSALS = ("Exceeds maximum queue size", "Request timeout expired")
 
 
 def stream_request(model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p,

@@ -117,28 +117,22 @@ class Admission:
                     self._cv.wait(max(timeout, 0.001))
                     continue
             for p, reason in shed:
-                self._shedders.submit(self._shed_and_count, p.job, reason)
+                self._shedders.submit(self._call_then_count_down, "_shedding", self._shed, p.job, reason)
             for p in start:
-                self._runners.submit(self._run_and_release, p.job)
-
-    def _shed_and_count(self, job, reason: str) -> None:
-        try:
-            self._guard(self._shed, job, reason)
-        finally:
-            with self._cv:
-                self._shedding -= 1
-                self._cv.notify_all()
+                self._runners.submit(self._call_then_count_down, "_inflight", self._run, p.job)
 
     def _limit(self, priority: int) -> int:
         return self.max_inflight if priority <= 1 else self.max_inflight - self.reserved
 
-    def _run_and_release(self, job) -> None:
+    def _call_then_count_down(self, counter: str, fn, *args) -> None:
+        """Run a callback on a worker, then count it out of ``counter`` (``_inflight`` or
+        ``_shedding``) and wake the loop and ``wait_for_room``."""
         try:
-            self._guard(self._run, job)
+            self._guard(fn, *args)
         finally:
             with self._cv:
-                self._inflight -= 1
-                self._cv.notify()
+                setattr(self, counter, getattr(self, counter) - 1)
+                self._cv.notify_all()
 
     @staticmethod
     def _guard(fn, *args) -> None:

@@ -209,16 +209,19 @@ class Engine:
             return self._normal
         with self._cv:
             urgent_waiting = bool(self._waiting) and self._waiting[0][0] <= 1
-            normal_waiting = any(p > 1 for p, _, _ in self._waiting)
         idle = not self._urgent.running and (not urgent_waiting or self.running() >= self.max_batch)
         if idle:  # nothing priority 1 could do this iteration
             self._urgent_streak = 0
             return self._normal
-        if (self._normal.running or normal_waiting) and self._urgent_streak >= self.preempt_steps:
+        if self._urgent_streak >= self.preempt_steps and (self._normal.running or self._normal_waiting()):
             self._urgent_streak = 0
             return self._normal
         self._urgent_streak += 1
         return self._urgent
+
+    def _normal_waiting(self) -> bool:
+        with self._cv:
+            return any(p > 1 for p, _, _ in self._waiting)
 
     def _admit(self, lane: _Lane) -> list[_Sequence]:
         with self._cv:
