@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from switchboard.admission import Admission, PoolHealth, PriorityGate
+from switchboard.admission import Admission, PoolHealth, PriorityGate, send_rank
 from switchboard.detok import IncrementalDetokenizer
 from switchboard.engine.stream import CancelPoll
 from switchboard.fallback import FaqFallback
@@ -117,7 +117,7 @@ class TritonPythonModel:
         self.pool_health = PoolHealth(params.float("pool_retry_after_s", 30.0, 0.1, 3600))
 
     def _setup_admission(self, params: Params) -> None:
-        # Every response goes out through the gate, priority 1 first (PriorityGate says why).
+        # Every response goes out through the gate, priority 1 first (PriorityGate, send_rank say why).
         self.gate = PriorityGate()
         self.admission = Admission(max_inflight=params.int("max_inflight", 64, 1, 1024),
                                    reserved=params.int("max_inflight_reserved", 16, 0, 1024),
@@ -258,7 +258,7 @@ class TritonPythonModel:
         """The last response: the rest of the text (if any) and ``stats``."""
         final = [pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_)),
                  pb_utils.Tensor("stats", np.asarray([[json.dumps(stats).encode()]], np.object_))]
-        with self.gate(stats["priority"]):
+        with self.gate(send_rank(stats["priority"], final=True)):
             sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
 
     def _generate(self, pool: str, prompt, past, chat):
@@ -337,7 +337,7 @@ class TritonPythonModel:
 
     def _send_text(self, sender, text: str, priority: int) -> None:
         out = pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_))
-        with self.gate(priority):
+        with self.gate(send_rank(priority, final=False)):
             sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
 
     def finalize(self):

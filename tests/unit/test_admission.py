@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from switchboard.admission import Admission, PoolHealth, PriorityGate
+from switchboard.admission import Admission, PoolHealth, PriorityGate, send_rank
 
 
 class Recorder:
@@ -94,6 +94,28 @@ def test_the_gate_lets_waiters_in_by_priority_then_arrival():
     with gate(2):  # free again: no wait
         pass
     assert not gate._busy and not gate._waiting
+
+
+def test_a_whole_answer_goes_before_a_stream_delta_of_its_priority_but_never_before_priority_1():
+    gate = PriorityGate()
+    order, threads = [], []
+    gate.acquire(send_rank(2, final=False))
+
+    def wait(name, rank):
+        with gate(rank):
+            order.append(name)
+
+    for name, rank in [("p2-delta", send_rank(2, final=False)), ("p2-faq", send_rank(2, final=True)),
+                       ("vip-delta", send_rank(1, final=False)), ("p2-final", send_rank(2, final=True)),
+                       ("vip-final", send_rank(1, final=True))]:
+        t = threading.Thread(target=wait, args=(name, rank))
+        t.start()
+        threads.append(t)
+        assert wait_until(lambda: len(gate._waiting) == len(threads))
+    gate.release()
+    for t in threads:
+        t.join(5)
+    assert order == ["vip-final", "vip-delta", "p2-faq", "p2-final", "p2-delta"]
 
 
 def test_the_gate_is_released_when_the_holder_raises():
