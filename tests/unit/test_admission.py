@@ -73,41 +73,17 @@ def test_reserved_slots_start_priority_one_while_priority_two_waits():
         a.close()
 
 
-def test_the_gate_lets_waiters_in_by_priority_then_arrival():
-    gate = PriorityGate()
+def order_through_the_gate(gate: PriorityGate, held_rank, waiters: list[tuple[str, object]]) -> list[str]:
+    """Hold the gate while ``waiters`` (name, rank) line up one after another, release it, and
+    return the order they got through."""
     order, threads = [], []
-    gate.acquire(2)  # held while the waiters line up
-
-    def wait(name, priority):
-        with gate(priority):
-            order.append(name)
-
-    for name, priority in [("p2-a", 2), ("p2-b", 2), ("vip-a", 1), ("p2-c", 2), ("vip-b", 1)]:
-        t = threading.Thread(target=wait, args=(name, priority))
-        t.start()
-        threads.append(t)
-        assert wait_until(lambda: len(gate._waiting) == len(threads))
-    gate.release()
-    for t in threads:
-        t.join(5)
-    assert order == ["vip-a", "vip-b", "p2-a", "p2-b", "p2-c"]
-    with gate(2):  # free again: no wait
-        pass
-    assert not gate._busy and not gate._waiting
-
-
-def test_a_whole_answer_goes_before_a_stream_delta_of_its_priority_but_never_before_priority_1():
-    gate = PriorityGate()
-    order, threads = [], []
-    gate.acquire(send_rank(2, final=False))
+    gate.acquire(held_rank)
 
     def wait(name, rank):
         with gate(rank):
             order.append(name)
 
-    for name, rank in [("p2-delta", send_rank(2, final=False)), ("p2-faq", send_rank(2, final=True)),
-                       ("vip-delta", send_rank(1, final=False)), ("p2-final", send_rank(2, final=True)),
-                       ("vip-final", send_rank(1, final=True))]:
+    for name, rank in waiters:
         t = threading.Thread(target=wait, args=(name, rank))
         t.start()
         threads.append(t)
@@ -115,6 +91,23 @@ def test_a_whole_answer_goes_before_a_stream_delta_of_its_priority_but_never_bef
     gate.release()
     for t in threads:
         t.join(5)
+    return order
+
+
+def test_the_gate_lets_waiters_in_by_priority_then_arrival():
+    gate = PriorityGate()
+    order = order_through_the_gate(gate, 2, [("p2-a", 2), ("p2-b", 2), ("vip-a", 1), ("p2-c", 2), ("vip-b", 1)])
+    assert order == ["vip-a", "vip-b", "p2-a", "p2-b", "p2-c"]
+    with gate(2):  # free again: no wait
+        pass
+    assert not gate._busy and not gate._waiting
+
+
+def test_a_whole_answer_goes_before_a_stream_delta_of_its_priority_but_never_before_priority_1():
+    order = order_through_the_gate(PriorityGate(), send_rank(2, final=False), [
+        ("p2-delta", send_rank(2, final=False)), ("p2-faq", send_rank(2, final=True)),
+        ("vip-delta", send_rank(1, final=False)), ("p2-final", send_rank(2, final=True)),
+        ("vip-final", send_rank(1, final=True))])
     assert order == ["vip-final", "vip-delta", "p2-faq", "p2-final", "p2-delta"]
 
 
