@@ -99,10 +99,6 @@ class Outbox:
             tokens, final, end = self._pending.pop(key)
             return key, tokens, final, end
 
-    def __len__(self) -> int:
-        with self._cv:
-            return len(self._ready)
-
     def close(self) -> None:
         """``take`` drains what is queued, then returns None."""
         with self._cv:
