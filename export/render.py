@@ -113,7 +113,9 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # a round trip to the server process).
 # shed_workers: threads answering from the FAQ; each answer waits on a round trip to the
 # server, so under a 5x burst 2 of them fell behind (answers up to 30 s late), 8 kept up.
-''' + _params([("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
+# engine_url: this server's gRPC endpoint, where chat streams from the pools (not BLS: see
+# switchboard/engine_client.py); `make serve` and the tests set it to the port they chose.
+''' + _params([("engine_url", "127.0.0.1:8001"), ("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
                ("redis_tls_ca_file", ""), ("redis_tls_cert_file", ""), ("redis_tls_key_file", ""),
                ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
                ("max_inflight", "64"), ("max_inflight_reserved", "16"), ("max_pending", "1024"),

@@ -97,6 +97,7 @@ class Stack:
         env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)
         env["LD_LIBRARY_PATH"] = str(server_library_dir()) + os.pathsep + env.get("LD_LIBRARY_PATH", "")
         env["SWITCHBOARD_REDIS_URL"] = self.redis_url
+        env["SWITCHBOARD_ENGINE_URL"] = self.grpc_url
         env.update(self.env)
         cmd = [str(server_binary()), "--model-repository", str(self.repository),
                "--backend-directory", str(self.backends),

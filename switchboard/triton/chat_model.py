@@ -26,6 +26,7 @@ import triton_python_backend_utils as pb_utils
 from switchboard.admission import Admission, PoolHealth, PriorityGate, send_rank
 from switchboard.detok import IncrementalDetokenizer
 from switchboard.engine.stream import CancelPoll
+from switchboard.engine_client import EngineClient, EngineStream, build_request
 from switchboard.fallback import FaqFallback
 from switchboard.kvcodec import KVEntry
 from switchboard.manifest import Manifest
@@ -97,6 +98,8 @@ class TritonPythonModel:
         self.sessions = SessionStore(store, self.fingerprint, self.manifest.kv_shape, np.dtype(self.manifest.kv_dtype))
 
     def _setup_routing(self, params: Params) -> None:
+        # The pools are reached over gRPC on this server (switchboard/engine_client.py says why).
+        self.engines = EngineClient(params.str("engine_url", "127.0.0.1:8001"))
         self.router = Router(params.int("long_prompt_tokens", 160, 1),
                              params.str("short_pool", "engine_short"), params.str("long_pool", "engine_long"))
 
@@ -109,8 +112,7 @@ class TritonPythonModel:
                 raise FileNotFoundError(f"chat/config.pbtxt: parameter 'fallback_faq': {path} is missing "
                                         "(make export installs corpus/faq.jsonl there; or set fallback=false)")
             self.faq = FaqFallback.from_file(path)
-        # No ResponseIterator.cancel() in 2.51: a BLS stream can only be abandoned, so these
-        # bound how long a chat waits for its pool (queue + prefill, then between tokens).
+        # How long a chat waits for its pool (queue + prefill, then between tokens).
         self.first_token_s = params.float("engine_first_token_s", 10.0, 0.1, 600)
         self.stall_s = params.float("engine_stall_s", 10.0, 0.1, 600)
         self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
@@ -262,47 +264,39 @@ class TritonPythonModel:
 
     def _generate(self, pool: str, prompt, past, chat):
         """Stream the pool's responses as dicts of outputs, each within its deadline."""
-        inputs = [pb_utils.Tensor("input_ids", np.asarray([prompt.ids], np.int32)),
-                  pb_utils.Tensor("max_new_tokens", np.asarray([[prompt.max_new_tokens]], np.int32)),
-                  pb_utils.Tensor("temperature", np.asarray([[chat.temperature]], np.float32)),
-                  pb_utils.Tensor("top_p", np.asarray([[chat.top_p]], np.float32))]
+        inputs = {"input_ids": np.asarray([prompt.ids], np.int32),
+                  "max_new_tokens": np.asarray([[prompt.max_new_tokens]], np.int32),
+                  "temperature": np.asarray([[chat.temperature]], np.float32),
+                  "top_p": np.asarray([[chat.top_p]], np.float32)}
         if past is not None:
-            inputs.append(pb_utils.Tensor("past_kv", past[None]))
-        parameters = {"priority": chat.priority, "fingerprint": self.fingerprint,
+            inputs["past_kv"] = past[None]
+        parameters = {"chat_priority": chat.priority, "fingerprint": self.fingerprint,
                       "return_kv": bool(chat.session_id and self.kv_reuse)}
         if chat.seed is not None:
             parameters["seed"] = chat.seed
-        # `timeout` lets the pool's Triton queue reject a request it could not start in time.
-        bls = pb_utils.InferenceRequest(model_name=pool, inputs=inputs, parameters=parameters,
-                                        requested_output_names=["token_ids", "kv", "stats"],
-                                        timeout=int(self.first_token_s * 1e6))
+        # Triton's queue orders the pool's requests by `priority` and rejects one it could not
+        # start within `timeout`; the engine orders its batch by `chat_priority`.
+        request = build_request(pool, inputs, ["token_ids", "kv", "stats"], parameters, priority=chat.priority,
+                                timeout_us=int(self.first_token_s * 1e6))
         # Responses that queued while this chat waited for its turn to send go out as one.
-        for responses in self._bounded(pool, bls):
+        for responses in self._bounded(pool, self.engines.stream(request)):
             merged: dict = {}
             for response in responses:
-                if response.has_error():
-                    raise EngineError(f"{pool}: {untag(response.error().message())[1]}")
-                for name in ("token_ids", "kv", "stats"):
-                    tensor = pb_utils.get_output_tensor_by_name(response, name)
-                    if tensor is None:
-                        continue
-                    array = tensor.as_numpy()
+                for name, array in response.items():
                     if name == "token_ids":
                         merged.setdefault(name, []).extend(array.reshape(-1).tolist())
                     elif name == "kv":
                         merged[name] = array.reshape(array.shape[-5:])
-                    else:
+                    elif name == "stats":
                         merged[name] = json.loads(array.reshape(-1)[0])
             yield merged
 
-    def _bounded(self, pool: str, bls):
-        """The BLS stream in batches: every response that has arrived (at least one). Read on a
+    def _bounded(self, pool: str, stream: EngineStream):
+        """The stream in batches: every response that has arrived (at least one). Read on a
         helper thread so that a pool that never answers (its stub died mid-request: Triton 2.51
-        then never completes the stream) costs a timeout, not a hung chat. An abandoned stream
-        is drained and dropped by its helper thread."""
+        then never completes the request) costs a timeout, not a hung chat. A stream this chat
+        leaves (timeout, error, its client gone) is cancelled, and with it the pool's request."""
         responses: queue.Queue = queue.Queue()
-        # exec() here, on the chat's thread: called from the helper thread it stalled ~0.5 s.
-        stream = bls.exec(decoupled=True)
 
         def pump():
             try:
@@ -312,27 +306,32 @@ class TritonPythonModel:
                 responses.put(e)
             responses.put(None)
 
-        threading.Thread(target=pump, name=f"bls-{pool}", daemon=True).start()
-        first = True
-        while True:
-            wait = self.first_token_s if first else self.stall_s
-            try:
-                batch = [responses.get(timeout=wait)]
-            except queue.Empty:
-                what = "no first response" if first else "stream stalled"
-                raise EngineTimeout(f"{pool}: {what} within {wait:g} s") from None
-            while batch[-1] is not None and not isinstance(batch[-1], Exception) and not responses.empty():
-                batch.append(responses.get_nowait())
-            end = batch[-1] is None
-            if end:
-                batch.pop()
-            if batch and isinstance(batch[-1], Exception):
-                raise EngineError(f"{pool}: {batch[-1]}")
-            if batch:
-                yield batch
-            if end:
-                return
-            first = False
+        threading.Thread(target=pump, name=f"engine-{pool}", daemon=True).start()
+        first, finished = True, False
+        try:
+            while True:
+                wait = self.first_token_s if first else self.stall_s
+                try:
+                    batch = [responses.get(timeout=wait)]
+                except queue.Empty:
+                    what = "no first response" if first else "stream stalled"
+                    raise EngineTimeout(f"{pool}: {what} within {wait:g} s") from None
+                while batch[-1] is not None and not isinstance(batch[-1], Exception) and not responses.empty():
+                    batch.append(responses.get_nowait())
+                end = batch[-1] is None
+                if end:
+                    batch.pop()
+                if batch and isinstance(batch[-1], Exception):
+                    raise EngineError(f"{pool}: {untag(str(batch[-1]))[1]}")
+                if batch:
+                    yield batch
+                if end:
+                    finished = True
+                    return
+                first = False
+        finally:
+            if not finished:
+                stream.cancel()
 
     def _send_text(self, sender, text: str, priority: int) -> None:
         out = pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_))
@@ -342,3 +341,4 @@ class TritonPythonModel:
     def finalize(self):
         self.admission.close()
         self.sessions.close()
+        self.engines.close()

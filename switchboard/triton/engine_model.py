@@ -1,8 +1,8 @@
 """Triton glue for a generation pool (``engine_short``, ``engine_long``).
 
-Requests come from ``chat`` over BLS: prompt ids, the cached KV of the prompt's prefix,
-sampling settings, and (as request parameters) the priority and the model fingerprint the
-cache was written with. ``execute`` hands them to the engine's scheduler and returns; the
+Requests come from ``chat`` over gRPC (switchboard/engine_client.py): prompt ids, the cached
+KV of the prompt's prefix, sampling settings, and (as request parameters) the priority and the
+model fingerprint the cache was written with. ``execute`` hands them to the engine's scheduler and returns; the
 engine thread queues each row's tokens and a sender thread streams them, priority 1 first, then
 a final response with the KV cache and stats.
 When the engine's own queue is full, ``execute`` waits, so the overflow stays in Triton's
@@ -309,7 +309,8 @@ class TritonPythonModel:
             prompt=prompt, reused=reused, past=past,
             max_new_tokens=scalar("max_new_tokens", 64, int),
             temperature=scalar("temperature", 0.0, float), top_p=scalar("top_p", 1.0, float),
-            priority=int(params.get("priority", 2)), seed=params.get("seed"),
+            # chat_priority: from chat over gRPC, where Triton keeps `priority` for its own queue.
+            priority=int(params.get("chat_priority", params.get("priority", 2))), seed=params.get("seed"),
             return_cache=bool(params.get("return_kv", False)) and params.get("fingerprint") == self.fingerprint,
         )
 
