@@ -86,9 +86,7 @@ class EngineStream:
         try:
             for message in self.call:
                 yield parse_response(message)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.CANCELLED:
-                return
+        except grpc.RpcError as e:  # also after cancel(): whoever cancelled is no longer reading
             raise EngineStreamError(f"{e.code().name}: {e.details()}") from None
 
     def cancel(self) -> None:

@@ -1,8 +1,9 @@
+import grpc
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from switchboard.engine_client import EngineStreamError, build_request, parse_response
+from switchboard.engine_client import EngineStream, EngineStreamError, build_request, parse_response
 
 
 def _echo(request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInferResponse:
@@ -53,3 +54,32 @@ def test_an_error_response_raises():
     message = service_pb2.ModelStreamInferResponse(error_message="Request timeout expired")
     with pytest.raises(EngineStreamError, match="timeout expired"):
         parse_response(message)
+
+
+class _BrokenCall:
+    """A stream that yields one response, then breaks the way grpc reports it."""
+
+    def __init__(self, first):
+        self.first, self.cancelled = first, False
+
+    def __iter__(self):
+        yield self.first
+        error = grpc.RpcError()
+        error.code = lambda: grpc.StatusCode.UNAVAILABLE
+        error.details = lambda: "Socket closed"
+        raise error
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_a_broken_stream_raises_after_what_arrived():
+    first = _echo(build_request("m", {"token_ids": np.asarray([[1, 2]], np.int32)}, []))
+    call = _BrokenCall(first)
+    stream = EngineStream(call)
+    it = iter(stream)
+    assert next(it)["token_ids"].tolist() == [[1, 2]]
+    with pytest.raises(EngineStreamError, match="UNAVAILABLE: Socket closed"):
+        next(it)
+    stream.cancel()
+    assert call.cancelled
