@@ -16,6 +16,7 @@ need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v openssl >/dev/null || need_apt+=(openssl)   # certificates for the Redis TLS test
 ldconfig -p | grep -q libb64.so.0d || need_apt+=(libb64-0d)
+ldconfig -p | grep -q libjemalloc.so.2 || need_apt+=(libjemalloc2)   # tritonserver's allocator (launch.py)
 ldconfig -p | grep -q libpython3.11.so.1.0 || need_apt+=(libpython3.11)
 [ -x "$PY" ] || need_apt+=(python3.11)
 "$PY" -c "import ensurepip" 2>/dev/null || need_apt+=(python3.11-venv)

@@ -37,6 +37,16 @@ def test_all_models_ready(stack):
             assert c.is_model_ready(name), name
 
 
+def test_server_and_stubs_run_on_jemalloc(stack):
+    from switchboard.loadtools import children
+
+    pids = {"tritonserver": stack.triton.pid, **children(stack.triton.pid)}
+    assert set(pids) >= {"tritonserver", "chat", "engine_short", "engine_long"}
+    for name, pid in pids.items():
+        with open(f"/proc/{pid}/maps") as maps:
+            assert "libjemalloc" in maps.read(), f"{name} runs on glibc's malloc"
+
+
 def test_second_turn_reuses_the_first_turns_kv_and_matches_a_cold_cache(client, redis_client):
     turns = ["Where is my order?", "Can I change the delivery address?"]
     _, s1 = collect(client, turns[0], session_id="reuse-warm")
