@@ -13,7 +13,18 @@ def test_flat_memory_passes_and_warm_up_is_ignored():
                  for t in range(30, 130, 10)])
     rows, ok = growth_rows(s, 120)
     assert ok, rows
-    assert [r[0] for r in rows] == ["tritonserver", "redis used_memory"]
+    assert [r[0] for r in rows] == ["tritonserver", "redis used_memory per live key"]
+
+
+def test_redis_is_judged_per_live_key():
+    busier = samples([(t, {"redis used_memory": 1000 * (1 + (t >= 80)), "redis keys": 10 * (1 + (t >= 80))})
+                      for t in range(30, 130, 10)])
+    rows, ok = growth_rows(busier, 120)
+    assert ok and rows[0][3] == "+0.0%", rows
+    leaking = samples([(t, {"redis used_memory": 1000 * (1 + (t >= 80)), "redis keys": 10})
+                       for t in range(30, 130, 10)])
+    rows, ok = growth_rows(leaking, 120)
+    assert not ok and rows[0][-1] == "GREW"
 
 
 def test_growth_over_ten_percent_fails():
