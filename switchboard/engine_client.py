@@ -104,6 +104,7 @@ class EngineClient:
 
     def stream(self, request: service_pb2.ModelInferRequest) -> EngineStream:
         # One request, then the client half-closes: Triton ends the stream after its last response.
+        # No `triton_grpc_error` header: errors come as responses (the header can crash 2.51, README).
         return EngineStream(self._stub.ModelStreamInfer(iter((request,))))
 
     def close(self) -> None:

@@ -181,7 +181,11 @@ def test_cancelled_mid_stream_frees_the_server(stack, client):
     limit.set_data_from_numpy(np.asarray([[400]], np.int32))
     sid = grpcclient.InferInput("session_id", [1, 1], "BYTES")
     sid.set_data_from_numpy(b(b"cancelled-mid-stream"))
-    c.async_stream_infer("chat", [tensor, limit, sid], parameters={"chat_priority": 2})
+    # Greedy, the default model ends this answer within ~50 ms, sometimes before the cancel lands;
+    # sampled with this seed it runs ~140 tokens (~140 ms here), past the 50 ms cancel poll.
+    temperature = grpcclient.InferInput("temperature", [1, 1], "FP32")
+    temperature.set_data_from_numpy(np.asarray([[2.0]], np.float32))
+    c.async_stream_infer("chat", [tensor, limit, sid, temperature], parameters={"chat_priority": 2, "seed": 30})
     result, error = got.get(timeout=60)
     assert error is None and result.as_numpy("text_output") is not None, "the stream should have started"
     c.stop_stream(cancel_requests=True)
