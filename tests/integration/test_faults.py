@@ -162,8 +162,11 @@ def test_burst_beyond_capacity_every_chat_is_answered_in_time_vip_first(tight):
         assert elapsed < 30
     assert all(r.stats.raw["fallback_reason"] in ("queue_timeout", "queue_full") for r in fallbacks)
     assert all(r.stats.raw["faq_id"] for r in fallbacks), "these questions are in the FAQ"
-    vip = [r for p, r, _ in results if p == 1]
-    assert sum(r.stats.fallback for r in vip) <= len(vip) // 4, "priority 1 is admitted before priority 2"
+    # Priority 1 goes first: far fewer of its chats wait out the 0.5 s (without priorities the
+    # two shares are alike). Its share is not zero: 12 at once still queue for 2 slots.
+    share = {p: sum(r.stats.fallback for q, r, _ in results if q == p) / sum(q == p for q, _, _ in results)
+             for p in (1, 2)}
+    assert share[1] <= share[2] / 2, f"priority 1 is admitted before priority 2: fallback shares {share}"
 
 
 def test_killed_engine_stub_errors_or_falls_back_never_hangs_then_recovers(tight):
