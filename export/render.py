@@ -109,6 +109,8 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # max_inflight_reserved: of the max_inflight generation slots, those only priority 1 may take.
 # max_pending: chats waiting for a slot or for their FAQ answer; beyond it priority 2 waits in
 # Triton's queue above.
+# shed_on_forecast: a priority-2 chat that would wait out max_queue_wait_s (the chats ahead of it,
+# at the rate slots free up) gets the FAQ answer on arrival instead of at its deadline.
 # cancel_poll_ms: how often a generating chat asks whether its client went away (each ask is
 # a round trip to the server process).
 # shed_workers: threads answering from the FAQ; each answer waits on a round trip to the
@@ -119,7 +121,7 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
                ("redis_tls_ca_file", ""), ("redis_tls_cert_file", ""), ("redis_tls_key_file", ""),
                ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
                ("max_inflight", "64"), ("max_inflight_reserved", "16"), ("max_pending", "1024"),
-               ("max_queue_wait_s", "5"), ("shed_workers", "8"), ("cancel_poll_ms", "50"),
+               ("max_queue_wait_s", "5"), ("shed_on_forecast", "true"), ("shed_workers", "8"), ("cancel_poll_ms", "50"),
                ("engine_first_token_s", "10"), ("engine_stall_s", "10"), ("fallback", "true"),
                ("fallback_faq", "faq.jsonl"), ("default_max_new_tokens", "96"), ("max_new_tokens_limit", "512"),
                ("precision", "fp32")])

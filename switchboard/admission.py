@@ -9,6 +9,13 @@ from the FAQ. So under any burst every request is answered or refused within a b
 nothing waits without limit, and a priority-1 chat waits at most for one generation slot to
 free up.
 
+A priority-2 chat that would wait out ``max_wait_s`` anyway is shed on arrival (``forecast``):
+with every slot it may take busy, it waits for the chats ahead of it to start, at the rate
+slots free up (busy slots / how long a chat holds one, a moving average). Under a 5x burst the
+queue otherwise held ``max_wait_s`` of arrivals that were all shed at their deadline: the
+customers waited 5 s for the FAQ answer they could have had at once, and the queue, full of
+them, pushed the rest back into Triton's queue, which refused them.
+
 Answers leave at a bounded rate (each is a round trip to the server), so shed chats can pile
 up faster than they are answered: at 5x a capacity of 61 chats/s, FAQ answers fell past the
 30 s deadline. ``wait_for_room`` lets ``chat``'s ``execute`` hold back new priority-2 chats
@@ -30,12 +37,14 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 log = logging.getLogger(__name__)
+HOLD_EWMA = 0.05   # weight of the newest slot hold in the moving average (tens of chats)
 
 
 @dataclass(order=True)
@@ -49,8 +58,10 @@ class _Pending:
 class Admission:
     def __init__(self, max_inflight: int, max_pending: int, max_wait_s: float,
                  run: Callable[[object], None], shed: Callable[[object, str], None],
-                 shed_workers: int = 2, clock: Callable[[], float] = time.monotonic, reserved: int = 0):
+                 shed_workers: int = 2, clock: Callable[[], float] = time.monotonic, reserved: int = 0,
+                 forecast: bool = True):
         self.max_inflight, self.max_pending, self.max_wait_s = max_inflight, max_pending, max_wait_s
+        self.forecast = forecast
         # Slots only priority 1 may take: a VIP arriving while every slot is busy would
         # otherwise wait for some chat to finish.
         self.reserved = max(0, min(reserved, max_inflight - 1))
@@ -58,19 +69,42 @@ class Admission:
         self._heap: list[_Pending] = []
         self._seq = itertools.count()
         self._inflight = 0
+        self._waiting = Counter()  # priority -> chats in _heap
+        self._hold_s: float | None = None  # how long a chat holds a slot, moving average
         self._shedding = 0    # handed to the shed workers, not yet answered
         self._cv = threading.Condition()
         self._stop = False
         self._runners = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="chat")
         self._shedders = ThreadPoolExecutor(max_workers=shed_workers, thread_name_prefix="chat-shed")
-        self.counts = {"admitted": 0, "shed_timeout": 0, "shed_full": 0}   # guarded by _cv
+        self.counts = {"admitted": 0, "shed_timeout": 0, "shed_full": 0, "shed_forecast": 0}   # guarded by _cv
         self._thread = threading.Thread(target=self._loop, name="chat-admission", daemon=True)
         self._thread.start()
 
     def submit(self, job, priority: int) -> None:
         with self._cv:
-            heapq.heappush(self._heap, _Pending(priority, next(self._seq), self._clock() + self.max_wait_s, job))
-            self._cv.notify()
+            if not self._would_time_out(priority):
+                heapq.heappush(self._heap, _Pending(priority, next(self._seq), self._clock() + self.max_wait_s, job))
+                self._waiting[priority] += 1
+                self._cv.notify()
+                return
+            self.counts["shed_forecast"] += 1
+            self._shedding += 1
+        self._shedders.submit(self._shed_one, job, "queue_forecast")
+
+    def forecast_wait(self, priority: int) -> float | None:
+        """Seconds a chat of ``priority`` submitted now would wait for a slot; None when it would
+        start at once or nothing is known yet. Call with ``_cv`` held."""
+        limit = self._limit(priority)
+        if self._hold_s is None or self._inflight < limit:
+            return None
+        ahead = sum(n for p, n in self._waiting.items() if p <= priority)
+        return (ahead + 1) * self._hold_s / limit
+
+    def _would_time_out(self, priority: int) -> bool:
+        if not self.forecast or priority <= 1 or self._stop:   # priority 1 always waits its turn
+            return False
+        wait = self.forecast_wait(priority)
+        return wait is not None and wait > self.max_wait_s
 
     def wait_for_room(self, timeout: float) -> bool:
         """Wait until fewer than ``max_pending`` chats wait for a slot or a shed answer."""
@@ -99,16 +133,19 @@ class Admission:
                 if expired:
                     self._heap = [p for p in self._heap if p.deadline > now]
                     heapq.heapify(self._heap)
+                    self._waiting.subtract(p.priority for p in expired)
                     shed += [(p, "queue_timeout") for p in expired]
                     self.counts["shed_timeout"] += len(expired)
                 while len(self._heap) > self.max_pending:
                     worst = max(self._heap)              # lowest priority, newest
                     self._heap.remove(worst)
                     heapq.heapify(self._heap)
+                    self._waiting[worst.priority] -= 1
                     shed.append((worst, "queue_full"))
                     self.counts["shed_full"] += 1
                 while self._heap and self._inflight < self._limit(self._heap[0].priority):
                     start.append(heapq.heappop(self._heap))
+                    self._waiting[start[-1].priority] -= 1
                     self._inflight += 1
                     self.counts["admitted"] += 1
                 self._shedding += len(shed)
@@ -117,21 +154,32 @@ class Admission:
                     self._cv.wait(max(timeout, 0.001))
                     continue
             for p, reason in shed:
-                self._shedders.submit(self._call_then_count_down, "_shedding", self._shed, p.job, reason)
+                self._shedders.submit(self._shed_one, p.job, reason)
             for p in start:
-                self._runners.submit(self._call_then_count_down, "_inflight", self._run, p.job)
+                self._runners.submit(self._hold_slot, p.job)
 
     def _limit(self, priority: int) -> int:
         return self.max_inflight if priority <= 1 else self.max_inflight - self.reserved
 
-    def _call_then_count_down(self, counter: str, fn, *args) -> None:
-        """Run a callback on a worker, then count it out of ``counter`` (``_inflight`` or
-        ``_shedding``) and wake the loop and ``wait_for_room``."""
+    def _hold_slot(self, job) -> None:
+        """Run a chat in its slot; free the slot and learn how long it was held."""
+        t0 = self._clock()
         try:
-            self._guard(fn, *args)
+            self._guard(self._run, job)
+        finally:
+            held = self._clock() - t0
+            with self._cv:
+                self._inflight -= 1
+                self._hold_s = held if self._hold_s is None else self._hold_s + HOLD_EWMA * (held - self._hold_s)
+                self._cv.notify_all()
+
+    def _shed_one(self, job, reason: str) -> None:
+        """Answer a shed chat (on a shed worker), then count it out and wake ``wait_for_room``."""
+        try:
+            self._guard(self._shed, job, reason)
         finally:
             with self._cv:
-                setattr(self, counter, getattr(self, counter) - 1)
+                self._shedding -= 1
                 self._cv.notify_all()
 
     @staticmethod
@@ -146,6 +194,7 @@ class Admission:
         with self._cv:
             self._stop = True
             waiting, self._heap = self._heap, []
+            self._waiting.clear()
             self._cv.notify_all()
         self._thread.join(5)
         for p in waiting:

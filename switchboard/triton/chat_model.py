@@ -7,8 +7,9 @@ end with a response carrying ``stats``.
 
 ``execute`` validates and hands each request to ``Admission`` (switchboard/admission.py): at
 most ``max_inflight`` chats generate at once, the rest wait by priority for at most
-``max_queue_wait_s``. A chat that cannot get a slot in time, or whose pool rejects, times out
-or fails before the first text was sent, is answered from the FAQ (``"fallback": true``).
+``max_queue_wait_s`` (a priority-2 chat that would wait longer is answered at once). A chat
+that cannot get a slot in time, or whose pool rejects, times out or fails before the first text
+was sent, is answered from the FAQ (``"fallback": true``).
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class TritonPythonModel:
                                    max_pending=params.int("max_pending", 1024, 0, 1 << 20),
                                    max_wait_s=params.float("max_queue_wait_s", 5.0, 0.0, 600),
                                    run=self._serve, shed=self._shed,
-                                   shed_workers=params.int("shed_workers", 8, 1, 256))
+                                   shed_workers=params.int("shed_workers", 8, 1, 256),
+                                   forecast=params.bool("shed_on_forecast", True))
 
     # -- requests -------------------------------------------------------------------------
     def execute(self, requests):

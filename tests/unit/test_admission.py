@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from switchboard.admission import Admission, PoolHealth, PriorityGate, send_rank
 
 
@@ -151,6 +153,43 @@ def test_a_full_queue_sheds_the_newest_lowest_priority_chat():
         assert a.pending() == 2
     finally:
         r.release.set()
+        a.close()
+
+
+@pytest.mark.parametrize("forecast", [True, False])
+def test_a_chat_that_would_wait_out_its_deadline_is_answered_on_arrival(forecast):
+    now, started, shed, done = [0.0], [], [], {}
+
+    def run(job):
+        started.append(job)
+        done.setdefault(job, threading.Event()).wait(10)
+
+    a = Admission(max_inflight=2, max_pending=100, max_wait_s=2.0, run=run, shed=lambda j, why: shed.append((j, why)),
+                  clock=lambda: now[0], forecast=forecast)
+    try:
+        for job in ("w1", "w2"):    # two chats that hold their slots for 1 s: 2 slots free up a second
+            done[job] = threading.Event()
+            a.submit(job, 2)
+        assert wait_until(lambda: len(started) == 2)
+        now[0] = 1.0
+        done["w1"].set(), done["w2"].set()
+        assert wait_until(lambda: a.inflight() == 0)
+        for job in ("r1", "r2", "q1", "q2", "q3", "q4", "q5", "q6"):
+            done[job] = threading.Event()
+            a.submit(job, 2)
+            if job == "r2":
+                assert wait_until(lambda: len(started) == 4)
+        a.submit("vip", 1)
+        if forecast:   # q4 starts in ~2 s (4 ahead of it, at 2 a second), q5 and q6 would wait longer
+            assert wait_until(lambda: len(shed) == 2)
+            assert shed == [("q5", "queue_forecast"), ("q6", "queue_forecast")]
+            assert a.pending() == 5 and a.counts["shed_forecast"] == 2
+        else:
+            time.sleep(0.05)
+            assert shed == [] and a.pending() == 7
+    finally:
+        for e in done.values():
+            e.set()
         a.close()
 
 
