@@ -28,6 +28,31 @@ from switchboard.status import untag
 
 _ids = itertools.count()
 
+# gRPC backs off between attempts to reach a server that is down, 1 s growing to 120 s, and
+# every channel of a process to the same address shares that state (one subchannel): after a
+# restart by switchboard.supervisor (~15-25 s) even a channel opened once the server was back
+# failed at once with UNAVAILABLE for seconds, and a supervisor probe in such a process failed
+# on the new, healthy server. Capped at 1 s, clients reach it within about a second.
+RECONNECT_BACKOFF_MS = 1000
+
+
+def channel_args(private: bool = False) -> list[tuple[str, int]]:
+    """tritonclient's channel options with the reconnect backoff capped. ``private``: a
+    subchannel of its own (a new connection), for a health check that must see the server,
+    not the state this process's other channels are in."""
+    keepalive = grpcclient.KeepAliveOptions()
+    args = [("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS)]
+    if private:
+        args.append(("grpc.use_local_subchannel_pool", 1))
+    return args
+
 
 def close_stream(client: grpcclient.InferenceServerClient, cancel: bool = False) -> None:
     """Stop a client's stream (cancelling what is still running when ``cancel``) and close it."""
@@ -128,13 +153,20 @@ def parse_response(result, error) -> tuple[str, ChatStats | None]:
 
 
 class ChatClient:
-    def __init__(self, url: str = "127.0.0.1:8001", model: str = "chat", timeout_s: float = 120.0):
+    def __init__(self, url: str = "127.0.0.1:8001", model: str = "chat", timeout_s: float = 120.0,
+                 private_connection: bool = False):
+        """``private_connection``: chats do not share this process's connection to ``url``
+        (``channel_args``); for health checks."""
         self.url = url
         self.model = model
         self.timeout_s = timeout_s
+        self._channel_args = channel_args(private_connection)
+
+    def _client(self) -> grpcclient.InferenceServerClient:
+        return grpcclient.InferenceServerClient(self.url, channel_args=self._channel_args)
 
     def ready(self) -> bool:
-        with grpcclient.InferenceServerClient(self.url) as c:
+        with self._client() as c:
             try:
                 return c.is_server_ready() and c.is_model_ready(self.model)
             except InferenceServerException:
@@ -164,7 +196,7 @@ class ChatClient:
         def callback(result, error):
             responses.put((result, error))
 
-        client = grpcclient.InferenceServerClient(self.url)
+        client = self._client()
         try:
             # Not the `triton_grpc_error` header: streams it ends with an error status can crash
             # Triton 2.51 (README, "Reliability"); the code comes in the message instead.
@@ -206,7 +238,7 @@ class AsyncChatClient:
         self.url = url
         self.model = model
         self.timeout_s = timeout_s
-        self._client = aiogrpc.InferenceServerClient(url)
+        self._client = aiogrpc.InferenceServerClient(url, channel_args=channel_args())
 
     async def __aenter__(self) -> "AsyncChatClient":
         return self

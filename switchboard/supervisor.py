@@ -38,10 +38,10 @@ def _pool_request(url: str, model: str, timeout_s: float) -> str | None:
     """One token from an engine pool over a stream; the failure, or None."""
     import tritonclient.grpc as grpcclient
 
-    from switchboard.client.sdk import close_stream, error_of
+    from switchboard.client.sdk import channel_args, close_stream, error_of
 
     got: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
+    client = grpcclient.InferenceServerClient(url, channel_args=channel_args(private=True))
     ids = grpcclient.InferInput("input_ids", [1, 3], "INT32")
     ids.set_data_from_numpy(np.asarray([[1, 2, 3]], np.int32))
     limit = grpcclient.InferInput("max_new_tokens", [1, 1], "INT32")
@@ -77,7 +77,8 @@ def probe(url: str, timeout_s: float = 20.0) -> str | None:
     from switchboard.client import ChatClient, ChatError
 
     try:
-        reply = ChatClient(url, timeout_s=timeout_s).chat(PROBE_TEXT, stream=False, priority=1, max_new_tokens=1)
+        reply = ChatClient(url, timeout_s=timeout_s, private_connection=True).chat(
+            PROBE_TEXT, stream=False, priority=1, max_new_tokens=1)
     except ChatError as e:
         if e.code == "UNAVAILABLE" and str(e).startswith("overloaded"):
             return None  # serving, but shedding load: restarting would make it worse
