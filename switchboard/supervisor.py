@@ -72,10 +72,16 @@ def _pool_request(url: str, model: str, timeout_s: float) -> str | None:
 
 
 def probe(url: str, timeout_s: float = 20.0) -> str | None:
-    """A priority-1 chat of one token, then one token from each pool; the first failure or None.
-    An FAQ answer because a pool failed counts as a failure; one because of load does not."""
+    """One token from each pool, then a priority-1 chat of one token; the first failure or None.
+    An FAQ answer because a pool failed counts as a failure; one because of load does not.
+    Pools first: a pool whose stub died refuses at once, where a chat routed to it waits out
+    chat's bound on the pool (`make chaos`: the probe's chat took its whole 10 s deadline)."""
     from switchboard.client import ChatClient, ChatError
 
+    for pool in POOLS:
+        failure = _pool_request(url, pool, timeout_s)
+        if failure is not None:
+            return failure
     try:
         reply = ChatClient(url, timeout_s=timeout_s, private_connection=True).chat(
             PROBE_TEXT, stream=False, priority=1, max_new_tokens=1)
@@ -87,10 +93,6 @@ def probe(url: str, timeout_s: float = 20.0) -> str | None:
         return f"chat: {e}"
     if reply.stats.fallback and reply.stats.raw.get("fallback_reason") == "engine_error":
         return "chat: answered from the FAQ because a pool failed"
-    for pool in POOLS:
-        failure = _pool_request(url, pool, timeout_s)
-        if failure is not None:
-            return failure
     return None
 
 
