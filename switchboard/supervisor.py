@@ -74,8 +74,9 @@ def _pool_request(url: str, model: str, timeout_s: float) -> str | None:
 def probe(url: str, timeout_s: float = 20.0) -> str | None:
     """One token from each pool, then a priority-1 chat of one token; the first failure or None.
     An FAQ answer because a pool failed counts as a failure; one because of load does not.
-    Pools first: a pool whose stub died refuses at once, where a chat routed to it waits out
-    chat's bound on the pool (`make chaos`: the probe's chat took its whole 10 s deadline)."""
+    Pools first: once Triton has seen a stub die, the pool refuses at once ("not healthy"), where
+    a chat routed to it can still wait out chat's bound on the pool. (A request sent in the first
+    moments after the kill can still get no answer at all: it costs the whole deadline.)"""
     from switchboard.client import ChatClient, ChatError
 
     for pool in POOLS:
