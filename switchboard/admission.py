@@ -91,7 +91,7 @@ class Admission:
             self._shedding += 1
         self._shedders.submit(self._shed_one, job, "queue_forecast")
 
-    def forecast_wait(self, priority: int) -> float | None:
+    def _forecast_wait(self, priority: int) -> float | None:
         """Seconds a chat of ``priority`` submitted now would wait for a slot; None when it would
         start at once or nothing is known yet. Call with ``_cv`` held."""
         limit = self._limit(priority)
@@ -103,7 +103,7 @@ class Admission:
     def _would_time_out(self, priority: int) -> bool:
         if not self.forecast or priority <= 1 or self._stop:   # priority 1 always waits its turn
             return False
-        wait = self.forecast_wait(priority)
+        wait = self._forecast_wait(priority)
         return wait is not None and wait > self.max_wait_s
 
     def wait_for_room(self, timeout: float) -> bool:
