@@ -20,6 +20,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
+from switchboard.client.sdk import channel_args
+
 # Keys Triton's gRPC frontend reads itself rather than passing to the model.
 RESERVED = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
                       "binary_data_output", "triton_enable_empty_final_response"})
@@ -97,8 +99,7 @@ class EngineClient:
     """One channel to the server, shared by every chat; each generation is its own stream."""
 
     def __init__(self, url: str):
-        self._channel = grpc.insecure_channel(url, options=[("grpc.max_send_message_length", -1),
-                                                            ("grpc.max_receive_message_length", -1)])
+        self._channel = grpc.insecure_channel(url, options=channel_args())
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
 
     def stream(self, request: service_pb2.ModelInferRequest) -> EngineStream:

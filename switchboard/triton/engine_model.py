@@ -2,9 +2,9 @@
 
 Requests come from ``chat`` over gRPC (switchboard/engine_client.py): prompt ids, the cached
 KV of the prompt's prefix, sampling settings, and (as request parameters) the priority and the
-model fingerprint the cache was written with. ``execute`` hands them to the engine's scheduler and returns; the
-engine thread queues each row's tokens and a sender thread streams them, priority 1 first, then
-a final response with the KV cache and stats.
+model fingerprint the cache was written with. ``execute`` hands them to the engine's scheduler
+and returns; the engine thread queues each row's tokens and a sender thread streams them,
+priority 1 first, then a final response with the KV cache and stats.
 When the engine's own queue is full, ``execute`` waits, so the overflow stays in Triton's
 queue where the pool's queue policy (timeouts, maximum size) applies.
 """
