@@ -175,11 +175,14 @@ instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 # stream_interval_ms: priority-2 tokens are sent together at most this often (priority 1: one
 # response per token); cancel_poll_ms: how often a running sequence asks whether its client went
 # away. Both bound round trips to the server process (switchboard/engine/stream.py).
-# preempt_steps: priority 1 decodes in its own batch; while it has work, priority 2 gets one
-# step after every preempt_steps of priority 1's (0: one shared batch). threads: ONNX Runtime
-# threads per pool; with two pools on two cores, 1 served a 5x burst faster than 2.
+# preempt_steps: priority 1 decodes in its own batch (0: one shared batch). lane_threads 2: the
+# two batches run on threads of their own, priority 2's normal_nice nice levels lower (Linux),
+# so the OS runs priority 1 first and an idle core runs priority 2 meanwhile; 1: one thread,
+# and while priority 1 has work, priority 2 gets one step after every preempt_steps of its.
+# threads: ONNX Runtime threads per pool; with two pools on two cores, 1 served a 5x burst
+# faster than 2 (and at 1 the model runs on the lane's own thread, at its nice value).
 ''' + _params([("max_batch", str(pool.engine_batch)), ("max_waiting", "64"), ("priority_slots", "1"),
-               ("preempt_steps", "4"), ("stream_interval_ms", "50"), ("cancel_poll_ms", "50"), ("threads", "1"),
+               ("preempt_steps", "4"), ("lane_threads", "2"), ("normal_nice", "19"), ("stream_interval_ms", "50"), ("cancel_poll_ms", "50"), ("threads", "1"),
                ("precision", "fp32"), *([("runtime", runtime)] if runtime != "onnxruntime" else [])])
 
 

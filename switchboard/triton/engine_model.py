@@ -256,6 +256,8 @@ class TritonPythonModel:
                              max_waiting=params.int("max_waiting", 32, 1, 4096),
                              priority_slots=params.int("priority_slots", 1, 0, 256),
                              preempt_steps=params.int("preempt_steps", 4, 0, 1 << 20),
+                             lane_threads=params.int("lane_threads", 2, 1, 2),
+                             normal_nice=params.int("normal_nice", 19, 0, 19),
                              stop_ids=set(self.manifest.eos_token_ids))
         # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
         # one send per token (switchboard/engine/stream.py says why).

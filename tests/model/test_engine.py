@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -37,10 +42,10 @@ def model(artifacts):
     return manifest, OnnxDecoder(artifacts, manifest, "fp32", threads=2), TextTokenizer(artifacts)
 
 
-def engine(model, max_batch=8, priority_slots=0, preempt_steps=0):
+def engine(model, max_batch=8, priority_slots=0, preempt_steps=0, **kw):
     manifest, decoder, _ = model
     return Engine(decoder, max_batch=max_batch, max_waiting=64, stop_ids=set(manifest.eos_token_ids),
-                  priority_slots=priority_slots, preempt_steps=preempt_steps)
+                  priority_slots=priority_slots, preempt_steps=preempt_steps, **kw)
 
 
 def prompt(model, *turns):
@@ -163,3 +168,81 @@ def test_invalid_requests_are_refused_before_queueing(model):
         e.validate(GenerationRequest([1, 2, 3], 4, reused=3))
     with pytest.raises(ValueError, match="past KV shape"):
         e.validate(GenerationRequest([1, 2, 3], 4, reused=2, past=np.zeros((1, 2, 1, 2, 1), np.float32)))
+
+
+def wait_for(sinks, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while any(s.result is None and s.error is None for s in sinks):
+        assert time.monotonic() < deadline, "the engine's threads did not finish the sequences"
+        time.sleep(0.01)
+
+
+class RowWatch(Sink):
+    """Records how many rows the engine holds each time a token arrives (any lane's thread)."""
+
+    def __init__(self, e, rows):
+        super().__init__()
+        self.e, self.rows = e, rows
+
+    def on_tokens(self, ids):
+        super().on_tokens(ids)
+        self.rows.append(self.e.running())
+
+
+def test_lanes_on_threads_of_their_own_give_the_same_tokens_within_the_batch_limit(model):
+    background_prompt, vip_prompt = prompt(model, ("user", QUESTIONS[0])), prompt(model, ("user", QUESTIONS[2]))
+    vip_alone = run(engine(model), [GenerationRequest(vip_prompt, 12)])[0].tokens
+    background_alone = run(engine(model), [GenerationRequest(background_prompt, 40)])[0].tokens
+    e = engine(model, max_batch=3, priority_slots=1, preempt_steps=4, lane_threads=2, normal_nice=7)
+    rows: list[int] = []
+    background = [RowWatch(e, rows) for _ in range(4)]
+    vips = [RowWatch(e, rows) for _ in range(2)]
+    e.start()
+    try:
+        for s in background:
+            e.submit(GenerationRequest(background_prompt, 40), s)
+        for s in vips:
+            e.submit(GenerationRequest(vip_prompt, 12, priority=1), s)
+        threads = {t.name: t.native_id for t in threading.enumerate()}
+        assert {"switchboard-engine-urgent", "switchboard-engine-normal"} <= set(threads)
+        if sys.platform.startswith("linux"):
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            assert os.getpriority(os.PRIO_PROCESS, threads["switchboard-engine-normal"]) == min(own + 7, 19)
+            assert os.getpriority(os.PRIO_PROCESS, threads["switchboard-engine-urgent"]) == own
+        wait_for(background + vips)
+    finally:
+        e.stop()
+    assert [s.tokens for s in vips] == [vip_alone] * 2
+    assert [s.tokens for s in background] == [background_alone] * 4
+    assert all(s.error is None for s in background + vips)
+    assert max(rows) <= 3, "two lanes admitting at once must not overfill the batch"
+    stats, sizes, waiting, running = e.snapshot()
+    assert (waiting, running) == (0, 0) and stats["finished_length"] + stats["finished_stop"] == 6
+
+
+class BrokenDecoder:
+    def __init__(self, decoder):
+        self.manifest, self.dtype = decoder.manifest, decoder.dtype
+
+    def forward(self, *args):
+        raise RuntimeError("device lost")
+
+
+@pytest.mark.parametrize("lane_threads", [1, 2])
+def test_a_failing_prefill_answers_the_sequences_it_admitted(model, lane_threads):
+    manifest, decoder, _ = model
+    e = Engine(BrokenDecoder(decoder), max_batch=4, max_waiting=8, stop_ids=set(manifest.eos_token_ids),
+               priority_slots=1, preempt_steps=4, lane_threads=lane_threads)
+    sinks = [Sink() for _ in range(3)]
+    e.start()
+    try:
+        for i, s in enumerate(sinks):
+            e.submit(GenerationRequest(prompt(model, ("user", QUESTIONS[i])), 8, priority=1 + i % 2), s)
+        wait_for(sinks, timeout=10)
+        assert e.snapshot()[3] == 0
+        ok = Sink()  # and the rows they took are free again
+        e.submit(GenerationRequest(prompt(model, ("user", QUESTIONS[0])), 8), ok)
+        wait_for([ok], timeout=10)
+    finally:
+        e.stop()
+    assert all(isinstance(s.error, RuntimeError) for s in sinks + [ok])
