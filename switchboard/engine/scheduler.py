@@ -228,10 +228,11 @@ class Engine:
             except Exception as e:  # a runtime failure fails the batch, not the engine
                 log.exception("generation step failed")
                 for x in lanes:
-                    self._fail(x.running, x, e)
+                    self._fail(x.running, e)
                     x.running, x.batch = [], None
 
-    def _fail(self, seqs: list[_Sequence], lane: _Lane, error: Exception) -> None:
+    def _fail(self, seqs: list[_Sequence], error: Exception) -> None:
+        """Answer ``seqs`` with ``error`` and free their rows."""
         for seq in seqs:
             seq.sink.on_error(error)
         with self._cv:
@@ -296,7 +297,7 @@ class Engine:
                 layers, heads, dim, self.decoder.dtype)
             logits, present = self.decoder.forward(ids, mask, pos, past)
         except Exception as e:  # not in the running batch yet: nobody else would answer them
-            self._fail(seqs, lane, e)
+            self._fail(seqs, e)
             raise
         elapsed = (time.perf_counter() - t0) * 1000
         self._count({"prefill_batches": 1, "prefill_padded_tokens": int(ids.size),

@@ -158,7 +158,7 @@ _DESCRIPTIONS = {
     "finished_stop": "sequences that ended at an end-of-turn token",
     "finished_length": "sequences that ended at max_new_tokens or the context window",
     "finished_cancelled": "sequences cancelled by the client",
-    "busy_s": "seconds the engine loop spent in steps",
+    "busy_s": "seconds the engine spent in steps (with lane_threads 2, both lanes' threads: up to 2 a second)",
 }
 
 
