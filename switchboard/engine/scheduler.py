@@ -192,13 +192,10 @@ class Engine:
 
     # -- the loop --------------------------------------------------------------------------
     def start(self) -> None:
-        if self.lane_threads == 2:
-            plan = [(self._urgent, 0), (self._normal, self.normal_nice)]
-        else:
-            plan = [(None, 0)]
-        for lane, nice in plan:
-            name = "switchboard-engine" + (f"-{lane.name}" if lane else "")
-            self._threads.append(threading.Thread(target=self._loop, args=(lane, nice), name=name, daemon=True))
+        plan = [(self._urgent, 0), (self._normal, self.normal_nice)] if self.lane_threads == 2 else [(None, 0)]
+        self._threads = [threading.Thread(target=self._loop, args=(lane, nice), daemon=True,
+                                          name="switchboard-engine" + (f"-{lane.name}" if lane else ""))
+                         for lane, nice in plan]
         for t in self._threads:
             t.start()
 
@@ -235,9 +232,12 @@ class Engine:
         """Answer ``seqs`` with ``error`` and free their rows."""
         for seq in seqs:
             seq.sink.on_error(error)
+        self._free_rows(len(seqs))
+
+    def _free_rows(self, n: int) -> None:
         with self._cv:
-            self._rows -= len(seqs)
-            self._cv.notify_all()
+            self._rows -= n
+            self._cv.notify_all()  # rows free for the other lane
 
     def step(self, lane: _Lane | None = None) -> None:
         """One iteration on one lane (``_turn``'s when None): admit and prefill, or else one decode step."""
@@ -282,8 +282,7 @@ class Engine:
 
     def _drop_cancelled(self, seq: _Sequence) -> bool:
         if seq.sink.cancelled():
-            with self._cv:
-                self._rows -= 1
+            self._free_rows(1)
             seq.sink.on_finish(GenerationResult([], "cancelled", None, seq.queue_ms, 0.0, 0))
             return True
         return False
@@ -363,9 +362,7 @@ class Engine:
             except Exception:
                 log.exception("sink failed at finish")
         if len(keep) != len(lane.running):
-            with self._cv:
-                self._rows -= len(lane.running) - len(keep)
-                self._cv.notify_all()  # rows free for the other lane
+            self._free_rows(len(lane.running) - len(keep))
             lane.running = [lane.running[i] for i in keep]
             lane.batch = lane.batch.select(keep) if keep else None
 
