@@ -10,6 +10,7 @@ servers on free ports for the integration tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes.util
 import json
 import os
@@ -38,9 +39,18 @@ def jemalloc(env: dict[str, str]) -> str | None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports. Each socket stays bound until all are picked: a port released
+    after one pick can be handed out again by the next (CI once got the same port for Triton's
+    HTTP and Redis)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def port_open(port: int) -> bool:
@@ -58,7 +68,7 @@ class Ports:
 
     @classmethod
     def free(cls) -> "Ports":
-        return cls(free_port(), free_port(), free_port(), free_port())
+        return cls(*free_ports(4))
 
 
 @dataclass
