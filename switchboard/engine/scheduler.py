@@ -67,6 +67,7 @@ class GenerationResult:
     queue_ms: float
     prefill_ms: float
     batch_size_at_admission: int
+    engine_ms: float = 0.0               # from submission to the last token
 
 
 class Sink(Protocol):
@@ -358,7 +359,7 @@ class Engine:
             self._count({"finished_" + reason: 1})
             try:
                 seq.sink.on_finish(GenerationResult(seq.tokens, reason, cache, seq.queue_ms, seq.prefill_ms,
-                                                    seq.admitted_with))
+                                                    seq.admitted_with, (time.perf_counter() - seq.arrival) * 1000))
             except Exception:
                 log.exception("sink failed at finish")
         if len(keep) != len(lane.running):

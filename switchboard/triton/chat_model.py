@@ -184,7 +184,7 @@ class TritonPythonModel:
         stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0, "route": None, "ttft_ms": None,
                  "total_ms": None, "fallback": True, "fallback_reason": reason, "faq_id": answer.entry_id,
                  "session": "none", "dropped_turns": 0, "finish_reason": "fallback", "engine_queue_ms": None,
-                 "batch_size": None, "priority": chat.priority, **extra}
+                 "engine_ms": None, "batch_size": None, "priority": chat.priority, **extra}
         stats["total_ms"] = round((time.perf_counter() - t0) * 1000, 2)
         self._send_final(sender, stats, answer.text)
 
@@ -253,7 +253,7 @@ class TritonPythonModel:
             "total_ms": round((time.perf_counter() - t0) * 1000, 2), "fallback": False,
             "session": lookup.status if chat.session_id else "none", "dropped_turns": prompt.dropped_turns,
             "finish_reason": engine_stats.get("reason"), "engine_queue_ms": engine_stats.get("queue_ms"),
-            "batch_size": engine_stats.get("batch_size"), "priority": chat.priority,
+            "engine_ms": engine_stats.get("engine_ms"), "batch_size": engine_stats.get("batch_size"), "priority": chat.priority,
         }
         self._send_final(sender, stats, tail)
 

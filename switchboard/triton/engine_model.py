@@ -74,7 +74,8 @@ class _Sink:
     @staticmethod
     def _final(result: GenerationResult, ids: list[int]):
         stats = {"reason": result.reason, "generated": len(result.tokens), "queue_ms": round(result.queue_ms, 2),
-                 "prefill_ms": round(result.prefill_ms, 2), "batch_size": result.batch_size_at_admission}
+                 "prefill_ms": round(result.prefill_ms, 2), "batch_size": result.batch_size_at_admission,
+                 "engine_ms": round(result.engine_ms, 2)}
         outputs = [pb_utils.Tensor("stats", np.asarray([[json.dumps(stats).encode()]], np.object_))]
         if ids and result.reason != "cancelled":
             outputs.append(pb_utils.Tensor("token_ids", np.asarray([ids], np.int32)))

@@ -52,6 +52,7 @@ def test_second_turn_reuses_the_first_turns_kv_and_matches_a_cold_cache(client, 
     _, s1 = collect(client, turns[0], session_id="reuse-warm")
     warm, s2 = collect(client, turns[1], session_id="reuse-warm")
     assert s1.reused_tokens == 0 and s1.raw["session"] == "miss"
+    assert 0 < s1.raw["engine_ms"] < s1.raw["total_ms"], "the pool's time is part of the chat's"
     assert s2.reused_tokens > s1.prompt_tokens, "turn 2 should reuse turn 1's prompt and answer"
 
     # The same conversation, with the KV entry removed before turn 2: full prefill.
