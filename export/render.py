@@ -115,13 +115,16 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # a round trip to the server process).
 # shed_workers: threads answering from the FAQ; each answer waits on a round trip to the
 # server, so under a 5x burst 2 of them fell behind (answers up to 30 s late), 8 kept up.
+# shed_nice: the FAQ answer threads run this many nice levels below the server (Linux), leaving
+# the cores to priority 1's chats under a burst.
 # engine_url: this server's gRPC endpoint, where chat streams from the pools (not BLS: see
 # switchboard/engine_client.py); `make serve` and the tests set it to the port they chose.
 ''' + _params([("engine_url", "127.0.0.1:8001"), ("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
                ("redis_tls_ca_file", ""), ("redis_tls_cert_file", ""), ("redis_tls_key_file", ""),
                ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
                ("max_inflight", "64"), ("max_inflight_reserved", "16"), ("max_pending", "1024"),
-               ("max_queue_wait_s", "5"), ("shed_on_forecast", "true"), ("shed_workers", "8"), ("cancel_poll_ms", "50"),
+               ("max_queue_wait_s", "5"), ("shed_on_forecast", "true"), ("shed_workers", "8"), ("shed_nice", "19"),
+               ("cancel_poll_ms", "50"),
                ("engine_first_token_s", "10"), ("engine_stall_s", "10"), ("fallback", "true"),
                ("fallback_faq", "faq.jsonl"), ("default_max_new_tokens", "96"), ("max_new_tokens_limit", "512"),
                ("precision", "fp32")])

@@ -22,6 +22,12 @@ up faster than they are answered: at 5x a capacity of 61 chats/s, FAQ answers fe
 while ``max_pending`` chats wait for a slot or for their answer; they then wait in Triton's
 queue, which refuses them (queue full, or its timeout) without a round trip to the stub.
 
+The FAQ answers run on threads ``shed_nice`` nice levels lower (switchboard/nice.py): under a
+5x burst they are most of the answers, and the cores they leave go to priority 1's chats.
+(Priority 2's generating chats stay at the server's priority: lowered too, they held the GIL
+and the send gate while descheduled, and priority 1 waited on them; its time to first token
+doubled.)
+
 Waiting happens here rather than in Triton's queue in front of the model because Triton
 rejects a queued request without the model ever seeing it (no fallback answer is possible);
 Triton's own queue policy stays as the backstop.
@@ -43,6 +49,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
+from switchboard.nice import lower_this_thread
+
 log = logging.getLogger(__name__)
 HOLD_EWMA = 0.05   # weight of the newest slot hold in the moving average (tens of chats)
 
@@ -59,7 +67,7 @@ class Admission:
     def __init__(self, max_inflight: int, max_pending: int, max_wait_s: float,
                  run: Callable[[object], None], shed: Callable[[object, str], None],
                  shed_workers: int = 2, clock: Callable[[], float] = time.monotonic, reserved: int = 0,
-                 forecast: bool = True):
+                 forecast: bool = True, shed_nice: int = 0):
         self.max_inflight, self.max_pending, self.max_wait_s = max_inflight, max_pending, max_wait_s
         self.forecast = forecast
         # Slots only priority 1 may take: a VIP arriving while every slot is busy would
@@ -75,7 +83,8 @@ class Admission:
         self._cv = threading.Condition()
         self._stop = False
         self._runners = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="chat")
-        self._shedders = ThreadPoolExecutor(max_workers=shed_workers, thread_name_prefix="chat-shed")
+        self._shedders = ThreadPoolExecutor(max_workers=shed_workers, thread_name_prefix="chat-shed",
+                                            initializer=lambda: lower_this_thread(shed_nice, "the FAQ answer threads"))
         self.counts = {"admitted": 0, "shed_timeout": 0, "shed_full": 0, "shed_forecast": 0}   # guarded by _cv
         self._thread = threading.Thread(target=self._loop, name="chat-admission", daemon=True)
         self._thread.start()

@@ -29,8 +29,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
-import sys
 import threading
 import time
 from collections import Counter
@@ -41,6 +39,7 @@ import numpy as np
 
 from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.engine.runtime import OnnxDecoder
+from switchboard.nice import lower_this_thread
 from switchboard.sampling import sample
 
 log = logging.getLogger(__name__)
@@ -213,8 +212,7 @@ class Engine:
 
     def _loop(self, lane: _Lane | None, nice: int) -> None:
         """Iterations on ``lane``, or on both lanes in turn (``_turn``) when None."""
-        if nice:
-            _nice_this_thread(nice)
+        lower_this_thread(nice, "priority 2's lane")
         lanes = [lane] if lane else [self._urgent, self._normal]
         while True:
             with self._cv:
@@ -367,15 +365,3 @@ class Engine:
             lane.running = [lane.running[i] for i in keep]
             lane.batch = lane.batch.select(keep) if keep else None
 
-
-def _nice_this_thread(increment: int) -> None:
-    """Lower the calling thread's CPU priority by ``increment`` nice levels, at most to 19
-    (Linux: threads have nice values of their own; lowering one needs no privilege)."""
-    if not sys.platform.startswith("linux"):
-        log.warning("normal_nice needs Linux; priority 2's lane runs at the process's priority")
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + increment, 19))
-    except OSError as e:
-        log.warning("could not lower priority 2's lane by %d nice levels: %s", increment, e)

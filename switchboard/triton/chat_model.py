@@ -128,7 +128,8 @@ class TritonPythonModel:
                                    max_wait_s=params.float("max_queue_wait_s", 5.0, 0.0, 600),
                                    run=self._serve, shed=self._shed,
                                    shed_workers=params.int("shed_workers", 8, 1, 256),
-                                   forecast=params.bool("shed_on_forecast", True))
+                                   forecast=params.bool("shed_on_forecast", True),
+                                   shed_nice=params.int("shed_nice", 19, 0, 19))
 
     # -- requests -------------------------------------------------------------------------
     def execute(self, requests):

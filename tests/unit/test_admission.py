@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 
@@ -253,3 +255,30 @@ def test_wait_for_room_holds_new_chats_while_max_pending_wait_for_a_slot_or_thei
     finally:
         release.set()
         a.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_faq_answers_run_on_lowered_threads_chats_on_the_servers():
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    seen, lock, release = {}, threading.Lock(), threading.Event()
+
+    def note(job, *_):
+        with lock:
+            seen[job] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        if job == "holder":
+            release.wait(5)
+
+    a = Admission(max_inflight=1, max_pending=10, max_wait_s=0.1, run=note, shed=note, shed_nice=5)
+    try:
+        a.submit("p1", 1)
+        a.submit("p2", 2)
+        assert wait_until(lambda: a.inflight() == 0 and {"p1", "p2"} <= set(seen))
+        a.submit("holder", 2)   # holds the one slot: the next chat is shed
+        assert wait_until(lambda: "holder" in seen)
+        a.submit("shed", 2)
+        assert wait_until(lambda: "shed" in seen)
+    finally:
+        release.set()
+        a.close()
+    lowered = min(own + 5, 19)
+    assert seen == {"p1": own, "p2": own, "holder": own, "shed": lowered}
