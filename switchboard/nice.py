@@ -2,9 +2,9 @@
 
 Linux gives every thread its own nice value, and raising it (lowering the priority) needs no
 privilege, so this works in an unprivileged container too; it cannot be undone without
-CAP_SYS_NICE, which is why priority 2's work runs on threads of its own (the engine's normal
-lane, ``chat``'s priority-2 and FAQ answer workers) rather than lowering and restoring a shared
-thread. Threads a lowered thread starts inherit its nice value.
+CAP_SYS_NICE, which is why the lowered work runs on threads of its own (the engine's normal
+lane, ``chat``'s FAQ answer workers) rather than lowering and restoring a shared thread.
+Threads a lowered thread starts inherit its nice value.
 """
 
 from __future__ import annotations
