@@ -254,7 +254,8 @@ class TritonPythonModel:
             "total_ms": round((time.perf_counter() - t0) * 1000, 2), "fallback": False,
             "session": lookup.status if chat.session_id else "none", "dropped_turns": prompt.dropped_turns,
             "finish_reason": engine_stats.get("reason"), "engine_queue_ms": engine_stats.get("queue_ms"),
-            "engine_ms": engine_stats.get("engine_ms"), "batch_size": engine_stats.get("batch_size"), "priority": chat.priority,
+            "engine_ms": engine_stats.get("engine_ms"), "batch_size": engine_stats.get("batch_size"),
+            "priority": chat.priority,
         }
         self._send_final(sender, stats, tail)
 
