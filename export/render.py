@@ -110,7 +110,8 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # max_pending: chats waiting for a slot or for their FAQ answer; beyond it priority 2 waits in
 # Triton's queue above.
 # shed_on_forecast: a priority-2 chat that would wait out max_queue_wait_s (the chats ahead of it,
-# at the rate slots free up) gets the FAQ answer on arrival instead of at its deadline.
+# at the rate slots free up) gets the FAQ answer on arrival, or while it waits once the forecast,
+# made again every 0.1 s, says it will not start in time; not at its deadline.
 # cancel_poll_ms: how often a generating chat asks whether its client went away (each ask is
 # a round trip to the server process).
 # shed_workers: threads answering from the FAQ; each answer waits on a round trip to the

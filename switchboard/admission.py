@@ -14,7 +14,11 @@ with every slot it may take busy, it waits for the chats ahead of it to start, a
 slots free up (busy slots / how long a chat holds one, a moving average). Under a 5x burst the
 queue otherwise held ``max_wait_s`` of arrivals that were all shed at their deadline: the
 customers waited 5 s for the FAQ answer they could have had at once, and the queue, full of
-them, pushed the rest back into Triton's queue, which refused them.
+them, pushed the rest back into Triton's queue, which refused them. While chats wait, the
+forecast is made again for each of them every ``REFORECAST_S``: priority-1 chats that arrive
+later go ahead of them, and slots free up more slowly as the burst goes on, so a chat admitted
+on a forecast it no longer meets is answered from the FAQ as soon as that shows, not at its
+deadline.
 
 Answers leave at a bounded rate (each is a round trip to the server), so shed chats can pile
 up faster than they are answered: at 5x a capacity of 61 chats/s, FAQ answers fell past the
@@ -53,6 +57,7 @@ from switchboard.nice import lower_this_thread
 
 log = logging.getLogger(__name__)
 HOLD_EWMA = 0.05   # weight of the newest slot hold in the moving average (tens of chats)
+REFORECAST_S = 0.1   # how often the waiting chats' forecasts are made again (a sort of the queue)
 
 
 @dataclass(order=True)
@@ -80,6 +85,7 @@ class Admission:
         self._waiting = Counter()  # priority -> chats in _heap
         self._hold_s: float | None = None  # how long a chat holds a slot, moving average
         self._shedding = 0    # handed to the shed workers, not yet answered
+        self._next_reforecast = 0.0
         self._cv = threading.Condition()
         self._stop = False
         self._runners = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="chat")
@@ -108,6 +114,21 @@ class Admission:
             return None
         ahead = sum(n for p, n in self._waiting.items() if p <= priority)
         return (ahead + 1) * self._hold_s / limit
+
+    def _reforecast(self, now: float) -> list[_Pending]:
+        """The waiting priority-2 chats the forecast now says will not start before their
+        deadline. Call with ``_cv`` held."""
+        limit = self._limit(2)
+        if self._hold_s is None or self._inflight < limit:
+            return []
+        per_slot = self._hold_s / limit
+        late, ahead = [], 0
+        for p in sorted(self._heap, key=lambda p: (p.priority, p.seq)):
+            if p.priority > 1 and now + (ahead + 1) * per_slot > p.deadline:
+                late.append(p)
+            else:
+                ahead += 1
+        return late
 
     def _would_time_out(self, priority: int) -> bool:
         if not self.forecast or priority <= 1 or self._stop:   # priority 1 always waits its turn
@@ -157,9 +178,22 @@ class Admission:
                     self._waiting[start[-1].priority] -= 1
                     self._inflight += 1
                     self.counts["admitted"] += 1
+                if self.forecast and self._heap and now >= self._next_reforecast:
+                    self._next_reforecast = now + REFORECAST_S
+                    late = self._reforecast(now)
+                    if late:
+                        gone = {id(p) for p in late}
+                        self._heap = [p for p in self._heap if id(p) not in gone]
+                        heapq.heapify(self._heap)
+                        self._waiting.subtract(p.priority for p in late)
+                        shed += [(p, "queue_forecast") for p in late]
+                        self.counts["shed_forecast"] += len(late)
                 self._shedding += len(shed)
                 if not start and not shed:
-                    timeout = min((p.deadline for p in self._heap), default=now + 1.0) - now
+                    wake = [p.deadline for p in self._heap]
+                    if self.forecast and self._heap:
+                        wake.append(self._next_reforecast)
+                    timeout = min(wake, default=now + 1.0) - now
                     self._cv.wait(max(timeout, 0.001))
                     continue
             for p, reason in shed:

@@ -195,6 +195,46 @@ def test_a_chat_that_would_wait_out_its_deadline_is_answered_on_arrival(forecast
         a.close()
 
 
+def test_a_waiting_chat_is_answered_once_its_forecast_misses_not_at_its_deadline():
+    now, started, shed, done = [0.0], [], [], {}
+
+    def run(job):
+        started.append(job)
+        done.setdefault(job, threading.Event()).wait(10)
+
+    a = Admission(max_inflight=2, max_pending=100, max_wait_s=2.2, run=run, shed=lambda j, why: shed.append((j, why)),
+                  clock=lambda: now[0])
+    try:
+        for job in ("w1", "w2"):    # slots are held 1 s: one frees up every 0.5 s
+            done[job] = threading.Event()
+            a.submit(job, 2)
+        assert wait_until(lambda: len(started) == 2)
+        now[0] = 1.0
+        done["w1"].set(), done["w2"].set()
+        assert wait_until(lambda: a.inflight() == 0)
+        for job in ("r1", "r2", "q1", "q2", "q3", "q4"):   # deadlines 3.2 s; q4 forecast to start at 3.0 s
+            done[job] = threading.Event()
+            a.submit(job, 2)
+            if job == "r2":
+                assert wait_until(lambda: len(started) == 4)
+        assert a.pending() == 4 and shed == []
+        a.submit("vip", 1)          # goes ahead of them all: q4 would now start at 3.6 s
+        now[0] = 1.1
+        assert wait_until(lambda: len(shed) == 1)
+        assert shed == [("q4", "queue_forecast")]
+        now[0] = 1.6                # no slot freed for 0.6 s: q3 (3 ahead) forecast at 3.6 s, q2 at 3.1 s
+        assert wait_until(lambda: len(shed) == 2)
+        assert shed[1] == ("q3", "queue_forecast")
+        time.sleep(0.3)
+        assert len(shed) == 2 and a.pending() == 3 and a.counts["shed_forecast"] == 2
+        done["r1"].set()            # the freed slot goes to priority 1
+        assert wait_until(lambda: len(started) == 5) and started[-1] == "vip"
+    finally:
+        for e in done.values():
+            e.set()
+        a.close()
+
+
 def test_a_failing_job_frees_its_slot():
     shed = []
 
