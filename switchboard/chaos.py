@@ -29,8 +29,8 @@ from pathlib import Path
 
 from switchboard.client import AsyncChatClient, ChatClient
 from switchboard.corpus import load, sample_questions
-from switchboard.launch import ROOT, Ports, Stack
-from switchboard.loadtools import children, ms, percentile, table, timed_chat, timed_chat_async, write_summary
+from switchboard.launch import ROOT, Ports, Stack, children
+from switchboard.loadtools import ms, percentile, table, timed_chat, timed_chat_async, write_summary
 from switchboard.supervisor import Supervisor, probe
 
 

@@ -23,6 +23,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,8 +153,12 @@ class Stack:
 
     def restart_triton(self, stop_timeout: float = 10) -> None:
         """Stop tritonserver and whatever stubs it left, then start it again on the same ports.
-        (A model whose stub died never unloads in 2.51, so a clean stop would wait its 30 s.)"""
-        self.stop_triton(stop_timeout)
+        A model whose stub died never unloads in 2.51, so a clean stop would wait out its 30 s:
+        once no stub runs any more (requests in flight finished, the live models unloaded),
+        what is left is killed."""
+        proc = self.triton
+        _stop(proc, stop_timeout, settled=lambda: not children(proc.pid))
+        self.triton = None
         ports = (self.ports.http, self.ports.grpc, self.ports.metrics)
         _wait(lambda: not any(port_open(p) for p in ports), 30, "the old tritonserver's ports", None)
         self.start_triton()
@@ -172,6 +177,24 @@ class Stack:
         self.stop_redis()
 
 
+def children(pid: int) -> dict[str, int]:
+    """Python-backend stubs of a tritonserver process, by model name."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        for a in args:
+            if a.endswith(b"/1/model.py"):
+                out[Path(a.decode()).parent.parent.name] = int(proc.name)
+    return out
+
+
 def _wait(check, timeout: float, what: str, proc: subprocess.Popen | None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -183,17 +206,17 @@ def _wait(check, timeout: float, what: str, proc: subprocess.Popen | None) -> No
     raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
 
 
-def _stop(proc: subprocess.Popen | None, timeout: float = 10) -> None:
+def _stop(proc: subprocess.Popen | None, timeout: float = 10, settled: Callable[[], bool] | None = None) -> None:
     """Stop a process started in its own session, then anything left in its group: the
-    Python-backend stubs of a tritonserver that crashed outlive it otherwise."""
+    Python-backend stubs of a tritonserver that crashed outlive it otherwise. ``settled``: what
+    says that the rest of the clean stop can be skipped."""
     if proc is None:
         return
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)  # tritonserver shuts down models cleanly on SIGINT
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline and not (settled and settled()):
+            time.sleep(0.1)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

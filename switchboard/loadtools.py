@@ -74,24 +74,6 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
-def children(pid: int) -> dict[str, int]:
-    """Python-backend stubs of a tritonserver process, by model name."""
-    out = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid:
-                continue
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        for a in args:
-            if a.endswith(b"/1/model.py"):
-                out[Path(a.decode()).parent.parent.name] = int(proc.name)
-    return out
-
-
 def table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

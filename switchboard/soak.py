@@ -23,8 +23,8 @@ import redis
 
 from switchboard.client import ChatClient
 from switchboard.corpus import load, sample_questions
-from switchboard.launch import ROOT, Ports, Stack
-from switchboard.loadtools import children, ms, percentile, rss_kib, table, timed_chat, write_summary
+from switchboard.launch import ROOT, Ports, Stack, children
+from switchboard.loadtools import ms, percentile, rss_kib, table, timed_chat, write_summary
 from switchboard.session import session_key
 
 

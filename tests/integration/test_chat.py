@@ -38,7 +38,7 @@ def test_all_models_ready(stack):
 
 
 def test_server_and_stubs_run_on_jemalloc(stack):
-    from switchboard.loadtools import children
+    from switchboard.launch import children
 
     pids = {"tritonserver": stack.triton.pid, **children(stack.triton.pid)}
     assert set(pids) >= {"tritonserver", "chat", "engine_short", "engine_long"}

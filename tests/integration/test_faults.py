@@ -14,8 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatClient, ChatError
-from switchboard.launch import Ports, Stack
-from switchboard.loadtools import children
+from switchboard.launch import Ports, Stack, children
 from switchboard.session import session_key
 
 

@@ -14,8 +14,7 @@ import time
 import pytest
 
 from switchboard.client import ChatClient, ChatError
-from switchboard.launch import Ports, _alive
-from switchboard.loadtools import children
+from switchboard.launch import Ports, _alive, children
 
 
 @pytest.fixture(scope="module")
