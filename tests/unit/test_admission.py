@@ -158,81 +158,75 @@ def test_a_full_queue_sheds_the_newest_lowest_priority_chat():
         a.close()
 
 
+class _Clocked:
+    """Admission on a hand-moved clock, two slots, having learned that a chat holds its slot 1 s
+    (so at 2 busy slots one frees up every 0.5 s)."""
+
+    def __init__(self, max_wait_s: float, forecast: bool = True):
+        self.now, self.started, self.shed, self.done = [0.0], [], [], {}
+        self.a = Admission(max_inflight=2, max_pending=100, max_wait_s=max_wait_s, run=self.run,
+                           shed=lambda j, why: self.shed.append((j, why)), clock=lambda: self.now[0], forecast=forecast)
+        self.submit("w1", 2), self.submit("w2", 2)
+        assert wait_until(lambda: len(self.started) == 2)
+        self.now[0] = 1.0
+        self.done["w1"].set(), self.done["w2"].set()
+        assert wait_until(lambda: self.a.inflight() == 0)
+
+    def run(self, job):
+        self.started.append(job)
+        self.done.setdefault(job, threading.Event()).wait(10)
+
+    def submit(self, job, priority):
+        self.done[job] = threading.Event()
+        self.a.submit(job, priority)
+
+    def close(self):
+        for e in self.done.values():
+            e.set()
+        self.a.close()
+
+
 @pytest.mark.parametrize("forecast", [True, False])
 def test_a_chat_that_would_wait_out_its_deadline_is_answered_on_arrival(forecast):
-    now, started, shed, done = [0.0], [], [], {}
-
-    def run(job):
-        started.append(job)
-        done.setdefault(job, threading.Event()).wait(10)
-
-    a = Admission(max_inflight=2, max_pending=100, max_wait_s=2.0, run=run, shed=lambda j, why: shed.append((j, why)),
-                  clock=lambda: now[0], forecast=forecast)
+    c = _Clocked(max_wait_s=2.0, forecast=forecast)
     try:
-        for job in ("w1", "w2"):    # two chats that hold their slots for 1 s: 2 slots free up a second
-            done[job] = threading.Event()
-            a.submit(job, 2)
-        assert wait_until(lambda: len(started) == 2)
-        now[0] = 1.0
-        done["w1"].set(), done["w2"].set()
-        assert wait_until(lambda: a.inflight() == 0)
         for job in ("r1", "r2", "q1", "q2", "q3", "q4", "q5", "q6"):
-            done[job] = threading.Event()
-            a.submit(job, 2)
+            c.submit(job, 2)
             if job == "r2":
-                assert wait_until(lambda: len(started) == 4)
-        a.submit("vip", 1)
+                assert wait_until(lambda: len(c.started) == 4)
+        c.submit("vip", 1)
         if forecast:   # q4 starts in ~2 s (4 ahead of it, at 2 a second), q5 and q6 would wait longer
-            assert wait_until(lambda: len(shed) == 2)
-            assert shed == [("q5", "queue_forecast"), ("q6", "queue_forecast")]
-            assert a.pending() == 5 and a.counts["shed_forecast"] == 2
+            assert wait_until(lambda: len(c.shed) == 2)
+            assert c.shed == [("q5", "queue_forecast"), ("q6", "queue_forecast")]
+            assert c.a.pending() == 5 and c.a.counts["shed_forecast"] == 2
         else:
             time.sleep(0.05)
-            assert shed == [] and a.pending() == 7
+            assert c.shed == [] and c.a.pending() == 7
     finally:
-        for e in done.values():
-            e.set()
-        a.close()
+        c.close()
 
 
 def test_a_waiting_chat_is_answered_once_its_forecast_misses_not_at_its_deadline():
-    now, started, shed, done = [0.0], [], [], {}
-
-    def run(job):
-        started.append(job)
-        done.setdefault(job, threading.Event()).wait(10)
-
-    a = Admission(max_inflight=2, max_pending=100, max_wait_s=2.2, run=run, shed=lambda j, why: shed.append((j, why)),
-                  clock=lambda: now[0])
+    c = _Clocked(max_wait_s=2.2)
     try:
-        for job in ("w1", "w2"):    # slots are held 1 s: one frees up every 0.5 s
-            done[job] = threading.Event()
-            a.submit(job, 2)
-        assert wait_until(lambda: len(started) == 2)
-        now[0] = 1.0
-        done["w1"].set(), done["w2"].set()
-        assert wait_until(lambda: a.inflight() == 0)
         for job in ("r1", "r2", "q1", "q2", "q3", "q4"):   # deadlines 3.2 s; q4 forecast to start at 3.0 s
-            done[job] = threading.Event()
-            a.submit(job, 2)
+            c.submit(job, 2)
             if job == "r2":
-                assert wait_until(lambda: len(started) == 4)
-        assert a.pending() == 4 and shed == []
-        a.submit("vip", 1)          # goes ahead of them all: q4 would now start at 3.6 s
-        now[0] = 1.1
-        assert wait_until(lambda: len(shed) == 1)
-        assert shed == [("q4", "queue_forecast")]
-        now[0] = 1.6                # no slot freed for 0.6 s: q3 (3 ahead) forecast at 3.6 s, q2 at 3.1 s
-        assert wait_until(lambda: len(shed) == 2)
-        assert shed[1] == ("q3", "queue_forecast")
+                assert wait_until(lambda: len(c.started) == 4)
+        assert c.a.pending() == 4 and c.shed == []
+        c.submit("vip", 1)          # goes ahead of them all: q4 would now start at 3.6 s
+        c.now[0] = 1.1
+        assert wait_until(lambda: len(c.shed) == 1)
+        assert c.shed == [("q4", "queue_forecast")]
+        c.now[0] = 1.6              # no slot freed for 0.6 s: q3 (3 ahead) forecast at 3.6 s, q2 at 3.1 s
+        assert wait_until(lambda: len(c.shed) == 2)
+        assert c.shed[1] == ("q3", "queue_forecast")
         time.sleep(0.3)
-        assert len(shed) == 2 and a.pending() == 3 and a.counts["shed_forecast"] == 2
-        done["r1"].set()            # the freed slot goes to priority 1
-        assert wait_until(lambda: len(started) == 5) and started[-1] == "vip"
+        assert len(c.shed) == 2 and c.a.pending() == 3 and c.a.counts["shed_forecast"] == 2
+        c.done["r1"].set()          # the freed slot goes to priority 1
+        assert wait_until(lambda: len(c.started) == 5) and c.started[-1] == "vip"
     finally:
-        for e in done.values():
-            e.set()
-        a.close()
+        c.close()
 
 
 def test_a_failing_job_frees_its_slot():
