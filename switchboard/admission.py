@@ -159,20 +159,9 @@ class Admission:
                 now = self._clock()
                 # Oldest-deadline-first would be fairer to waiting chats, but a chat past its
                 # deadline gets a faster answer from the FAQ than from a slot it would wait for.
-                expired = [p for p in self._heap if p.deadline <= now]
-                if expired:
-                    self._heap = [p for p in self._heap if p.deadline > now]
-                    heapq.heapify(self._heap)
-                    self._waiting.subtract(p.priority for p in expired)
-                    shed += [(p, "queue_timeout") for p in expired]
-                    self.counts["shed_timeout"] += len(expired)
-                while len(self._heap) > self.max_pending:
-                    worst = max(self._heap)              # lowest priority, newest
-                    self._heap.remove(worst)
-                    heapq.heapify(self._heap)
-                    self._waiting[worst.priority] -= 1
-                    shed.append((worst, "queue_full"))
-                    self.counts["shed_full"] += 1
+                shed += self._take_out([p for p in self._heap if p.deadline <= now], "queue_timeout", "shed_timeout")
+                if len(self._heap) > self.max_pending:   # the lowest priority, newest first
+                    shed += self._take_out(sorted(self._heap)[self.max_pending:], "queue_full", "shed_full")
                 while self._heap and self._inflight < self._limit(self._heap[0].priority):
                     start.append(heapq.heappop(self._heap))
                     self._waiting[start[-1].priority] -= 1
@@ -180,14 +169,7 @@ class Admission:
                     self.counts["admitted"] += 1
                 if self.forecast and self._heap and now >= self._next_reforecast:
                     self._next_reforecast = now + REFORECAST_S
-                    late = self._reforecast(now)
-                    if late:
-                        gone = {id(p) for p in late}
-                        self._heap = [p for p in self._heap if id(p) not in gone]
-                        heapq.heapify(self._heap)
-                        self._waiting.subtract(p.priority for p in late)
-                        shed += [(p, "queue_forecast") for p in late]
-                        self.counts["shed_forecast"] += len(late)
+                    shed += self._take_out(self._reforecast(now), "queue_forecast", "shed_forecast")
                 self._shedding += len(shed)
                 if not start and not shed:
                     wake = [p.deadline for p in self._heap]
@@ -200,6 +182,16 @@ class Admission:
                 self._shedders.submit(self._shed_one, p.job, reason)
             for p in start:
                 self._runners.submit(self._hold_slot, p.job)
+
+    def _take_out(self, gone: list[_Pending], reason: str, count: str) -> list[tuple[_Pending, str]]:
+        """Remove ``gone`` from the queue, to be shed for ``reason``. Call with ``_cv`` held."""
+        if gone:
+            ids = {id(p) for p in gone}
+            self._heap = [p for p in self._heap if id(p) not in ids]
+            heapq.heapify(self._heap)
+            self._waiting.subtract(p.priority for p in gone)
+            self.counts[count] += len(gone)
+        return [(p, reason) for p in gone]
 
     def _limit(self, priority: int) -> int:
         return self.max_inflight if priority <= 1 else self.max_inflight - self.reserved

@@ -147,8 +147,8 @@ class Stack:
         except OSError:
             return False
 
-    def stop_triton(self, timeout: float = 30) -> None:
-        _stop(self.triton, timeout)
+    def stop_triton(self, timeout: float = 30, settled: Callable[[], bool] | None = None) -> None:
+        _stop(self.triton, timeout, settled)
         self.triton = None
 
     def restart_triton(self, stop_timeout: float = 10) -> None:
@@ -157,8 +157,7 @@ class Stack:
         once no stub runs any more (requests in flight finished, the live models unloaded),
         what is left is killed."""
         proc = self.triton
-        _stop(proc, stop_timeout, settled=lambda: not children(proc.pid))
-        self.triton = None
+        self.stop_triton(stop_timeout, settled=lambda: not children(proc.pid))
         ports = (self.ports.http, self.ports.grpc, self.ports.metrics)
         _wait(lambda: not any(port_open(p) for p in ports), 30, "the old tritonserver's ports", None)
         self.start_triton()
