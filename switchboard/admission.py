@@ -239,20 +239,44 @@ class Admission:
 
 
 class PoolHealth:
-    """Pools that failed (not: were busy) in the last ``retry_after_s`` are avoided."""
+    """Pools that failed (not: were busy) in the last ``retry_after_s`` are avoided.
+
+    A failure here means the pool's stub process died, and Triton 2.51 never completes the
+    requests it held: the chats still streaming from it would each wait out their stall bound.
+    So each stream registers while it reads (``watching``), and a failure of its pool ends it
+    at once.
+    """
 
     def __init__(self, retry_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
         self.retry_after_s = retry_after_s
         self._clock = clock
         self._down: dict[str, float] = {}
+        self._watchers: dict[str, set[Callable[[], None]]] = {}
         self._lock = threading.Lock()
 
     def failed(self, pool: str) -> None:
         with self._lock:
             first = self._down.get(pool, 0.0) <= self._clock()
             self._down[pool] = self._clock() + self.retry_after_s
+            watchers = list(self._watchers.get(pool, ()))
         if first:
             log.error("pool %s failed; routing around it for %.0f s", pool, self.retry_after_s)
+        if watchers:
+            log.warning("pool %s failed: ending the %d streams still reading from it", pool, len(watchers))
+        for dead in watchers:
+            dead()
+
+    @contextmanager
+    def watching(self, pool: str, dead: Callable[[], None]):
+        """Within the block, ``dead()`` is called (on the reporting thread; keep it short) when
+        ``pool`` is reported failed."""
+        with self._lock:
+            self._watchers.setdefault(pool, set()).add(dead)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._watchers[pool].discard(dead)
 
     def up(self, pool: str) -> bool:
         with self._lock:

@@ -299,7 +299,8 @@ class TritonPythonModel:
         """The stream in batches: every response that has arrived (at least one). Read on a
         helper thread so that a pool that never answers (its stub died mid-request: Triton 2.51
         then never completes the request) costs a timeout, not a hung chat. A stream this chat
-        leaves (timeout, error, its client gone) is cancelled, and with it the pool's request."""
+        leaves (timeout, error, its client gone) is cancelled, and with it the pool's request.
+        Once another chat finds the pool's stub dead, this stream ends at once (``PoolHealth``)."""
         responses: queue.Queue = queue.Queue()
 
         def pump():
@@ -310,32 +311,36 @@ class TritonPythonModel:
                 responses.put(e)
             responses.put(None)
 
+        def dead():
+            responses.put(RuntimeError("its stub process died while this chat streamed from it"))
+
         threading.Thread(target=pump, name=f"engine-{pool}", daemon=True).start()
         first, finished = True, False
-        try:
-            while True:
-                wait = self.first_token_s if first else self.stall_s
-                try:
-                    batch = [responses.get(timeout=wait)]
-                except queue.Empty:
-                    what = "no first response" if first else "stream stalled"
-                    raise EngineTimeout(f"{pool}: {what} within {wait:g} s") from None
-                while batch[-1] is not None and not isinstance(batch[-1], Exception) and not responses.empty():
-                    batch.append(responses.get_nowait())
-                end = batch[-1] is None
-                if end:
-                    batch.pop()
-                if batch and isinstance(batch[-1], Exception):
-                    raise EngineError(f"{pool}: {untag(str(batch[-1]))[1]}")
-                if batch:
-                    yield batch
-                if end:
-                    finished = True
-                    return
-                first = False
-        finally:
-            if not finished:
-                stream.cancel()
+        with self.pool_health.watching(pool, dead):
+            try:
+                while True:
+                    wait = self.first_token_s if first else self.stall_s
+                    try:
+                        batch = [responses.get(timeout=wait)]
+                    except queue.Empty:
+                        what = "no first response" if first else "stream stalled"
+                        raise EngineTimeout(f"{pool}: {what} within {wait:g} s") from None
+                    while batch[-1] is not None and not isinstance(batch[-1], Exception) and not responses.empty():
+                        batch.append(responses.get_nowait())
+                    end = batch[-1] is None
+                    if end:
+                        batch.pop()
+                    if batch and isinstance(batch[-1], Exception):
+                        raise EngineError(f"{pool}: {untag(str(batch[-1]))[1]}")
+                    if batch:
+                        yield batch
+                    if end:
+                        finished = True
+                        return
+                    first = False
+            finally:
+                if not finished:
+                    stream.cancel()
 
     def _send_text(self, sender, text: str, priority: int) -> None:
         out = pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_))

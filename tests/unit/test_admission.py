@@ -269,6 +269,18 @@ def test_pool_health_routes_around_a_failed_pool_then_retries():
     assert h.order("engine_short", "engine_long") == ["engine_short", "engine_long"]
 
 
+def test_a_failed_pool_ends_the_streams_reading_from_it_and_only_those():
+    h = PoolHealth(retry_after_s=30)
+    ended = []
+    with h.watching("engine_short", lambda: ended.append("short-1")), \
+            h.watching("engine_short", lambda: ended.append("short-2")), \
+            h.watching("engine_long", lambda: ended.append("long")):
+        h.failed("engine_short")
+        assert sorted(ended) == ["short-1", "short-2"]
+    h.failed("engine_short")  # streams that left are not told
+    assert sorted(ended) == ["short-1", "short-2"]
+
+
 def test_wait_for_room_holds_new_chats_while_max_pending_wait_for_a_slot_or_their_shed_answer():
     release, shed = threading.Event(), []
 
