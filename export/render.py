@@ -174,8 +174,9 @@ dynamic_batching {{
 
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 
-# priority_slots: rows of the running batch only priority 1 may take, so a VIP starts at the
-# next decode step instead of waiting for an answer to finish (0: off).
+# priority_slots: rows of max_batch only priority 1 may take, so a VIP starts at the next decode
+# step instead of waiting for an answer to finish (0: off). With preempt_steps, priority 1 has a
+# batch of its own of up to max_batch rows, whatever priority 2 holds.
 # stream_interval_ms: priority-2 tokens are sent together at most this often (priority 1: one
 # response per token); cancel_poll_ms: how often a running sequence asks whether its client went
 # away. Both bound round trips to the server process (switchboard/engine/stream.py).

@@ -2,8 +2,8 @@
 
 Each iteration works on one *lane*, a running batch with its own KV cache: it admits waiting
 sequences (lowest priority number first, then arrival order) while there is room
-(``priority_slots`` rows are kept for priority 1) and prefills them together on top of their
-cached prefixes, or else runs one decode step for the lane's rows. Finished rows leave
+(priority 2 leaves ``priority_slots`` of ``max_batch`` rows to priority 1) and prefills them
+together on top of their cached prefixes, or else runs one decode step for the lane's rows. Finished rows leave
 between steps. Nothing here knows Triton: results go to a ``Sink``.
 
 Priority 1 has its own lane when ``preempt_steps`` > 0. While it has work its iterations come
@@ -12,7 +12,9 @@ priority 2 is slowed, never starved. A priority-1 token then costs a step at pri
 batch size, not one in a full priority-2 batch with priority-2 prefills in between: under a 5x
 burst priority 1's time in the engine fell from 140 to 66-102 ms, P50 (README, "Priority 1
 under a burst").
-``preempt_steps`` 0 is one shared lane for all priorities.
+On its own lane priority 1 fills up to ``max_batch`` rows whatever priority 2 holds (the engine
+then holds at most ``2 * max_batch - priority_slots`` sequences), and its rows count against
+priority 2's. ``preempt_steps`` 0 is one shared lane for all priorities.
 
 With ``lane_threads`` 2 the two lanes run on threads of their own instead of taking turns,
 priority 2's ``normal_nice`` nice levels below the process (Linux, per thread; with ONNX
@@ -176,13 +178,22 @@ class Engine:
     def _lane(self, priority: int) -> _Lane:
         return self._urgent if priority <= 1 and self.preempt_steps else self._normal
 
-    def _limit(self, priority: int) -> int:
-        """Rows a sequence of this priority may fill (priority 2 leaves ``priority_slots``)."""
-        return self.max_batch if priority <= 1 else self.max_batch - self.priority_slots
+    def _has_row(self, lane: _Lane, admitting: int = 0) -> bool:
+        """Whether the sequence at the head of ``lane`` may take a row (under _cv), ``admitting``
+        more already taken by this admission. Priority 2 fills the engine's rows up to
+        ``max_batch - priority_slots``, counting priority 1's; priority 1's own lane fills its
+        batch up to ``max_batch`` whatever priority 2 holds, so several VIPs at once never wait
+        for priority-2 answers to finish (they did at 5% priority 1 in a 5x burst: P95 up to
+        110 ms in the engine's queue with one reserved row, README "Priority 1 under a burst").
+        In one shared lane priority 1 may fill all ``max_batch`` rows."""
+        if lane is self._urgent:
+            return len(lane.running) + admitting < self.max_batch
+        limit = self.max_batch if lane.waiting[0][0] <= 1 else self.max_batch - self.priority_slots
+        return self._rows < limit
 
     def _ready(self, lane: _Lane) -> bool:
         """Whether an iteration on ``lane`` has work: rows to decode or one to admit (under _cv)."""
-        return bool(lane.running) or (bool(lane.waiting) and self._rows < self._limit(lane.waiting[0][0]))
+        return bool(lane.running) or (bool(lane.waiting) and self._has_row(lane))
 
     def _count(self, counts: dict, decode_size: int = 0) -> None:
         with self._stats_lock:
@@ -269,7 +280,7 @@ class Engine:
     def _admit(self, lane: _Lane) -> list[_Sequence]:
         with self._cv:
             out: list[_Sequence] = []
-            while lane.waiting and self._rows < self._limit(lane.waiting[0][0]):
+            while lane.waiting and self._has_row(lane, len(out)):
                 out.append(heapq.heappop(lane.waiting)[2])
                 self._rows += 1
             if out:

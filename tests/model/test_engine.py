@@ -163,6 +163,41 @@ def test_priority_one_decodes_in_its_own_batch_while_priority_two_slows_but_adva
     assert all(s.result is None for s in background)
 
 
+def test_priority_one_on_its_own_lane_never_waits_for_priority_two_rows(model):
+    p = prompt(model, ("user", QUESTIONS[0]))
+    e = engine(model, max_batch=3, priority_slots=1, preempt_steps=4)
+    background = [Sink() for _ in range(3)]
+    for s in background:
+        e.submit(GenerationRequest(p, 60), s)
+    e.step()
+    assert e.running() == 2 and e.waiting() == 1, "priority 2 fills all but the reserved row"
+    vips = [Sink() for _ in range(3)]
+    for s in vips:
+        e.submit(GenerationRequest(p, 8, priority=1), s)
+    e.step()
+    assert e.running() == 5 and e.waiting() == 1, "all three VIPs start at once, in their own lane's batch"
+    while any(s.result is None for s in vips):
+        e.step()
+    assert all(s.result is None for s in background)
+
+
+def test_priority_one_rows_count_against_priority_two(model):
+    p = prompt(model, ("user", QUESTIONS[0]))
+    e = engine(model, max_batch=3, priority_slots=1, preempt_steps=4)
+    vips = [Sink() for _ in range(2)]
+    for s in vips:
+        e.submit(GenerationRequest(p, 12, priority=1), s)
+    e.step()
+    background = [Sink() for _ in range(2)]
+    for s in background:
+        e.submit(GenerationRequest(p, 12), s)
+    while any(s.result is None for s in vips):
+        assert e.running() == 2 and e.waiting() == 2, "priority 2 starts only below max_batch - priority_slots rows"
+        e.step()
+    while any(s.result is None for s in background):
+        e.step()
+
+
 def test_invalid_requests_are_refused_before_queueing(model):
     e = engine(model)
     with pytest.raises(ValueError, match="reused"):
@@ -216,7 +251,7 @@ def test_lanes_on_threads_of_their_own_give_the_same_tokens_within_the_batch_lim
     assert [s.tokens for s in vips] == [vip_alone] * 2
     assert [s.tokens for s in background] == [background_alone] * 4
     assert all(s.error is None for s in background + vips)
-    assert max(rows) <= 3, "two lanes admitting at once must not overfill the batch"
+    assert max(rows) <= 2 + 2, "two lanes admitting at once: priority 2's two rows, the two VIPs' own"
     stats, sizes, waiting, running = e.snapshot()
     assert (waiting, running) == (0, 0) and stats["finished_length"] + stats["finished_stop"] == 6
 
