@@ -138,9 +138,9 @@ def engine_config(pool: Pool, runtime: str) -> str:
 # The engine batches at iteration level (switchboard/engine/scheduler.py, max_batch below)
 # and {where}.
 # Triton's batcher groups arrivals and holds the overflow under the queue policy.
-# Requests from chat arrive over BLS, which cannot set Triton priority in 2.51: chat sends
-# the priority as a request parameter and the engine's scheduler orders by it. The
-# priority levels here apply to clients that call this pool directly.
+# Requests from chat arrive over gRPC on this server (switchboard/engine_client.py) with
+# Triton's priority, which orders this queue, and the parameter chat_priority, which the
+# engine's scheduler orders its batch by (Triton keeps `priority` to itself).
 name: "engine_{pool.name}"
 backend: "python"
 max_batch_size: {pool.max_batch_size}
@@ -184,10 +184,14 @@ instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 # two batches run on threads of their own, priority 2's normal_nice nice levels lower (Linux),
 # so the OS runs priority 1 first and an idle core runs priority 2 meanwhile; 1: one thread,
 # and while priority 1 has work, priority 2 gets one step after every preempt_steps of its.
+# hold_back_ms: with lane_threads 2, when priority 2 is backlogged (sequences wait for a row, an
+# overload) its lane waits while priority 1 has work, taking one step per hold_back_ms meanwhile
+# (0: the lanes always decode side by side).
 # threads: ONNX Runtime threads per pool; with two pools on two cores, 1 served a 5x burst
 # faster than 2 (and at 1 the model runs on the lane's own thread, at its nice value).
 ''' + _params([("max_batch", str(pool.engine_batch)), ("max_waiting", "64"), ("priority_slots", "1"),
-               ("preempt_steps", "4"), ("lane_threads", "2"), ("normal_nice", "19"), ("stream_interval_ms", "50"), ("cancel_poll_ms", "50"), ("threads", "1"),
+               ("preempt_steps", "4"), ("lane_threads", "2"), ("normal_nice", "19"), ("hold_back_ms", "100"),
+               ("stream_interval_ms", "50"), ("cancel_poll_ms", "50"), ("threads", "1"),
                ("precision", "fp32"), *([("runtime", runtime)] if runtime != "onnxruntime" else [])])
 
 

@@ -24,6 +24,11 @@ an idle core the two lanes overlap. A priority-1 token no longer waits for any p
 step, only for the cores the rest of the server leaves it: under a 5x burst on two cores
 priority 1's P50 fell from 2.7x its time alone to 2.1x and priority 2 generated 40% more
 (README, "Priority 1 under a burst").
+
+Under an overload (priority 2 backlogged) that is not enough: priority 2's steps still share
+the process's GIL with priority 1's, and its tokens cost sends and relays at the server's
+priority. Then priority 2's lane waits while priority 1 has work, one step per
+``hold_back_ms`` meanwhile (``_hold_back``).
 """
 
 from __future__ import annotations
@@ -99,12 +104,14 @@ class _Sequence:
 
 
 STAT_KEYS = ("prefill_batches", "prefill_tokens", "prefill_padded_tokens", "decode_steps", "decode_columns",
-             "decode_padded_columns", "finished_stop", "finished_length", "finished_cancelled", "busy_s")
+             "decode_padded_columns", "finished_stop", "finished_length", "finished_cancelled", "busy_s",
+             "held_back_s")
 
 
 class Engine:
     def __init__(self, decoder: OnnxDecoder, max_batch: int, max_waiting: int, stop_ids: set[int],
-                 priority_slots: int = 0, preempt_steps: int = 0, lane_threads: int = 1, normal_nice: int = 19):
+                 priority_slots: int = 0, preempt_steps: int = 0, lane_threads: int = 1, normal_nice: int = 19,
+                 hold_back_ms: float = 0.0):
         m = decoder.manifest
         self.decoder = decoder
         self.max_batch = max_batch
@@ -120,6 +127,10 @@ class Engine:
         self.preempt_steps = max(0, preempt_steps)
         self.lane_threads = 2 if self.preempt_steps and lane_threads >= 2 else 1
         self.normal_nice = max(0, min(normal_nice, 19))
+        # With lane threads, while priority 2 is backlogged: its lane waits while priority 1 has
+        # work, stepping at most once per hold_back_s meanwhile (0: never waits).
+        self.hold_back_s = max(0.0, hold_back_ms) / 1000
+        self._normal_stepped = 0.0         # when priority 2's lane thread last finished a step
         self._urgent, self._normal = _Lane("urgent"), _Lane("normal")  # priority 1 (when preempting); the rest
         self._rows = 0                     # sequences admitted and not yet retired, both lanes
         self._urgent_streak = 0            # priority-1 iterations in a row
@@ -227,8 +238,7 @@ class Engine:
         lanes = [lane] if lane else [self._urgent, self._normal]
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._stop or any(self._ready(x) for x in lanes))
-                if self._stop:
+                if not self._wait_for_work(lanes):
                     return
             try:
                 self.step(lane)
@@ -237,6 +247,40 @@ class Engine:
                 for x in lanes:
                     self._fail(x.running, e)
                     x.running, x.batch = [], None
+            if lane is self._normal:
+                self._normal_stepped = time.perf_counter()
+
+    def _wait_for_work(self, lanes: list[_Lane]) -> bool:
+        """Wait (under _cv) until one of ``lanes`` has work it may do now; False once stopped."""
+        held_since = None
+        while not self._stop:
+            if not any(self._ready(x) for x in lanes):
+                self._cv.wait()
+                continue
+            hold = self._hold_back(lanes)
+            if hold <= 0:
+                break
+            held_since = held_since or time.perf_counter()
+            self._cv.wait(hold)
+        if held_since is not None:
+            self._count({"held_back_s": time.perf_counter() - held_since})
+        return not self._stop
+
+    def _hold_back(self, lanes: list[_Lane]) -> float:
+        """Seconds priority 2's lane thread should still wait for priority 1 (under _cv), 0 to go.
+
+        Priority 2's steps, though 19 nice levels down, still cost priority 1: they share the
+        process's GIL, and every priority-2 token costs sends and relays at the server's
+        priority (this pool's sender, tritonserver, ``chat``). So when the engine cannot keep up
+        with priority 2 (sequences wait for a row: an overload, whose excess ``chat`` answers
+        from the FAQ) priority 2 waits while priority 1 has work, and takes one step per
+        ``hold_back_s`` meanwhile so it is never starved. Below that load it decodes beside
+        priority 1 on the cores priority 1 leaves.
+        """
+        if (lanes != [self._normal] or not self.hold_back_s or not self._normal.waiting
+                or not (self._urgent.running or self._urgent.waiting)):
+            return 0.0
+        return self._normal_stepped + self.hold_back_s - time.perf_counter()
 
     def _fail(self, seqs: list[_Sequence], error: Exception) -> None:
         """Answer ``seqs`` with ``error`` and free their rows."""
@@ -372,7 +416,8 @@ class Engine:
             except Exception:
                 log.exception("sink failed at finish")
         if len(keep) != len(lane.running):
-            self._free_rows(len(lane.running) - len(keep))
+            freed = len(lane.running) - len(keep)
             lane.running = [lane.running[i] for i in keep]
             lane.batch = lane.batch.select(keep) if keep else None
+            self._free_rows(freed)  # after the update: a held-back priority 2 sees priority 1 done
 

@@ -160,6 +160,7 @@ _DESCRIPTIONS = {
     "finished_length": "sequences that ended at max_new_tokens or the context window",
     "finished_cancelled": "sequences cancelled by the client",
     "busy_s": "seconds the engine spent in steps (with lane_threads 2, both lanes' threads: up to 2 a second)",
+    "held_back_s": "seconds priority 2's lane waited for priority 1's work (hold_back_ms)",
 }
 
 
@@ -259,6 +260,7 @@ class TritonPythonModel:
                              preempt_steps=params.int("preempt_steps", 4, 0, 1 << 20),
                              lane_threads=params.int("lane_threads", 2, 1, 2),
                              normal_nice=params.int("normal_nice", 19, 0, 19),
+                             hold_back_ms=params.float("hold_back_ms", 100.0, 0.0, 60000),
                              stop_ids=set(self.manifest.eos_token_ids))
         # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
         # one send per token (switchboard/engine/stream.py says why).

@@ -282,3 +282,60 @@ def test_a_failing_prefill_answers_the_sequences_it_admitted(model, lane_threads
     finally:
         e.stop()
     assert all(isinstance(s.error, RuntimeError) for s in sinks + [ok])
+
+
+class Timeline(Sink):
+    """Records when each of its tokens arrived (any lane's thread)."""
+
+    def __init__(self):
+        super().__init__()
+        self.times: list[float] = []
+
+    def on_tokens(self, ids):
+        super().on_tokens(ids)
+        self.times.append(time.perf_counter())
+
+
+def background_tokens_during_a_vip(model, hold_back_ms, vip_tokens, backlog):
+    """How many tokens the first of priority 2's rows made while a priority-1 sequence of
+    ``vip_tokens`` ran beside it on the lane threads, and the engine's held_back_s. Priority 2
+    has 3 rows; ``backlog`` sequences more wait for one."""
+    _, decoder, _ = model
+    p = prompt(model, ("user", QUESTIONS[0]))
+    # No stop tokens: every sequence runs to its max_new_tokens.
+    e = Engine(decoder, max_batch=4, max_waiting=16, stop_ids=set(), priority_slots=1, preempt_steps=4,
+               lane_threads=2, normal_nice=0, hold_back_ms=hold_back_ms)
+    background, vip = [Timeline() for _ in range(3 + backlog)], Timeline()
+    e.start()
+    try:
+        for s in background:
+            e.submit(GenerationRequest(p, 400), s)
+        deadline = time.monotonic() + 30
+        while len(background[0].times) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert e.waiting() == backlog
+        e.submit(GenerationRequest(prompt(model, ("user", QUESTIONS[2])), vip_tokens, priority=1), vip)
+        wait_for([vip])
+    finally:
+        e.stop()
+    start, end = vip.times[0], vip.times[-1]
+    return sum(start < t < end for t in background[0].times), e.snapshot()[0]["held_back_s"]
+
+
+def test_a_backlogged_priority_two_waits_while_priority_one_decodes(model):
+    during, held = background_tokens_during_a_vip(model, hold_back_ms=60_000, vip_tokens=16, backlog=1)
+    assert during <= 1, "at most the step priority 2 was already in when the VIP arrived"
+    assert held > 0
+    during, held = background_tokens_during_a_vip(model, hold_back_ms=0, vip_tokens=16, backlog=1)
+    assert during > 1 and held == 0, "without hold_back_ms the lanes decode side by side"
+
+
+def test_priority_two_decodes_beside_priority_one_while_it_keeps_up(model):
+    during, held = background_tokens_during_a_vip(model, hold_back_ms=60_000, vip_tokens=16, backlog=0)
+    assert during > 1 and held == 0
+
+
+def test_priority_two_still_steps_once_per_hold_back_while_priority_one_keeps_decoding(model):
+    during, _ = background_tokens_during_a_vip(model, hold_back_ms=5, vip_tokens=120, backlog=1)
+    assert during >= 2, "held back, never starved"
