@@ -4,7 +4,7 @@ Why not BLS: in Triton 2.51's Python backend a thread that iterates a decoupled 
 wakes holding the iterator's mutex and then takes the GIL, the stub's receive thread holds the
 iterator map's mutex while it waits for that iterator's mutex, and ``exec(decoupled=True)``
 takes the map's mutex while holding the GIL. With many streams read at once that cycle closes:
-under `make soak` it froze the chat stub after 245 s (README, "The `chat` model" and "Reliability").
+under `make soak` it froze the chat stub after 245 s (README, "The `chat` model"; docs/reliability.md).
 
 A gRPC stream has none of those locks, reaches the pool through Triton's own queue (request
 priority and timeout apply as for any client), and ``cancel()`` cancels the pool's request,

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def jemalloc(env: dict[str, str]) -> str | None:
     """The jemalloc library to preload into tritonserver and its stubs, or None. With glibc's
     malloc, tritonserver's memory crept up 10% in a 10-minute `make soak` (streams of KV-sized
-    messages freed on many threads: fragmentation); with jemalloc it stayed flat (README,
-    Reliability). ``SWITCHBOARD_ALLOCATOR=glibc`` keeps glibc's."""
+    messages freed on many threads: fragmentation); with jemalloc it stayed flat
+    (docs/reliability.md, "`make soak` runs"). ``SWITCHBOARD_ALLOCATOR=glibc`` keeps glibc's."""
     if env.get("SWITCHBOARD_ALLOCATOR", "jemalloc") != "jemalloc" or "jemalloc" in env.get("LD_PRELOAD", ""):
         return None
     name = ctypes.util.find_library("jemalloc")

@@ -10,8 +10,8 @@ Priority 1 has its own lane when ``preempt_steps`` > 0. While it has work its it
 first, and priority 2's lane gets one iteration after every ``preempt_steps`` of them, so
 priority 2 is slowed, never starved. A priority-1 token then costs a step at priority 1's own
 batch size, not one in a full priority-2 batch with priority-2 prefills in between: under a 5x
-burst priority 1's time in the engine fell from 140 to 66-102 ms, P50 (README, "Priority 1
-under a burst").
+burst priority 1's time in the engine fell from 140 to 66-102 ms, P50 (docs/reliability.md,
+"Priority 1 under a burst").
 On its own lane priority 1 fills up to ``max_batch`` rows whatever priority 2 holds (the engine
 then holds at most ``2 * max_batch - priority_slots`` sequences), and its rows count against
 priority 2's. ``preempt_steps`` 0 is one shared lane for all priorities.
@@ -23,12 +23,12 @@ Runtime at one intra-op thread the model runs on the calling thread, so this cov
 an idle core the two lanes overlap. A priority-1 token no longer waits for any priority-2
 step, only for the cores the rest of the server leaves it: under a 5x burst on two cores
 priority 1's P50 fell from 2.7x its time alone to 2.1x and priority 2 generated 40% more
-(README, "Priority 1 under a burst").
+(docs/reliability.md, "Priority 1 under a burst").
 
 Under an overload (priority 2 backlogged) that is not enough: priority 2's steps still share
 the process's GIL with priority 1's, and its tokens cost sends and relays at the server's
 priority. Then priority 2's lane waits while priority 1 has work, one step per
-``hold_back_ms`` meanwhile (``_hold_back``).
+``hold_back_ms`` meanwhile (``_hold_back``; figures in docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class Engine:
         ``max_batch - priority_slots``, counting priority 1's; priority 1's own lane fills its
         batch up to ``max_batch`` whatever priority 2 holds, so several VIPs at once never wait
         for priority-2 answers to finish (they did at 5% priority 1 in a 5x burst: P95 up to
-        110 ms in the engine's queue with one reserved row, README "Priority 1 under a burst").
+        110 ms in the engine's queue with one reserved row, docs/reliability.md).
         In one shared lane priority 1 may fill all ``max_batch`` rows."""
         if lane is self._urgent:
             return len(lane.running) + admitting < self.max_batch

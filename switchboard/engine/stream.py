@@ -3,7 +3,7 @@
 In the Python backend every ``send`` and every ``is_cancelled`` is a synchronous round trip
 to the server process, which handles them one after another. One send per token per row and
 one cancellation check per row per step made those round trips, not the model, the limit
-under load (README, "Priority 1 under a burst"). So:
+under load (docs/reliability.md, "Priority 1 under a burst"). So:
 
 - ``Outbox`` takes the sends off the engine loop: the loop only queues tokens; one sender
   thread sends them, priority 1 first, each stream's queued tokens in one response. While the
