@@ -91,17 +91,22 @@ def test_length_aware_routing(client):
     assert long.route == "long" and long.prompt_tokens > 160
 
 
-def _engine_waiting(stack, pool="engine_short") -> float:
+def _engine_metric(stack, name: str, pool="engine_short") -> float:
     from switchboard.perf.bench import scrape
 
-    return scrape(stack.ports.metrics).get(("switchboard_engine_waiting", (("model", pool),)), 0.0)
+    return scrape(stack.ports.metrics).get((name, (("model", pool),)), 0.0)
+
+
+def _engine_waiting(stack, pool="engine_short") -> float:
+    return _engine_metric(stack, "switchboard_engine_waiting", pool)
 
 
 def test_priority_one_waits_less_than_a_backlog_of_priority_two(client, stack):
     """Keep a steady backlog of priority-2 chats queued in engine_short (24 senders, batches of
     8), send priority-1 chats into it one at a time, and compare the time each spent in the
     engine's queue. Without priorities a VIP queues like everyone else (equal medians); with
-    them it takes the next free slot ahead of the backlog."""
+    them it takes the next free slot ahead of the backlog. With the backlog, priority 2's lane
+    waits while a VIP decodes (hold_back_ms), which the pool's metrics count."""
     queued = {1: [], 2: []}
     lock = threading.Lock()
     stop = threading.Event()
@@ -130,6 +135,7 @@ def test_priority_one_waits_less_than_a_backlog_of_priority_two(client, stack):
             time.sleep(0.2)
         with lock:
             queued[2].clear()  # only chats that queued behind a backlog
+        held_before = _engine_metric(stack, "switchboard_engine_held_back_s_total")
         for _ in range(7):
             chat(1)
             time.sleep(0.1)
@@ -141,6 +147,10 @@ def test_priority_one_waits_less_than_a_backlog_of_priority_two(client, stack):
     vip, others = np.median(queued[1]), np.median(queued[2])
     assert len(queued[1]) == 7 and len(queued[2]) >= 20
     assert vip * 2 < others, f"engine queue median: priority 1 {vip:.0f} ms, priority 2 {others:.0f} ms"
+    deadline = time.monotonic() + 5  # the pool publishes its counters once a second
+    while _engine_metric(stack, "switchboard_engine_held_back_s_total") <= held_before:
+        assert time.monotonic() < deadline, "priority 2 was never held back for a VIP"
+        time.sleep(0.2)
 
 
 def _expect_invalid(raw, inputs, parameters=None, needle=""):
