@@ -65,7 +65,7 @@ def run_perf_analyzer(url: str, input_data: Path, concurrency: str | None, expor
     cmd = [str(perf_analyzer_binary()), "-m", "chat", "-i", "grpc", "-u", url, "--streaming",
            "--input-data", str(input_data), *sweep,
            "--measurement-mode", "count_windows", "--measurement-request-count", str(requests),
-           "--stability-percentage", "50", "--max-trials", "4",
+           "--stability-percentage", "50", "--max-trials", "10",
            "--request-parameter", f"{PRIORITY_PARAMETER}:{priority}:int",
            "--profile-export-file", str(export)]
     return subprocess.run(cmd, env=perf_analyzer_env(), capture_output=True, text=True, timeout=timeout)

@@ -88,7 +88,7 @@ class Preset:
 
 PRESETS = {
     "smoke": Preset(("optimized", "baseline", "hf", "litserve"), (3.0,), 5, 20, 1, None, None, 0),
-    "quick": Preset(("optimized", "baseline", "litserve", "hf"), (1.0, 4.0), 15, 15, 2, "4:4", None, 24),
+    "quick": Preset(("optimized", "baseline", "litserve", "hf"), (1.0, 4.0), 15, 15, 2, "4:4", None, 60),
     "full": Preset(("optimized", "optimized-int8", "baseline", "litserve", "hf"), (0.5, 1.0, 2.0, 3.0, 4.0, 6.0),
                    45, 30, 2, "1:8:1", "5:30:5", 48),
 }
