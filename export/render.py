@@ -120,13 +120,19 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # the cores to priority 1's chats under a burst.
 # engine_url: this server's gRPC endpoint, where chat streams from the pools (not BLS: see
 # switchboard/engine_client.py); `make serve` and the tests set it to the port they chose.
+# pool_retry_after_s: a pool whose stub process died is routed around this long (Triton 2.51
+# never restarts the stub: the supervisor restarts the server).
+# pool_probe_after_s: a stream from a pool quiet this long makes chat ping the pool (one ping at
+# a time); when Triton answers that its stub died, every chat on that pool ends at once instead
+# of waiting out engine_stall_s (0: no pings).
 ''' + _params([("engine_url", "127.0.0.1:8001"), ("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
                ("redis_tls_ca_file", ""), ("redis_tls_cert_file", ""), ("redis_tls_key_file", ""),
                ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
                ("max_inflight", "64"), ("max_inflight_reserved", "16"), ("max_pending", "1024"),
                ("max_queue_wait_s", "5"), ("shed_on_forecast", "true"), ("shed_workers", "8"), ("shed_nice", "19"),
                ("cancel_poll_ms", "50"),
-               ("engine_first_token_s", "10"), ("engine_stall_s", "10"), ("fallback", "true"),
+               ("engine_first_token_s", "10"), ("engine_stall_s", "10"),
+               ("pool_retry_after_s", "30"), ("pool_probe_after_s", "1"), ("fallback", "true"),
                ("fallback_faq", "faq.jsonl"), ("default_max_new_tokens", "96"), ("max_new_tokens_limit", "512"),
                ("precision", "fp32")])
 

@@ -107,5 +107,30 @@ class EngineClient:
         # No `triton_grpc_error` header: errors come as responses (the header can crash 2.51, README).
         return EngineStream(self._stub.ModelStreamInfer(iter((request,))))
 
+    def ping(self, model: str, timeout_s: float) -> bool | None:
+        """Whether ``model``'s stub process is alive: True when it answered a ping, False when
+        Triton says the stub is dead, None when neither came within ``timeout_s`` (a stub busy
+        with backpressure answers late; Triton can leave a request sent as its stub died
+        unanswered)."""
+        request = build_request(model, {"input_ids": np.zeros((1, 1), np.int32)}, ["stats"], {"ping": True},
+                                priority=1)
+        call = self._stub.ModelStreamInfer(iter((request,)), timeout=timeout_s)
+        try:
+            for message in call:
+                parse_response(message)
+                return True
+        except EngineStreamError as e:
+            return False if stub_dead(str(e)) else None
+        except grpc.RpcError:
+            return None
+        finally:
+            call.cancel()
+        return None
+
     def close(self) -> None:
         self._channel.close()
+
+
+def stub_dead(message: str) -> bool:
+    """Triton 2.51's error for a request to a model whose Python-backend stub died."""
+    return "Stub process" in message and "not healthy" in message

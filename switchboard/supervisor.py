@@ -34,8 +34,11 @@ POOLS = ("engine_short", "engine_long")
 PROBE_TEXT = "Where is my order?"
 
 
-def _pool_request(url: str, model: str, timeout_s: float) -> str | None:
-    """One token from an engine pool over a stream; the failure, or None."""
+def _pool_request(url: str, model: str, timeout_s: float, ping_every_s: float = 1.0) -> str | None:
+    """One token from an engine pool over a stream; the failure, or None. While the token has
+    not come, the pool is pinged every ``ping_every_s`` on the same stream: a request sent as
+    the stub died can go unanswered for good, and the ping sent after it is refused at once
+    ("Stub process ... is not healthy"), so the probe fails then, not at its deadline."""
     import tritonclient.grpc as grpcclient
 
     from switchboard.client.sdk import channel_args, close_stream, error_of
@@ -46,21 +49,28 @@ def _pool_request(url: str, model: str, timeout_s: float) -> str | None:
     ids.set_data_from_numpy(np.asarray([[1, 2, 3]], np.int32))
     limit = grpcclient.InferInput("max_new_tokens", [1, 1], "INT32")
     limit.set_data_from_numpy(np.asarray([[1]], np.int32))
-    finished = False
+    finished = pinged = False  # finished: nothing left open on the stream, it may close cleanly
     try:
         client.start_stream(callback=lambda result, error: got.put((result, error)))
-        client.async_stream_infer(model, [ids, limit])
+        client.async_stream_infer(model, [ids, limit], request_id="token")
         deadline = time.monotonic() + timeout_s
         while True:
+            left = deadline - time.monotonic()
             try:
-                result, error = got.get(timeout=max(0.0, deadline - time.monotonic()))
+                result, error = got.get(timeout=max(0.0, min(left, ping_every_s)))
             except queue.Empty:
-                return f"{model}: no answer within {timeout_s:.0f} s"
-            if error is not None:
-                finished = True
+                if left <= ping_every_s:
+                    return f"{model}: no answer within {timeout_s:.0f} s"
+                client.async_stream_infer(model, [ids], request_id="ping", parameters={"ping": True}, priority=1)
+                pinged = True
+                continue
+            if error is not None:  # the token's or a ping's: either fails the probe
+                finished = not pinged  # else the token's request may still be open
                 return f"{model}: {error_of(error)[1]}"
+            if result.get_response().id == "ping":
+                continue  # alive: the token may still come
             if result.as_numpy("stats") is not None:
-                finished = True
+                finished = not pinged  # a ping may still be open
                 return None
     except Exception as e:  # the server is gone or refused the stream
         return f"{model}: {e}"

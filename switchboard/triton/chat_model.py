@@ -27,7 +27,7 @@ import triton_python_backend_utils as pb_utils
 from switchboard.admission import Admission, PoolHealth, PriorityGate, send_rank
 from switchboard.detok import IncrementalDetokenizer
 from switchboard.engine.stream import CancelPoll
-from switchboard.engine_client import EngineClient, EngineStream, build_request
+from switchboard.engine_client import EngineClient, EngineStream, build_request, stub_dead
 from switchboard.fallback import FaqFallback
 from switchboard.kvcodec import KVEntry
 from switchboard.manifest import Manifest
@@ -117,7 +117,11 @@ class TritonPythonModel:
         self.first_token_s = params.float("engine_first_token_s", 10.0, 0.1, 600)
         self.stall_s = params.float("engine_stall_s", 10.0, 0.1, 600)
         self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
-        self.pool_health = PoolHealth(params.float("pool_retry_after_s", 30.0, 0.1, 3600))
+        # A stream quiet for pool_probe_after_s makes chat ping its pool (PoolHealth says why).
+        probe_after_s = params.float("pool_probe_after_s", 1.0, 0.0, 600)
+        self.pool_health = PoolHealth(params.float("pool_retry_after_s", 30.0, 0.1, 3600),
+                                      ping=lambda pool: self.engines.ping(pool, max(2.0, probe_after_s)),
+                                      probe_after_s=probe_after_s)
 
     def _setup_admission(self, params: Params) -> None:
         # Every response goes out through the gate, priority 1 first (PriorityGate, send_rank say why).
@@ -229,7 +233,7 @@ class TritonPythonModel:
                     raise  # text already streamed: an error, not a second answer
                 log.warning("%s", e)
                 timed_out = isinstance(e, EngineTimeout)
-                if not timed_out and "not healthy" in str(e):
+                if not timed_out and stub_dead(str(e)):
                     self.pool_health.failed(pool)  # the stub died; Triton 2.51 does not restart it
                 if timed_out or attempt == 1:
                     if self.faq is None:
@@ -320,11 +324,10 @@ class TritonPythonModel:
             try:
                 while True:
                     wait = self.first_token_s if first else self.stall_s
-                    try:
-                        batch = [responses.get(timeout=wait)]
-                    except queue.Empty:
+                    batch = [self._next(responses, pool, wait)]
+                    if batch[0] is queue.Empty:
                         what = "no first response" if first else "stream stalled"
-                        raise EngineTimeout(f"{pool}: {what} within {wait:g} s") from None
+                        raise EngineTimeout(f"{pool}: {what} within {wait:g} s")
                     while batch[-1] is not None and not isinstance(batch[-1], Exception) and not responses.empty():
                         batch.append(responses.get_nowait())
                     end = batch[-1] is None
@@ -341,6 +344,19 @@ class TritonPythonModel:
             finally:
                 if not finished:
                     stream.cancel()
+
+    def _next(self, responses: queue.Queue, pool: str, wait: float):
+        """The next item within ``wait`` (else ``queue.Empty``), pinging the pool each time the
+        stream has been quiet for ``pool_probe_after_s``."""
+        deadline = time.monotonic() + wait
+        step = self.pool_health.probe_after_s or wait
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                return responses.get(timeout=min(step, left))
+            except queue.Empty:
+                if left > step:
+                    self.pool_health.quiet(pool)
+        return queue.Empty
 
     def _send_text(self, sender, text: str, priority: int) -> None:
         out = pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_))

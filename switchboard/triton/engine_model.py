@@ -275,6 +275,13 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            if request_parameters(request).get("ping") is True:
+                # chat asks whether this stub is alive when a stream from it has gone quiet
+                # (PoolHealth): answered here, before the engine and its backpressure.
+                pong = pb_utils.Tensor("stats", np.asarray([[b'{"ping": true}']], np.object_))
+                sender.send(pb_utils.InferenceResponse(output_tensors=[pong]),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             try:
                 req = self._parse(request)
                 self.engine.validate(req)

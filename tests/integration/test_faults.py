@@ -15,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatClient, ChatError
+from switchboard.engine_client import EngineClient
 from switchboard.launch import Ports, Stack, children
 from switchboard.session import session_key
 
@@ -133,7 +134,7 @@ def tight(artifacts, tmp_path_factory):
     s = Stack(Ports.free(), run_dir=tmp_path_factory.mktemp("tight"), env={
         "SWITCHBOARD_MAX_INFLIGHT": "2", "SWITCHBOARD_MAX_QUEUE_WAIT_S": "0.5",
         "SWITCHBOARD_ENGINE_FIRST_TOKEN_S": "4", "SWITCHBOARD_ENGINE_STALL_S": "4",
-        "SWITCHBOARD_POOL_RETRY_AFTER_S": "600"})
+        "SWITCHBOARD_POOL_RETRY_AFTER_S": "600", "SWITCHBOARD_POOL_PROBE_AFTER_S": "0.5"})
     s.start()
     yield s
     # A model whose stub was killed never unloads in 2.51: a clean shutdown would wait 30 s.
@@ -204,17 +205,17 @@ def test_killed_engine_stub_errors_or_falls_back_never_hangs_then_recovers(tight
         tight.restart_triton()
         assert ask(ChatClient(tight.grpc_url), "Where is my order?", max_new_tokens=8).stats.generated_tokens > 0
         return
-    # Server survived. The next short chat (priority 1: the in-flight chat holds priority 2's
-    # only slot) finds the stub dead and goes to the other pool; the chat still streaming from
-    # the dead pool ends then too, with an error (its text was already streamed), instead of
-    # waiting out its 4 s stall bound.
-    replies = [ChatClient(tight.grpc_url).chat("Where is my order?", stream=False, priority=1, max_new_tokens=8)]
-    found = time.monotonic()
-    assert replies[0].stats.route == "long" and not replies[0].stats.fallback, replies[0].stats.raw
+    # Server survived, and no other chat is sent: the stream from the dead pool goes quiet,
+    # chat pings the pool (every 0.5 s here), Triton answers that its stub is dead, and the chat
+    # ends with an error (its text was already streamed) well before its 4 s stall bound.
     t.join(60)
     assert "error" in box and box["error"].code == "UNAVAILABLE", f"an error, not a second answer: {box}"
-    assert box["ended"] - found < 1.5, f"the chat on the dead pool ended {box['ended'] - found:.1f} s after it was found dead"
-    replies += [client.chat("Where is my order?", stream=False, max_new_tokens=8) for _ in range(2)]
+    assert box["ended"] - killed < 3.5, f"the chat on the dead pool ended {box['ended'] - killed:.1f} s after the kill"
+    pools = EngineClient(tight.grpc_url)
+    assert pools.ping("engine_short", 5) is False and pools.ping("engine_long", 5) is True
+    # The pool is routed around from then on: the next short chat goes to the long pool at once.
+    replies = [client.chat("Where is my order?", stream=False, max_new_tokens=8) for _ in range(3)]
+    assert replies[0].stats.route == "long" and not replies[0].stats.fallback, replies[0].stats.raw
     assert all(r.text.strip() for r in replies)
     assert replies[-1].stats.route == "long" and not replies[-1].stats.fallback
     with grpcclient.InferenceServerClient(tight.grpc_url) as c:

@@ -281,6 +281,73 @@ def test_a_failed_pool_ends_the_streams_reading_from_it_and_only_those():
     assert sorted(ended) == ["short-1", "short-2"]
 
 
+def _pinged(h: PoolHealth, pool: str, timeout: float = 5.0) -> None:
+    """Wait until no ping of ``pool`` is under way (they run on threads of their own)."""
+    deadline = time.monotonic() + timeout
+    while pool in h._pinging and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_quiet_stream_pings_its_pool_and_a_dead_answer_ends_every_stream_on_it():
+    pings = []
+    h = PoolHealth(retry_after_s=30, ping=lambda pool: pings.append(pool) or False, probe_after_s=1.0)
+    ended = []
+    with h.watching("engine_short", lambda: ended.append("short")), \
+            h.watching("engine_long", lambda: ended.append("long")):
+        h.quiet("engine_short")
+        _pinged(h, "engine_short")
+        assert pings == ["engine_short"] and ended == ["short"]
+    assert not h.up("engine_short") and h.up("engine_long")
+
+
+def test_a_ping_unanswered_or_answered_alive_is_not_a_failure():
+    for answer in (True, None, "raises"):
+        def ping(pool, answer=answer):
+            if answer == "raises":
+                raise ConnectionError("the server went away")
+            return answer
+
+        h = PoolHealth(retry_after_s=30, ping=ping, probe_after_s=1.0)
+        ended = []
+        with h.watching("engine_short", lambda: ended.append("short")):
+            h.quiet("engine_short")
+            _pinged(h, "engine_short")
+        assert h.up("engine_short") and not ended, answer
+
+
+def test_one_ping_at_a_time_per_pool_and_at_most_one_per_probe_interval():
+    now, release, pings = [0.0], threading.Event(), []
+
+    def ping(pool):
+        pings.append(pool)
+        release.wait(5)
+        return True
+
+    h = PoolHealth(retry_after_s=30, clock=lambda: now[0], ping=ping, probe_after_s=1.0)
+    for _ in range(5):  # many quiet streams at once: one ping
+        h.quiet("engine_short")
+    h.quiet("engine_long")
+    now[0] = 2.0
+    h.quiet("engine_short")  # the interval passed, but the first ping is still under way
+    release.set()
+    _pinged(h, "engine_short")
+    _pinged(h, "engine_long")
+    assert sorted(pings) == ["engine_long", "engine_short"]
+    now[0] = 2.5
+    h.quiet("engine_short")  # the last ping started at 0.0: allowed again
+    _pinged(h, "engine_short")
+    now[0] = 3.0
+    h.quiet("engine_short")  # 0.5 s after the last one: not yet
+    _pinged(h, "engine_short")
+    assert sorted(pings) == ["engine_long", "engine_short", "engine_short"]
+
+
+def test_without_a_ping_function_quiet_streams_ask_nothing():
+    h = PoolHealth(retry_after_s=30, probe_after_s=1.0)
+    h.quiet("engine_short")
+    assert h.probe_after_s == 0.0 and h.up("engine_short")
+
+
 def test_wait_for_room_holds_new_chats_while_max_pending_wait_for_a_slot_or_their_shed_answer():
     release, shed = threading.Event(), []
 
