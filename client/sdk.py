@@ -93,7 +93,10 @@ class ChatReply:
 
 # What Triton itself answers when the queue in front of a model is full or a request waited
 # past the queue policy's timeout (no status code reaches a stream client in 2.51).
-TRITON_QUEUE_REFUSALS = ("Exceeds maximum queue size", "Request timeout expired")
+# Triton's own refusals that a retry later can get past: its queue in front of chat is full or
+# its wait ran out (overloaded), or the server is stopping or has not loaded chat yet (restart).
+TRITON_RETRYABLE = ("Exceeds maximum queue size", "Request timeout expired", "Server is stopping",
+                    "has no available versions")
 
 
 def error_of(e: InferenceServerException) -> tuple[str | None, str]:
@@ -103,8 +106,8 @@ def error_of(e: InferenceServerException) -> tuple[str | None, str]:
     code, message = untag(e.message() if hasattr(e, "message") else str(e))
     if code is None and e.status():
         code = e.status().split(".")[-1]
-    if code is None and any(m in message for m in TRITON_QUEUE_REFUSALS):
-        code = "UNAVAILABLE"  # Triton's queue in front of chat refused it: overloaded, retry later
+    if code is None and any(m in message for m in TRITON_RETRYABLE):
+        code = "UNAVAILABLE"  # overloaded or restarting: retry later
     return code, message
 
 
