@@ -324,10 +324,11 @@ class TritonPythonModel:
             try:
                 while True:
                     wait = self.first_token_s if first else self.stall_s
-                    batch = [self._next(responses, pool, wait)]
-                    if batch[0] is queue.Empty:
+                    try:
+                        batch = [self._next(responses, pool, wait)]
+                    except queue.Empty:
                         what = "no first response" if first else "stream stalled"
-                        raise EngineTimeout(f"{pool}: {what} within {wait:g} s")
+                        raise EngineTimeout(f"{pool}: {what} within {wait:g} s") from None
                     while batch[-1] is not None and not isinstance(batch[-1], Exception) and not responses.empty():
                         batch.append(responses.get_nowait())
                     end = batch[-1] is None
@@ -346,17 +347,16 @@ class TritonPythonModel:
                     stream.cancel()
 
     def _next(self, responses: queue.Queue, pool: str, wait: float):
-        """The next item within ``wait`` (else ``queue.Empty``), pinging the pool each time the
-        stream has been quiet for ``pool_probe_after_s``."""
+        """``responses.get(timeout=wait)``, telling ``pool_health`` each time the stream has been
+        quiet for ``pool_probe_after_s`` (it may ping the pool)."""
         deadline = time.monotonic() + wait
         step = self.pool_health.probe_after_s or wait
-        while (left := deadline - time.monotonic()) > 0:
+        while (left := deadline - time.monotonic()) > step:
             try:
-                return responses.get(timeout=min(step, left))
+                return responses.get(timeout=step)
             except queue.Empty:
-                if left > step:
-                    self.pool_health.quiet(pool)
-        return queue.Empty
+                self.pool_health.quiet(pool)
+        return responses.get(timeout=max(0.0, left))
 
     def _send_text(self, sender, text: str, priority: int) -> None:
         out = pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_))

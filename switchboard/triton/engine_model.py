@@ -275,7 +275,8 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            if request_parameters(request).get("ping") is True:
+            params = request_parameters(request)
+            if params.get("ping") is True:
                 # chat asks whether this stub is alive when a stream from it has gone quiet
                 # (PoolHealth): answered here, before the engine and its backpressure.
                 pong = pb_utils.Tensor("stats", np.asarray([[b'{"ping": true}']], np.object_))
@@ -283,7 +284,7 @@ class TritonPythonModel:
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             try:
-                req = self._parse(request)
+                req = self._parse(request, params)
                 self.engine.validate(req)
             except ValueError as e:
                 send_error(sender, f"{self.name}: {e}", "INVALID_ARG")
@@ -298,8 +299,7 @@ class TritonPythonModel:
             self.engine.submit(req, _Sink(request, sender, req.priority, self.sender.outbox, stream, self.watch))
         return None
 
-    def _parse(self, request) -> GenerationRequest:
-        params = request_parameters(request)
+    def _parse(self, request, params: dict) -> GenerationRequest:
         ids = input_array(request, "input_ids")
         if ids is None:
             raise ValueError("input_ids is required")
