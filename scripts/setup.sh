@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Switchboard needs on a plain Debian 12 machine: system packages,
 # the pinned Python environment, and a Triton backend directory for the Python backend.
-# Idempotent: every step checks before it acts.
+# Idempotent: every step checks before it acts. Prints a line per step; apt's and pip's own
+# output goes to build/logs/setup.log, shown when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,48 @@ VENV=${VENV:-.venv}
 # 3.11 (pyenv, a newer patch release) mixes two interpreters and fails in C extensions such
 # as _ssl. So the venv is always made from Debian's own python3.11.
 PY=${PYTHON:-/usr/bin/python3.11}
+LOG=build/logs/setup.log
+mkdir -p "$(dirname "$LOG")"
+: > "$LOG"
+t0=$SECONDS
+
+say() { echo "[setup] $*"; }
+# Runs a command with its output in the log; on failure shows the log's end and stops.
+run() {
+  echo "+ $*" >> "$LOG"
+  if ! "$@" >> "$LOG" 2>&1; then
+    tail -n 40 "$LOG"
+    say "FAILED: $*"
+    say "full log: $LOG"
+    exit 1
+  fi
+}
+# Runs pip with a one-line progress bar on a terminal: packages collected out of those pinned.
+pip_install() {
+  local total=$1; shift
+  echo "+ pip install $*" >> "$LOG"
+  "$VENV/bin/pip" install --progress-bar off "$@" >> "$LOG" 2>&1 &
+  local pid=$! start n
+  start=$(wc -l < "$LOG")
+  if [ -t 1 ]; then
+    while kill -0 "$pid" 2>/dev/null; do
+      n=$(tail -n +"$start" "$LOG" | grep -c '^Collecting' || true)
+      if tail -n +"$start" "$LOG" | grep -q '^Installing collected'; then
+        printf '\r[setup]   installing %d packages ... %ds ' "$total" $((SECONDS - t0))
+      else
+        printf '\r[setup]   collecting %d/%d ... %ds ' "$n" "$total" $((SECONDS - t0))
+      fi
+      sleep 1
+    done
+    printf '\r\033[K'
+  fi
+  if ! wait "$pid"; then
+    tail -n 40 "$LOG"
+    say "FAILED: pip install $*"
+    say "full log: $LOG"
+    exit 1
+  fi
+}
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
@@ -21,36 +64,36 @@ ldconfig -p | grep -q libpython3.11.so.1.0 || need_apt+=(libpython3.11)
 [ -x "$PY" ] || need_apt+=(python3.11)
 "$PY" -c "import ensurepip" 2>/dev/null || need_apt+=(python3.11-venv)
 if ((${#need_apt[@]})); then
-  echo "==> installing system packages: ${need_apt[*]}"
+  say "installing system packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  run $SUDO apt-get update -qq
+  run $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
 want_home=$(dirname "$(readlink -f "$PY")")
 if [ -f "$VENV/pyvenv.cfg" ] && ! grep -qx "home = $want_home" "$VENV/pyvenv.cfg"; then
-  echo "==> $VENV was made from another Python; re-creating it from $PY"
+  say "$VENV was made from another Python; re-creating it from $PY"
   rm -rf "$VENV"
 fi
 if [ ! -x "$VENV/bin/python" ]; then
-  echo "==> creating $VENV"
-  "$PY" -m venv "$VENV"
+  say "creating $VENV"
+  run "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.switchboard-setup"
 want=$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "==> installing pinned Python packages (requirements.lock)"
-  # pip warns once per package about this machine's extra local index folders; keep the rest.
-  quiet() { "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
-  quiet "$VENV/bin/pip" install -q --upgrade pip
-  quiet "$VENV/bin/pip" install -q -r requirements.lock
-  # setuptools is chatty about editable installs; show its output only if it fails.
-  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e . >"$VENV/editable-install.log" 2>&1 \
-    || { cat "$VENV/editable-install.log"; exit 1; }
+  say "installing pinned Python packages (requirements.lock; a minute or two on a fresh clone)"
+  run "$VENV/bin/pip" install -q --upgrade pip
+  pip_install "$(grep -c '==' requirements.lock)" -r requirements.lock
+  run "$VENV/bin/pip" install --no-deps --no-build-isolation -e .
   echo "$want" > "$stamp"
 fi
 
 # Triton looks for backends/<name>/ under --backend-directory; the pytriton wheel keeps
 # the Python backend and its per-Python stubs apart, so assemble the directory once.
-"$VENV/bin/python" -m switchboard.triton.install_backend build/triton/backends
-echo "==> setup done ($VENV, build/triton/backends)"
+run "$VENV/bin/python" -m switchboard.triton.install_backend build/triton/backends
+if ((SECONDS - t0 > 2)); then
+  say "done in $((SECONDS - t0)) s ($VENV, build/triton/backends; log: $LOG)"
+else
+  say "up to date ($VENV)"
+fi

@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     run.mkdir(parents=True, exist_ok=True)
     state_file.unlink(missing_ok=True)
     log_path = run / "supervisor.log"
-    print(f"starting redis-server on :{args.redis_port} and tritonserver (HTTP :{args.http_port}, "
+    t0 = time.monotonic()
+    print(f"[serve] starting redis-server on :{args.redis_port} and tritonserver (HTTP :{args.http_port}, "
           f"gRPC :{args.grpc_port}, metrics :{args.metrics_port}) under a supervisor ...", flush=True)
     supervisor = subprocess.Popen(
         [sys.executable, "-m", "switchboard.supervisor", *stack_arguments(args),
@@ -318,9 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{e}\n" + "\n".join(tail), file=sys.stderr)
         return 1
     pidfile.write_text(str(supervisor.pid))
-    print(f"ready: gRPC 127.0.0.1:{args.grpc_port}, HTTP http://127.0.0.1:{args.http_port}, "
-          f"metrics http://127.0.0.1:{args.metrics_port}/metrics; logs in {run} (supervisor.log: probes and "
-          f"restarts); `make stop` stops everything")
+    print(f"[serve] ready in {time.monotonic() - t0:.0f} s: gRPC 127.0.0.1:{args.grpc_port}, HTTP http://127.0.0.1:"
+          f"{args.http_port}, metrics http://127.0.0.1:{args.metrics_port}/metrics\n[serve] logs in {run}/ "
+          f"(supervisor.log: probes and restarts); try `make chat`; `make stop` stops everything")
     return 0
 
 
