@@ -12,6 +12,7 @@ import json
 import random
 import re
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,12 +121,14 @@ def load(directory: Path = CORPUS_DIR) -> Corpus:
     return Corpus(faq, dialogs)
 
 
-def training_conversations(corpus: Corpus, n: int, seed: int = 0,
-                           max_exchanges: int = 4) -> list[list[dict]]:
+def training_conversations(corpus: Corpus, n: int, seed: int = 0, max_exchanges: int = 4,
+                           rewrite: Callable[[random.Random, str, str], str] | None = None) -> list[list[dict]]:
     """Seeded conversations (lists of user/assistant messages) for supervised training.
 
     Single-turn FAQ pairs dominate; the rest chain several FAQ pairs or replay a dialog so
     the model learns to answer the latest question with earlier turns in its context.
+    ``rewrite(rng, question, lang)``, if given, may change each FAQ question template before
+    its slots are filled (augmentation).
     """
     rng = random.Random(seed)
     by_lang: dict[str, list[FaqEntry]] = {}
@@ -147,7 +150,10 @@ def training_conversations(corpus: Corpus, n: int, seed: int = 0,
             # Mixed-language conversations happen in this domain; let some turns switch.
             pool = by_lang[rng.choice(sorted(by_lang))] if rng.random() < 0.1 else by_lang[lang]
             e = rng.choice(pool)
-            conv.append({"role": "user", "content": fill_slots(slots, rng.choice(e.questions))})
+            question = rng.choice(e.questions)
+            if rewrite is not None:
+                question = rewrite(rng, question, e.lang)
+            conv.append({"role": "user", "content": fill_slots(slots, question)})
             conv.append({"role": "assistant", "content": fill_slots(slots, e.answer)})
         out.append(conv)
     return out
