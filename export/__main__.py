@@ -45,20 +45,47 @@ def _prompts(tok, system_prompt: str | None, conversations: list[list[dict]], li
 
 
 VARIANTS = ("fp32", "int8-dynamic", "int8-minmax", "int8-entropy", "int8-percentile")
+# `--precision default`: FP32 and the INT8 variants tried by default. A default INT8 variant that
+# fails the accuracy gate is left out (named, with the failing metric), not shipped and not an
+# error: the default path must not hinge on a variant that passes on one machine's training run
+# and not on another's. A variant asked for by name must pass, or the export fails.
+DEFAULT_PRECISIONS = ("fp32", "int8-dynamic", "int8-percentile")
+
+
+def parse_precisions(value: str) -> tuple[list[str], set[str]]:
+    """``--precision`` as (variants to build, variants that must pass the gate)."""
+    if value.strip() == "default":
+        return list(DEFAULT_PRECISIONS), {"fp32"}
+    precisions = list(dict.fromkeys(x.strip() for x in value.split(",") if x.strip()))
+    bad = set(precisions) - set(VARIANTS)
+    if bad or "fp32" not in precisions:
+        raise ValueError(f"fp32 is required; unknown: {', '.join(sorted(bad)) or '-'}")
+    return precisions, set(precisions)
 
 
 def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = True,
                parts: tuple[str, ...] = ("mlp", "attention"), calibration_per_class: int = 8,
-               gate=None, heldout_per_class: int = 6, bench_batches: tuple[int, ...] | None = (1, 8, 32),
-               bench_repeats: int = 5, bench_prompt: int = 64) -> dict:
+               gate=None, heldout_per_class: int = 24, bench_batches: tuple[int, ...] | None = (1, 8, 32),
+               bench_repeats: int = 5, bench_prompt: int = 64, required: set[str] | None = None,
+               coverage_study: bool = False, smooth_alpha: float = 0.5, console=None) -> dict:
+    """Export, check, quantize, gate and report; returns the manifest as a dict.
+
+    ``required``: variants that must pass the gate (default: all of ``precisions``); the others
+    are left out when they fail. ``smooth_alpha``: INT8 variants are made from a smoothed copy
+    of the model (``export.smooth``; 0: from the plain graph). ``console``: where the step's
+    lines and bars go.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from switchboard import console as console_mod
     from switchboard.engine.runtime import OnnxDecoder
-    from switchboard.export import accuracy, calibration, onnx_export, parity, quantize
+    from switchboard.export import accuracy, calibration, onnx_export, parity, quantize, smooth
     from switchboard.manifest import Manifest, file_digest
     from switchboard.tokenizer import TextTokenizer
 
+    say = console or console_mod.detached("export")
+    required = set(precisions) if required is None else required
     t0 = time.time()
     config = AutoConfig.from_pretrained(model_dir)
     try:
@@ -70,12 +97,12 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
         if stale.is_file():
             stale.unlink()
 
-    log.info("[1/5] loading %s (%s)", model_dir, config.model_type)
+    log.info("loading %s (%s)", model_dir, config.model_type)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if not tokenizer.chat_template:
         if tokenizer.eos_token is None:
             raise SystemExit(f"{model_dir}: the tokenizer has neither a chat template nor an EOS token")
-        log.warning("%s has no chat template; using `role: content<eos>` turns", model_dir)
+        say.line(f"{model_dir} has no chat template; using `role: content<eos>` turns")
         tokenizer.chat_template = FALLBACK_TEMPLATE
     tokenizer.save_pretrained(out)  # always writes tokenizer.json (fast tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -83,7 +110,10 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     system_prompt = info.get("system_prompt")
 
-    log.info("[2/5] exporting ONNX with KV cache")
+    parameters = sum(p.numel() for p in model.parameters())
+    say.line(f"{model_dir} ({config.model_type}, {parameters / 1e6:.1f}M parameters) -> {out}: "
+             f"{', '.join(precisions)}")
+    log.info("exporting ONNX with KV cache")
     fp32 = onnx_export.export(model, geo, out / "model.onnx")
     tok = TextTokenizer(out)
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
@@ -118,60 +148,90 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
     report = {}
     decoder = OnnxDecoder(out, manifest, "fp32")
     if check:
-        log.info("[3/5] checking ONNX against PyTorch (left padding, cached prefix, decode steps)")
+        log.info("checking ONNX against PyTorch (left padding, cached prefix, decode steps)")
         report = parity.check(model, decoder, [prompts[i] for i in range(0, len(prompts), max(1, len(prompts) // 4))][:4])
         log.info("parity: %s", json.dumps(report))
         if not report["ok"]:
             raise SystemExit(f"export check failed: ONNX does not match PyTorch: {report}")
+        say.line(f"ONNX with KV cache matches PyTorch (greedy tokens identical, logits within "
+                 f"{max(report['max_abs_logit_diff'], report['max_abs_logit_diff_with_cached_prefix']):.0e}, "
+                 f"with and without a cached prefix)")
     int8 = [p for p in precisions if p != "fp32"]
+    source, source_decoder = fp32, decoder
+    if int8 and smooth_alpha > 0:
+        smooth_model = smooth.smoothed(model, prompts, smooth_alpha)
+        if smooth_model is not None:
+            source = onnx_export.export(smooth_model, geo, out / "model.smoothed.onnx")
+            del smooth_model
+            with_source = {**variants, "smoothed": {"file": source.name}}
+            source_decoder = OnnxDecoder(out, Manifest(**{**manifest.__dict__, "variants": with_source}), "smoothed")
     if int8:
-        log.info("[4/5] INT8 variants %s on parts %s; calibration: %d prompts over %s",
-                 ",".join(int8), ",".join(parts), len(prompts), ",".join(calibration.CLASSES))
-    for precision in int8:
-        target = out / f"model.{precision}.onnx"
-        if precision == "int8-dynamic":
-            quantize.quantize_int8_dynamic(fp32, target, parts)
-        else:
-            method = precision.split("-", 1)[1]
-            fixed = 96 if method in quantize.FIXED_SHAPE_METHODS else None
-            quantize.quantize_int8_static(fp32, target, calibration.feeds(decoder, prompts, fixed), method, parts)
-        add_variant(precision, [target])
-        for f in out.glob("*.onnx.data"):  # quantizers may write external data next to the output
-            if f.name != "model.onnx.data":
-                add_variant(precision, [target, f])
-    manifest = Manifest(**{**manifest.__dict__, "variants": variants, "parity": report})
+        log.info("INT8 variants %s on parts %s from %s; calibration: %d prompts over %s", ",".join(int8),
+                 ",".join(parts), source.name, len(prompts), ",".join(calibration.CLASSES))
+    with say.bar(len(int8), "INT8 variants", "variant") as bar:
+        for precision in int8:
+            bar.set_postfix_str(precision)
+            target = out / f"model.{precision}.onnx"
+            if precision == "int8-dynamic":
+                quantize.quantize_int8_dynamic(source, target, parts)
+            else:
+                method = precision.split("-", 1)[1]
+                fixed = 96 if method in quantize.FIXED_SHAPE_METHODS else None
+                quantize.quantize_int8_static(source, target, calibration.feeds(source_decoder, prompts, fixed),
+                                              method, parts)
+            data = target.with_name(target.name + ".data")   # a quantizer's external data, for large models
+            add_variant(precision, [target, data] if data.exists() else [target])
+            bar.update()
+    for f in out.glob("model.smoothed.onnx*"):
+        f.unlink()
+    smoothing = {"alpha": smooth_alpha, "applied": source != fp32} if int8 else {}
+    manifest = Manifest(**{**manifest.__dict__, "variants": variants, "parity": report,
+                           "source": {**manifest.source, "int8_smoothing": smoothing}})
     manifest.save(out)
-    accuracy_report = {}
+    accuracy_report, failed, left_out = {}, {}, {}
     if int8 and gate is not None:
-        log.info("[5/5] accuracy of %s against FP32 on held-out conversations", ",".join(int8))
-        results = accuracy.evaluate(out, int8, accuracy.heldout_cases(heldout_per_class),
-                                    answer_accuracy=manifest.name == "switchboard-default")
+        cases = accuracy.heldout_cases(heldout_per_class)
+        log.info("accuracy of %s against FP32 on %d held-out conversations", ",".join(int8), len(cases))
+        default_model = manifest.name == "switchboard-default"
+        with say.bar(len(int8) + 1 + default_model * (len(int8) + 1), "accuracy gate", "part") as bar:
+            results = accuracy.evaluate(out, int8, cases, answer_accuracy=default_model, progress=bar.update)
         accuracy_report = accuracy.as_dict(results)
-        manifest = Manifest(**{**manifest.__dict__, "accuracy": accuracy_report})
+        for v in int8:
+            reasons = gate.failures(results[v])
+            if reasons and v in required:
+                failed[v] = reasons
+            elif reasons:
+                left_out[v] = reasons
+        say.line(f"accuracy against FP32 on {len(cases)} held-out conversations (gate: {gate.describe()}):")
+        for row in accuracy.table(results, gate, left_out, failed):
+            say.line("  " + row)
+        if any(p != "int8-dynamic" for p in int8) and coverage_study:
+            accuracy_report.update(_coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts,
+                                                   calibration_per_class, heldout_per_class, prompts))
+        for v, reasons in left_out.items():
+            for f in {variants[v]["file"], *(p.name for p in out.glob(f"model.{v}.onnx*"))}:
+                (out / f).unlink(missing_ok=True)
+            del variants[v]
+            say.line(f"left out {v}: {'; '.join(reasons)} (ask for it by name, e.g. --precision fp32,{v}, "
+                     f"to make this an error)")
+        manifest = Manifest(**{**manifest.__dict__, "variants": variants, "accuracy": accuracy_report,
+                               "left_out": left_out})
         manifest.save(out)
-        failed = {v: gate.failures(results[v]) for v in int8 if gate.failures(results[v])}
-        for v, r in results.items():
-            log.info("  %-16s greedy %.3f  top-1 %.4f  cosine %.5f  ppl %.3f (%+.1f%%)%s", v,
-                     r.greedy_sequences_identical, r.teacher_forced_top1, r.logits_cosine, r.perplexity,
-                     100 * r.perplexity_delta, f"  answers {r.answer_accuracy:.2f}" if r.answer_accuracy is not None else "")
-        coverage = _coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts, calibration_per_class,
-                                   heldout_per_class, prompts) if any(p != "int8-dynamic" for p in int8) else {}
-        manifest = Manifest(**{**manifest.__dict__, "accuracy": {**accuracy_report, **coverage}})
-        manifest.save(out)
-        accuracy_report.update(coverage)
-    else:
-        failed = {}
+    shipped = [p for p in precisions if p in variants]
     if bench_batches:
         from switchboard.export import report
 
-        log.info("report: latency of %s at batch %s", ",".join(precisions), ",".join(map(str, bench_batches)))
-        bench = report.benchmark(out, precisions, batches=bench_batches, prompt=bench_prompt, repeats=bench_repeats)
+        log.info("report: latency of %s at batch %s", ",".join(shipped), ",".join(map(str, bench_batches)))
+        with say.bar(bench_repeats * len(bench_batches) * len(shipped), "latency report", "run") as bar:
+            bench = report.benchmark(out, shipped, batches=bench_batches, prompt=bench_prompt,
+                                     repeats=bench_repeats, progress=bar.update)
         path = report.write(out, bench, accuracy_report, f"{manifest.name} ({config.model_type})")
         log.info("report: %s", path)
     if failed:
         lines = "; ".join(f"{v}: {', '.join(f)}" for v, f in failed.items())
         raise SystemExit(f"accuracy gate failed (not shipping): {lines}")
-    log.info("exported %s to %s in %.0f s", manifest.name, out, time.time() - t0)
+    say.line(f"exported {', '.join(shipped)} in {time.time() - t0:.0f} s"
+             + (f"; report: {out / 'report.md'}" if bench_batches else ""))
     return manifest.__dict__
 
 
@@ -222,13 +282,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint directory")
     p.add_argument("--out", type=Path, required=True, help="artifact directory to write")
-    p.add_argument("--precision", default="fp32,int8-dynamic,int8-minmax,int8-entropy,int8-percentile",
-                   help=f"comma-separated variants from {','.join(VARIANTS)} (default: all)")
+    p.add_argument("--precision", default="default",
+                   help=f"'default' ({','.join(DEFAULT_PRECISIONS)}; an INT8 variant that fails the accuracy gate is "
+                        f"left out with its reason) or a comma-separated list from {','.join(VARIANTS)} (every "
+                        f"variant listed must pass the gate, or the export fails)")
     p.add_argument("--int8-parts", default="mlp,attention",
                    help="MatMuls to quantize: mlp, attention, lm_head (default: mlp,attention; the rest stays FP32)")
+    p.add_argument("--smooth-alpha", type=float, default=0.5,
+                   help="INT8 variants from a model smoothed with this migration strength (SmoothQuant; 0 = off)")
     p.add_argument("--calibration-per-class", type=int, default=8,
                    help="calibration prompts per class (plain, codes, prices, phones, mixed, long)")
+    p.add_argument("--heldout-per-class", type=int, default=24,
+                   help="held-out conversations per class in the accuracy gate (6 classes)")
     p.add_argument("--no-gate", action="store_true", help="skip the accuracy evaluation and gate")
+    p.add_argument("--coverage-study", action="store_true",
+                   help="also compare MinMax calibrated on the long-tail set with plain questions (in the report)")
     p.add_argument("--bench-batches", default="1,8,32", help="report latency at these batch sizes ('' = no report)")
     p.add_argument("--bench-repeats", type=int, default=5, help="interleaved repetitions per measurement")
     p.add_argument("--bench-prompt", type=int, default=64, help="prompt tokens per sequence in the prefill measurement")
@@ -239,32 +307,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--install", type=Path, metavar="REPOSITORY", help="install into this model repository")
     p.add_argument("--no-check", action="store_true", help="skip the ONNX-vs-PyTorch check")
     p.add_argument("--force", action="store_true", help="export even if the inputs did not change")
+    p.add_argument("--log", type=Path, help="where the detail goes (default build/logs/export.log)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not (args.model / "config.json").exists():
         p.error(f"--model {args.model}: no config.json (not a Hugging Face checkpoint directory)")
-    precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
-    bad = set(precisions) - set(VARIANTS)
-    if bad or "fp32" not in precisions:
-        p.error(f"--precision: fp32 is required; unknown: {', '.join(sorted(bad)) or '-'}")
+    try:
+        precisions, required = parse_precisions(args.precision)
+    except ValueError as e:
+        p.error(f"--precision: {e}")
     parts = tuple(x.strip() for x in args.int8_parts.split(",") if x.strip())
+    from switchboard import console
     from switchboard.export.accuracy import Gate
 
     gate = None if args.no_gate else Gate(args.min_greedy, args.min_top1, args.min_cosine, args.max_ppl_increase)
-    options = [*precisions, *parts, str(args.calibration_per_class), repr(gate)]
+    options = [*precisions, "required:" + ",".join(sorted(required)), *parts, str(args.calibration_per_class),
+               str(args.heldout_per_class), str(args.coverage_study), str(args.smooth_alpha), repr(gate)]
     digest = _inputs_digest(args.model, options)
     stamp = args.out / ".inputs"
-    if args.force or not stamp.exists() or stamp.read_text().strip() != digest:
-        stamp.unlink(missing_ok=True)
-        batches = tuple(int(b) for b in args.bench_batches.split(",") if b.strip())
-        run_export(args.model, args.out, precisions, check=not args.no_check, parts=parts,
-                   calibration_per_class=args.calibration_per_class, gate=gate, bench_batches=batches,
-                   bench_repeats=args.bench_repeats, bench_prompt=args.bench_prompt)
-        stamp.write_text(digest + "\n")
-    else:
-        log.info("artifacts in %s are up to date (inputs %s)", args.out, digest)
-    if args.install:
-        install(args.out, args.install)
+    with console.step("export", args.log) as out:
+        if args.force or not stamp.exists() or stamp.read_text().strip() != digest:
+            stamp.unlink(missing_ok=True)
+            batches = tuple(int(b) for b in args.bench_batches.split(",") if b.strip())
+            run_export(args.model, args.out, precisions, check=not args.no_check, parts=parts,
+                       calibration_per_class=args.calibration_per_class, gate=gate,
+                       heldout_per_class=args.heldout_per_class, bench_batches=batches,
+                       bench_repeats=args.bench_repeats, bench_prompt=args.bench_prompt, required=required,
+                       coverage_study=args.coverage_study, smooth_alpha=args.smooth_alpha, console=out)
+            stamp.write_text(digest + "\n")
+        else:
+            from switchboard.manifest import Manifest
+
+            m = Manifest.load(args.out)
+            left = "".join(f"; {v} left out ({'; '.join(r)})" for v, r in m.left_out.items())
+            out.line(f"artifacts in {args.out} are up to date: {', '.join(m.variants)}{left}")
+        if args.install:
+            install(args.out, args.install)
+            out.line(f"installed into {args.install}/ ({', '.join(REPO_MODELS)})")
     return 0
 
 

@@ -85,6 +85,10 @@ class Gate:
     min_logits_cosine: float = 0.99
     max_perplexity_increase: float = 0.10   # relative
 
+    def describe(self) -> str:
+        return (f"greedy >= {self.min_greedy_sequences}, top-1 >= {self.min_teacher_forced_top1}, "
+                f"cosine >= {self.min_logits_cosine}, perplexity <= +{100 * self.max_perplexity_increase:.0f}%")
+
     def failures(self, a: VariantAccuracy) -> list[str]:
         out = []
         if a.greedy_sequences_identical < self.min_greedy_sequences:
@@ -127,7 +131,10 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def evaluate(artifacts: Path, variants: list[str], cases: list[Case], steps: int = 16,
-             answer_accuracy: bool = False) -> dict[str, VariantAccuracy]:
+             answer_accuracy: bool = False, progress=None) -> dict[str, VariantAccuracy]:
+    """Every variant against FP32 on ``cases``; ``progress()`` is called after each variant
+    (FP32 first), then after each answer-accuracy run."""
+    progress = progress or (lambda: None)
     from switchboard.engine.runtime import OnnxDecoder
     from switchboard.manifest import Manifest
     from switchboard.tokenizer import TextTokenizer
@@ -159,6 +166,7 @@ def evaluate(artifacts: Path, variants: list[str], cases: list[Case], steps: int
     base_logits = continuation_logits(decoders["fp32"])
     base_ppl = perplexity(decoders["fp32"])
     results = {"fp32": VariantAccuracy("fp32", perplexity=base_ppl)}
+    progress()
     for v in variants:
         d = decoders[v]
         greedy = _greedy(d, prompts, steps)
@@ -179,12 +187,29 @@ def evaluate(artifacts: Path, variants: list[str], cases: list[Case], steps: int
         results[v] = VariantAccuracy(v, float(same_seq), float(np.mean(agree)), float(np.mean(top1)),
                                      float(np.mean(cos)), ppl, ppl / base_ppl - 1.0,
                                      by_class_top1={k: float(np.mean(h)) for k, h in by_class.items()})
+        progress()
     if answer_accuracy:
         from switchboard.defaultmodel.evaluate import answer_accuracy as measure
 
         for v, r in results.items():
             r.answer_accuracy = measure(artifacts, v).heldout
+            progress()
     return results
+
+
+def table(results: dict[str, VariantAccuracy], gate: Gate, left_out: dict[str, list[str]],
+          failed: dict[str, list[str]]) -> list[str]:
+    """The gate's figures as aligned text rows, one per variant, with its verdict."""
+    answers = any(r.answer_accuracy is not None for r in results.values())
+    rows = [f"{'variant':<16} {'greedy':>6} {'top-1':>6} {'cosine':>7} {'ppl':>9}" + (f" {'answers':>7}" if answers else "")]
+    for v, r in results.items():
+        verdict = ("" if v == "fp32" else "FAILS: " + "; ".join(failed[v]) if v in failed
+                   else "left out" if v in left_out else "passes")
+        ppl = f"{r.perplexity:.3f}" if v == "fp32" else f"{100 * r.perplexity_delta:+.1f}%"
+        rows.append(f"{v:<16} {r.greedy_sequences_identical:>6.3f} {r.teacher_forced_top1:>6.3f} "
+                    f"{r.logits_cosine:>7.4f} {ppl:>9}" + (f" {r.answer_accuracy:>7.3f}" if answers else "")
+                    + f"  {verdict}")
+    return rows
 
 
 def as_dict(results: dict[str, VariantAccuracy]) -> dict[str, dict]:

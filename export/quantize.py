@@ -104,7 +104,12 @@ def quantize_int8_static(fp32: Path, out: Path, feeds: list[dict[str, np.ndarray
     extra = {"ActivationSymmetric": False, "WeightSymmetric": True}
     if method == "percentile":
         extra["CalibPercentile"] = 99.99
+    # op_types_to_quantize limits calibration to the tensors around MatMuls, the only ones the
+    # Q/DQ nodes need. Without it ONNX Runtime builds a histogram of every tensor in the graph,
+    # among them the empty past KV of a prefill (a 0/0 in its percentile) and the attention
+    # mask's -3.4e38 fill (an overflow in its bin widths).
     quantize_static(str(fp32), str(out), FeedReader(feeds), quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=["MatMul", "Gemm"],
                     nodes_to_quantize=nodes, per_channel=True, weight_type=QuantType.QInt8,
                     activation_type=QuantType.QInt8, calibrate_method=METHODS[method], extra_options=extra)
     return out

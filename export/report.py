@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from switchboard.engine.batch import prefill_inputs
 
@@ -26,7 +25,9 @@ def _feeds(manifest, dtype, batch: int, prompt: int, past: int):
 
 
 def benchmark(artifacts: Path, variants: list[str], batches=(1, 8, 32), prompt: int = 64, past: int = 128,
-              repeats: int = 5, threads: int = 2) -> dict:
+              repeats: int = 5, threads: int = 2, progress=None) -> dict:
+    """Median latencies; ``progress()`` is called after each measurement."""
+    progress = progress or (lambda: None)
     from switchboard.engine.runtime import OnnxDecoder
     from switchboard.manifest import Manifest
 
@@ -38,18 +39,16 @@ def benchmark(artifacts: Path, variants: list[str], batches=(1, 8, 32), prompt: 
         load_s[v] = time.perf_counter() - t0
     feeds = {b: _feeds(manifest, np.dtype(manifest.kv_dtype), b, prompt, past) for b in batches}
     samples: dict[tuple, list[float]] = {}
-    total = repeats * len(batches) * len(variants)
-    with tqdm(total=total, desc="latency", unit="run", disable=None) as bar:
-        for _ in range(repeats):
-            for b in batches:
-                for v in variants:  # interleaved: every variant sees the same machine state
-                    d = decoders[v]
-                    for kind, args in (("prefill", feeds[b][0]), ("decode", feeds[b][1])):
-                        d.forward(*args)  # warm
-                        t0 = time.perf_counter()
-                        d.forward(*args)
-                        samples.setdefault((v, kind, b), []).append((time.perf_counter() - t0) * 1000)
-                    bar.update()
+    for _ in range(repeats):
+        for b in batches:
+            for v in variants:  # interleaved: every variant sees the same machine state
+                d = decoders[v]
+                for kind, args in (("prefill", feeds[b][0]), ("decode", feeds[b][1])):
+                    d.forward(*args)  # warm
+                    t0 = time.perf_counter()
+                    d.forward(*args)
+                    samples.setdefault((v, kind, b), []).append((time.perf_counter() - t0) * 1000)
+                progress()
     latency = {f"{v}|{k}|{b}": statistics.median(x) for (v, k, b), x in samples.items()}
     sizes = {v: manifest.variants[v]["bytes"] for v in variants}
     return {"load_s": load_s, "latency_ms": latency, "sizes": sizes, "batches": list(batches),

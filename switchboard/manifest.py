@@ -31,12 +31,16 @@ class Manifest:
     source: dict = field(default_factory=dict)                # where the checkpoint came from
     parity: dict = field(default_factory=dict)                # export-time checks against PyTorch
     accuracy: dict = field(default_factory=dict)              # variants against FP32 on held-out data
+    left_out: dict[str, list[str]] = field(default_factory=dict)  # variant -> the gate's reasons
 
     @property
     def kv_shape(self) -> tuple[int, int, int, int]:
         return (self.num_layers, 2, self.num_kv_heads, self.head_dim)
 
     def variant(self, precision: str) -> dict:
+        if precision in self.left_out:
+            raise ValueError(f"precision {precision!r} was left out by the accuracy gate "
+                             f"({'; '.join(self.left_out[precision])}); have {sorted(self.variants)}")
         if precision not in self.variants:
             raise ValueError(f"precision {precision!r} not exported; have {sorted(self.variants)}")
         return self.variants[precision]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-from switchboard import corpus
+from switchboard import console, corpus
 from switchboard.defaultmodel.tokenizer import train_tokenizer
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -26,6 +26,14 @@ def config(family: str, vocab: int):
     if family == "gpt2":
         return GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256, initializer_range=0.2)
     raise ValueError(family)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def step_logs(tmp_path_factory):
+    """Exports in these tests log to their own folder, not over build/logs/export.log."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(console, "LOG_DIR", tmp_path_factory.mktemp("logs"))
+        yield console.LOG_DIR
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import pytest
 
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.export import quantize
-from switchboard.export.__main__ import main as export_main
+from switchboard.export.__main__ import DEFAULT_PRECISIONS, main as export_main, parse_precisions
 from switchboard.manifest import Manifest
 
 ALL = "fp32,int8-dynamic,int8-minmax,int8-entropy,int8-percentile"
@@ -66,3 +66,28 @@ def test_accuracy_gate_fails_the_export_with_a_clear_message(tokenizer_dir, tmp_
         export_main(["--model", str(ckpt), "--out", str(tmp_path / "a"), "--precision", "fp32,int8-dynamic",
                      "--calibration-per-class", "1", "--min-greedy", "0", "--min-cosine", "0",
                      "--max-ppl-increase", "100", "--min-top1", "1.01", "--bench-batches", ""])
+
+
+def test_default_precision_leaves_out_a_failing_int8_variant_and_says_why(tokenizer_dir, tmp_path, checkpoint,
+                                                                          capfd):
+    ckpt = checkpoint("llama", tokenizer_dir, tmp_path)
+    out = tmp_path / "a"
+    assert export_main(["--model", str(ckpt), "--out", str(out), "--calibration-per-class", "1",
+                        "--heldout-per-class", "2", "--min-greedy", "0", "--min-cosine", "0",
+                        "--max-ppl-increase", "100", "--min-top1", "1.01", "--bench-batches", ""]) == 0
+    m = Manifest.load(out)
+    assert set(m.variants) == {"fp32"} and set(m.left_out) == {"int8-dynamic", "int8-percentile"}
+    assert "teacher-forced top-1" in m.left_out["int8-dynamic"][0]
+    assert not list(out.glob("model.int8-*"))
+    terminal = capfd.readouterr().out
+    assert "left out int8-dynamic: teacher-forced top-1" in terminal
+    with pytest.raises(ValueError, match="'int8-dynamic' was left out by the accuracy gate .*teacher-forced top-1"):
+        OnnxDecoder(out, m, "int8-dynamic")
+
+
+def test_precision_argument():
+    assert parse_precisions("default") == (list(DEFAULT_PRECISIONS), {"fp32"})
+    assert parse_precisions("fp32, int8-dynamic") == (["fp32", "int8-dynamic"], {"fp32", "int8-dynamic"})
+    for bad in ("int8-dynamic", "fp32,int4"):
+        with pytest.raises(ValueError, match="fp32 is required"):
+            parse_precisions(bad)

@@ -1,0 +1,123 @@
+"""Activation smoothing before INT8 (SmoothQuant, Xiao et al. 2023), exact in FP32.
+
+INT8 quantizes a MatMul's input with one scale for the whole tensor (per token batch in the
+dynamic variant, calibrated in the static ones), so a few input channels with large values
+cost every other channel its resolution. For an input channel ``j`` with largest activation
+``max|x_j|`` and largest weight ``max|W_j|``, dividing the activation by
+
+    s_j = max|x_j| ** alpha / max|W_j| ** (1 - alpha)
+
+and multiplying the weight's column by it leaves the product unchanged and evens out the
+activation's channels (the weight's are quantized per channel already). The division is folded
+into what produces the activation, so the graph has no extra op:
+
+- q/k/v and gate/up projections: into the RMSNorm weight in front of them;
+- o_proj: into v_proj's output rows (attention is linear in V; with grouped-query attention
+  one scale per KV head channel, shared by the query heads that read it);
+- down_proj: into up_proj's output rows (``act(gate(x)) * up(x)`` is linear in ``up``).
+
+Llama, Qwen2 and Mistral blocks have this shape; other families are left as they are. The
+smoothed model computes the same function (checked on the calibration prompts); only the INT8
+variants are made from it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+_EPS = 1e-5
+
+
+def supported(model) -> bool:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers:
+        return False
+    names = {n for n, _ in layers[0].named_modules()}
+    need = {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+            "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+    return need <= names
+
+
+@torch.no_grad()
+def input_maxima(model, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Largest |activation| per input channel of every projection, over the prompts."""
+    stats: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def record(module, args):
+            x = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(0)
+            stats[name] = torch.maximum(stats[name], x) if name in stats else x
+        return record
+
+    handles = []
+    for i, layer in enumerate(model.model.layers):
+        for name, module in (("qkv", layer.self_attn.q_proj), ("o", layer.self_attn.o_proj),
+                             ("gate_up", layer.mlp.gate_proj), ("down", layer.mlp.down_proj)):
+            handles.append(module.register_forward_pre_hook(hook(f"{i}.{name}")))
+    try:
+        for p in prompts:
+            model(torch.tensor([p]))
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+def _scales(x_max: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Tensor:
+    return (x_max.clamp(min=_EPS) ** alpha / w_max.clamp(min=_EPS) ** (1 - alpha)).clamp(min=_EPS)
+
+
+def _column_max(*linears) -> torch.Tensor:
+    return torch.stack([m.weight.abs().amax(0) for m in linears]).amax(0)
+
+
+@torch.no_grad()
+def smoothed(model, prompts: list[list[int]], alpha: float = 0.5, tolerance: float = 1e-3):
+    """A smoothed copy of ``model`` (``None`` when its family is not supported or the copy
+    does not compute the same logits within ``tolerance``, relative)."""
+    if not supported(model):
+        log.info("smoothing: %s blocks have another shape; INT8 from the plain graph", type(model).__name__)
+        return None
+    out = copy.deepcopy(model).eval()
+    stats = input_maxima(out, prompts)
+    cfg = out.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = cfg.num_key_value_heads
+    groups = cfg.num_attention_heads // kv_heads
+    for i, layer in enumerate(out.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        s = _scales(stats[f"{i}.qkv"], _column_max(attn.q_proj, attn.k_proj, attn.v_proj), alpha)
+        layer.input_layernorm.weight.div_(s)
+        for m in (attn.q_proj, attn.k_proj, attn.v_proj):
+            m.weight.mul_(s)
+        s = _scales(stats[f"{i}.gate_up"], _column_max(mlp.gate_proj, mlp.up_proj), alpha)
+        layer.post_attention_layernorm.weight.div_(s)
+        for m in (mlp.gate_proj, mlp.up_proj):
+            m.weight.mul_(s)
+        s = _scales(stats[f"{i}.down"], _column_max(mlp.down_proj), alpha)
+        mlp.up_proj.weight.div_(s[:, None])
+        if mlp.up_proj.bias is not None:
+            mlp.up_proj.bias.div_(s)
+        mlp.down_proj.weight.mul_(s)
+        # o_proj's input channel (query head h, dim d) is V's (KV head h // groups, dim d).
+        x = stats[f"{i}.o"].view(kv_heads, groups, head_dim).amax(1)
+        w = attn.o_proj.weight.abs().amax(0).view(kv_heads, groups, head_dim).amax(1)
+        s = _scales(x, w, alpha).reshape(-1)
+        attn.v_proj.weight.div_(s[:, None])
+        if attn.v_proj.bias is not None:
+            attn.v_proj.bias.div_(s)
+        attn.o_proj.weight.mul_(s.view(kv_heads, 1, head_dim).expand(-1, groups, -1).reshape(-1))
+    worst = 0.0
+    for p in prompts[:: max(1, len(prompts) // 4)][:4]:
+        ids = torch.tensor([p])
+        ref, got = model(ids).logits, out(ids).logits
+        worst = max(worst, float((got - ref).abs().max() / ref.abs().max().clamp(min=_EPS)))
+    if worst > tolerance:
+        log.warning("smoothing changed the logits by %.1e (relative); INT8 from the plain graph", worst)
+        return None
+    log.info("smoothing (alpha %.2f): %d layers, logits within %.1e (relative)", alpha, len(out.model.layers), worst)
+    return out

@@ -1,0 +1,47 @@
+"""Smoothing before INT8 computes the same function and evens out the activations' channels."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
+
+from switchboard.export import smooth
+
+SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _model(family: str):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config((LlamaConfig if family == "llama" else Qwen2Config)(**SMALL)).eval()
+    with torch.no_grad():   # a few outlier channels, as trained models have
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[:3] = 20.0
+            layer.post_attention_layernorm.weight[5:7] = 15.0
+    return model
+
+
+def _prompts(n=6, vocab=96):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(3, vocab, (int(torch.randint(4, 20, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def _spread(stats):
+    return max(float(x.max() / x.median()) for x in stats.values())
+
+
+def test_smoothed_llama_and_qwen2_compute_the_same_logits_with_flatter_activations():
+    for family in ("llama", "qwen2"):   # qwen2: biases on q/k/v; both: grouped-query attention
+        model, prompts = _model(family), _prompts()
+        out = smooth.smoothed(model, prompts, alpha=0.5)
+        assert out is not None and out is not model
+        ids = torch.tensor([prompts[0]])
+        torch.testing.assert_close(out(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+        assert _spread(smooth.input_maxima(out, prompts)) < _spread(smooth.input_maxima(model, prompts)) / 2
+        assert model.model.layers[0].input_layernorm.weight[0] == 20.0   # the original is untouched
+
+
+def test_other_shapes_are_left_alone():
+    model = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=2)).eval()
+    assert not smooth.supported(model) and smooth.smoothed(model, _prompts()) is None
