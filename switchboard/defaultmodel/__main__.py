@@ -90,6 +90,18 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
     return info
 
 
+def _setting(config_class, text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    if not sep or key not in fields:
+        raise ValueError(f"{text!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
+    kind = type(fields[key].default)
+    try:
+        return key, kind(value)
+    except ValueError:
+        raise ValueError(f"{text!r}: {key} must be {kind.__name__}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     from switchboard import console
     from switchboard.defaultmodel.train import TrainConfig
@@ -99,11 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, default=corpus_mod.CORPUS_DIR, help="corpus directory")
     p.add_argument("--steps", type=int, default=TrainConfig.steps, help="training steps")
     p.add_argument("--seed", type=int, default=TrainConfig.seed, help="seed of the data order and the initial weights")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a training setting (e.g. --set lr=0.003 --set lead_weight=1); "
+                        f"settings: {', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
     p.add_argument("--force", action="store_true", help="rebuild even if the inputs did not change")
     p.add_argument("--log", type=Path, help="where the detail goes (default build/logs/model.log)")
     args = p.parse_args(argv)
 
-    cfg = TrainConfig(steps=args.steps, seed=args.seed)
+    try:
+        overrides = dict(_setting(TrainConfig, kv) for kv in args.set)
+    except ValueError as e:
+        p.error(f"--set: {e}")
+    cfg = TrainConfig(**{"steps": args.steps, "seed": args.seed, **overrides})
     digest = inputs_digest(cfg, args.corpus)
     stamp = args.out / ".inputs"
     with console.step("model", args.log) as out:

@@ -15,7 +15,7 @@ class Accuracy:
     heldout: float
     n_train: int
     n_heldout: int
-    samples: list[tuple[str, str, str]]  # question, expected, answer
+    samples: list[tuple[str, str, str, str]]  # split ("train" or "heldout"), question, expected, answer
 
 
 def _same(answer: str, expected: str, chars: int = 24) -> bool:
@@ -71,6 +71,35 @@ def answer_accuracy(artifacts, precision: str = "fp32", per_entry: int = 1, seed
     for (split, q, expected), s in zip(cases, sinks):
         answer = tok.decode(s.tokens)
         hits[split].append(_same(answer, expected))
-        samples.append((q, expected, answer))
+        samples.append((split, q, expected, answer))
     rate = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     return Accuracy(rate(hits["train"]), rate(hits["heldout"]), len(hits["train"]), len(hits["heldout"]), samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(prog="python -m switchboard.defaultmodel.evaluate",
+                                description="Answer accuracy of an exported default model: greedy answers to FAQ "
+                                            "questions it was trained on and to held-out paraphrases.")
+    p.add_argument("--artifacts", type=Path, default=Path("build/artifacts/default"), help="exported model")
+    p.add_argument("--precision", default="fp32", help="exported variant")
+    p.add_argument("--per-entry", type=int, default=1,
+                   help="questions per FAQ entry and split (10 takes every held-out question)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the question and slot choice")
+    p.add_argument("--samples", type=int, default=6, help="held-out answers to print")
+    args = p.parse_args(argv)
+    a = answer_accuracy(args.artifacts, args.precision, per_entry=args.per_entry, seed=args.seed)
+    print(f"{args.artifacts} {args.precision}: training questions {a.train:.3f} ({a.n_train}), "
+          f"held-out paraphrases {a.heldout:.3f} ({a.n_heldout})")
+    for _, question, expected, answer in [x for x in a.samples if x[0] == "heldout"][:args.samples]:
+        mark = "ok " if _same(answer, expected) else "BAD"
+        print(f"  {mark} {question}\n      -> {answer.strip()[:100]}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

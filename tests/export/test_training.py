@@ -82,3 +82,16 @@ def test_training_conversations_rewrite_questions_before_filling_slots():
     assert seen and all("{" not in m["content"] for c in convs for m in c)
     questions = {q for e in data.faq for q in e.questions}
     assert all(q in questions for q in seen)
+
+
+def test_set_overrides_take_the_settings_type_and_name_what_is_wrong():
+    from switchboard.defaultmodel.__main__ import _setting
+
+    assert _setting(TrainConfig, "lr=0.003") == ("lr", 0.003)
+    assert _setting(TrainConfig, "lead_tokens=5") == ("lead_tokens", 5)
+    with pytest.raises(ValueError, match="lead_tokens must be int"):
+        _setting(TrainConfig, "lead_tokens=1.5")
+    with pytest.raises(ValueError, match="KEY one of"):
+        _setting(TrainConfig, "learning_rate=1")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        _setting(TrainConfig, "lr")
