@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from switchboard.engine.batch import prefill_inputs
+from switchboard.export.accuracy import NEAR_TIE
 
 
 def _feeds(manifest, dtype, batch: int, prompt: int, past: int):
@@ -93,14 +94,17 @@ def write(artifacts: Path, bench: dict, accuracy: dict, title: str) -> Path:
     lines += ["", "![latency](report.png)", ""]
     if accuracy:
         lines += ["## Accuracy against FP32 (held-out conversations)", "",
-                  "| variant | greedy sequences identical | greedy token agreement | teacher-forced top-1 "
-                  "| logits cosine | perplexity | Δ perplexity | answer accuracy |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| variant | greedy sequences identical | differ (at an FP32 near-tie) | greedy token agreement "
+                  "| teacher-forced top-1 | logits cosine | perplexity | Δ perplexity | answer accuracy |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for v, a in accuracy.items():
             ans = "-" if a.get("answer_accuracy") is None else f"{a['answer_accuracy']:.2f}"
-            lines.append(f"| {v} | {a['greedy_sequences_identical']:.3f} | {a['greedy_token_agreement']:.3f} "
+            differ = "" if v == "fp32" else f"{a.get('divergent', 0)} ({a.get('divergent_at_near_tie', 0)})"
+            lines.append(f"| {v} | {a['greedy_sequences_identical']:.3f} | {differ} | {a['greedy_token_agreement']:.3f} "
                          f"| {a['teacher_forced_top1']:.4f} | {a['logits_cosine']:.5f} | {a['perplexity']:.3f} "
                          f"| {100 * a['perplexity_delta']:+.2f}% | {ans} |")
+        lines += ["", "differ: greedy continuations unlike FP32's; in brackets, those that first differ where "
+                  f"FP32's own two best logits were within {NEAR_TIE} (a near-tie: a coin flip for FP32 itself)."]
         if "study-minmax-plain" in accuracy:
             lines += ["", "Calibration coverage study (not shipped): `study-minmax-covered` is MinMax calibrated on "
                       "the covered set (codes, prices, phone numbers, mixed Chinese/English, long prompts), "

@@ -68,6 +68,14 @@ def verbose() -> bool:
     return os.environ.get("SWITCHBOARD_VERBOSE", "") not in ("", "0", "false")
 
 
+def _shown(path: Path) -> Path:
+    """``path`` relative to the working directory when it lies under it (as a person types it)."""
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
 @contextlib.contextmanager
 def step(name: str, log_path: Path | None = None) -> Iterator[Console]:
     """Run a step with its stdout and stderr (file descriptors 1 and 2, so C++ output too) in
@@ -97,7 +105,7 @@ def step(name: str, log_path: Path | None = None) -> Iterator[Console]:
     saved_level = root.level
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
-    console = Console(name, terminal, log_path)
+    console = Console(name, terminal, _shown(log_path))
     failure: str | int | None = None
     try:
         yield console
@@ -124,7 +132,7 @@ def step(name: str, log_path: Path | None = None) -> Iterator[Console]:
             tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-TAIL_LINES:]
             print(f"FAILED: {failure}", file=log)
             print("\n".join(tail), file=terminal)
-            print(f"[{name}] full log: {log_path}", file=terminal, flush=True)
+            print(f"[{name}] full log: {_shown(log_path)}", file=terminal, flush=True)
         log.close()
         terminal.close()
     if failure is not None:
