@@ -20,7 +20,7 @@ PYTEST_ARGS ?= -q
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model export serve stop status chat test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model export serve stop status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -31,7 +31,7 @@ setup: ## venv, pinned packages, tritonserver + Python backend, perf_analyzer, r
 
 model: setup ## build the embedded default model from corpus/ (cached; skipped when MODEL is set)
 ifeq ($(MODEL),)
-	@$(PY) -m switchboard.defaultmodel --out build/default-model
+	@$(PY) -m switchboard.training --out build/default-model
 else
 	@echo "MODEL=$(MODEL): using that checkpoint, no default model to build"
 endif
@@ -40,18 +40,21 @@ export: model ## export MODEL (default: the built default model) to ONNX + INT8 
 	@$(PY) -m switchboard.export --model $(MODEL_DIR) --out $(ARTIFACTS) --precision $(PRECISION) --install $(REPO)
 
 serve: export ## start redis-server and tritonserver in the background (ports 8000/8001/8002, Redis 6379)
-	@$(PY) -m switchboard.launch up --repository $(REPO)
+	@$(PY) -m switchboard.ops.launch up --repository $(REPO)
 
 stop: ## stop what `make serve` started
-	@$(PY) -m switchboard.launch down
+	@$(PY) -m switchboard.ops.launch down
 
 status: ## what `make serve` started
-	@$(PY) -m switchboard.launch status
+	@$(PY) -m switchboard.ops.launch status
 
 chat: setup ## interactive chat with the running server (TEXT="..." for one question)
 	@$(VENV)/bin/switchboard-chat $(if $(TEXT),"$(TEXT)")
 
-test: export ## unit and integration tests (real tritonserver and redis-server on free ports)
+lint: setup ## ruff: formatting and lint (pycodestyle, pyflakes, import order, bugbear)
+	@$(VENV)/bin/ruff format --check --quiet . && $(VENV)/bin/ruff check --quiet . && echo "[lint] ruff: formatted, no findings"
+
+test: lint export ## lint, then unit, export, model and integration tests (real tritonserver and redis-server on free ports)
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast unit tests
@@ -70,16 +73,16 @@ bench-full: export ## the whole sweep: 5 systems incl. INT8, 6 loads x 2 rounds,
 	@$(PY) -m switchboard.perf.bench --preset full $(BENCH_ARGS)
 
 chaos: export ## faults and a 5x overload burst against a private stack (summary in build/chaos/summary.md)
-	@$(PY) -m switchboard.chaos --out build/chaos
+	@$(PY) -m switchboard.perf.chaos --out build/chaos
 
 soak: export ## 10 minutes of multi-turn load: memory flat, sessions expire, no errors (build/soak/summary.md)
-	@$(PY) -m switchboard.soak --out build/soak
+	@$(PY) -m switchboard.perf.soak --out build/soak
 
 lock: ## re-resolve requirements.in into requirements.lock
 	@$(PY) -m pip install -q -r requirements.in && $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock
 
 clean: ## stop the stack, remove build outputs, installed artifacts and the venv
-	-@[ -x $(PY) ] && $(PY) -m switchboard.launch down
+	-@[ -x $(PY) ] && $(PY) -m switchboard.ops.launch down
 	@rm -rf build $(VENV) .pytest_cache
 	@find $(REPO) -path '*/1/*' ! -name model.py -type f -delete
 	@find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -17,15 +17,22 @@ from switchboard.client.sdk import ChatClient, ChatError, ChatStats
 def _stats_line(stats: ChatStats) -> str:
     ttft = f"{stats.ttft_ms:.0f} ms" if stats.ttft_ms is not None else "-"
     extra = " fallback" if stats.fallback else ""
-    return (f"[{stats.route} pool, prompt {stats.prompt_tokens} tokens, reused {stats.reused_tokens}, "
-            f"generated {stats.generated_tokens}, first token {ttft}{extra}]")
+    return (
+        f"[{stats.route} pool, prompt {stats.prompt_tokens} tokens, reused {stats.reused_tokens}, "
+        f"generated {stats.generated_tokens}, first token {ttft}{extra}]"
+    )
 
 
 def ask(client: ChatClient, text: str, args, session_id: str | None) -> int:
     try:
-        for event in client.chat(text, session_id=session_id, priority=args.priority,
-                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  top_p=args.top_p):
+        for event in client.chat(
+            text,
+            session_id=session_id,
+            priority=args.priority,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+        ):
             if isinstance(event, ChatStats):
                 print()
                 if args.stats:
@@ -39,11 +46,18 @@ def ask(client: ChatClient, text: str, args, session_id: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="switchboard-chat", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        prog="switchboard-chat",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("text", nargs="?", help="message to send; omit for an interactive session")
-    p.add_argument("--url", default=os.environ.get("SWITCHBOARD_URL", f"127.0.0.1:{os.environ.get('GRPC_PORT', 8001)}"),
-                   help="Triton gRPC address (default: %(default)s)")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("SWITCHBOARD_URL", f"127.0.0.1:{os.environ.get('GRPC_PORT', 8001)}"),
+        help="Triton gRPC address (default: %(default)s)",
+    )
     p.add_argument("--session", help="session id (interactive default: a new random id)")
     p.add_argument("--priority", type=int, choices=[1, 2], default=2, help="1 = live/VIP, 2 = default")
     p.add_argument("--max-new-tokens", type=int, help="answer length limit")

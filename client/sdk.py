@@ -23,35 +23,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
-from switchboard.request import PRIORITY_PARAMETER
-from switchboard.status import untag
+from switchboard.wire import PRIORITY_PARAMETER, channel_args, untag
 
 _ids = itertools.count()
-
-# gRPC backs off between attempts to reach a server that is down, 1 s growing to 120 s, and
-# every channel of a process to the same address shares that state (one subchannel): after a
-# restart by switchboard.supervisor (~15-25 s) even a channel opened once the server was back
-# failed at once with UNAVAILABLE for seconds, and a supervisor probe in such a process failed
-# on the new, healthy server. Capped at 1 s, clients reach it within about a second.
-RECONNECT_BACKOFF_MS = 1000
-
-
-def channel_args(private: bool = False) -> list[tuple[str, int]]:
-    """tritonclient's channel options with the reconnect backoff capped. ``private``: a
-    subchannel of its own (a new connection), for a health check that must see the server,
-    not the state this process's other channels are in."""
-    keepalive = grpcclient.KeepAliveOptions()
-    args = [("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
-            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
-            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
-            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS)]
-    if private:
-        args.append(("grpc.use_local_subchannel_pool", 1))
-    return args
 
 
 def close_stream(client: grpcclient.InferenceServerClient, cancel: bool = False) -> None:
@@ -81,8 +55,15 @@ class ChatStats:
     @classmethod
     def from_json(cls, blob: bytes | str) -> "ChatStats":
         d = json.loads(blob)
-        return cls(d.get("prompt_tokens", 0), d.get("reused_tokens", 0), d.get("generated_tokens", 0),
-                   d.get("route", ""), d.get("ttft_ms"), bool(d.get("fallback", False)), d)
+        return cls(
+            d.get("prompt_tokens", 0),
+            d.get("reused_tokens", 0),
+            d.get("generated_tokens", 0),
+            d.get("route", ""),
+            d.get("ttft_ms"),
+            bool(d.get("fallback", False)),
+            d,
+        )
 
 
 @dataclass(frozen=True)
@@ -95,13 +76,17 @@ class ChatReply:
 # past the queue policy's timeout (no status code reaches a stream client in 2.51).
 # Triton's own refusals that a retry later can get past: its queue in front of chat is full or
 # its wait ran out (overloaded), or the server is stopping or has not loaded chat yet (restart).
-TRITON_RETRYABLE = ("Exceeds maximum queue size", "Request timeout expired", "Server is stopping",
-                    "has no available versions")
+TRITON_RETRYABLE = (
+    "Exceeds maximum queue size",
+    "Request timeout expired",
+    "Server is stopping",
+    "has no available versions",
+)
 
 
 def error_of(e: InferenceServerException) -> tuple[str | None, str]:
     """(gRPC status name or None, message) of an error from a stream: the code the model wrote
-    at the head of its message (switchboard.status), else the gRPC status of the call itself
+    at the head of its message (switchboard.wire), else the gRPC status of the call itself
     (UNAVAILABLE when the server is gone), else None (Triton's own dtype/shape checks)."""
     code, message = untag(e.message() if hasattr(e, "message") else str(e))
     if code is None and e.status():
@@ -111,10 +96,10 @@ def error_of(e: InferenceServerException) -> tuple[str | None, str]:
     return code, message
 
 
-def stream_request(model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p,
-                   seed) -> dict:
+def stream_request(model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p, seed) -> dict:
     """Keyword arguments of tritonclient's ``async_stream_infer`` (and the dict its asyncio
     client's ``stream_infer`` reads) for one chat."""
+
     def tensor(name, value, dtype, triton_type):
         t = grpcclient.InferInput(name, [1, 1], triton_type)
         t.set_data_from_numpy(np.asarray([[value]], dtype=dtype))
@@ -134,9 +119,14 @@ def stream_request(model: str, text, session_id, priority: int, max_new_tokens, 
     parameters = {PRIORITY_PARAMETER: int(priority)}
     if seed is not None:
         parameters["seed"] = int(seed)
-    return {"model_name": model, "inputs": inputs, "request_id": f"{os.getpid()}-{next(_ids)}",
-            "priority": int(priority), "parameters": parameters,
-            "outputs": [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("stats")]}
+    return {
+        "model_name": model,
+        "inputs": inputs,
+        "request_id": f"{os.getpid()}-{next(_ids)}",
+        "priority": int(priority),
+        "parameters": parameters,
+        "outputs": [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("stats")],
+    }
 
 
 def parse_response(result, error) -> tuple[str, ChatStats | None]:
@@ -156,8 +146,13 @@ def parse_response(result, error) -> tuple[str, ChatStats | None]:
 
 
 class ChatClient:
-    def __init__(self, url: str = "127.0.0.1:8001", model: str = "chat", timeout_s: float = 120.0,
-                 private_connection: bool = False):
+    def __init__(
+        self,
+        url: str = "127.0.0.1:8001",
+        model: str = "chat",
+        timeout_s: float = 120.0,
+        private_connection: bool = False,
+    ):
         """``private_connection``: chats do not share this process's connection to ``url``
         (``channel_args``); for health checks."""
         self.url = url
@@ -175,9 +170,17 @@ class ChatClient:
             except InferenceServerException:
                 return False
 
-    def chat(self, text: str, session_id: str | None = None, stream: bool = True, priority: int = 2,
-             max_new_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-             seed: int | None = None) -> Iterator[str | ChatStats] | ChatReply:
+    def chat(
+        self,
+        text: str,
+        session_id: str | None = None,
+        stream: bool = True,
+        priority: int = 2,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> Iterator[str | ChatStats] | ChatReply:
         """``stream=True``: an iterator of text deltas (str) ending with one ``ChatStats``.
         ``stream=False``: the whole ``ChatReply``. Raises ``ChatError`` on refusal."""
         events = self._events(text, session_id, priority, max_new_tokens, temperature, top_p, seed)
@@ -252,9 +255,16 @@ class AsyncChatClient:
     async def close(self) -> None:
         await self._client.close()
 
-    async def chat(self, text: str, session_id: str | None = None, priority: int = 2,
-                   max_new_tokens: int | None = None, temperature: float | None = None,
-                   top_p: float | None = None, seed: int | None = None) -> ChatReply:
+    async def chat(
+        self,
+        text: str,
+        session_id: str | None = None,
+        priority: int = 2,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> ChatReply:
         """The whole answer. Raises ``ChatError`` on refusal."""
         parts, stats = [], None
         async for event in self.stream(text, session_id, priority, max_new_tokens, temperature, top_p, seed):
@@ -264,9 +274,16 @@ class AsyncChatClient:
                 parts.append(event)
         return ChatReply("".join(parts), stats)
 
-    async def stream(self, text: str, session_id: str | None = None, priority: int = 2,
-                     max_new_tokens: int | None = None, temperature: float | None = None,
-                     top_p: float | None = None, seed: int | None = None) -> AsyncIterator[str | ChatStats]:
+    async def stream(
+        self,
+        text: str,
+        session_id: str | None = None,
+        priority: int = 2,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> AsyncIterator[str | ChatStats]:
         """Text deltas (str) ending with one ``ChatStats``; leaving early cancels the chat."""
         request = stream_request(self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed)
         answered = asyncio.Event()
@@ -284,8 +301,9 @@ class AsyncChatClient:
                 except asyncio.TimeoutError:
                     raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
                 except StopAsyncIteration:
-                    raise ChatError(f"{self.url} closed the stream before the answer was complete",
-                                    "UNAVAILABLE") from None
+                    raise ChatError(
+                        f"{self.url} closed the stream before the answer was complete", "UNAVAILABLE"
+                    ) from None
                 except grpc.aio.AioRpcError as e:  # the server is down or unreachable
                     raise ChatError(f"could not send to {self.url}: {e.details()}", e.code().name) from None
                 done = error is not None  # an error response is the request's last

@@ -4,6 +4,7 @@
 Usage: python3 corpus/check_corpus.py [corpus_dir]
 Exits 0 when everything passes, 1 otherwise. Standard library only.
 """
+
 from __future__ import annotations
 
 import json

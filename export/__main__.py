@@ -15,17 +15,21 @@ import sys
 import time
 from pathlib import Path
 
+from switchboard import paths
+
 log = logging.getLogger("switchboard.export")
 HERE = Path(__file__).resolve().parent
 REPO_MODELS = ("chat", "engine_short", "engine_long")
 # For base checkpoints without a chat template (e.g. GPT-2): each turn ends with the EOS
 # token, which is also what generation stops on.
-FALLBACK_TEMPLATE = ("{% for message in messages %}{{ message['role'] + ': ' + message['content'] + eos_token + '\\n' }}"
-                     "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+FALLBACK_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
 
 
 def _digest_dir(path: Path) -> str:
-    from switchboard.manifest import file_digest
+    from switchboard.artifact.manifest import file_digest
 
     files = [p for p in sorted(Path(path).iterdir()) if p.is_file() and not p.name.startswith(".")]
     return file_digest(files)
@@ -33,7 +37,7 @@ def _digest_dir(path: Path) -> str:
 
 def _inputs_digest(model_dir: Path, precisions: list[str]) -> str:
     h = hashlib.sha256(_digest_dir(model_dir).encode())
-    for f in sorted(HERE.glob("*.py")) + sorted((HERE.parent / "switchboard" / "engine").glob("*.py")):
+    for f in sorted(HERE.glob("*.py")) + sorted((paths.ROOT / "switchboard" / "engine").glob("*.py")):
         h.update(f.read_bytes())
     h.update(",".join(precisions).encode())
     return h.hexdigest()[:16]
@@ -63,11 +67,23 @@ def parse_precisions(value: str) -> tuple[list[str], set[str]]:
     return precisions, set(precisions)
 
 
-def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = True,
-               parts: tuple[str, ...] = ("mlp", "attention"), calibration_per_class: int = 8,
-               gate=None, heldout_per_class: int = 24, bench_batches: tuple[int, ...] | None = (1, 8, 32),
-               bench_repeats: int = 5, bench_prompt: int = 64, required: set[str] | None = None,
-               coverage_study: bool = False, smooth_alpha: float = 0.5, console=None) -> dict:
+def run_export(
+    model_dir: Path,
+    out: Path,
+    precisions: list[str],
+    check: bool = True,
+    parts: tuple[str, ...] = ("mlp", "attention"),
+    calibration_per_class: int = 8,
+    gate=None,
+    heldout_per_class: int = 24,
+    bench_batches: tuple[int, ...] | None = (1, 8, 32),
+    bench_repeats: int = 5,
+    bench_prompt: int = 64,
+    required: set[str] | None = None,
+    coverage_study: bool = False,
+    smooth_alpha: float = 0.5,
+    console=None,
+) -> dict:
     """Export, check, quantize, gate and report; returns the manifest as a dict.
 
     ``required``: variants that must pass the gate (default: all of ``precisions``); the others
@@ -79,10 +95,10 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from switchboard import console as console_mod
+    from switchboard.artifact.manifest import Manifest, file_digest
+    from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.engine.runtime import OnnxDecoder
     from switchboard.export import accuracy, calibration, onnx_export, parity, quantize, smooth
-    from switchboard.manifest import Manifest, file_digest
-    from switchboard.tokenizer import TextTokenizer
 
     say = console or console_mod.detached("export")
     required = set(precisions) if required is None else required
@@ -111,8 +127,7 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
     system_prompt = info.get("system_prompt")
 
     parameters = sum(p.numel() for p in model.parameters())
-    say.line(f"{model_dir} ({config.model_type}, {parameters / 1e6:.1f}M parameters) -> {out}: "
-             f"{', '.join(precisions)}")
+    say.line(f"{model_dir} ({config.model_type}, {parameters / 1e6:.1f}M parameters) -> {out}: {', '.join(precisions)}")
     log.info("exporting ONNX with KV cache")
     fp32 = onnx_export.export(model, geo, out / "model.onnx")
     tok = TextTokenizer(out)
@@ -130,17 +145,28 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
     def add_variant(precision: str, files: list[Path]) -> None:
         weights = file_digest(files)
         fp = hashlib.sha256(f"{weights}:{tok_digest}:{precision}".encode()).hexdigest()[:24]
-        variants[precision] = {"file": files[0].name, "fingerprint": fp, "weights_sha256": weights,
-                               "bytes": sum(f.stat().st_size for f in files)}
+        variants[precision] = {
+            "file": files[0].name,
+            "fingerprint": fp,
+            "weights_sha256": weights,
+            "bytes": sum(f.stat().st_size for f in files),
+        }
 
     add_variant("fp32", [fp32] + sorted(out.glob("model.onnx.data")))
     manifest = Manifest(
-        name=info.get("name", model_dir.name), fingerprint=variants["fp32"]["fingerprint"],
-        num_layers=geo.num_layers, num_kv_heads=geo.num_kv_heads, head_dim=geo.head_dim,
-        vocab_size=geo.vocab_size, context_window=geo.context_window, eos_token_ids=eos,
-        end_of_turn_id=end_id if end_id is not None else eos[0], system_prompt=system_prompt,
-        variants=variants, source={"path": str(model_dir), "model_type": config.model_type,
-                                   "tokenizer_sha256": tok_digest})
+        name=info.get("name", model_dir.name),
+        fingerprint=variants["fp32"]["fingerprint"],
+        num_layers=geo.num_layers,
+        num_kv_heads=geo.num_kv_heads,
+        head_dim=geo.head_dim,
+        vocab_size=geo.vocab_size,
+        context_window=geo.context_window,
+        eos_token_ids=eos,
+        end_of_turn_id=end_id if end_id is not None else eos[0],
+        system_prompt=system_prompt,
+        variants=variants,
+        source={"path": str(model_dir), "model_type": config.model_type, "tokenizer_sha256": tok_digest},
+    )
     manifest.save(out)
 
     limit = min(geo.context_window - 1, 512)
@@ -149,13 +175,17 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
     decoder = OnnxDecoder(out, manifest, "fp32")
     if check:
         log.info("checking ONNX against PyTorch (left padding, cached prefix, decode steps)")
-        report = parity.check(model, decoder, [prompts[i] for i in range(0, len(prompts), max(1, len(prompts) // 4))][:4])
+        report = parity.check(
+            model, decoder, [prompts[i] for i in range(0, len(prompts), max(1, len(prompts) // 4))][:4]
+        )
         log.info("parity: %s", json.dumps(report))
         if not report["ok"]:
             raise SystemExit(f"export check failed: ONNX does not match PyTorch: {report}")
-        say.line(f"ONNX with KV cache matches PyTorch (greedy tokens identical, logits within "
-                 f"{max(report['max_abs_logit_diff'], report['max_abs_logit_diff_with_cached_prefix']):.0e}, "
-                 f"with and without a cached prefix)")
+        say.line(
+            f"ONNX with KV cache matches PyTorch (greedy tokens identical, logits within "
+            f"{max(report['max_abs_logit_diff'], report['max_abs_logit_diff_with_cached_prefix']):.0e}, "
+            f"with and without a cached prefix)"
+        )
     int8 = [p for p in precisions if p != "fp32"]
     source, source_decoder = fp32, decoder
     if int8 and smooth_alpha > 0:
@@ -166,8 +196,14 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
             with_source = {**variants, "smoothed": {"file": source.name}}
             source_decoder = OnnxDecoder(out, Manifest(**{**manifest.__dict__, "variants": with_source}), "smoothed")
     if int8:
-        log.info("INT8 variants %s on parts %s from %s; calibration: %d prompts over %s", ",".join(int8),
-                 ",".join(parts), source.name, len(prompts), ",".join(calibration.CLASSES))
+        log.info(
+            "INT8 variants %s on parts %s from %s; calibration: %d prompts over %s",
+            ",".join(int8),
+            ",".join(parts),
+            source.name,
+            len(prompts),
+            ",".join(calibration.CLASSES),
+        )
     with say.bar(len(int8), "INT8 variants", "variant") as bar:
         for precision in int8:
             bar.set_postfix_str(precision)
@@ -177,16 +213,23 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
             else:
                 method = precision.split("-", 1)[1]
                 fixed = 96 if method in quantize.FIXED_SHAPE_METHODS else None
-                quantize.quantize_int8_static(source, target, calibration.feeds(source_decoder, prompts, fixed),
-                                              method, parts)
-            data = target.with_name(target.name + ".data")   # a quantizer's external data, for large models
+                quantize.quantize_int8_static(
+                    source, target, calibration.feeds(source_decoder, prompts, fixed), method, parts
+                )
+            data = target.with_name(target.name + ".data")  # a quantizer's external data, for large models
             add_variant(precision, [target, data] if data.exists() else [target])
             bar.update()
     for f in out.glob("model.smoothed.onnx*"):
         f.unlink()
     smoothing = {"alpha": smooth_alpha, "applied": source != fp32} if int8 else {}
-    manifest = Manifest(**{**manifest.__dict__, "variants": variants, "parity": report,
-                           "source": {**manifest.source, "int8_smoothing": smoothing}})
+    manifest = Manifest(
+        **{
+            **manifest.__dict__,
+            "variants": variants,
+            "parity": report,
+            "source": {**manifest.source, "int8_smoothing": smoothing},
+        }
+    )
     manifest.save(out)
     accuracy_report, failed, left_out = {}, {}, {}
     if int8 and gate is not None:
@@ -206,16 +249,31 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
         for row in accuracy.table(results, gate, left_out, failed):
             say.line("  " + row)
         if any(p != "int8-dynamic" for p in int8) and coverage_study:
-            accuracy_report.update(_coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts,
-                                                   calibration_per_class, heldout_per_class, prompts))
+            accuracy_report.update(
+                _coverage_study(
+                    out,
+                    decoder,
+                    fp32,
+                    tok,
+                    system_prompt,
+                    limit,
+                    parts,
+                    calibration_per_class,
+                    heldout_per_class,
+                    prompts,
+                )
+            )
         for v, reasons in left_out.items():
             for f in {variants[v]["file"], *(p.name for p in out.glob(f"model.{v}.onnx*"))}:
                 (out / f).unlink(missing_ok=True)
             del variants[v]
-            say.line(f"left out {v}: {'; '.join(reasons)} (ask for it by name, e.g. --precision fp32,{v}, "
-                     f"to make this an error)")
-        manifest = Manifest(**{**manifest.__dict__, "variants": variants, "accuracy": accuracy_report,
-                               "left_out": left_out})
+            say.line(
+                f"left out {v}: {'; '.join(reasons)} (ask for it by name, e.g. --precision fp32,{v}, "
+                f"to make this an error)"
+            )
+        manifest = Manifest(
+            **{**manifest.__dict__, "variants": variants, "accuracy": accuracy_report, "left_out": left_out}
+        )
         manifest.save(out)
     shipped = [p for p in precisions if p in variants]
     if bench_batches:
@@ -223,25 +281,29 @@ def run_export(model_dir: Path, out: Path, precisions: list[str], check: bool = 
 
         log.info("report: latency of %s at batch %s", ",".join(shipped), ",".join(map(str, bench_batches)))
         with say.bar(bench_repeats * len(bench_batches) * len(shipped), "latency report", "run") as bar:
-            bench = report.benchmark(out, shipped, batches=bench_batches, prompt=bench_prompt,
-                                     repeats=bench_repeats, progress=bar.update)
+            bench = report.benchmark(
+                out, shipped, batches=bench_batches, prompt=bench_prompt, repeats=bench_repeats, progress=bar.update
+            )
         path = report.write(out, bench, accuracy_report, f"{manifest.name} ({config.model_type})")
         log.info("report: %s", path)
     if failed:
         lines = "; ".join(f"{v}: {', '.join(f)}" for v, f in failed.items())
         raise SystemExit(f"accuracy gate failed (not shipping): {lines}")
-    say.line(f"exported {', '.join(shipped)} in {time.time() - t0:.0f} s"
-             + (f"; report: {out / 'report.md'}" if bench_batches else ""))
+    say.line(
+        f"exported {', '.join(shipped)} in {time.time() - t0:.0f} s"
+        + (f"; report: {out / 'report.md'}" if bench_batches else "")
+    )
     return manifest.__dict__
 
 
-def _coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts, per_class, heldout_per_class,
-                    covered_prompts) -> dict:
+def _coverage_study(
+    out, decoder, fp32, tok, system_prompt, limit, parts, per_class, heldout_per_class, covered_prompts
+) -> dict:
     """What calibration coverage changes: MinMax calibrated on the covered set against MinMax
     calibrated on plain questions only, on the same held-out classes (study graphs are
     deleted afterwards; nothing here is shipped)."""
+    from switchboard.artifact.manifest import Manifest, file_digest
     from switchboard.export import accuracy, calibration, quantize
-    from switchboard.manifest import Manifest, file_digest
 
     log.info("coverage study: MinMax calibrated on the covered set vs on plain questions only")
     plain = _prompts(tok, system_prompt, calibration.calibration_set(per_class, covered=False), limit)
@@ -250,8 +312,12 @@ def _coverage_study(out, decoder, fp32, tok, system_prompt, limit, parts, per_cl
     for name, prompts in (("study-minmax-covered", covered_prompts), ("study-minmax-plain", plain)):
         target = out / f"model.{name}.onnx"
         quantize.quantize_int8_static(fp32, target, calibration.feeds(decoder, prompts), "minmax", parts)
-        study[name] = {"file": target.name, "fingerprint": name, "weights_sha256": file_digest([target]),
-                       "bytes": target.stat().st_size}
+        study[name] = {
+            "file": target.name,
+            "fingerprint": name,
+            "weights_sha256": file_digest([target]),
+            "bytes": target.stat().st_size,
+        }
     Manifest(**{**m.__dict__, "variants": study}).save(out)
     names = ["study-minmax-covered", "study-minmax-plain"]
     try:
@@ -282,21 +348,42 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint directory")
     p.add_argument("--out", type=Path, required=True, help="artifact directory to write")
-    p.add_argument("--precision", default="default",
-                   help=f"'default' ({','.join(DEFAULT_PRECISIONS)}; an INT8 variant that fails the accuracy gate is "
-                        f"left out with its reason) or a comma-separated list from {','.join(VARIANTS)} (every "
-                        f"variant listed must pass the gate, or the export fails)")
-    p.add_argument("--int8-parts", default="mlp,attention",
-                   help="MatMuls to quantize: mlp, attention, lm_head (default: mlp,attention; the rest stays FP32)")
-    p.add_argument("--smooth-alpha", type=float, default=0.5,
-                   help="INT8 variants from a model smoothed with this migration strength (SmoothQuant; 0 = off)")
-    p.add_argument("--calibration-per-class", type=int, default=8,
-                   help="calibration prompts per class (plain, codes, prices, phones, mixed, long)")
-    p.add_argument("--heldout-per-class", type=int, default=24,
-                   help="held-out conversations per class in the accuracy gate (6 classes)")
+    p.add_argument(
+        "--precision",
+        default="default",
+        help=f"'default' ({','.join(DEFAULT_PRECISIONS)}; an INT8 variant that fails the accuracy gate is "
+        f"left out with its reason) or a comma-separated list from {','.join(VARIANTS)} (every "
+        f"variant listed must pass the gate, or the export fails)",
+    )
+    p.add_argument(
+        "--int8-parts",
+        default="mlp,attention",
+        help="MatMuls to quantize: mlp, attention, lm_head (default: mlp,attention; the rest stays FP32)",
+    )
+    p.add_argument(
+        "--smooth-alpha",
+        type=float,
+        default=0.5,
+        help="INT8 variants from a model smoothed with this migration strength (SmoothQuant; 0 = off)",
+    )
+    p.add_argument(
+        "--calibration-per-class",
+        type=int,
+        default=8,
+        help="calibration prompts per class (plain, codes, prices, phones, mixed, long)",
+    )
+    p.add_argument(
+        "--heldout-per-class",
+        type=int,
+        default=24,
+        help="held-out conversations per class in the accuracy gate (6 classes)",
+    )
     p.add_argument("--no-gate", action="store_true", help="skip the accuracy evaluation and gate")
-    p.add_argument("--coverage-study", action="store_true",
-                   help="also compare MinMax calibrated on the long-tail set with plain questions (in the report)")
+    p.add_argument(
+        "--coverage-study",
+        action="store_true",
+        help="also compare MinMax calibrated on the long-tail set with plain questions (in the report)",
+    )
     p.add_argument("--bench-batches", default="1,8,32", help="report latency at these batch sizes ('' = no report)")
     p.add_argument("--bench-repeats", type=int, default=5, help="interleaved repetitions per measurement")
     p.add_argument("--bench-prompt", type=int, default=64, help="prompt tokens per sequence in the prefill measurement")
@@ -320,22 +407,42 @@ def main(argv: list[str] | None = None) -> int:
     from switchboard.export.accuracy import Gate
 
     gate = None if args.no_gate else Gate(args.min_greedy, args.min_top1, args.min_cosine, args.max_ppl_increase)
-    options = [*precisions, "required:" + ",".join(sorted(required)), *parts, str(args.calibration_per_class),
-               str(args.heldout_per_class), str(args.coverage_study), str(args.smooth_alpha), repr(gate)]
+    options = [
+        *precisions,
+        "required:" + ",".join(sorted(required)),
+        *parts,
+        str(args.calibration_per_class),
+        str(args.heldout_per_class),
+        str(args.coverage_study),
+        str(args.smooth_alpha),
+        repr(gate),
+    ]
     digest = _inputs_digest(args.model, options)
     stamp = args.out / ".inputs"
     with console.step("export", args.log) as out:
         if args.force or not stamp.exists() or stamp.read_text().strip() != digest:
             stamp.unlink(missing_ok=True)
             batches = tuple(int(b) for b in args.bench_batches.split(",") if b.strip())
-            run_export(args.model, args.out, precisions, check=not args.no_check, parts=parts,
-                       calibration_per_class=args.calibration_per_class, gate=gate,
-                       heldout_per_class=args.heldout_per_class, bench_batches=batches,
-                       bench_repeats=args.bench_repeats, bench_prompt=args.bench_prompt, required=required,
-                       coverage_study=args.coverage_study, smooth_alpha=args.smooth_alpha, console=out)
+            run_export(
+                args.model,
+                args.out,
+                precisions,
+                check=not args.no_check,
+                parts=parts,
+                calibration_per_class=args.calibration_per_class,
+                gate=gate,
+                heldout_per_class=args.heldout_per_class,
+                bench_batches=batches,
+                bench_repeats=args.bench_repeats,
+                bench_prompt=args.bench_prompt,
+                required=required,
+                coverage_study=args.coverage_study,
+                smooth_alpha=args.smooth_alpha,
+                console=out,
+            )
             stamp.write_text(digest + "\n")
         else:
-            from switchboard.manifest import Manifest
+            from switchboard.artifact.manifest import Manifest
 
             m = Manifest.load(args.out)
             left = "".join(f"; {v} left out ({'; '.join(r)})" for v, r in m.left_out.items())

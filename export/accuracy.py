@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard import corpus as corpus_mod
 from switchboard.engine.batch import prefill_inputs
 from switchboard.export.calibration import CLASSES
 from switchboard.export.parity import onnx_greedy
+from switchboard.training import corpus as corpus_mod
 
 
 @dataclass
@@ -58,10 +58,13 @@ def heldout_cases(per_class: int, seed: int = 0) -> list[Case]:
                 for _ in range(rng.randint(5, 7)):
                     h = rng.choice(faq)
                     s = corpus_mod.sample_slots(rng, h.lang)
-                    history += [{"role": "user", "content": corpus_mod.fill_slots(s, rng.choice(h.heldout))},
-                                {"role": "assistant", "content": corpus_mod.fill_slots(s, h.answer)}]
-            cases.append(Case(kind, history + [{"role": "user", "content": question}],
-                              corpus_mod.fill_slots(slots, e.answer)))
+                    history += [
+                        {"role": "user", "content": corpus_mod.fill_slots(s, rng.choice(h.heldout))},
+                        {"role": "assistant", "content": corpus_mod.fill_slots(s, h.answer)},
+                    ]
+            cases.append(
+                Case(kind, history + [{"role": "user", "content": question}], corpus_mod.fill_slots(slots, e.answer))
+            )
     return cases
 
 
@@ -76,7 +79,7 @@ class VariantAccuracy:
     perplexity_delta: float = 0.0
     answer_accuracy: float | None = None
     by_class_top1: dict[str, float] = field(default_factory=dict)
-    divergent: int = 0             # greedy continuations that differ from FP32's...
+    divergent: int = 0  # greedy continuations that differ from FP32's...
     divergent_at_near_tie: int = 0  # ...first where FP32's two best logits were within NEAR_TIE
 
 
@@ -85,11 +88,13 @@ class Gate:
     min_greedy_sequences: float = 0.80
     min_teacher_forced_top1: float = 0.97
     min_logits_cosine: float = 0.99
-    max_perplexity_increase: float = 0.10   # relative
+    max_perplexity_increase: float = 0.10  # relative
 
     def describe(self) -> str:
-        return (f"greedy >= {self.min_greedy_sequences}, top-1 >= {self.min_teacher_forced_top1}, "
-                f"cosine >= {self.min_logits_cosine}, perplexity <= +{100 * self.max_perplexity_increase:.0f}%")
+        return (
+            f"greedy >= {self.min_greedy_sequences}, top-1 >= {self.min_teacher_forced_top1}, "
+            f"cosine >= {self.min_logits_cosine}, perplexity <= +{100 * self.max_perplexity_increase:.0f}%"
+        )
 
     def failures(self, a: VariantAccuracy) -> list[str]:
         out = []
@@ -114,19 +119,20 @@ def _rows(decoder, sequences: list[list[int]], batch: int = 16):
     m = decoder.manifest
     out = []
     for i in range(0, len(sequences), batch):
-        chunk = sequences[i:i + batch]
-        ids, mask, pos, past, _ = prefill_inputs(chunk, [0] * len(chunk), [None] * len(chunk), m.num_layers,
-                                                 m.num_kv_heads, m.head_dim, decoder.dtype)
+        chunk = sequences[i : i + batch]
+        ids, mask, pos, past, _ = prefill_inputs(
+            chunk, [0] * len(chunk), [None] * len(chunk), m.num_layers, m.num_kv_heads, m.head_dim, decoder.dtype
+        )
         logits, _ = decoder.forward(ids, mask, pos, past)
         width = ids.shape[1]
-        out += [logits[r, width - len(s):] for r, s in enumerate(chunk)]
+        out += [logits[r, width - len(s) :] for r, s in enumerate(chunk)]
     return out
 
 
 def _greedy(decoder, prompts: list[list[int]], steps: int, batch: int = 16) -> list[list[int]]:
     out = []
     for i in range(0, len(prompts), batch):
-        tokens, _, _ = onnx_greedy(decoder, prompts[i:i + batch], steps)
+        tokens, _, _ = onnx_greedy(decoder, prompts[i : i + batch], steps)
         out += tokens
     return out
 
@@ -137,14 +143,20 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def evaluate(artifacts: Path, variants: list[str], cases: list[Case], steps: int = 16,
-             answer_accuracy: bool = False, progress=None) -> dict[str, VariantAccuracy]:
+def evaluate(
+    artifacts: Path,
+    variants: list[str],
+    cases: list[Case],
+    steps: int = 16,
+    answer_accuracy: bool = False,
+    progress=None,
+) -> dict[str, VariantAccuracy]:
     """Every variant against FP32 on ``cases``; ``progress()`` is called after each variant
     (FP32 first), then after each answer-accuracy run."""
     progress = progress or (lambda: None)
+    from switchboard.artifact.manifest import Manifest
+    from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.engine.runtime import OnnxDecoder
-    from switchboard.manifest import Manifest
-    from switchboard.tokenizer import TextTokenizer
 
     manifest = Manifest.load(artifacts)
     tok = TextTokenizer(artifacts)
@@ -160,12 +172,12 @@ def evaluate(artifacts: Path, variants: list[str], cases: list[Case], steps: int
 
     def continuation_logits(decoder):
         rows = _rows(decoder, forced)
-        return [r[len(p) - 1:] for r, p in zip(rows, prompts)]
+        return [r[len(p) - 1 :] for r, p in zip(rows, prompts)]
 
     def perplexity(decoder) -> float:
         nll, count = 0.0, 0
         for row, (p, a) in zip(_rows(decoder, scored), (r for r in refs if r)):
-            lp = _log_softmax(row[len(p) - 1:len(p) - 1 + len(a)])
+            lp = _log_softmax(row[len(p) - 1 : len(p) - 1 + len(a)])
             nll -= float(lp[np.arange(len(a)), a].sum())
             count += len(a)
         return math.exp(nll / max(count, 1))
@@ -189,19 +201,27 @@ def evaluate(artifacts: Path, variants: list[str], cases: list[Case], steps: int
         logits = continuation_logits(d)
         top1, cos, by_class = [], [], {}
         for case, x, y in zip(cases, logits, base_logits):
-            hits = (x.argmax(-1) == y.argmax(-1))
+            hits = x.argmax(-1) == y.argmax(-1)
             top1 += hits.tolist()
             by_class.setdefault(case.kind, []).extend(hits.tolist())
             num = (x * y).sum(-1)
             cos += (num / (np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1) + 1e-12)).tolist()
         ppl = perplexity(d)
-        results[v] = VariantAccuracy(v, float(same_seq), float(np.mean(agree)), float(np.mean(top1)),
-                                     float(np.mean(cos)), ppl, ppl / base_ppl - 1.0,
-                                     by_class_top1={k: float(np.mean(h)) for k, h in by_class.items()},
-                                     divergent=divergent, divergent_at_near_tie=near_tie)
+        results[v] = VariantAccuracy(
+            v,
+            float(same_seq),
+            float(np.mean(agree)),
+            float(np.mean(top1)),
+            float(np.mean(cos)),
+            ppl,
+            ppl / base_ppl - 1.0,
+            by_class_top1={k: float(np.mean(h)) for k, h in by_class.items()},
+            divergent=divergent,
+            divergent_at_near_tie=near_tie,
+        )
         progress()
     if answer_accuracy:
-        from switchboard.defaultmodel.evaluate import answer_accuracy as measure
+        from switchboard.training.evaluate import answer_accuracy as measure
 
         for v, r in results.items():
             r.answer_accuracy = measure(artifacts, v).heldout
@@ -209,22 +229,35 @@ def evaluate(artifacts: Path, variants: list[str], cases: list[Case], steps: int
     return results
 
 
-def table(results: dict[str, VariantAccuracy], gate: Gate, left_out: dict[str, list[str]],
-          failed: dict[str, list[str]]) -> list[str]:
+def table(
+    results: dict[str, VariantAccuracy], gate: Gate, left_out: dict[str, list[str]], failed: dict[str, list[str]]
+) -> list[str]:
     """The gate's figures as aligned text rows, one per variant, with its verdict."""
     answers = any(r.answer_accuracy is not None for r in results.values())
-    rows = [f"{'variant':<16} {'greedy':>6} {'differ':>11} {'top-1':>6} {'cosine':>7} {'ppl':>9}"
-            + (f" {'answers':>7}" if answers else "")]
+    rows = [
+        f"{'variant':<16} {'greedy':>6} {'differ':>11} {'top-1':>6} {'cosine':>7} {'ppl':>9}"
+        + (f" {'answers':>7}" if answers else "")
+    ]
     for v, r in results.items():
-        verdict = ("" if v == "fp32" else "FAILS: " + "; ".join(failed[v]) if v in failed
-                   else "left out" if v in left_out else "passes")
+        verdict = (
+            ""
+            if v == "fp32"
+            else "FAILS: " + "; ".join(failed[v])
+            if v in failed
+            else "left out"
+            if v in left_out
+            else "passes"
+        )
         differ = "" if v == "fp32" else f"{r.divergent} ({r.divergent_at_near_tie} tie)"
         ppl = f"{r.perplexity:.3f}" if v == "fp32" else f"{100 * r.perplexity_delta:+.1f}%"
-        rows.append(f"{v:<16} {r.greedy_sequences_identical:>6.3f} {differ:>11} {r.teacher_forced_top1:>6.3f} "
-                    f"{r.logits_cosine:>7.4f} {ppl:>9}" + (f" {r.answer_accuracy:>7.3f}" if answers else "")
-                    + f"  {verdict}")
-    rows.append("differ: greedy continuations unlike FP32's (tie: first differing where FP32's two best "
-                f"logits were within {NEAR_TIE})")
+        rows.append(
+            f"{v:<16} {r.greedy_sequences_identical:>6.3f} {differ:>11} {r.teacher_forced_top1:>6.3f} "
+            f"{r.logits_cosine:>7.4f} {ppl:>9}" + (f" {r.answer_accuracy:>7.3f}" if answers else "") + f"  {verdict}"
+        )
+    rows.append(
+        "differ: greedy continuations unlike FP32's (tie: first differing where FP32's two best "
+        f"logits were within {NEAR_TIE})"
+    )
     return rows
     return rows
 

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from switchboard import corpus as corpus_mod
+from switchboard.training import corpus as corpus_mod
 
 CLASSES = ("plain", "codes", "prices", "phones", "mixed", "long")
 _SLOTS = {"codes": ("{sku}", "{order_id}", "{tracking}"), "prices": ("{price}",), "phones": ("{phone}",)}
@@ -49,8 +49,12 @@ def conversations(kind: str, n: int, seed: int = 0) -> list[list[dict]]:
             e, q = rng.choice(pool)
             out.append([{"role": "user", "content": corpus_mod.fill_slots(corpus_mod.sample_slots(rng, e.lang), q)}])
     elif kind == "mixed":
-        turns = [t["content"] for d in data.dialogs for t in d.turns
-                 if t["role"] == "user" and _HAS_HAN.search(t["content"]) and _HAS_LATIN.search(t["content"])]
+        turns = [
+            t["content"]
+            for d in data.dialogs
+            for t in d.turns
+            if t["role"] == "user" and _HAS_HAN.search(t["content"]) and _HAS_LATIN.search(t["content"])
+        ]
         zh = [e for e in faq if e.lang == "zh"]
         for i in range(n):
             if turns and i % 2 == 0:
@@ -98,16 +102,24 @@ def feeds(decoder, prompts: list[list[int]], fixed_length: int | None = None) ->
         if fixed_length:
             prompt = prompt[-fixed_length:]
             pad = fixed_length - len(prompt)
-            ids, mask, pos, past, _ = prefill_inputs([[0] * pad + prompt], [0], [None], m.num_layers,
-                                                     m.num_kv_heads, m.head_dim, decoder.dtype)
+            ids, mask, pos, past, _ = prefill_inputs(
+                [[0] * pad + prompt], [0], [None], m.num_layers, m.num_kv_heads, m.head_dim, decoder.dtype
+            )
             mask[0, :pad] = 0
             pos[0] = np.maximum(np.arange(fixed_length) - pad, 0)
             out.append(feed(ids, mask, pos, past))
             continue
-        ids, mask, pos, past, _ = prefill_inputs([prompt], [0], [None], m.num_layers, m.num_kv_heads,
-                                                 m.head_dim, decoder.dtype)
+        ids, mask, pos, past, _ = prefill_inputs(
+            [prompt], [0], [None], m.num_layers, m.num_kv_heads, m.head_dim, decoder.dtype
+        )
         out.append(feed(ids, mask, pos, past))
         logits, present = decoder.forward(ids, mask, pos, past)
-        out.append(feed(logits[:, -1:].argmax(-1).astype(np.int64), np.ones((1, mask.shape[1] + 1), np.int64),
-                        np.asarray([[len(prompt)]], np.int64), present))
+        out.append(
+            feed(
+                logits[:, -1:].argmax(-1).astype(np.int64),
+                np.ones((1, mask.shape[1] + 1), np.int64),
+                np.asarray([[len(prompt)]], np.int64),
+                present,
+            )
+        )
     return out

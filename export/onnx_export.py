@@ -28,8 +28,10 @@ class Geometry:
 
 def geometry(config) -> Geometry:
     if config.model_type not in SUPPORTED:
-        raise ValueError(f"unsupported architecture {config.model_type!r} "
-                         f"({', '.join(config.architectures or [])}); supported: {', '.join(sorted(SUPPORTED))}")
+        raise ValueError(
+            f"unsupported architecture {config.model_type!r} "
+            f"({', '.join(config.architectures or [])}); supported: {', '.join(sorted(SUPPORTED))}"
+        )
     heads = config.num_attention_heads
     context = config.max_position_embeddings
     window = getattr(config, "sliding_window", None)
@@ -58,8 +60,13 @@ class DecoderWrapper(torch.nn.Module):
         cache = DynamicCache()  # full layers: present = past + new, for every family
         for i in range(self.num_layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+        )
         present = []
         for layer in out.past_key_values.layers:
             present += [layer.keys, layer.values]
@@ -80,9 +87,11 @@ def export(model, geo: Geometry, path: Path) -> Path:
     wrapper = DecoderWrapper(model, geo.num_layers).eval()
     batch, new, past_len = 2, 3, 4
     # A few new tokens on top of a short past: a one-token sample trips dynamo on is_causal.
-    sample = [torch.randint(0, geo.vocab_size, (batch, new)),
-              torch.ones(batch, past_len + new, dtype=torch.long),
-              torch.arange(past_len, past_len + new).repeat(batch, 1)]
+    sample = [
+        torch.randint(0, geo.vocab_size, (batch, new)),
+        torch.ones(batch, past_len + new, dtype=torch.long),
+        torch.arange(past_len, past_len + new).repeat(batch, 1),
+    ]
     # Distinct tensors: the exporter aliases inputs that are the same object, which would
     # wire one layer's key input into its value path.
     sample += [torch.randn(batch, geo.num_kv_heads, past_len, geo.head_dim) for _ in range(2 * geo.num_layers)]
@@ -93,8 +102,15 @@ def export(model, geo: Geometry, path: Path) -> Path:
     large = sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
-        program = torch.onnx.export(wrapper, tuple(sample), input_names=inputs, output_names=outputs,
-                                    dynamic_shapes=dynamic, dynamo=True, optimize=True,
-                                    external_data=large)
+        program = torch.onnx.export(
+            wrapper,
+            tuple(sample),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_shapes=dynamic,
+            dynamo=True,
+            optimize=True,
+            external_data=large,
+        )
     program.save(str(path), external_data=large)
     return path

@@ -27,13 +27,15 @@ def torch_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], list[
     return tokens, logits_seen
 
 
-def onnx_greedy(decoder, prompts: list[list[int]], steps: int, reused: list[int] | None = None,
-                pasts: list | None = None) -> tuple[list[list[int]], list[np.ndarray], KVBatch]:
+def onnx_greedy(
+    decoder, prompts: list[list[int]], steps: int, reused: list[int] | None = None, pasts: list | None = None
+) -> tuple[list[list[int]], list[np.ndarray], KVBatch]:
     m = decoder.manifest
     reused = reused or [0] * len(prompts)
     pasts = pasts or [None] * len(prompts)
-    ids, mask, pos, past, next_pos = prefill_inputs(prompts, reused, pasts, m.num_layers, m.num_kv_heads,
-                                                    m.head_dim, decoder.dtype)
+    ids, mask, pos, past, next_pos = prefill_inputs(
+        prompts, reused, pasts, m.num_layers, m.num_kv_heads, m.head_dim, decoder.dtype
+    )
     logits, present = decoder.forward(ids, mask, pos, past)
     batch = KVBatch(present, mask, next_pos)
     last = logits[:, -1]
@@ -65,10 +67,17 @@ def check(model, decoder, prompts: list[list[int]], steps: int = 6) -> dict:
     _, _, first = onnx_greedy(decoder, [p[:h] for p, h in zip(prompts, halves)], 1)
     caches = [first.row_cache(i) for i in range(len(prompts))]
     t2, seen2, _ = onnx_greedy(decoder, prompts, steps, reused=halves, pasts=caches)
-    max_diff_reuse = max(float(np.abs(seen2[s][i] - refs[i][1][s]).max())
-                         for i in range(len(prompts)) for s in range(steps))
+    max_diff_reuse = max(
+        float(np.abs(seen2[s][i] - refs[i][1][s]).max()) for i in range(len(prompts)) for s in range(steps)
+    )
     same_reuse = sum(t2[i] == refs[i][0] for i in range(len(prompts)))
     ok = same == len(prompts) and same_reuse == len(prompts) and max(max_diff, max_diff_reuse) < 1e-3
-    return {"ok": ok, "sequences": len(prompts), "decode_steps": steps,
-            "greedy_identical": same, "max_abs_logit_diff": max_diff,
-            "greedy_identical_with_cached_prefix": same_reuse, "max_abs_logit_diff_with_cached_prefix": max_diff_reuse}
+    return {
+        "ok": ok,
+        "sequences": len(prompts),
+        "decode_steps": steps,
+        "greedy_identical": same,
+        "max_abs_logit_diff": max_diff,
+        "greedy_identical_with_cached_prefix": same_reuse,
+        "max_abs_logit_diff_with_cached_prefix": max_diff_reuse,
+    }

@@ -20,15 +20,24 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                      quantize_dynamic, quantize_static)
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
 
 log = logging.getLogger(__name__)
 
 PARTS = ("mlp", "attention", "lm_head")
 DEFAULT_PARTS = ("mlp", "attention")
-METHODS = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-           "percentile": CalibrationMethod.Percentile}
+METHODS = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+}
 # Entropy and Percentile build histograms per tensor and need every feed to have one shape.
 FIXED_SHAPE_METHODS = {"entropy", "percentile"}
 
@@ -91,16 +100,32 @@ class FeedReader(CalibrationDataReader):
 def quantize_int8_dynamic(fp32: Path, out: Path, parts: tuple[str, ...] = DEFAULT_PARTS) -> Path:
     nodes = select(fp32, parts)
     log.info("INT8 dynamic: %d weight MatMuls (%s)", len(nodes), ",".join(parts))
-    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
-                     per_channel=True, extra_options={"MatMulConstBOnly": True})
+    quantize_dynamic(
+        str(fp32),
+        str(out),
+        weight_type=QuantType.QInt8,
+        nodes_to_quantize=nodes,
+        per_channel=True,
+        extra_options={"MatMulConstBOnly": True},
+    )
     return out
 
 
-def quantize_int8_static(fp32: Path, out: Path, feeds: list[dict[str, np.ndarray]], method: str = "minmax",
-                         parts: tuple[str, ...] = DEFAULT_PARTS) -> Path:
+def quantize_int8_static(
+    fp32: Path,
+    out: Path,
+    feeds: list[dict[str, np.ndarray]],
+    method: str = "minmax",
+    parts: tuple[str, ...] = DEFAULT_PARTS,
+) -> Path:
     nodes = select(fp32, parts)
-    log.info("INT8 static Q/DQ (%s): %d weight MatMuls (%s), %d calibration feeds",
-             method, len(nodes), ",".join(parts), len(feeds))
+    log.info(
+        "INT8 static Q/DQ (%s): %d weight MatMuls (%s), %d calibration feeds",
+        method,
+        len(nodes),
+        ",".join(parts),
+        len(feeds),
+    )
     extra = {"ActivationSymmetric": False, "WeightSymmetric": True}
     if method == "percentile":
         extra["CalibPercentile"] = 99.99
@@ -108,8 +133,17 @@ def quantize_int8_static(fp32: Path, out: Path, feeds: list[dict[str, np.ndarray
     # Q/DQ nodes need. Without it ONNX Runtime builds a histogram of every tensor in the graph,
     # among them the empty past KV of a prefill (a 0/0 in its percentile) and the attention
     # mask's -3.4e38 fill (an overflow in its bin widths).
-    quantize_static(str(fp32), str(out), FeedReader(feeds), quant_format=QuantFormat.QDQ,
-                    op_types_to_quantize=["MatMul", "Gemm"],
-                    nodes_to_quantize=nodes, per_channel=True, weight_type=QuantType.QInt8,
-                    activation_type=QuantType.QInt8, calibrate_method=METHODS[method], extra_options=extra)
+    quantize_static(
+        str(fp32),
+        str(out),
+        FeedReader(feeds),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=["MatMul", "Gemm"],
+        nodes_to_quantize=nodes,
+        per_channel=True,
+        weight_type=QuantType.QInt8,
+        activation_type=QuantType.QInt8,
+        calibrate_method=METHODS[method],
+        extra_options=extra,
+    )
     return out

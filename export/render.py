@@ -21,29 +21,48 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from switchboard import paths
+
 TARGETS = ("local", "ngc-onnxruntime", "ngc-tensorrt")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
 class Pool:
     name: str
-    max_batch_size: int       # Triton's batcher: requests per execute
+    max_batch_size: int  # Triton's batcher: requests per execute
     preferred: tuple[int, int]
     queue_delay_us: int
     max_queue_size: int
     timeout_us: int
-    engine_batch: int         # sequences the engine decodes together
-    max_prompt: int           # longest prompt routed here (profile / documentation)
+    engine_batch: int  # sequences the engine decodes together
+    max_prompt: int  # longest prompt routed here (profile / documentation)
     blurb: str
 
 
 LONG_PROMPT_TOKENS = 160
 POOLS = (
-    Pool("short", 16, (4, 8), 1000, 64, 20_000_000, 8, LONG_PROMPT_TOKENS,
-         "Prompts up to long_prompt_tokens (chat/config.pbtxt): larger batches, short queue delay."),
-    Pool("long", 8, (2, 4), 4000, 32, 30_000_000, 4, 1024,
-         "Long prompts: smaller batches so one long prefill does not stall many short chats."),
+    Pool(
+        "short",
+        16,
+        (4, 8),
+        1000,
+        64,
+        20_000_000,
+        8,
+        LONG_PROMPT_TOKENS,
+        "Prompts up to long_prompt_tokens (chat/config.pbtxt): larger batches, short queue delay.",
+    ),
+    Pool(
+        "long",
+        8,
+        (2, 4),
+        4000,
+        32,
+        30_000_000,
+        4,
+        1024,
+        "Long prompts: smaller batches so one long prefill does not stall many short chats.",
+    ),
 )
 
 
@@ -53,13 +72,13 @@ def _params(items: list[tuple[str, str]]) -> str:
 
 
 def chat_config() -> str:
-    return '''# Public entry model: streaming (decoupled) customer-service chat.
+    return """# Public entry model: streaming (decoupled) customer-service chat.
 # Orchestrates prompt building, the Redis session lookup, length-aware routing to a pool,
 # detokenization and the session write-back (switchboard/triton/chat_model.py).
 name: "chat"
 backend: "python"
 # One request per execute; execute only validates and hands the chat to the model's own
-# admission (switchboard/admission.py), which can still answer from the FAQ when overloaded.
+# admission (switchboard/serving/admission.py), which can still answer from the FAQ when overloaded.
 max_batch_size: 1
 model_transaction_policy { decoupled: true }
 
@@ -119,32 +138,56 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # shed_nice: the FAQ answer threads run this many nice levels below the server (Linux), leaving
 # the cores to priority 1's chats under a burst.
 # engine_url: this server's gRPC endpoint, where chat streams from the pools (not BLS: see
-# switchboard/engine_client.py); `make serve` and the tests set it to the port they chose.
+# switchboard/serving/engine_client.py); `make serve` and the tests set it to the port they chose.
 # pool_retry_after_s: a pool whose stub process died is routed around this long (Triton 2.51
 # never restarts the stub: the supervisor restarts the server).
 # pool_probe_after_s: a stream from a pool quiet this long makes chat ping the pool (one ping at
 # a time); when Triton answers that its stub died, every chat on that pool ends at once instead
 # of waiting out engine_stall_s (0: no pings).
-''' + _params([("engine_url", "127.0.0.1:8001"), ("redis_url", "redis://127.0.0.1:6379/0"), ("session_ttl_s", "3600"), ("redis_timeout_s", "0.25"),
-               ("redis_tls_ca_file", ""), ("redis_tls_cert_file", ""), ("redis_tls_key_file", ""),
-               ("kv_reuse", "true"), ("max_turns", "6"), ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
-               ("max_inflight", "64"), ("max_inflight_reserved", "16"), ("max_pending", "1024"),
-               ("max_queue_wait_s", "5"), ("shed_on_forecast", "true"), ("shed_workers", "8"), ("shed_nice", "19"),
-               ("cancel_poll_ms", "50"),
-               ("engine_first_token_s", "10"), ("engine_stall_s", "10"),
-               ("pool_retry_after_s", "30"), ("pool_probe_after_s", "1"), ("fallback", "true"),
-               ("fallback_faq", "faq.jsonl"), ("default_max_new_tokens", "96"), ("max_new_tokens_limit", "512"),
-               ("precision", "fp32")])
+""" + _params(
+        [
+            ("engine_url", "127.0.0.1:8001"),
+            ("redis_url", "redis://127.0.0.1:6379/0"),
+            ("session_ttl_s", "3600"),
+            ("redis_timeout_s", "0.25"),
+            ("redis_tls_ca_file", ""),
+            ("redis_tls_cert_file", ""),
+            ("redis_tls_key_file", ""),
+            ("kv_reuse", "true"),
+            ("max_turns", "6"),
+            ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
+            ("max_inflight", "64"),
+            ("max_inflight_reserved", "16"),
+            ("max_pending", "1024"),
+            ("max_queue_wait_s", "5"),
+            ("shed_on_forecast", "true"),
+            ("shed_workers", "8"),
+            ("shed_nice", "19"),
+            ("cancel_poll_ms", "50"),
+            ("engine_first_token_s", "10"),
+            ("engine_stall_s", "10"),
+            ("pool_retry_after_s", "30"),
+            ("pool_probe_after_s", "1"),
+            ("fallback", "true"),
+            ("fallback_faq", "faq.jsonl"),
+            ("default_max_new_tokens", "96"),
+            ("max_new_tokens_limit", "512"),
+            ("precision", "fp32"),
+        ]
+    )
 
 
 def engine_config(pool: Pool, runtime: str) -> str:
-    where = ("runs the ONNX graph in-process with ONNX Runtime" if runtime == "onnxruntime"
-             else f"calls the native model `{runtime.split(':', 1)[1]}` over BLS for every step")
-    return f'''# Generation pool for {pool.name} prompts. {pool.blurb}
+    where = (
+        "runs the ONNX graph in-process with ONNX Runtime"
+        if runtime == "onnxruntime"
+        else f"calls the native model `{runtime.split(':', 1)[1]}` over BLS for every step"
+    )
+    return f"""# Generation pool for {pool.name} prompts. {pool.blurb}
 # The engine batches at iteration level (switchboard/engine/scheduler.py, max_batch below)
 # and {where}.
 # Triton's batcher groups arrivals and holds the overflow under the queue policy.
-# Requests from chat arrive over gRPC on this server (switchboard/engine_client.py) with
+# Requests from chat arrive over gRPC on this server (switchboard/serving/engine_client.py) with
 # Triton's priority, which orders this queue, and the parameter chat_priority, which the
 # engine's scheduler orders its batch by (Triton keeps `priority` to itself).
 name: "engine_{pool.name}"
@@ -195,16 +238,31 @@ instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 # (0: the lanes always decode side by side).
 # threads: ONNX Runtime threads per pool; with two pools on two cores, 1 served a 5x burst
 # faster than 2 (and at 1 the model runs on the lane's own thread, at its nice value).
-''' + _params([("max_batch", str(pool.engine_batch)), ("max_waiting", "64"), ("priority_slots", "1"),
-               ("preempt_steps", "4"), ("lane_threads", "2"), ("normal_nice", "19"), ("hold_back_ms", "100"),
-               ("stream_interval_ms", "50"), ("cancel_poll_ms", "50"), ("threads", "1"),
-               ("precision", "fp32"), *([("runtime", runtime)] if runtime != "onnxruntime" else [])])
+""" + _params(
+        [
+            ("max_batch", str(pool.engine_batch)),
+            ("max_waiting", "64"),
+            ("priority_slots", "1"),
+            ("preempt_steps", "4"),
+            ("lane_threads", "2"),
+            ("normal_nice", "19"),
+            ("hold_back_ms", "100"),
+            ("stream_interval_ms", "50"),
+            ("cancel_poll_ms", "50"),
+            ("threads", "1"),
+            ("precision", "fp32"),
+            *([("runtime", runtime)] if runtime != "onnxruntime" else []),
+        ]
+    )
 
 
 def decoder_config(name: str, manifest, platform: str, filename: str) -> str:
     m = manifest
-    io_in = [("input_ids", "TYPE_INT64", "[ -1, -1 ]"), ("attention_mask", "TYPE_INT64", "[ -1, -1 ]"),
-             ("position_ids", "TYPE_INT64", "[ -1, -1 ]")]
+    io_in = [
+        ("input_ids", "TYPE_INT64", "[ -1, -1 ]"),
+        ("attention_mask", "TYPE_INT64", "[ -1, -1 ]"),
+        ("position_ids", "TYPE_INT64", "[ -1, -1 ]"),
+    ]
     io_out = [("logits", "TYPE_FP32", f"[ -1, -1, {m.vocab_size} ]")]
     kv = f"[ -1, {m.num_kv_heads}, -1, {m.head_dim} ]"
     for i in range(m.num_layers):
@@ -241,8 +299,11 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
         raise ValueError(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")
     files: dict[str, str] = {"chat/config.pbtxt": chat_config()}
     for pool in POOLS:
-        runtime = {"local": "onnxruntime", "ngc-onnxruntime": "triton:decoder",
-                   "ngc-tensorrt": f"triton:decoder_{pool.name}"}[target]
+        runtime = {
+            "local": "onnxruntime",
+            "ngc-onnxruntime": "triton:decoder",
+            "ngc-tensorrt": f"triton:decoder_{pool.name}",
+        }[target]
         files[f"engine_{pool.name}/config.pbtxt"] = engine_config(pool, runtime)
     if target != "local":
         if manifest is None:
@@ -252,7 +313,8 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
         else:
             for pool in POOLS:
                 files[f"decoder_{pool.name}/config.pbtxt"] = decoder_config(
-                    f"decoder_{pool.name}", manifest, "tensorrt_plan", f"model.{pool.name}.plan")
+                    f"decoder_{pool.name}", manifest, "tensorrt_plan", f"model.{pool.name}.plan"
+                )
     written = []
     for rel, text in files.items():
         path = out / rel
@@ -266,7 +328,8 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
             glue = "chat_model" if model == "chat" else "engine_model"
             (version / "model.py").write_text(
                 f'"""Triton entry point: the logic lives in switchboard.triton.{glue}."""\n\n'
-                f"from switchboard.triton.{glue} import TritonPythonModel  # noqa: F401\n")
+                f"from switchboard.triton.{glue} import TritonPythonModel  # noqa: F401\n"
+            )
         if artifacts is not None:
             place_artifacts(artifacts, version, model, target)
     return written
@@ -278,15 +341,20 @@ def place_artifacts(artifacts: Path, version: Path, model: str, target: str) -> 
     elif model == "decoder":
         wanted = [p.name for p in artifacts.glob("model.onnx*")]
     else:  # Python models read the manifest and tokenizer; local pools also the ONNX graphs
-        wanted = [p.name for p in artifacts.iterdir() if p.is_file() and not p.name.startswith((".", "report."))
-                  and (target == "local" or not p.name.startswith("model."))]
+        wanted = [
+            p.name
+            for p in artifacts.iterdir()
+            if p.is_file()
+            and not p.name.startswith((".", "report."))
+            and (target == "local" or not p.name.startswith("model."))
+        ]
     for name in wanted:
         src = artifacts / name
         if not src.exists():
             raise SystemExit(f"{src} missing (build TensorRT engines with `python -m switchboard.export.tensorrt`)")
         _link(src, version / name)
     if model == "chat":  # the FAQ that chat answers from when the engines cannot (overload, failure)
-        shutil.copy2(ROOT / "corpus" / "faq.jsonl", version / "faq.jsonl")
+        shutil.copy2(paths.CORPUS / "faq.jsonl", version / "faq.jsonl")
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -300,14 +368,17 @@ def _link(src: Path, dst: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.export.render", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", choices=TARGETS, default="local")
-    p.add_argument("--out", type=Path, help="repository to write (default: model_repository for local, "
-                                              "build/repos/<target> otherwise)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="repository to write (default: model_repository for local, build/repos/<target> otherwise)",
+    )
     p.add_argument("--artifacts", type=Path, help="exported artifacts to place into the repository")
     args = p.parse_args(argv)
-    out = args.out or (ROOT / "model_repository" if args.target == "local" else ROOT / "build" / "repos" / args.target)
+    out = args.out or (paths.MODEL_REPOSITORY if args.target == "local" else paths.BUILD / "repos" / args.target)
     manifest = None
     if args.artifacts:
-        from switchboard.manifest import Manifest
+        from switchboard.artifact.manifest import Manifest
 
         manifest = Manifest.load(args.artifacts)
     for path in render(args.target, out, manifest, args.artifacts):

@@ -19,18 +19,36 @@ def _feeds(manifest, dtype, batch: int, prompt: int, past: int):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, m.vocab_size, prompt).tolist() for _ in range(batch)]
     pre = prefill_inputs(prompts, [0] * batch, [None] * batch, m.num_layers, m.num_kv_heads, m.head_dim, dtype)
-    kv = [(rng.standard_normal((batch, m.num_kv_heads, past, m.head_dim)).astype(dtype),
-           rng.standard_normal((batch, m.num_kv_heads, past, m.head_dim)).astype(dtype)) for _ in range(m.num_layers)]
-    step = (np.full((batch, 1), 11, np.int64), np.ones((batch, past + 1), np.int64), np.full((batch, 1), past, np.int64), kv)
+    kv = [
+        (
+            rng.standard_normal((batch, m.num_kv_heads, past, m.head_dim)).astype(dtype),
+            rng.standard_normal((batch, m.num_kv_heads, past, m.head_dim)).astype(dtype),
+        )
+        for _ in range(m.num_layers)
+    ]
+    step = (
+        np.full((batch, 1), 11, np.int64),
+        np.ones((batch, past + 1), np.int64),
+        np.full((batch, 1), past, np.int64),
+        kv,
+    )
     return pre[:4], step
 
 
-def benchmark(artifacts: Path, variants: list[str], batches=(1, 8, 32), prompt: int = 64, past: int = 128,
-              repeats: int = 5, threads: int = 2, progress=None) -> dict:
+def benchmark(
+    artifacts: Path,
+    variants: list[str],
+    batches=(1, 8, 32),
+    prompt: int = 64,
+    past: int = 128,
+    repeats: int = 5,
+    threads: int = 2,
+    progress=None,
+) -> dict:
     """Median latencies; ``progress()`` is called after each measurement."""
     progress = progress or (lambda: None)
+    from switchboard.artifact.manifest import Manifest
     from switchboard.engine.runtime import OnnxDecoder
-    from switchboard.manifest import Manifest
 
     manifest = Manifest.load(artifacts)
     decoders, load_s = {}, {}
@@ -52,8 +70,16 @@ def benchmark(artifacts: Path, variants: list[str], batches=(1, 8, 32), prompt: 
                 progress()
     latency = {f"{v}|{k}|{b}": statistics.median(x) for (v, k, b), x in samples.items()}
     sizes = {v: manifest.variants[v]["bytes"] for v in variants}
-    return {"load_s": load_s, "latency_ms": latency, "sizes": sizes, "batches": list(batches),
-            "prompt": prompt, "past": past, "repeats": repeats, "threads": threads}
+    return {
+        "load_s": load_s,
+        "latency_ms": latency,
+        "sizes": sizes,
+        "batches": list(batches),
+        "prompt": prompt,
+        "past": past,
+        "repeats": repeats,
+        "threads": threads,
+    }
 
 
 def write(artifacts: Path, bench: dict, accuracy: dict, title: str) -> Path:
@@ -81,11 +107,18 @@ def write(artifacts: Path, bench: dict, accuracy: dict, title: str) -> Path:
     fig.savefig(artifacts / "report.png", dpi=110)
     plt.close(fig)
 
-    lines = [f"# Export report: {title}", "",
-             f"ONNX Runtime CPU, {bench['threads']} threads; medians of {bench['repeats']} interleaved runs.", "",
-             "| variant | size | load | " + " | ".join(f"prefill b{b}" for b in batches) + " | "
-             + " | ".join(f"decode b{b}" for b in batches) + " |",
-             "|---" * (3 + 2 * len(batches)) + "|"]
+    lines = [
+        f"# Export report: {title}",
+        "",
+        f"ONNX Runtime CPU, {bench['threads']} threads; medians of {bench['repeats']} interleaved runs.",
+        "",
+        "| variant | size | load | "
+        + " | ".join(f"prefill b{b}" for b in batches)
+        + " | "
+        + " | ".join(f"decode b{b}" for b in batches)
+        + " |",
+        "|---" * (3 + 2 * len(batches)) + "|",
+    ]
     for v in variants:
         cells = [f"{bench['sizes'][v] / 2**20:.1f} MiB", f"{bench['load_s'][v]:.2f} s"]
         cells += [f"{lat[f'{v}|prefill|{b}']:.2f} ms" for b in batches]
@@ -93,26 +126,42 @@ def write(artifacts: Path, bench: dict, accuracy: dict, title: str) -> Path:
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     lines += ["", "![latency](report.png)", ""]
     if accuracy:
-        lines += ["## Accuracy against FP32 (held-out conversations)", "",
-                  "| variant | greedy sequences identical | differ (at an FP32 near-tie) | greedy token agreement "
-                  "| teacher-forced top-1 | logits cosine | perplexity | Δ perplexity | answer accuracy |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Accuracy against FP32 (held-out conversations)",
+            "",
+            "| variant | greedy sequences identical | differ (at an FP32 near-tie) | greedy token agreement "
+            "| teacher-forced top-1 | logits cosine | perplexity | Δ perplexity | answer accuracy |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for v, a in accuracy.items():
             ans = "-" if a.get("answer_accuracy") is None else f"{a['answer_accuracy']:.2f}"
             differ = "" if v == "fp32" else f"{a.get('divergent', 0)} ({a.get('divergent_at_near_tie', 0)})"
-            lines.append(f"| {v} | {a['greedy_sequences_identical']:.3f} | {differ} | {a['greedy_token_agreement']:.3f} "
-                         f"| {a['teacher_forced_top1']:.4f} | {a['logits_cosine']:.5f} | {a['perplexity']:.3f} "
-                         f"| {100 * a['perplexity_delta']:+.2f}% | {ans} |")
-        lines += ["", "differ: greedy continuations unlike FP32's; in brackets, those that first differ where "
-                  f"FP32's own two best logits were within {NEAR_TIE} (a near-tie: a coin flip for FP32 itself)."]
+            lines.append(
+                f"| {v} | {a['greedy_sequences_identical']:.3f} | {differ} | {a['greedy_token_agreement']:.3f} "
+                f"| {a['teacher_forced_top1']:.4f} | {a['logits_cosine']:.5f} | {a['perplexity']:.3f} "
+                f"| {100 * a['perplexity_delta']:+.2f}% | {ans} |"
+            )
+        lines += [
+            "",
+            "differ: greedy continuations unlike FP32's; in brackets, those that first differ where "
+            f"FP32's own two best logits were within {NEAR_TIE} (a near-tie: a coin flip for FP32 itself).",
+        ]
         if "study-minmax-plain" in accuracy:
-            lines += ["", "Calibration coverage study (not shipped): `study-minmax-covered` is MinMax calibrated on "
-                      "the covered set (codes, prices, phone numbers, mixed Chinese/English, long prompts), "
-                      "`study-minmax-plain` on the same number of plain questions only."]
+            lines += [
+                "",
+                "Calibration coverage study (not shipped): `study-minmax-covered` is MinMax calibrated on "
+                "the covered set (codes, prices, phone numbers, mixed Chinese/English, long prompts), "
+                "`study-minmax-plain` on the same number of plain questions only.",
+            ]
         classes = sorted({k for a in accuracy.values() for k in a.get("by_class_top1", {})})
         if classes:
-            lines += ["", "Teacher-forced top-1 by held-out class:", "",
-                      "| variant | " + " | ".join(classes) + " |", "|---" * (1 + len(classes)) + "|"]
+            lines += [
+                "",
+                "Teacher-forced top-1 by held-out class:",
+                "",
+                "| variant | " + " | ".join(classes) + " |",
+                "|---" * (1 + len(classes)) + "|",
+            ]
             for v, a in accuracy.items():
                 if a.get("by_class_top1"):
                     lines.append(f"| {v} | " + " | ".join(f"{a['by_class_top1'][c]:.4f}" for c in classes) + " |")

@@ -37,8 +37,17 @@ def supported(model) -> bool:
     if not layers:
         return False
     names = {n for n, _ in layers[0].named_modules()}
-    need = {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-            "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+    need = {
+        "input_layernorm",
+        "post_attention_layernorm",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    }
     return need <= names
 
 
@@ -51,12 +60,17 @@ def input_maxima(model, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
         def record(module, args):
             x = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(0)
             stats[name] = torch.maximum(stats[name], x) if name in stats else x
+
         return record
 
     handles = []
     for i, layer in enumerate(model.model.layers):
-        for name, module in (("qkv", layer.self_attn.q_proj), ("o", layer.self_attn.o_proj),
-                             ("gate_up", layer.mlp.gate_proj), ("down", layer.mlp.down_proj)):
+        for name, module in (
+            ("qkv", layer.self_attn.q_proj),
+            ("o", layer.self_attn.o_proj),
+            ("gate_up", layer.mlp.gate_proj),
+            ("down", layer.mlp.down_proj),
+        ):
             handles.append(module.register_forward_pre_hook(hook(f"{i}.{name}")))
     try:
         for p in prompts:

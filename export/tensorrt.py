@@ -20,8 +20,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from switchboard.artifact.manifest import Manifest
 from switchboard.export.render import POOLS, Pool
-from switchboard.manifest import Manifest
 
 log = logging.getLogger("switchboard.export.tensorrt")
 
@@ -29,6 +29,7 @@ log = logging.getLogger("switchboard.export.tensorrt")
 @dataclass(frozen=True)
 class Profile:
     """min / opt / max shape of every input."""
+
     shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
 
 
@@ -82,8 +83,12 @@ def build_engine(onnx_path: Path, plan_path: Path, profile: Profile, timing_cach
     plan_path.write_bytes(bytes(serialized))
     timing_cache.parent.mkdir(parents=True, exist_ok=True)
     timing_cache.write_bytes(bytes(config.get_timing_cache().serialize()))
-    return {"file": plan_path.name, "sha256": hashlib.sha256(plan_path.read_bytes()).hexdigest(),
-            "tensorrt": trt.__version__, "profile": {k: list(map(list, v)) for k, v in profile.shapes.items()}}
+    return {
+        "file": plan_path.name,
+        "sha256": hashlib.sha256(plan_path.read_bytes()).hexdigest(),
+        "tensorrt": trt.__version__,
+        "profile": {k: list(map(list, v)) for k, v in profile.shapes.items()},
+    }
 
 
 def gpu_name() -> str | None:
@@ -98,14 +103,18 @@ def gpu_name() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.export.tensorrt", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifacts", type=Path, required=True, help="directory written by switchboard.export")
-    p.add_argument("--precision", default="fp16", help="fp16, or an exported static INT8 variant (int8-percentile, ...)")
+    p.add_argument(
+        "--precision", default="fp16", help="fp16, or an exported static INT8 variant (int8-percentile, ...)"
+    )
     p.add_argument("--timing-cache", type=Path, default=Path("build/trt/timing.cache"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         import tensorrt  # noqa: F401, PLC0415
     except ImportError:
-        raise SystemExit("TensorRT is not installed here (pip install tensorrt on a machine with an NVIDIA GPU)") from None
+        raise SystemExit(
+            "TensorRT is not installed here (pip install tensorrt on a machine with an NVIDIA GPU)"
+        ) from None
     gpu = gpu_name()
     if gpu is None:
         raise SystemExit("no NVIDIA GPU: TensorRT builds engines for the GPU it runs on")

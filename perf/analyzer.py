@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard import corpus
-from switchboard.request import PRIORITY_PARAMETER
+from switchboard.training import corpus
+from switchboard.wire import PRIORITY_PARAMETER
 
 
 def perf_analyzer_binary() -> Path:
@@ -56,18 +56,44 @@ def write_workload_data(path: Path, workload: Path) -> Path:
     return path
 
 
-def run_perf_analyzer(url: str, input_data: Path, concurrency: str | None, export: Path, requests: int,
-                      priority: int = 2, timeout: float = 600, request_rate: str | None = None,
-                      ) -> subprocess.CompletedProcess:
+def run_perf_analyzer(
+    url: str,
+    input_data: Path,
+    concurrency: str | None,
+    export: Path,
+    requests: int,
+    priority: int = 2,
+    timeout: float = 600,
+    request_rate: str | None = None,
+) -> subprocess.CompletedProcess:
     """One sweep: ``concurrency`` ("1:4:1") or ``request_rate`` ("5:20:5", requests/s)."""
     sweep = ["--request-rate-range", request_rate] if request_rate else ["--concurrency-range", concurrency]
     export.unlink(missing_ok=True)  # perf_analyzer refuses to overwrite an earlier run's export
-    cmd = [str(perf_analyzer_binary()), "-m", "chat", "-i", "grpc", "-u", url, "--streaming",
-           "--input-data", str(input_data), *sweep,
-           "--measurement-mode", "count_windows", "--measurement-request-count", str(requests),
-           "--stability-percentage", "50", "--max-trials", "10",
-           "--request-parameter", f"{PRIORITY_PARAMETER}:{priority}:int",
-           "--profile-export-file", str(export)]
+    cmd = [
+        str(perf_analyzer_binary()),
+        "-m",
+        "chat",
+        "-i",
+        "grpc",
+        "-u",
+        url,
+        "--streaming",
+        "--input-data",
+        str(input_data),
+        *sweep,
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        str(requests),
+        "--stability-percentage",
+        "50",
+        "--max-trials",
+        "10",
+        "--request-parameter",
+        f"{PRIORITY_PARAMETER}:{priority}:int",
+        "--profile-export-file",
+        str(export),
+    ]
     return subprocess.run(cmd, env=perf_analyzer_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -91,25 +117,37 @@ def llm_metrics(export: Path) -> list[dict]:
             continue
         span_s = (max(ends) - min(starts)) / 1e9
         pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
-        rows.append({
-            "mode": experiment["experiment"].get("mode", "concurrency"),
-            "concurrency": experiment["experiment"].get("value"),
-            "requests": len(e2e), "requests_per_s": len(e2e) / span_s,
-            "text_deltas_per_s": responses / span_s,
-            "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
-            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99),
-            "e2e_p50_ms": pct(e2e, 50), "e2e_p99_ms": pct(e2e, 99),
-        })
+        rows.append(
+            {
+                "mode": experiment["experiment"].get("mode", "concurrency"),
+                "concurrency": experiment["experiment"].get("value"),
+                "requests": len(e2e),
+                "requests_per_s": len(e2e) / span_s,
+                "text_deltas_per_s": responses / span_s,
+                "ttft_p50_ms": pct(ttft, 50),
+                "ttft_p99_ms": pct(ttft, 99),
+                "itl_p50_ms": pct(itl, 50),
+                "itl_p99_ms": pct(itl, 99),
+                "e2e_p50_ms": pct(e2e, 50),
+                "e2e_p99_ms": pct(e2e, 99),
+            }
+        )
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| load | requests | req/s | text deltas/s | TTFT P50 | TTFT P99 | ITL P50 | ITL P99 "
-            "| E2E P50 | E2E P99 |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| load | requests | req/s | text deltas/s | TTFT P50 | TTFT P99 | ITL P50 | ITL P99 "
+        "| E2E P50 | E2E P99 |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    )
     return head + "".join(
-        f"| {r.get('mode', 'concurrency').replace('_', ' ')} {r['concurrency']} | {r['requests']} | {r['requests_per_s']:.2f} | {r['text_deltas_per_s']:.1f} "
-        f"| {r['ttft_p50_ms']:.0f} ms | {r['ttft_p99_ms']:.0f} ms | {r['itl_p50_ms']:.1f} ms | {r['itl_p99_ms']:.1f} ms "
-        f"| {r['e2e_p50_ms']:.0f} ms | {r['e2e_p99_ms']:.0f} ms |\n" for r in rows)
+        f"| {r.get('mode', 'concurrency').replace('_', ' ')} {r['concurrency']} | {r['requests']} "
+        f"| {r['requests_per_s']:.2f} | {r['text_deltas_per_s']:.1f} "
+        f"| {r['ttft_p50_ms']:.0f} ms | {r['ttft_p99_ms']:.0f} ms "
+        f"| {r['itl_p50_ms']:.1f} ms | {r['itl_p99_ms']:.1f} ms "
+        f"| {r['e2e_p50_ms']:.0f} ms | {r['e2e_p99_ms']:.0f} ms |\n"
+        for r in rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,18 +156,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("build/perf"), help="output directory")
     p.add_argument("--concurrency", default="1:4:1", help="perf_analyzer --concurrency-range")
     p.add_argument("--request-rate", help="perf_analyzer --request-rate-range (requests/s), instead of concurrency")
-    p.add_argument("--workload", type=Path, help="input data from a workload file (every turn as a one-off "
-                   "request) instead of corpus questions")
+    p.add_argument(
+        "--workload",
+        type=Path,
+        help="input data from a workload file (every turn as a one-off request) instead of corpus questions",
+    )
     p.add_argument("--requests", type=int, default=24, help="requests per measurement window")
     p.add_argument("--questions", type=int, default=200, help="corpus questions in the input data")
     args = p.parse_args(argv)
 
-    data = (write_workload_data(args.out / "input_data.json", args.workload) if args.workload
-            else write_input_data(args.out / "input_data.json", args.questions))
+    data = (
+        write_workload_data(args.out / "input_data.json", args.workload)
+        if args.workload
+        else write_input_data(args.out / "input_data.json", args.questions)
+    )
     stack = None
     url = args.url
     if url is None:
-        from switchboard.launch import Ports, Stack
+        from switchboard.ops.launch import Ports, Stack
 
         stack = Stack(Ports.free(), run_dir=args.out / "run")
         print("starting redis-server and tritonserver on free ports ...", flush=True)
@@ -149,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
     rows = llm_metrics(export)
     source = f"workload {args.workload}" if args.workload else "corpus questions, max_new_tokens 48"
-    report = (f"# perf_analyzer: chat (gRPC streaming, {source})\n\n" + markdown(rows)
-              + "\nTTFT: request sent to first streamed text delta; ITL: between text deltas; "
-                "E2E: to the final response (with stats).\n")
+    report = (
+        f"# perf_analyzer: chat (gRPC streaming, {source})\n\n"
+        + markdown(rows)
+        + "\nTTFT: request sent to first streamed text delta; ITL: between text deltas; "
+        "E2E: to the final response (with stats).\n"
+    )
     (args.out / "report.md").write_text(report)
     (args.out / "metrics.json").write_text(json.dumps(rows, indent=2))
     print(report)

@@ -14,9 +14,10 @@ Runs alternate between the systems (the order rotates every load level and round
 drift hits all alike. Each run starts its system fresh (servers start in seconds), warms it
 up, replays a workload file with the session-aware driver and stops it, so nothing else runs
 on the cores meanwhile (LitServe's worker, for one, polls its queue while idle). Triton's
-/metrics is scraped around every run for the engines' batch sizes and padding. The bare ONNX Runtime loop is timed in the same run at the batch
-sizes the optimized server formed: the limit served tokens/s is compared with. perf_analyzer
-sweeps (concurrency, request rate) run against the Triton systems. Results, a markdown
+/metrics is scraped around every run for the engines' batch sizes and padding. The bare ONNX
+Runtime loop is timed in the same run at the batch sizes the optimized server formed: the
+limit served tokens/s is compared with. perf_analyzer sweeps (concurrency, request rate) run
+against the Triton systems. Results, a markdown
 report with ratios and PNG plots go to ``--out``.
 """
 
@@ -36,13 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard.launch import ROOT, Ports, Stack, free_port
+from switchboard import paths
+from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.perf import workload as wl
 from switchboard.perf.driver import ABANDONED, TurnRecord, drive, summarize
 
 BASELINE_ENV = {
-    "SWITCHBOARD_MAX_BATCH": "1",                 # engines decode one sequence at a time
-    "SWITCHBOARD_KV_REUSE": "false",              # every turn prefills its whole prompt
+    "SWITCHBOARD_MAX_BATCH": "1",  # engines decode one sequence at a time
+    "SWITCHBOARD_KV_REUSE": "false",  # every turn prefills its whole prompt
     "SWITCHBOARD_LONG_PROMPT_TOKENS": "1000000",  # one pool: everything goes to engine_short
     "SWITCHBOARD_PRECISION": "fp32",
 }
@@ -51,7 +53,7 @@ BASELINE_ENV = {
 @dataclass
 class SystemSpec:
     name: str
-    kind: str                    # triton | peer
+    kind: str  # triton | peer
     about: str
     env: dict = field(default_factory=dict)
     peer: str | None = None
@@ -59,27 +61,36 @@ class SystemSpec:
 
 
 SYSTEMS = {
-    "optimized": SystemSpec("optimized", "triton", "Switchboard as committed: iteration-level batching "
-                            "(short pool 8, long pool 4), KV reuse from Redis, length routing, FP32",
-                            {"SWITCHBOARD_PRECISION": "fp32"}),
-    "optimized-int8": SystemSpec("optimized-int8", "triton", "as optimized, dynamic INT8 weights",
-                                 {"SWITCHBOARD_PRECISION": "int8-dynamic"}),
-    "baseline": SystemSpec("baseline", "triton", "same server, naive settings: engine batch 1, FP32, "
-                           "no KV reuse, one pool", BASELINE_ENV),
-    "litserve": SystemSpec("litserve", "peer", "LitServe 0.2.19, batched streaming (max_batch_size 8, "
-                           "batch_timeout 5 ms), HF generate in PyTorch", peer="litserve",
-                           peer_args=["--max-batch", "8", "--batch-timeout", "0.005"]),
-    "hf": SystemSpec("hf", "peer", "plain HF generate behind FastAPI/uvicorn, one request at a time",
-                     peer="hf"),
+    "optimized": SystemSpec(
+        "optimized",
+        "triton",
+        "Switchboard as committed: iteration-level batching "
+        "(short pool 8, long pool 4), KV reuse from Redis, length routing, FP32",
+        {"SWITCHBOARD_PRECISION": "fp32"},
+    ),
+    "optimized-int8": SystemSpec(
+        "optimized-int8", "triton", "as optimized, dynamic INT8 weights", {"SWITCHBOARD_PRECISION": "int8-dynamic"}
+    ),
+    "baseline": SystemSpec(
+        "baseline", "triton", "same server, naive settings: engine batch 1, FP32, no KV reuse, one pool", BASELINE_ENV
+    ),
+    "litserve": SystemSpec(
+        "litserve",
+        "peer",
+        "LitServe 0.2.19, batched streaming (max_batch_size 8, batch_timeout 5 ms), HF generate in PyTorch",
+        peer="litserve",
+        peer_args=["--max-batch", "8", "--batch-timeout", "0.005"],
+    ),
+    "hf": SystemSpec("hf", "peer", "plain HF generate behind FastAPI/uvicorn, one request at a time", peer="hf"),
 }
 
 
 @dataclass(frozen=True)
 class Preset:
     systems: tuple[str, ...]
-    loads: tuple[float, ...]       # steady session arrivals per second (5x in bursts)
-    seconds: float                 # arrivals span; no turn starts after it
-    grace: float                   # then streaming turns get this long before they are cancelled
+    loads: tuple[float, ...]  # steady session arrivals per second (5x in bursts)
+    seconds: float  # arrivals span; no turn starts after it
+    grace: float  # then streaming turns get this long before they are cancelled
     rounds: int
     analyzer_concurrency: str | None
     analyzer_rate: str | None
@@ -89,8 +100,16 @@ class Preset:
 PRESETS = {
     "smoke": Preset(("optimized", "baseline", "hf", "litserve"), (3.0,), 5, 20, 1, None, None, 0),
     "quick": Preset(("optimized", "baseline", "litserve", "hf"), (1.0, 4.0), 15, 15, 2, "4:4", None, 60),
-    "full": Preset(("optimized", "optimized-int8", "baseline", "litserve", "hf"), (0.5, 1.0, 2.0, 3.0, 4.0, 6.0),
-                   45, 30, 2, "1:8:1", "5:30:5", 48),
+    "full": Preset(
+        ("optimized", "optimized-int8", "baseline", "litserve", "hf"),
+        (0.5, 1.0, 2.0, 3.0, 4.0, 6.0),
+        45,
+        30,
+        2,
+        "1:8:1",
+        "5:30:5",
+        48,
+    ),
 }
 
 
@@ -114,11 +133,24 @@ class Running:
             self.url = self.stack.grpc_url
         else:
             port = free_port()
-            cmd = [sys.executable, "-m", "switchboard.perf.peers", spec.peer, "--port", str(port),
-                   "--checkpoint", str(checkpoint), "--artifacts", str(repository / "chat" / "1"),
-                   "--device", device, *spec.peer_args]
-            self.proc = subprocess.Popen(cmd, stdout=open(run_dir / "peer.log", "ab"), stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            cmd = [
+                sys.executable,
+                "-m",
+                "switchboard.perf.peers",
+                spec.peer,
+                "--port",
+                str(port),
+                "--checkpoint",
+                str(checkpoint),
+                "--artifacts",
+                str(repository / "chat" / "1"),
+                "--device",
+                device,
+                *spec.peer_args,
+            ]
+            self.proc = subprocess.Popen(
+                cmd, stdout=open(run_dir / "peer.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True
+            )
             self.url = f"127.0.0.1:{port}"
             from switchboard.perf.peers import HttpChatClient, wait_ready
 
@@ -191,7 +223,7 @@ def metric_delta(before: dict, after: dict) -> dict:
         labels_d = dict(labels)
         pool = pools.setdefault(labels_d.get("model", "?"), {"batch_steps": {}})
         delta = value - before.get((name, labels), 0.0)
-        key = name[len("switchboard_engine_"):-len("_total")]
+        key = name[len("switchboard_engine_") : -len("_total")]
         if key == "batch_steps":
             if delta > 0:
                 pool["batch_steps"][int(labels_d["batch_size"])] = int(round(delta))
@@ -207,8 +239,8 @@ def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 
     Decode: one step per observed batch size at the observed mean mask width. Prefill: one
     batch at the observed mean rows x width. The limit is the tokens the server produced,
     divided by the time the bare runtime needs for the same steps."""
+    from switchboard.artifact.manifest import Manifest
     from switchboard.engine.runtime import OnnxDecoder
-    from switchboard.manifest import Manifest
 
     directory = repository / "engine_short" / "1"
     manifest = Manifest.load(directory)
@@ -229,8 +261,10 @@ def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 
         ids = rng.integers(0, manifest.vocab_size, (rows, new), dtype=np.int64)
         mask = np.ones((rows, past + new), np.int64)
         pos = np.broadcast_to(np.arange(past, past + new, dtype=np.int64), (rows, new)).copy()
-        kv = [(np.zeros((rows, heads, past, dim), decoder.dtype), np.zeros((rows, heads, past, dim), decoder.dtype))
-              for _ in range(layers)]
+        kv = [
+            (np.zeros((rows, heads, past, dim), decoder.dtype), np.zeros((rows, heads, past, dim), decoder.dtype))
+            for _ in range(layers)
+        ]
         return lambda: decoder.forward(ids, mask, pos, kv)
 
     out = {"pools": {}, "tokens": 0, "runtime_s": 0.0, "busy_s": 0.0}
@@ -248,9 +282,15 @@ def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 
         prefill_width = max(1, int(round(pool.get("prefill_padded_tokens", 0) / batches / rows)))
         prefill_s = pool.get("prefill_batches", 0) * timed(step(rows, prefill_width, 0))
         tokens = rows_decoded + finished  # every admitted sequence gets its first token from prefill
-        out["pools"][name] = {"decode_step_ms": {b: t * 1000 for b, t in per_size.items()}, "mean_width": width,
-                              "prefill_rows": rows, "prefill_width": prefill_width, "tokens": tokens,
-                              "runtime_s": decode_s + prefill_s, "busy_s": pool.get("busy_s", 0.0)}
+        out["pools"][name] = {
+            "decode_step_ms": {b: t * 1000 for b, t in per_size.items()},
+            "mean_width": width,
+            "prefill_rows": rows,
+            "prefill_width": prefill_width,
+            "tokens": tokens,
+            "runtime_s": decode_s + prefill_s,
+            "busy_s": pool.get("busy_s", 0.0),
+        }
         out["tokens"] += tokens
         out["runtime_s"] += decode_s + prefill_s
         out["busy_s"] += pool.get("busy_s", 0.0)
@@ -260,8 +300,12 @@ def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 
 
 # -- the run ------------------------------------------------------------------------------------
 def device_info(device: str) -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "device": device}
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "device": device,
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -271,8 +315,11 @@ def device_info(device: str) -> dict:
         pass
     if device.startswith("cuda"):
         try:
-            info["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+            info["gpu"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
         except OSError:
             info["gpu"] = "nvidia-smi not found"
     return info
@@ -295,15 +342,29 @@ def run(args) -> Path:
 
     workloads = {}
     for i, load in enumerate(loads):
-        spec = wl.WorkloadSpec(sessions=max(2, int(round(load * seconds))), rate_per_s=load, seed=args.seed + i,
-                               max_new_tokens=args.max_new_tokens)
+        spec = wl.WorkloadSpec(
+            sessions=max(2, int(round(load * seconds))),
+            rate_per_s=load,
+            seed=args.seed + i,
+            max_new_tokens=args.max_new_tokens,
+        )
         path = wl.save(wl.generate(spec), spec, out / "workloads" / f"load-{load:g}.jsonl")
         workloads[load] = wl.load(path)[1]
 
-    results = {"preset": args.preset, "systems": {n: asdict(SYSTEMS[n]) for n in systems}, "loads": loads,
-               "seconds": seconds, "grace": preset.grace, "rounds": rounds, "device": device_info(args.device),
-               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": [], "analyzer": {}, "limit": None,
-               "command": "python -m switchboard.perf.bench " + " ".join(sys.argv[1:])}
+    results = {
+        "preset": args.preset,
+        "systems": {n: asdict(SYSTEMS[n]) for n in systems},
+        "loads": loads,
+        "seconds": seconds,
+        "grace": preset.grace,
+        "rounds": rounds,
+        "device": device_info(args.device),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "runs": [],
+        "analyzer": {},
+        "limit": None,
+        "command": "python -m switchboard.perf.bench " + " ".join(sys.argv[1:]),
+    }
     for name in systems:
         print(f"{name}: {SYSTEMS[name].about}", flush=True)
     system: Running | None = None
@@ -320,26 +381,40 @@ def run(args) -> Path:
                     for _ in system.client(60).chat("hello", session_id=f"warm-{name}", max_new_tokens=8):
                         pass  # first-call costs stay out of the run
                     before = system.metrics()
-                    records, wall = drive(system.client(seconds + preset.grace), workloads[load], seconds,
-                                          session_prefix=f"{name}-r{r}-l{load:g}-", grace_s=preset.grace)
+                    records, wall = drive(
+                        system.client(seconds + preset.grace),
+                        workloads[load],
+                        seconds,
+                        session_prefix=f"{name}-r{r}-l{load:g}-",
+                        grace_s=preset.grace,
+                    )
                     system.drain()
                     time.sleep(1.5 if before else 0)  # the engines publish their counters once a second
                     after = system.metrics()
                     system.stop()
                     system = None
                     row = summarize(records, wall)[0] if records else {}
-                    entry = {"system": name, "round": r, "load": load, "wall_s": wall, "summary": row,
-                             "by_priority": summarize(records, wall, "priority"),
-                             "engine": metric_delta(before, after) if before else {}}
+                    entry = {
+                        "system": name,
+                        "round": r,
+                        "load": load,
+                        "wall_s": wall,
+                        "summary": row,
+                        "by_priority": summarize(records, wall, "priority"),
+                        "engine": metric_delta(before, after) if before else {},
+                    }
                     results["runs"].append(entry)
                     with (out / "runs" / f"{name}-r{r}-l{load:g}.jsonl").open("w") as f:
                         for rec in record_rows(records):
                             f.write(json.dumps(rec) + "\n")
                     abandoned = sum(rec.status == ABANDONED for rec in records)
-                    print(f"[{k}/{total}] round {r + 1} load {load:g}/s {name:>14}: {row.get('turns', 0)} turns, "
-                          f"{row.get('output_tokens_per_s', 0):.0f} out tok/s, TTFT P50/P99 "
-                          f"{row.get('ttft_p50_ms', float('nan')):.0f}/{row.get('ttft_p99_ms', float('nan')):.0f} ms, "
-                          f"failed {row.get('failed', 0)} (abandoned {abandoned})", flush=True)
+                    print(
+                        f"[{k}/{total}] round {r + 1} load {load:g}/s {name:>14}: {row.get('turns', 0)} turns, "
+                        f"{row.get('output_tokens_per_s', 0):.0f} out tok/s, TTFT P50/P99 "
+                        f"{row.get('ttft_p50_ms', float('nan')):.0f}/{row.get('ttft_p99_ms', float('nan')):.0f} ms, "
+                        f"failed {row.get('failed', 0)} (abandoned {abandoned})",
+                        flush=True,
+                    )
 
         if "optimized" in systems:
             top = max(loads)
@@ -408,10 +483,15 @@ def analyzer_sweeps(systems: list[str], sessions, out: Path, preset: Preset, arg
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.bench", description=__doc__.split("\n\n")[0],
-                                epilog="Presets: " + "; ".join(
-                                    f"{k}: {', '.join(v.systems)} at loads {v.loads} x {v.rounds} rounds of "
-                                    f"{v.seconds:g} s" for k, v in PRESETS.items()))
+    p = argparse.ArgumentParser(
+        prog="python -m switchboard.perf.bench",
+        description=__doc__.split("\n\n")[0],
+        epilog="Presets: "
+        + "; ".join(
+            f"{k}: {', '.join(v.systems)} at loads {v.loads} x {v.rounds} rounds of {v.seconds:g} s"
+            for k, v in PRESETS.items()
+        ),
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     p.add_argument("--out", type=Path, default=None, help="default: build/bench/<preset>")
     p.add_argument("--systems", help=f"comma-separated subset of {', '.join(SYSTEMS)}")
@@ -421,11 +501,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=48, help="answer budget per turn")
     p.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU machine (peers in PyTorch CUDA)")
-    p.add_argument("--repository", type=Path, default=ROOT / "model_repository")
-    p.add_argument("--checkpoint", type=Path, default=ROOT / "build" / "default-model",
-                   help="the Hugging Face checkpoint the peers serve (the one the repository was exported from)")
+    p.add_argument("--repository", type=Path, default=paths.MODEL_REPOSITORY)
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=paths.BUILD / "default-model",
+        help="the Hugging Face checkpoint the peers serve (the one the repository was exported from)",
+    )
     args = p.parse_args(argv)
-    args.out = args.out or ROOT / "build" / "bench" / args.preset
+    args.out = args.out or paths.BUILD / "bench" / args.preset
     # `kill` stops the run like Ctrl-C: every server it started is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     unknown = set((args.systems or "").split(",")) - set(SYSTEMS) - {""}

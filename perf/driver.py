@@ -30,7 +30,7 @@ class TurnRecord:
     session: str
     turn: int
     priority: int
-    sent_s: float                      # since the start of the run
+    sent_s: float  # since the start of the run
     ok: bool = True
     status: str | None = None
     ttft_ms: float | None = None
@@ -45,11 +45,24 @@ class TurnRecord:
 
 
 ABANDONED = "ABANDONED"
-REJECTED = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP_503", "HTTP_504")  # still streaming when the run's hard stop came; cancelled by the driver
+REJECTED = (
+    "UNAVAILABLE",
+    "RESOURCE_EXHAUSTED",
+    "HTTP_503",
+    "HTTP_504",
+)  # still streaming when the run's hard stop came; cancelled by the driver
 
 
-def run_session(client, s: Session, t0: float, records: list, lock: threading.Lock,
-                deadline: float, session_prefix: str = "", hard_stop: float = float("inf")) -> None:
+def run_session(
+    client,
+    s: Session,
+    t0: float,
+    records: list,
+    lock: threading.Lock,
+    deadline: float,
+    session_prefix: str = "",
+    hard_stop: float = float("inf"),
+) -> None:
     if t0 + s.arrival_s > deadline:
         return  # arrives after the run's arrival window
     delay = t0 + s.arrival_s - time.perf_counter()
@@ -61,8 +74,9 @@ def run_session(client, s: Session, t0: float, records: list, lock: threading.Lo
         rec = TurnRecord(s.id, i, s.priority, time.perf_counter() - t0)
         start = last = time.perf_counter()
         try:
-            for event in client.chat(text, session_id=session_prefix + s.id, priority=s.priority,
-                                     max_new_tokens=s.max_new_tokens):
+            for event in client.chat(
+                text, session_id=session_prefix + s.id, priority=s.priority, max_new_tokens=s.max_new_tokens
+            ):
                 now = time.perf_counter()
                 if now > hard_stop:
                     raise ChatError("the run ended first", ABANDONED)  # leaving the loop cancels the stream
@@ -86,8 +100,9 @@ def run_session(client, s: Session, t0: float, records: list, lock: threading.Lo
             return  # a customer whose turn failed does not carry on with the script
 
 
-def drive(client, sessions: list[Session], max_seconds: float = 600, session_prefix: str = "",
-          grace_s: float = 120) -> tuple[list[TurnRecord], float]:
+def drive(
+    client, sessions: list[Session], max_seconds: float = 600, session_prefix: str = "", grace_s: float = 120
+) -> tuple[list[TurnRecord], float]:
     """Replay ``sessions`` against ``client`` (a ``ChatClient``, or anything with its ``chat``).
 
     No turn starts after ``max_seconds``; turns still streaming ``grace_s`` later are cancelled
@@ -99,9 +114,12 @@ def drive(client, sessions: list[Session], max_seconds: float = 600, session_pre
     t0 = time.perf_counter()
     deadline = t0 + max_seconds
     hard_stop = deadline + grace_s
-    threads = [threading.Thread(target=run_session,
-                                args=(client, s, t0, records, lock, deadline, session_prefix, hard_stop), daemon=True)
-               for s in sessions]
+    threads = [
+        threading.Thread(
+            target=run_session, args=(client, s, t0, records, lock, deadline, session_prefix, hard_stop), daemon=True
+        )
+        for s in sessions
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -124,26 +142,42 @@ def summarize(records: list[TurnRecord], wall_s: float, key=None) -> list[dict]:
         ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
         itl = [x for r in ok for x in r.itl_ms]
         e2e = [r.e2e_ms for r in ok]
-        rows.append({
-            "group": name, "turns": len(rs), "failed": len(rs) - len(ok),
-            "rejected": sum(r.status in REJECTED for r in rs),
-            "requests_per_s": len(ok) / wall_s, "output_tokens_per_s": sum(r.generated for r in ok) / wall_s,
-            "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90), "ttft_p99_ms": _pct(ttft, 99),
-            "itl_p50_ms": _pct(itl, 50), "itl_p99_ms": _pct(itl, 99),
-            "e2e_p50_ms": _pct(e2e, 50), "e2e_p90_ms": _pct(e2e, 90), "e2e_p99_ms": _pct(e2e, 99),
-            "reused_tokens": sum(r.reused for r in ok), "prompt_tokens": sum(r.prompt_tokens for r in ok),
-        })
+        rows.append(
+            {
+                "group": name,
+                "turns": len(rs),
+                "failed": len(rs) - len(ok),
+                "rejected": sum(r.status in REJECTED for r in rs),
+                "requests_per_s": len(ok) / wall_s,
+                "output_tokens_per_s": sum(r.generated for r in ok) / wall_s,
+                "ttft_p50_ms": _pct(ttft, 50),
+                "ttft_p90_ms": _pct(ttft, 90),
+                "ttft_p99_ms": _pct(ttft, 99),
+                "itl_p50_ms": _pct(itl, 50),
+                "itl_p99_ms": _pct(itl, 99),
+                "e2e_p50_ms": _pct(e2e, 50),
+                "e2e_p90_ms": _pct(e2e, 90),
+                "e2e_p99_ms": _pct(e2e, 99),
+                "reused_tokens": sum(r.reused for r in ok),
+                "prompt_tokens": sum(r.prompt_tokens for r in ok),
+            }
+        )
     return rows
 
 
 def table(rows: list[dict], title: str) -> str:
-    head = (f"| {title} | turns | failed | rejected | req/s | out tok/s | TTFT P50/P90/P99 ms | ITL P50/P99 ms "
-            "| E2E P50/P90/P99 ms | reused/prompt tokens |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        f"| {title} | turns | failed | rejected | req/s | out tok/s | TTFT P50/P90/P99 ms | ITL P50/P99 ms "
+        "| E2E P50/P90/P99 ms | reused/prompt tokens |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    )
     return head + "".join(
         f"| {r['group']} | {r['turns']} | {r['failed']} | {r['rejected']} | {r['requests_per_s']:.2f} "
         f"| {r['output_tokens_per_s']:.0f} | {r['ttft_p50_ms']:.0f}/{r['ttft_p90_ms']:.0f}/{r['ttft_p99_ms']:.0f} "
-        f"| {r['itl_p50_ms']:.1f}/{r['itl_p99_ms']:.1f} | {r['e2e_p50_ms']:.0f}/{r['e2e_p90_ms']:.0f}/{r['e2e_p99_ms']:.0f} "
-        f"| {r['reused_tokens']}/{r['prompt_tokens']} |\n" for r in rows)
+        f"| {r['itl_p50_ms']:.1f}/{r['itl_p99_ms']:.1f} "
+        f"| {r['e2e_p50_ms']:.0f}/{r['e2e_p90_ms']:.0f}/{r['e2e_p99_ms']:.0f} "
+        f"| {r['reused_tokens']}/{r['prompt_tokens']} |\n"
+        for r in rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

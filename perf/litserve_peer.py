@@ -8,7 +8,7 @@ import litserve as ls
 from fastapi import HTTPException
 
 from switchboard.perf.peers import PeerModel, _line
-from switchboard.prompt import PromptTooLong
+from switchboard.serving.prompt import PromptTooLong
 
 
 class ChatAPI(ls.LitAPI):
@@ -56,8 +56,16 @@ class ChatAPI(ls.LitAPI):
 
 
 def serve(args) -> None:
-    api = ChatAPI(args.checkpoint, args.artifacts, args.device, args.threads,
-                  max_batch_size=args.max_batch, batch_timeout=args.batch_timeout, stream=True)
-    server = ls.LitServer(api, accelerator="cuda" if args.device.startswith("cuda") else "cpu", devices=1,
-                          timeout=args.queue_timeout)
+    api = ChatAPI(
+        args.checkpoint,
+        args.artifacts,
+        args.device,
+        args.threads,
+        max_batch_size=args.max_batch,
+        batch_timeout=args.batch_timeout,
+        stream=True,
+    )
+    server = ls.LitServer(
+        api, accelerator="cuda" if args.device.startswith("cuda") else "cpu", devices=1, timeout=args.queue_timeout
+    )
     server.run(host="127.0.0.1", port=args.port, num_api_servers=1, generate_client_file=False, log_level="warning")

@@ -29,11 +29,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from switchboard.artifact.manifest import Manifest
+from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.client import ChatError, ChatStats
-from switchboard.detok import IncrementalDetokenizer
-from switchboard.manifest import Manifest
-from switchboard.prompt import Conversation, Prompt, PromptBuilder, PromptTooLong
-from switchboard.tokenizer import TextTokenizer
+from switchboard.serving.detok import IncrementalDetokenizer
+from switchboard.serving.prompt import Conversation, Prompt, PromptBuilder, PromptTooLong
 
 log = logging.getLogger("switchboard.peers")
 PEERS = ("litserve", "hf")
@@ -52,8 +52,9 @@ class Job:
 class PeerModel:
     """A Hugging Face checkpoint in PyTorch with ``chat``'s prompt building and in-process sessions."""
 
-    def __init__(self, checkpoint: Path, artifacts: Path, device: str = "cpu", threads: int = 2,
-                 max_sessions: int = 20000):
+    def __init__(
+        self, checkpoint: Path, artifacts: Path, device: str = "cpu", threads: int = 2, max_sessions: int = 20000
+    ):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -81,8 +82,9 @@ class PeerModel:
         with self._lock:
             history = self._sessions.get(session_id) if session_id else None
         max_new = int(payload.get("max_new_tokens") or 96)
-        return Job(self.prompts.build(history, text, max_new), session_id,
-                   IncrementalDetokenizer(self.tokenizer.decode))
+        return Job(
+            self.prompts.build(history, text, max_new), session_id, IncrementalDetokenizer(self.tokenizer.decode)
+        )
 
     def steps(self, jobs: list[Job]):
         """Run ``generate`` on the batch; yield after every step with the jobs' new tokens applied.
@@ -119,9 +121,15 @@ class PeerModel:
             try:
                 with torch.inference_mode():
                     self.model.generate(
-                        input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=False,
-                        max_new_tokens=max(j.prompt.max_new_tokens for j in jobs), eos_token_id=sorted(self.stop_ids),
-                        pad_token_id=self.pad_id, streamer=Streamer(), stopping_criteria=StoppingCriteriaList([Cancelled()]))
+                        input_ids=ids.to(self.device),
+                        attention_mask=mask.to(self.device),
+                        do_sample=False,
+                        max_new_tokens=max(j.prompt.max_new_tokens for j in jobs),
+                        eos_token_id=sorted(self.stop_ids),
+                        pad_token_id=self.pad_id,
+                        streamer=Streamer(),
+                        stopping_criteria=StoppingCriteriaList([Cancelled()]),
+                    )
             except Exception as e:  # surface it to the consumer
                 steps.put(e)
                 steps.put(None)
@@ -158,8 +166,15 @@ class PeerModel:
                 self._sessions.move_to_end(job.session_id)
                 while len(self._sessions) > self._max_sessions:
                     self._sessions.popitem(last=False)
-        return {"prompt_tokens": len(job.prompt.ids), "reused_tokens": 0, "generated_tokens": len(generated),
-                "route": "peer", "ttft_ms": None, "fallback": False, "session": "memory"}
+        return {
+            "prompt_tokens": len(job.prompt.ids),
+            "reused_tokens": 0,
+            "generated_tokens": len(generated),
+            "route": "peer",
+            "ttft_ms": None,
+            "fallback": False,
+            "session": "memory",
+        }
 
 
 def _line(obj: dict) -> str:
@@ -180,7 +195,7 @@ def serve_hf(model: PeerModel, port: int) -> None:
         return {"status": "ok"}
 
     @app.post("/predict")
-    def predict(payload: dict = Body(...)):
+    def predict(payload: dict = Body(...)):  # noqa: B008 - FastAPI's way to take a JSON body
         try:
             job = model.job(payload)
         except (ValueError, PromptTooLong) as e:
@@ -221,10 +236,12 @@ class HttpChatClient:
         except OSError:
             return False
 
-    def chat(self, text: str, session_id: str | None = None, priority: int = 2, max_new_tokens: int | None = None,
-             **_ignored):
-        body = json.dumps({"text": text, "session_id": session_id, "max_new_tokens": max_new_tokens,
-                           "priority": priority})
+    def chat(
+        self, text: str, session_id: str | None = None, priority: int = 2, max_new_tokens: int | None = None, **_ignored
+    ):
+        body = json.dumps(
+            {"text": text, "session_id": session_id, "max_new_tokens": max_new_tokens, "priority": priority}
+        )
         c = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
         try:
             try:
@@ -274,8 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.perf.peers", description=__doc__.split("\n\n")[0])
     p.add_argument("peer", choices=PEERS)
     p.add_argument("--checkpoint", type=Path, default=Path("build/default-model"), help="Hugging Face checkpoint")
-    p.add_argument("--artifacts", type=Path, default=Path("model_repository/chat/1"),
-                   help="tokenizer, chat template and manifest (an installed chat version directory)")
+    p.add_argument(
+        "--artifacts",
+        type=Path,
+        default=Path("model_repository/chat/1"),
+        help="tokenizer, chat template and manifest (an installed chat version directory)",
+    )
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, default=2, help="PyTorch intra-op threads on CPU")

@@ -19,8 +19,13 @@ import numpy as np
 
 from switchboard.perf.driver import ABANDONED, REJECTED
 
-COLORS = {"optimized": "tab:green", "optimized-int8": "tab:olive", "baseline": "tab:red",
-          "litserve": "tab:blue", "hf": "tab:purple"}
+COLORS = {
+    "optimized": "tab:green",
+    "optimized-int8": "tab:olive",
+    "baseline": "tab:red",
+    "litserve": "tab:blue",
+    "hf": "tab:purple",
+}
 
 
 def _pct(xs, q):
@@ -44,11 +49,20 @@ def aggregate(results: dict, out: Path, system: str, load: float) -> dict:
     itl = [x for r in ok for x in r["itl_ms"]]
     vip = [r["ttft_ms"] for r in ok if r["priority"] == 1 and r["ttft_ms"] is not None]
     return {
-        "turns": len(recs), "ok": len(ok), "failed": len(recs) - len(ok),
-        "rejected": sum(r["status"] in REJECTED for r in recs), "abandoned": sum(r["status"] == ABANDONED for r in recs),
-        "requests_per_s": len(ok) / wall, "output_tokens_per_s": sum(r["generated"] for r in ok) / wall,
-        "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "vip_ttft_p99": _pct(vip, 99),
-        "e2e_p50": _pct(e2e, 50), "e2e_p99": _pct(e2e, 99), "itl_p50": _pct(itl, 50), "itl_p99": _pct(itl, 99),
+        "turns": len(recs),
+        "ok": len(ok),
+        "failed": len(recs) - len(ok),
+        "rejected": sum(r["status"] in REJECTED for r in recs),
+        "abandoned": sum(r["status"] == ABANDONED for r in recs),
+        "requests_per_s": len(ok) / wall,
+        "output_tokens_per_s": sum(r["generated"] for r in ok) / wall,
+        "ttft_p50": _pct(ttft, 50),
+        "ttft_p99": _pct(ttft, 99),
+        "vip_ttft_p99": _pct(vip, 99),
+        "e2e_p50": _pct(e2e, 50),
+        "e2e_p99": _pct(e2e, 99),
+        "itl_p50": _pct(itl, 50),
+        "itl_p99": _pct(itl, 99),
         "fallback": sum(bool(r.get("fallback")) for r in ok),
         "reused_share": sum(r["reused"] for r in ok) / max(1, sum(r["prompt_tokens"] for r in ok)),
     }
@@ -65,27 +79,35 @@ def _ratio(a, b):
 def headline(results: dict, out: Path, load: float) -> str:
     systems = list(results["systems"])
     agg = {s: aggregate(results, out, s, load) for s in systems}
-    lines = ["| system | turns ok/all | req/s | out tok/s | TTFT P50 | TTFT P99 | VIP TTFT P99 | E2E P50 | E2E P99 "
-             "| ITL P50 | failed (abandoned) | FAQ fallback | prompt tokens from cache |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| system | turns ok/all | req/s | out tok/s | TTFT P50 | TTFT P99 | VIP TTFT P99 | E2E P50 | E2E P99 "
+        "| ITL P50 | failed (abandoned) | FAQ fallback | prompt tokens from cache |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s, a in agg.items():
-        lines.append(f"| {s} | {a['ok']}/{a['turns']} | {_f(a['requests_per_s'], 2)} | {_f(a['output_tokens_per_s'])} "
-                     f"| {_f(a['ttft_p50'])} ms | {_f(a['ttft_p99'])} ms | {_f(a['vip_ttft_p99'])} ms "
-                     f"| {_f(a['e2e_p50'])} ms | {_f(a['e2e_p99'])} ms | {_f(a['itl_p50'], 1)} ms "
-                     f"| {a['failed']} ({a['abandoned']}) | {a['fallback']} | {a['reused_share']:.0%} |")
+        lines.append(
+            f"| {s} | {a['ok']}/{a['turns']} | {_f(a['requests_per_s'], 2)} | {_f(a['output_tokens_per_s'])} "
+            f"| {_f(a['ttft_p50'])} ms | {_f(a['ttft_p99'])} ms | {_f(a['vip_ttft_p99'])} ms "
+            f"| {_f(a['e2e_p50'])} ms | {_f(a['e2e_p99'])} ms | {_f(a['itl_p50'], 1)} ms "
+            f"| {a['failed']} ({a['abandoned']}) | {a['fallback']} | {a['reused_share']:.0%} |"
+        )
     text = "\n".join(lines) + "\n"
     if "optimized" in agg and len(agg) > 1:
         o = agg["optimized"]
-        text += ("\nRatios, optimized against each (throughput: optimized / other; latency: other / optimized, "
-                 "so >1 means optimized is better):\n\n| optimized vs | out tok/s | TTFT P50 | TTFT P99 "
-                 "| VIP TTFT P99 | E2E P50 | E2E P99 |\n|---|---|---|---|---|---|---|\n")
+        text += (
+            "\nRatios, optimized against each (throughput: optimized / other; latency: other / optimized, "
+            "so >1 means optimized is better):\n\n| optimized vs | out tok/s | TTFT P50 | TTFT P99 "
+            "| VIP TTFT P99 | E2E P50 | E2E P99 |\n|---|---|---|---|---|---|---|\n"
+        )
         for s, a in agg.items():
             if s == "optimized":
                 continue
-            text += (f"| {s} | {_ratio(o['output_tokens_per_s'], a['output_tokens_per_s'])} "
-                     f"| {_ratio(a['ttft_p50'], o['ttft_p50'])} | {_ratio(a['ttft_p99'], o['ttft_p99'])} "
-                     f"| {_ratio(a['vip_ttft_p99'], o['vip_ttft_p99'])} | {_ratio(a['e2e_p50'], o['e2e_p50'])} "
-                     f"| {_ratio(a['e2e_p99'], o['e2e_p99'])} |\n")
+            text += (
+                f"| {s} | {_ratio(o['output_tokens_per_s'], a['output_tokens_per_s'])} "
+                f"| {_ratio(a['ttft_p50'], o['ttft_p50'])} | {_ratio(a['ttft_p99'], o['ttft_p99'])} "
+                f"| {_ratio(a['vip_ttft_p99'], o['vip_ttft_p99'])} | {_ratio(a['e2e_p50'], o['e2e_p50'])} "
+                f"| {_ratio(a['e2e_p99'], o['e2e_p99'])} |\n"
+            )
     return text
 
 
@@ -103,17 +125,26 @@ def engine_section(results: dict, load: float) -> tuple[str, dict]:
                         a["batch_steps"][int(b)] = a["batch_steps"].get(int(b), 0) + n
                 else:
                     a[k] = a.get(k, 0) + v
-    lines = ["| system | pool | decode steps | mean batch | max batch | decode columns wasted on padding "
-             "| prefill positions wasted on padding | engine busy |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| system | pool | decode steps | mean batch | max batch | decode columns wasted on padding "
+        "| prefill positions wasted on padding | engine busy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (system, pool), a in sorted(acc.items()):
         steps = sum(a["batch_steps"].values())
         if not steps and not a.get("prefill_batches"):
             continue
         mean = sum(b * n for b, n in a["batch_steps"].items()) / steps if steps else float("nan")
         dec = a.get("decode_padded_columns", 0) / a["decode_columns"] if a.get("decode_columns") else float("nan")
-        pre = (1 - a.get("prefill_tokens", 0) / a["prefill_padded_tokens"]) if a.get("prefill_padded_tokens") else float("nan")
-        lines.append(f"| {system} | {pool} | {steps} | {_f(mean, 2)} | {max(a['batch_steps'], default=0)} "
-                     f"| {_f(dec * 100, 1)}% | {_f(pre * 100, 1)}% | {_f(a.get('busy_s', 0), 1)} s |")
+        pre = (
+            (1 - a.get("prefill_tokens", 0) / a["prefill_padded_tokens"])
+            if a.get("prefill_padded_tokens")
+            else float("nan")
+        )
+        lines.append(
+            f"| {system} | {pool} | {steps} | {_f(mean, 2)} | {max(a['batch_steps'], default=0)} "
+            f"| {_f(dec * 100, 1)}% | {_f(pre * 100, 1)}% | {_f(a.get('busy_s', 0), 1)} s |"
+        )
     return "\n".join(lines) + "\n", acc
 
 
@@ -134,8 +165,7 @@ def plots(results: dict, out: Path, engine: dict) -> list[str]:
             for ax, key in zip(axes, ("ttft_ms", "e2e_ms")):
                 xs = np.sort([r[key] for r in recs if r["priority"] == prio and r[key] is not None])
                 if len(xs):
-                    ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), style, color=COLORS.get(s),
-                            label=f"{s} P{prio}")
+                    ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), style, color=COLORS.get(s), label=f"{s} P{prio}")
     for ax, title in zip(axes, ("time to first token", "end-to-end latency")):
         ax.set_xscale("log")
         ax.set_xlabel("ms (log)")
@@ -223,16 +253,20 @@ def write_report(out: Path) -> Path:
     dev = results["device"]
     engine_md, engine = engine_section(results, top)
     made = plots(results, out, engine)
-    md = [f"# Switchboard benchmark ({results['preset']})\n",
-          f"Run {results['started']}, {results['elapsed_s']:.0f} s: `{results['command']}`\n",
-          f"Machine: {dev.get('cpu', '?')}, {dev.get('cpus')} CPUs, {dev.get('platform')}; device: {dev['device']}"
-          + (f" ({dev['gpu']})" if dev.get("gpu") else "") + "\n",
-          f"Traffic: seeded workloads (`{out.name}/workloads/`), multi-turn sessions (3-6 turns, each sent after "
-          f"the previous answer), 15% priority 1, prompts ~20-400+ tokens, Poisson arrivals with 5x bursts; "
-          f"{results['seconds']:g} s of arrivals per run, turns still streaming {results['grace']:g} s later "
-          f"are cancelled (abandoned); {results['rounds']} round(s), the system order rotating between runs.\n",
-          "| system | what |\n|---|---|\n" + "".join(f"| {n} | {s['about']} |\n" for n, s in results["systems"].items()),
-          f"## Headline: {top:g} sessions/s offered\n", headline(results, out, top)]
+    md = [
+        f"# Switchboard benchmark ({results['preset']})\n",
+        f"Run {results['started']}, {results['elapsed_s']:.0f} s: `{results['command']}`\n",
+        f"Machine: {dev.get('cpu', '?')}, {dev.get('cpus')} CPUs, {dev.get('platform')}; device: {dev['device']}"
+        + (f" ({dev['gpu']})" if dev.get("gpu") else "")
+        + "\n",
+        f"Traffic: seeded workloads (`{out.name}/workloads/`), multi-turn sessions (3-6 turns, each sent after "
+        f"the previous answer), 15% priority 1, prompts ~20-400+ tokens, Poisson arrivals with 5x bursts; "
+        f"{results['seconds']:g} s of arrivals per run, turns still streaming {results['grace']:g} s later "
+        f"are cancelled (abandoned); {results['rounds']} round(s), the system order rotating between runs.\n",
+        "| system | what |\n|---|---|\n" + "".join(f"| {n} | {s['about']} |\n" for n, s in results["systems"].items()),
+        f"## Headline: {top:g} sessions/s offered\n",
+        headline(results, out, top),
+    ]
     for load in sorted(loads)[:-1]:
         md += [f"\n## {load:g} sessions/s offered\n", headline(results, out, load)]
     if "optimized" in results["systems"]:
@@ -245,22 +279,30 @@ def write_report(out: Path) -> Path:
             md += [table(summarize(recs, wall, key), key) + "\n" for key in ("priority", "route", "turn")]
     lim = results.get("limit")
     if lim and lim.get("tokens"):
-        md += ["\n## The limit: the bare runtime at the same batch sizes\n",
-               f"At {top:g} sessions/s the optimized engines produced {lim['tokens']:.0f} tokens; ONNX Runtime alone "
-               f"(same graph, same threads, one process) needs {lim['runtime_s']:.2f} s for the same decode steps "
-               f"and prefills: **{lim['tokens_per_s']:.0f} tokens/s**. Served: {lim['served_tokens_per_s']:.0f} "
-               f"output tokens/s over the run's wall time; the engines were busy {lim['busy_s']:.1f} s "
-               f"(engine loop incl. sampling and batching, vs {lim['runtime_s']:.2f} s of bare runtime).\n",
-               "| pool | decode step ms by batch size | mean KV width | prefill rows x width |\n|---|---|---|---|\n"
-               + "".join(f"| {p} | " + ", ".join(f"b{b}: {t:.2f}" for b, t in d["decode_step_ms"].items())
-                         + f" | {d['mean_width']} | {d['prefill_rows']} x {d['prefill_width']} |\n"
-                         for p, d in lim["pools"].items()),
-               f"\nServed tokens/s is {lim['served_tokens_per_s'] / lim['tokens_per_s']:.0%} of the runtime "
-               "limit at that batch mix; below 100% means the server was not saturated (open-loop traffic "
-               "arrives at its own pace) or spent time outside the runtime.\n"]
-    md += [f"\n## Engine batches and padding at {top:g} sessions/s\n", engine_md,
-           "\nDecode columns wasted: masked KV positions (holes left by rows that joined with shorter "
-           "histories, right-aligned). Prefill positions wasted: left padding in batched prefill.\n"]
+        md += [
+            "\n## The limit: the bare runtime at the same batch sizes\n",
+            f"At {top:g} sessions/s the optimized engines produced {lim['tokens']:.0f} tokens; ONNX Runtime alone "
+            f"(same graph, same threads, one process) needs {lim['runtime_s']:.2f} s for the same decode steps "
+            f"and prefills: **{lim['tokens_per_s']:.0f} tokens/s**. Served: {lim['served_tokens_per_s']:.0f} "
+            f"output tokens/s over the run's wall time; the engines were busy {lim['busy_s']:.1f} s "
+            f"(engine loop incl. sampling and batching, vs {lim['runtime_s']:.2f} s of bare runtime).\n",
+            "| pool | decode step ms by batch size | mean KV width | prefill rows x width |\n|---|---|---|---|\n"
+            + "".join(
+                f"| {p} | "
+                + ", ".join(f"b{b}: {t:.2f}" for b, t in d["decode_step_ms"].items())
+                + f" | {d['mean_width']} | {d['prefill_rows']} x {d['prefill_width']} |\n"
+                for p, d in lim["pools"].items()
+            ),
+            f"\nServed tokens/s is {lim['served_tokens_per_s'] / lim['tokens_per_s']:.0%} of the runtime "
+            "limit at that batch mix; below 100% means the server was not saturated (open-loop traffic "
+            "arrives at its own pace) or spent time outside the runtime.\n",
+        ]
+    md += [
+        f"\n## Engine batches and padding at {top:g} sessions/s\n",
+        engine_md,
+        "\nDecode columns wasted: masked KV positions (holes left by rows that joined with shorter "
+        "histories, right-aligned). Prefill positions wasted: left padding in batched prefill.\n",
+    ]
     if results.get("analyzer"):
         from switchboard.perf.analyzer import markdown
 

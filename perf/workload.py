@@ -17,20 +17,20 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from switchboard import corpus as corpus_mod
+from switchboard.training import corpus as corpus_mod
 
 
 @dataclass(frozen=True)
 class WorkloadSpec:
     sessions: int = 60
-    rate_per_s: float = 2.0          # steady session arrivals (Poisson)
-    burst_every_s: float = 20.0      # a burst starts every ...
-    burst_length_s: float = 5.0      # ... and lasts ...
-    burst_factor: float = 5.0        # ... at this multiple of the steady rate
+    rate_per_s: float = 2.0  # steady session arrivals (Poisson)
+    burst_every_s: float = 20.0  # a burst starts every ...
+    burst_length_s: float = 5.0  # ... and lasts ...
+    burst_factor: float = 5.0  # ... at this multiple of the steady rate
     min_turns: int = 3
     max_turns: int = 6
-    vip_share: float = 0.15          # priority-1 (live/VIP) sessions
-    long_share: float = 0.2          # first turns that paste long context
+    vip_share: float = 0.15  # priority-1 (live/VIP) sessions
+    long_share: float = 0.2  # first turns that paste long context
     max_new_tokens: int = 48
     seed: int = 0
 
@@ -81,8 +81,11 @@ def generate(spec: WorkloadSpec) -> list[Session]:
         turns = [corpus_mod.fill_slots(slots, rng.choice(rng.choice(pool).questions)) for _ in range(n)]
         if rng.random() < spec.long_share:
             turns[0] = _long_context(rng, lang, faq)
-        sessions.append(Session(f"w{spec.seed}-s{i:04d}", t, 1 if rng.random() < spec.vip_share else 2, lang,
-                                turns, spec.max_new_tokens))
+        sessions.append(
+            Session(
+                f"w{spec.seed}-s{i:04d}", t, 1 if rng.random() < spec.vip_share else 2, lang, turns, spec.max_new_tokens
+            )
+        )
     return sessions
 
 
@@ -112,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     sessions = generate(spec)
     save(sessions, spec, out)
     turns = sum(len(s.turns) for s in sessions)
-    print(f"{out}: {len(sessions)} sessions, {turns} turns, {sum(s.priority == 1 for s in sessions)} VIP, "
-          f"last arrival at {sessions[-1].arrival_s:.1f} s")
+    print(
+        f"{out}: {len(sessions)} sessions, {turns} turns, {sum(s.priority == 1 for s in sessions)} VIP, "
+        f"last arrival at {sessions[-1].arrival_s:.1f} s"
+    )
     return 0
 
 

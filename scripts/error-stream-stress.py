@@ -23,18 +23,25 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
-from switchboard.launch import ROOT, Ports, Stack
+from switchboard import paths
+from switchboard.ops.launch import Ports, Stack
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", type=int, default=3000, help="streams to open (default 3000)")
     p.add_argument("--pause-ms", type=float, default=0.0, help="pause between the error and closing the stream")
-    p.add_argument("--grpc-error-header", action="store_true",
-                   help="open streams with `triton_grpc_error: true` (errors end the stream with a status)")
-    p.add_argument("--cancel-mid-stream", action="store_true",
-                   help="send a valid chat instead and cancel the stream after its first response")
-    p.add_argument("--run-dir", default=str(ROOT / "build" / "stress"), help="logs of the private stack")
+    p.add_argument(
+        "--grpc-error-header",
+        action="store_true",
+        help="open streams with `triton_grpc_error: true` (errors end the stream with a status)",
+    )
+    p.add_argument(
+        "--cancel-mid-stream",
+        action="store_true",
+        help="send a valid chat instead and cancel the stream after its first response",
+    )
+    p.add_argument("--run-dir", default=str(paths.BUILD / "stress"), help="logs of the private stack")
     args = p.parse_args()
     stack = Stack(Ports.free(), run_dir=Path(args.run_dir))
     stack.start()

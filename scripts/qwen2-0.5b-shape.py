@@ -11,9 +11,17 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 out = Path(sys.argv[1])
-config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                     num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                     tie_word_embeddings=True, rope_theta=1000000.0)
+config = Qwen2Config(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+    rope_theta=1000000.0,
+)
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_config(config)
 model.save_pretrained(out)

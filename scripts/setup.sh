@@ -91,7 +91,7 @@ fi
 
 # Triton looks for backends/<name>/ under --backend-directory; the pytriton wheel keeps
 # the Python backend and its per-Python stubs apart, so assemble the directory once.
-run "$VENV/bin/python" -m switchboard.triton.install_backend build/triton/backends
+run "$VENV/bin/python" -m switchboard.ops.install_backend build/triton/backends
 if ((SECONDS - t0 > 2)); then
   say "done in $((SECONDS - t0)) s ($VENV, build/triton/backends; log: $LOG)"
 else

@@ -23,7 +23,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-LOG_DIR = Path(__file__).resolve().parent.parent / "build" / "logs"
+from switchboard import paths
+
+LOG_DIR = paths.LOGS
 TAIL_LINES = 40
 
 
@@ -48,8 +50,16 @@ class Console:
     def bar(self, total: int | None = None, desc: str = "", unit: str = "it", **kwargs) -> tqdm:
         """A progress bar on the terminal; none when the terminal is a file or a pipe (CI logs
         keep the step's lines only)."""
-        return tqdm(total=total, desc=f"[{self.name}] {desc}", unit=unit, file=self.stream, leave=False,
-                    disable=not _isatty(self.stream), dynamic_ncols=True, **kwargs)
+        return tqdm(
+            total=total,
+            desc=f"[{self.name}] {desc}",
+            unit=unit,
+            file=self.stream,
+            leave=False,
+            disable=not _isatty(self.stream),
+            dynamic_ncols=True,
+            **kwargs,
+        )
 
 
 def detached(name: str) -> Console:
@@ -97,7 +107,7 @@ def step(name: str, log_path: Path | None = None) -> Iterator[Console]:
     log = open(log_path, "w", buffering=1, encoding="utf-8", errors="replace")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    saved_streams = sys.stdout, sys.stderr   # not always fd 1 and 2 (pytest replaces them)
+    saved_streams = sys.stdout, sys.stderr  # not always fd 1 and 2 (pytest replaces them)
     sys.stdout = sys.stderr = log
     root, handler = logging.getLogger(), logging.StreamHandler(log)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))

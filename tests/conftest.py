@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "build" / "artifacts" / "default"
+from switchboard import paths
+from switchboard.paths import ROOT
+
+ARTIFACTS = paths.ARTIFACTS / "default"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -20,8 +20,8 @@ KV = list[tuple[np.ndarray, np.ndarray]]  # per layer: key, value [B, H, T, D]
 @dataclass
 class KVBatch:
     kv: KV
-    mask: np.ndarray       # [B, T] int64, 1 where a column holds a real token of that row
-    next_pos: np.ndarray   # [B] int64, the position id of each row's next token
+    mask: np.ndarray  # [B, T] int64, 1 where a column holds a real token of that row
+    next_pos: np.ndarray  # [B] int64, the position id of each row's next token
 
     @property
     def size(self) -> int:
@@ -66,9 +66,11 @@ class KVBatch:
             return other
         width = max(self.width, other.width)
         a, b = self.left_pad(width), other.left_pad(width)
-        return KVBatch([(np.concatenate([ka, kb]), np.concatenate([va, vb]))
-                        for (ka, va), (kb, vb) in zip(a.kv, b.kv)],
-                       np.concatenate([a.mask, b.mask]), np.concatenate([a.next_pos, b.next_pos]))
+        return KVBatch(
+            [(np.concatenate([ka, kb]), np.concatenate([va, vb])) for (ka, va), (kb, vb) in zip(a.kv, b.kv)],
+            np.concatenate([a.mask, b.mask]),
+            np.concatenate([a.next_pos, b.next_pos]),
+        )
 
     def row_cache(self, row: int) -> np.ndarray:
         """[layers, 2, H, T_row, D]: the row's real columns, contiguous, for a session store."""
@@ -76,8 +78,16 @@ class KVBatch:
         return np.stack([np.stack([k[row][:, cols], v[row][:, cols]]) for k, v in self.kv])
 
 
-def prefill_inputs(prompts: list[list[int]], reused: list[int], pasts: list[np.ndarray | None],
-                   num_layers: int, kv_heads: int, head_dim: int, dtype: np.dtype, pad_id: int = 0):
+def prefill_inputs(
+    prompts: list[list[int]],
+    reused: list[int],
+    pasts: list[np.ndarray | None],
+    num_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: np.dtype,
+    pad_id: int = 0,
+):
     """Inputs that prefill ``prompt[reused:]`` of each row on top of its cached prefix.
 
     ``pasts[i]``: [layers, 2, H, reused[i], D] or None when ``reused[i] == 0``.
@@ -86,19 +96,21 @@ def prefill_inputs(prompts: list[list[int]], reused: list[int], pasts: list[np.n
     b = len(prompts)
     new = [len(p) - r for p, r in zip(prompts, reused)]
     p_max, n_max = max(reused), max(new)
-    past = [(np.zeros((b, kv_heads, p_max, head_dim), dtype), np.zeros((b, kv_heads, p_max, head_dim), dtype))
-            for _ in range(num_layers)]
+    past = [
+        (np.zeros((b, kv_heads, p_max, head_dim), dtype), np.zeros((b, kv_heads, p_max, head_dim), dtype))
+        for _ in range(num_layers)
+    ]
     ids = np.full((b, n_max), pad_id, np.int64)
     mask = np.zeros((b, p_max + n_max), np.int64)
     pos = np.zeros((b, n_max), np.int64)
     for i, (prompt, r, n, cache) in enumerate(zip(prompts, reused, new, pasts)):
         if r:
             for layer, (k, v) in enumerate(past):
-                k[i, :, p_max - r:] = cache[layer, 0]
-                v[i, :, p_max - r:] = cache[layer, 1]
-            mask[i, p_max - r:p_max] = 1
-        ids[i, n_max - n:] = prompt[r:]
-        mask[i, p_max + n_max - n:] = 1
-        pos[i, n_max - n:] = np.arange(r, r + n)
+                k[i, :, p_max - r :] = cache[layer, 0]
+                v[i, :, p_max - r :] = cache[layer, 1]
+            mask[i, p_max - r : p_max] = 1
+        ids[i, n_max - n :] = prompt[r:]
+        mask[i, p_max + n_max - n :] = 1
+        pos[i, n_max - n :] = np.arange(r, r + n)
     next_pos = np.asarray([len(p) for p in prompts], np.int64)
     return ids, mask, pos, past, next_pos

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from switchboard.manifest import Manifest
+from switchboard.artifact.manifest import Manifest
 
 
 def session_options(threads: int) -> ort.SessionOptions:
@@ -28,12 +28,19 @@ def session_options(threads: int) -> ort.SessionOptions:
 
 
 class OnnxDecoder:
-    def __init__(self, directory: Path, manifest: Manifest, precision: str = "fp32", threads: int = 2,
-                 providers: list[str] | None = None):
+    def __init__(
+        self,
+        directory: Path,
+        manifest: Manifest,
+        precision: str = "fp32",
+        threads: int = 2,
+        providers: list[str] | None = None,
+    ):
         self.manifest = manifest
         path = Path(directory) / manifest.variant(precision)["file"]
-        self.session = ort.InferenceSession(str(path), session_options(threads),
-                                            providers=providers or ["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(path), session_options(threads), providers=providers or ["CPUExecutionProvider"]
+        )
         self.dtype = np.dtype(manifest.kv_dtype)
         n = manifest.num_layers
         self._past_names = [(f"past_key_values.{i}.key", f"past_key_values.{i}.value") for i in range(n)]
@@ -43,11 +50,18 @@ class OnnxDecoder:
         shape = (batch, self.manifest.num_kv_heads, 0, self.manifest.head_dim)
         return [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in self._past_names]
 
-    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-                past: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-        feed = {"input_ids": input_ids.astype(np.int64, copy=False),
-                "attention_mask": attention_mask.astype(np.int64, copy=False),
-                "position_ids": position_ids.astype(np.int64, copy=False)}
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[tuple[np.ndarray, np.ndarray]],
+    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        feed = {
+            "input_ids": input_ids.astype(np.int64, copy=False),
+            "attention_mask": attention_mask.astype(np.int64, copy=False),
+            "position_ids": position_ids.astype(np.int64, copy=False),
+        }
         for (kname, vname), (k, v) in zip(self._past_names, past):
             feed[kname], feed[vname] = k, v
         out = self.session.run(self._outputs, feed)

@@ -46,8 +46,8 @@ import numpy as np
 
 from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.engine.runtime import OnnxDecoder
+from switchboard.engine.sampling import sample
 from switchboard.nice import lower_this_thread
-from switchboard.sampling import sample
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ log = logging.getLogger(__name__)
 class GenerationRequest:
     prompt: list[int]
     max_new_tokens: int
-    reused: int = 0                      # prompt[:reused] is covered by ``past``
-    past: np.ndarray | None = None       # [layers, 2, H, reused, D]
+    reused: int = 0  # prompt[:reused] is covered by ``past``
+    past: np.ndarray | None = None  # [layers, 2, H, reused, D]
     temperature: float = 0.0
     top_p: float = 1.0
     priority: int = 2
@@ -68,12 +68,12 @@ class GenerationRequest:
 @dataclass
 class GenerationResult:
     tokens: list[int]
-    reason: str                          # stop | length | cancelled
-    cache: np.ndarray | None             # [layers, 2, H, T, D] for prompt + tokens[:-1]
+    reason: str  # stop | length | cancelled
+    cache: np.ndarray | None  # [layers, 2, H, T, D] for prompt + tokens[:-1]
     queue_ms: float
     prefill_ms: float
     batch_size_at_admission: int
-    engine_ms: float = 0.0               # from submission to the last token
+    engine_ms: float = 0.0  # from submission to the last token
 
 
 class Sink(Protocol):
@@ -103,15 +103,34 @@ class _Sequence:
     admitted_with: int = 0
 
 
-STAT_KEYS = ("prefill_batches", "prefill_tokens", "prefill_padded_tokens", "decode_steps", "decode_columns",
-             "decode_padded_columns", "finished_stop", "finished_length", "finished_cancelled", "busy_s",
-             "held_back_s")
+STAT_KEYS = (
+    "prefill_batches",
+    "prefill_tokens",
+    "prefill_padded_tokens",
+    "decode_steps",
+    "decode_columns",
+    "decode_padded_columns",
+    "finished_stop",
+    "finished_length",
+    "finished_cancelled",
+    "busy_s",
+    "held_back_s",
+)
 
 
 class Engine:
-    def __init__(self, decoder: OnnxDecoder, max_batch: int, max_waiting: int, stop_ids: set[int],
-                 priority_slots: int = 0, preempt_steps: int = 0, lane_threads: int = 1, normal_nice: int = 19,
-                 hold_back_ms: float = 0.0):
+    def __init__(
+        self,
+        decoder: OnnxDecoder,
+        max_batch: int,
+        max_waiting: int,
+        stop_ids: set[int],
+        priority_slots: int = 0,
+        preempt_steps: int = 0,
+        lane_threads: int = 1,
+        normal_nice: int = 19,
+        hold_back_ms: float = 0.0,
+    ):
         m = decoder.manifest
         self.decoder = decoder
         self.max_batch = max_batch
@@ -123,17 +142,17 @@ class Engine:
         self.context_window = m.context_window
         self._shape = (m.num_layers, m.num_kv_heads, m.head_dim)
         self._order = itertools.count()
-        self._cv = threading.Condition()   # guards the lanes' waiting heaps and _rows
+        self._cv = threading.Condition()  # guards the lanes' waiting heaps and _rows
         self.preempt_steps = max(0, preempt_steps)
         self.lane_threads = 2 if self.preempt_steps and lane_threads >= 2 else 1
         self.normal_nice = max(0, min(normal_nice, 19))
         # With lane threads, while priority 2 is backlogged: its lane waits while priority 1 has
         # work, stepping at most once per hold_back_s meanwhile (0: never waits).
         self.hold_back_s = max(0.0, hold_back_ms) / 1000
-        self._normal_stepped = 0.0         # when priority 2's lane thread last finished a step
+        self._normal_stepped = 0.0  # when priority 2's lane thread last finished a step
         self._urgent, self._normal = _Lane("urgent"), _Lane("normal")  # priority 1 (when preempting); the rest
-        self._rows = 0                     # sequences admitted and not yet retired, both lanes
-        self._urgent_streak = 0            # priority-1 iterations in a row
+        self._rows = 0  # sequences admitted and not yet retired, both lanes
+        self._urgent_streak = 0  # priority-1 iterations in a row
         self._stop = False
         self._threads: list[threading.Thread] = []
         self._stats_lock = threading.Lock()
@@ -147,7 +166,9 @@ class Engine:
         if not 0 <= req.reused < len(req.prompt):
             raise ValueError(f"reused={req.reused} must be below the prompt length {len(req.prompt)}")
         if len(req.prompt) >= self.context_window:
-            raise ValueError(f"prompt of {len(req.prompt)} tokens does not fit the context window {self.context_window}")
+            raise ValueError(
+                f"prompt of {len(req.prompt)} tokens does not fit the context window {self.context_window}"
+            )
         if req.reused:
             layers, heads, dim = self._shape
             want = (layers, 2, heads, req.reused, dim)
@@ -215,9 +236,15 @@ class Engine:
     # -- the loop --------------------------------------------------------------------------
     def start(self) -> None:
         plan = [(self._urgent, 0), (self._normal, self.normal_nice)] if self.lane_threads == 2 else [(None, 0)]
-        self._threads = [threading.Thread(target=self._loop, args=(lane, nice), daemon=True,
-                                          name="switchboard-engine" + (f"-{lane.name}" if lane else ""))
-                         for lane, nice in plan]
+        self._threads = [
+            threading.Thread(
+                target=self._loop,
+                args=(lane, nice),
+                daemon=True,
+                name="switchboard-engine" + (f"-{lane.name}" if lane else ""),
+            )
+            for lane, nice in plan
+        ]
         for t in self._threads:
             t.start()
 
@@ -277,8 +304,12 @@ class Engine:
         ``hold_back_s`` meanwhile so it is never starved. Below that load it decodes beside
         priority 1 on the cores priority 1 leaves.
         """
-        if (lanes != [self._normal] or not self.hold_back_s or not self._normal.waiting
-                or not (self._urgent.running or self._urgent.waiting)):
+        if (
+            lanes != [self._normal]
+            or not self.hold_back_s
+            or not self._normal.waiting
+            or not (self._urgent.running or self._urgent.waiting)
+        ):
             return 0.0
         return self._normal_stepped + self.hold_back_s - time.perf_counter()
 
@@ -346,15 +377,26 @@ class Engine:
         t0 = time.perf_counter()
         try:
             ids, mask, pos, past, next_pos = prefill_inputs(
-                [s.request.prompt for s in seqs], [s.request.reused for s in seqs], [s.request.past for s in seqs],
-                layers, heads, dim, self.decoder.dtype)
+                [s.request.prompt for s in seqs],
+                [s.request.reused for s in seqs],
+                [s.request.past for s in seqs],
+                layers,
+                heads,
+                dim,
+                self.decoder.dtype,
+            )
             logits, present = self.decoder.forward(ids, mask, pos, past)
         except Exception as e:  # not in the running batch yet: nobody else would answer them
             self._fail(seqs, e)
             raise
         elapsed = (time.perf_counter() - t0) * 1000
-        self._count({"prefill_batches": 1, "prefill_padded_tokens": int(ids.size),
-                     "prefill_tokens": int(sum(len(s.request.prompt) - s.request.reused for s in seqs))})
+        self._count(
+            {
+                "prefill_batches": 1,
+                "prefill_padded_tokens": int(ids.size),
+                "prefill_tokens": int(sum(len(s.request.prompt) - s.request.reused for s in seqs)),
+            }
+        )
         for seq in seqs:
             seq.prefill_ms = elapsed
             seq.admitted_with = len(lane.running) + len(seqs)
@@ -370,8 +412,10 @@ class Engine:
         mask = np.concatenate([b.mask, np.ones((b.size, 1), b.mask.dtype)], axis=1)
         logits, present = self.decoder.forward(tokens, mask, b.next_pos[:, None], b.kv)
         lane.batch = KVBatch(present, mask, b.next_pos + 1)
-        self._count({"decode_steps": 1, "decode_padded_columns": int(mask.size - mask.sum()),
-                     "decode_columns": int(mask.size)}, decode_size=b.size)
+        self._count(
+            {"decode_steps": 1, "decode_padded_columns": int(mask.size - mask.sum()), "decode_columns": int(mask.size)},
+            decode_size=b.size,
+        )
         self._emit(lane.running, logits[:, -1, :])
 
     def _emit(self, seqs: list[_Sequence], last_logits: np.ndarray) -> None:
@@ -411,8 +455,17 @@ class Engine:
             cache = lane.batch.row_cache(row) if seq.request.return_cache else None
             self._count({"finished_" + reason: 1})
             try:
-                seq.sink.on_finish(GenerationResult(seq.tokens, reason, cache, seq.queue_ms, seq.prefill_ms,
-                                                    seq.admitted_with, (time.perf_counter() - seq.arrival) * 1000))
+                seq.sink.on_finish(
+                    GenerationResult(
+                        seq.tokens,
+                        reason,
+                        cache,
+                        seq.queue_ms,
+                        seq.prefill_ms,
+                        seq.admitted_with,
+                        (time.perf_counter() - seq.arrival) * 1000,
+                    )
+                )
             except Exception:
                 log.exception("sink failed at finish")
         if len(keep) != len(lane.running):
@@ -420,4 +473,3 @@ class Engine:
             lane.running = [lane.running[i] for i in keep]
             lane.batch = lane.batch.select(keep) if keep else None
             self._free_rows(freed)  # after the update: a held-back priority 2 sees priority 1 done
-

@@ -74,7 +74,7 @@ class Outbox:
 
     def __init__(self):
         self._cv = threading.Condition()
-        self._pending: dict[object, list] = {}     # key -> [tokens, final, has_final]
+        self._pending: dict[object, list] = {}  # key -> [tokens, final, has_final]
         self._ready: list[tuple[int, int, object]] = []
         self._seq = itertools.count()
         self._closed = False

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard.manifest import Manifest
+from switchboard.artifact.manifest import Manifest
 
 
 class TorchDecoder:
@@ -29,16 +29,23 @@ class TorchDecoder:
         self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.model_dtype)
         self.model.to(self.device).eval()
         if self.model.config.num_hidden_layers != manifest.num_layers:
-            raise ValueError(f"checkpoint {checkpoint} has {self.model.config.num_hidden_layers} layers, "
-                             f"the exported model {manifest.num_layers}: not the same model")
+            raise ValueError(
+                f"checkpoint {checkpoint} has {self.model.config.num_hidden_layers} layers, "
+                f"the exported model {manifest.num_layers}: not the same model"
+            )
         self.dtype = np.dtype(manifest.kv_dtype)  # what the batch layout keeps between steps
 
     def empty_past(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
         shape = (batch, self.manifest.num_kv_heads, 0, self.manifest.head_dim)
         return [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in range(self.manifest.num_layers)]
 
-    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-                past: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[tuple[np.ndarray, np.ndarray]],
+    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         torch = self.torch
         from transformers import DynamicCache
 
@@ -50,10 +57,19 @@ class TorchDecoder:
             if past and past[0][0].shape[2]:
                 for i, (k, v) in enumerate(past):
                     cache.update(dev(k, self.model_dtype), dev(v, self.model_dtype), i)
-            out = self.model(input_ids=dev(input_ids, torch.long), attention_mask=dev(attention_mask, torch.long),
-                             position_ids=dev(position_ids, torch.long), past_key_values=cache, use_cache=True)
+            out = self.model(
+                input_ids=dev(input_ids, torch.long),
+                attention_mask=dev(attention_mask, torch.long),
+                position_ids=dev(position_ids, torch.long),
+                past_key_values=cache,
+                use_cache=True,
+            )
             logits = out.logits.float().cpu().numpy()
-            present = [(layer.keys.float().cpu().numpy().astype(self.dtype, copy=False),
-                        layer.values.float().cpu().numpy().astype(self.dtype, copy=False))
-                       for layer in out.past_key_values.layers]
+            present = [
+                (
+                    layer.keys.float().cpu().numpy().astype(self.dtype, copy=False),
+                    layer.values.float().cpu().numpy().astype(self.dtype, copy=False),
+                )
+                for layer in out.past_key_values.layers
+            ]
         return logits, present

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from switchboard.manifest import Manifest
+from switchboard.artifact.manifest import Manifest
 
 
 class BlsDecoder:
@@ -27,13 +27,16 @@ class BlsDecoder:
         return [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in self._past_names]
 
     def forward(self, input_ids, attention_mask, position_ids, past):
-        inputs = [pb_utils.Tensor("input_ids", input_ids.astype(np.int64, copy=False)),
-                  pb_utils.Tensor("attention_mask", attention_mask.astype(np.int64, copy=False)),
-                  pb_utils.Tensor("position_ids", position_ids.astype(np.int64, copy=False))]
+        inputs = [
+            pb_utils.Tensor("input_ids", input_ids.astype(np.int64, copy=False)),
+            pb_utils.Tensor("attention_mask", attention_mask.astype(np.int64, copy=False)),
+            pb_utils.Tensor("position_ids", position_ids.astype(np.int64, copy=False)),
+        ]
         for (kname, vname), (k, v) in zip(self._past_names, past):
             inputs += [pb_utils.Tensor(kname, np.ascontiguousarray(k)), pb_utils.Tensor(vname, np.ascontiguousarray(v))]
-        response = pb_utils.InferenceRequest(model_name=self.model_name, inputs=inputs,
-                                             requested_output_names=self._outputs).exec()
+        response = pb_utils.InferenceRequest(
+            model_name=self.model_name, inputs=inputs, requested_output_names=self._outputs
+        ).exec()
         if response.has_error():
             raise RuntimeError(f"{self.model_name}: {response.error().message()}")
         out = [pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in self._outputs]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from switchboard.params import ConfigError
-from switchboard.status import tag
+from switchboard.triton.params import ConfigError
+from switchboard.wire import tag
 
 
 def load_config(args: dict) -> tuple[dict, Path]:
@@ -39,6 +39,6 @@ def input_array(request, name: str):
 
 def send_error(sender, message: str, code: str = "INTERNAL") -> None:
     """A final error response; ``code`` is a TritonError code name, also written at the head of
-    the message (switchboard.status) because 2.51 streams drop codes without the error header."""
+    the message (switchboard.wire) because 2.51 streams drop codes without the error header."""
     error = pb_utils.TritonError(tag(code, message), getattr(pb_utils.TritonError, code))
     sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

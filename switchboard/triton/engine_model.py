@@ -1,6 +1,6 @@
 """Triton glue for a generation pool (``engine_short``, ``engine_long``).
 
-Requests come from ``chat`` over gRPC (switchboard/engine_client.py): prompt ids, the cached
+Requests come from ``chat`` over gRPC (switchboard/serving/engine_client.py): prompt ids, the cached
 KV of the prompt's prefix, sampling settings, and (as request parameters) the priority and the
 model fingerprint the cache was written with. ``execute`` hands them to the engine's scheduler
 and returns; the engine thread queues each row's tokens and a sender thread streams them,
@@ -18,12 +18,12 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from switchboard.artifact.manifest import Manifest
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
 from switchboard.engine.stream import Outbox, TokenStream
-from switchboard.manifest import Manifest
-from switchboard.params import Params
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
+from switchboard.triton.params import Params
 
 log = logging.getLogger("switchboard.engine")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -36,8 +36,8 @@ class _Sink:
     def __init__(self, request, sender, priority: int, outbox: Outbox, stream: TokenStream, watch: _CancelWatch):
         self.request, self.sender, self.priority, self.outbox, self.stream = request, sender, priority, outbox, stream
         self.watch, self.watched = watch, False
-        self.broken = False           # a send failed (sender thread)
-        self.cancel_seen = False      # the client cancelled (CancelWatch)
+        self.broken = False  # a send failed (sender thread)
+        self.cancel_seen = False  # the client cancelled (CancelWatch)
         # Guards `done`: Triton 2.51 segfaults in is_cancelled() on a request whose final
         # response was sent, so CancelWatch asks only while holding this and not done.
         self.lock = threading.Lock()
@@ -73,9 +73,14 @@ class _Sink:
 
     @staticmethod
     def _final(result: GenerationResult, ids: list[int]):
-        stats = {"reason": result.reason, "generated": len(result.tokens), "queue_ms": round(result.queue_ms, 2),
-                 "prefill_ms": round(result.prefill_ms, 2), "batch_size": result.batch_size_at_admission,
-                 "engine_ms": round(result.engine_ms, 2)}
+        stats = {
+            "reason": result.reason,
+            "generated": len(result.tokens),
+            "queue_ms": round(result.queue_ms, 2),
+            "prefill_ms": round(result.prefill_ms, 2),
+            "batch_size": result.batch_size_at_admission,
+            "engine_ms": round(result.engine_ms, 2),
+        }
         outputs = [pb_utils.Tensor("stats", np.asarray([[json.dumps(stats).encode()]], np.object_))]
         if ids and result.reason != "cancelled":
             outputs.append(pb_utils.Tensor("token_ids", np.asarray([ids], np.int32)))
@@ -172,15 +177,19 @@ class EngineMetrics:
     def __init__(self, model: str, engine: Engine, interval: float = 1.0):
         F = pb_utils.MetricFamily
         self.model, self.engine, self.interval = model, engine, interval
-        self._families = {k: F(name=f"switchboard_engine_{k}_total", description=d, kind=F.COUNTER)
-                          for k, d in _DESCRIPTIONS.items()}
+        self._families = {
+            k: F(name=f"switchboard_engine_{k}_total", description=d, kind=F.COUNTER) for k, d in _DESCRIPTIONS.items()
+        }
         self._counters = {k: f.Metric(labels={"model": model}) for k, f in self._families.items()}
-        self._families["batch"] = F(name="switchboard_engine_batch_steps_total",
-                                    description="decode steps by batch size", kind=F.COUNTER)
-        self._families["waiting"] = F(name="switchboard_engine_waiting", description="sequences waiting for a batch slot",
-                                      kind=F.GAUGE)
-        self._families["running"] = F(name="switchboard_engine_running", description="sequences in the running batch",
-                                      kind=F.GAUGE)
+        self._families["batch"] = F(
+            name="switchboard_engine_batch_steps_total", description="decode steps by batch size", kind=F.COUNTER
+        )
+        self._families["waiting"] = F(
+            name="switchboard_engine_waiting", description="sequences waiting for a batch slot", kind=F.GAUGE
+        )
+        self._families["running"] = F(
+            name="switchboard_engine_running", description="sequences in the running batch", kind=F.GAUGE
+        )
         self._waiting = self._families["waiting"].Metric(labels={"model": model})
         self._running = self._families["running"].Metric(labels={"model": model})
         self._batch: dict[int, object] = {}
@@ -207,8 +216,9 @@ class EngineMetrics:
             delta = steps - self._last_sizes.get(size, 0)
             if delta > 0:
                 if size not in self._batch:
-                    self._batch[size] = self._families["batch"].Metric(labels={"model": self.model,
-                                                                              "batch_size": str(size)})
+                    self._batch[size] = self._families["batch"].Metric(
+                        labels={"model": self.model, "batch_size": str(size)}
+                    )
                 self._batch[size].increment(float(delta))
         self._last, self._last_sizes = stats, sizes
         self._waiting.set(float(waiting))
@@ -245,23 +255,30 @@ class TritonPythonModel:
 
             checkpoint = params.str("checkpoint")
             if not checkpoint:
-                raise ValueError(f"{self.name}/config.pbtxt: runtime {runtime!r} needs parameter 'checkpoint' "
-                                 "(the Hugging Face checkpoint the repository was exported from)")
+                raise ValueError(
+                    f"{self.name}/config.pbtxt: runtime {runtime!r} needs parameter 'checkpoint' "
+                    "(the Hugging Face checkpoint the repository was exported from)"
+                )
             device = runtime.split(":", 1)[1] if ":" in runtime else "cpu"
             if device == "cuda" and args.get("model_instance_kind") == "GPU":
                 device = f"cuda:{args['model_instance_device_id']}"
             decoder = TorchDecoder(checkpoint, self.manifest, device, threads=params.int("threads", 1, 1, 64))
         else:
-            raise ValueError(f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
-                             "expected onnxruntime, torch[:cpu|cuda] or triton:<model>")
-        self.engine = Engine(decoder, max_batch=params.int("max_batch", 8, 1, 256),
-                             max_waiting=params.int("max_waiting", 32, 1, 4096),
-                             priority_slots=params.int("priority_slots", 1, 0, 256),
-                             preempt_steps=params.int("preempt_steps", 4, 0, 1 << 20),
-                             lane_threads=params.int("lane_threads", 2, 1, 2),
-                             normal_nice=params.int("normal_nice", 19, 0, 19),
-                             hold_back_ms=params.float("hold_back_ms", 100.0, 0.0, 60000),
-                             stop_ids=set(self.manifest.eos_token_ids))
+            raise ValueError(
+                f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
+                "expected onnxruntime, torch[:cpu|cuda] or triton:<model>"
+            )
+        self.engine = Engine(
+            decoder,
+            max_batch=params.int("max_batch", 8, 1, 256),
+            max_waiting=params.int("max_waiting", 32, 1, 4096),
+            priority_slots=params.int("priority_slots", 1, 0, 256),
+            preempt_steps=params.int("preempt_steps", 4, 0, 1 << 20),
+            lane_threads=params.int("lane_threads", 2, 1, 2),
+            normal_nice=params.int("normal_nice", 19, 0, 19),
+            hold_back_ms=params.float("hold_back_ms", 100.0, 0.0, 60000),
+            stop_ids=set(self.manifest.eos_token_ids),
+        )
         # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
         # one send per token (switchboard/engine/stream.py says why).
         self.stream_interval_s = params.float("stream_interval_ms", 50.0, 0.0, 10000) / 1000
@@ -280,8 +297,10 @@ class TritonPythonModel:
                 # chat asks whether this stub is alive when a stream from it has gone quiet
                 # (PoolHealth): answered here, before the engine and its backpressure.
                 pong = pb_utils.Tensor("stats", np.asarray([[b'{"ping": true}']], np.object_))
-                sender.send(pb_utils.InferenceResponse(output_tensors=[pong]),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(
+                    pb_utils.InferenceResponse(output_tensors=[pong]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
                 continue
             try:
                 req = self._parse(request, params)
@@ -318,11 +337,15 @@ class TritonPythonModel:
             return default if a is None else kind(a.reshape(-1)[0])
 
         return GenerationRequest(
-            prompt=prompt, reused=reused, past=past,
+            prompt=prompt,
+            reused=reused,
+            past=past,
             max_new_tokens=scalar("max_new_tokens", 64, int),
-            temperature=scalar("temperature", 0.0, float), top_p=scalar("top_p", 1.0, float),
+            temperature=scalar("temperature", 0.0, float),
+            top_p=scalar("top_p", 1.0, float),
             # chat_priority: from chat over gRPC, where Triton keeps `priority` for its own queue.
-            priority=int(params.get("chat_priority", params.get("priority", 2))), seed=params.get("seed"),
+            priority=int(params.get("chat_priority", params.get("priority", 2))),
+            seed=params.get("seed"),
             return_cache=bool(params.get("return_kv", False)) and params.get("fingerprint") == self.fingerprint,
         )
 

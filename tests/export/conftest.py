@@ -9,11 +9,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-from switchboard import console, corpus
-from switchboard.defaultmodel.tokenizer import train_tokenizer
+from switchboard import console
+from switchboard.training import corpus
+from switchboard.training.tokenizer import train_tokenizer
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             max_position_embeddings=256, initializer_range=0.2)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+)
 
 
 def config(family: str, vocab: int):
@@ -57,7 +64,6 @@ def make_checkpoint(family, tokenizer_dir, tmp_path, chat_template=True):
         cfg.pop("chat_template")
         (ckpt / "tokenizer_config.json").write_text(json.dumps(cfg))
     return ckpt
-
 
 
 @pytest.fixture(scope="session")

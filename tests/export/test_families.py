@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from transformers import BertConfig
 
+from switchboard.artifact.manifest import Manifest
 from switchboard.export.__main__ import main as export_main
-from switchboard.manifest import Manifest
+
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gpt2"])
 def test_family_exports_and_matches_pytorch(family, tokenizer_dir, tmp_path, checkpoint):
@@ -27,7 +28,13 @@ def test_family_exports_and_matches_pytorch(family, tokenizer_dir, tmp_path, che
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
     ckpt = tmp_path / "bert"
-    BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-               intermediate_size=64, is_decoder=True).save_pretrained(ckpt)
+    BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        is_decoder=True,
+    ).save_pretrained(ckpt)
     with pytest.raises(SystemExit, match="unsupported architecture 'bert'.*supported: gpt2, llama, mistral, qwen2"):
         export_main(["--model", str(ckpt), "--out", str(tmp_path / "out")])

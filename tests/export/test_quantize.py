@@ -7,10 +7,11 @@ import numpy as np
 import onnx
 import pytest
 
+from switchboard.artifact.manifest import Manifest
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.export import quantize
-from switchboard.export.__main__ import DEFAULT_PRECISIONS, main as export_main, parse_precisions
-from switchboard.manifest import Manifest
+from switchboard.export.__main__ import DEFAULT_PRECISIONS, parse_precisions
+from switchboard.export.__main__ import main as export_main
 
 ALL = "fp32,int8-dynamic,int8-minmax,int8-entropy,int8-percentile"
 
@@ -20,8 +21,26 @@ def exported(tokenizer_dir, tmp_path_factory, checkpoint):
     tmp = tmp_path_factory.mktemp("q")
     ckpt = checkpoint("llama", tokenizer_dir, tmp)
     out = tmp / "artifacts"
-    assert export_main(["--model", str(ckpt), "--out", str(out), "--precision", ALL, "--int8-parts", "mlp",
-                        "--calibration-per-class", "2", "--no-gate", "--bench-batches", "1,8"]) == 0
+    assert (
+        export_main(
+            [
+                "--model",
+                str(ckpt),
+                "--out",
+                str(out),
+                "--precision",
+                ALL,
+                "--int8-parts",
+                "mlp",
+                "--calibration-per-class",
+                "2",
+                "--no-gate",
+                "--bench-batches",
+                "1,8",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -36,7 +55,7 @@ def test_every_variant_is_valid_and_runs_in_onnx_runtime(exported):
     assert len({v["fingerprint"] for v in m.variants.values()}) == 5
     ops = {v: {n.op_type for n in onnx.load(str(exported / m.variants[v]["file"])).graph.node} for v in m.variants}
     for v in ("int8-minmax", "int8-entropy", "int8-percentile"):
-        assert {"QuantizeLinear", "DequantizeLinear"} <= ops[v], v   # Q/DQ, the form TensorRT consumes
+        assert {"QuantizeLinear", "DequantizeLinear"} <= ops[v], v  # Q/DQ, the form TensorRT consumes
     assert "DynamicQuantizeLinear" in ops["int8-dynamic"] or "MatMulInteger" in ops["int8-dynamic"]
     for v in m.variants:
         onnx.checker.check_model(str(exported / m.variants[v]["file"]))
@@ -62,19 +81,61 @@ def test_report_is_written(exported):
 
 def test_accuracy_gate_fails_the_export_with_a_clear_message(tokenizer_dir, tmp_path, checkpoint):
     ckpt = checkpoint("llama", tokenizer_dir, tmp_path)
-    with pytest.raises(SystemExit, match=r"accuracy gate failed \(not shipping\): int8-dynamic: teacher-forced top-1 .* < 1.01$"):
-        export_main(["--model", str(ckpt), "--out", str(tmp_path / "a"), "--precision", "fp32,int8-dynamic",
-                     "--calibration-per-class", "1", "--min-greedy", "0", "--min-cosine", "0",
-                     "--max-ppl-increase", "100", "--min-top1", "1.01", "--bench-batches", ""])
+    with pytest.raises(
+        SystemExit, match=r"accuracy gate failed \(not shipping\): int8-dynamic: teacher-forced top-1 .* < 1.01$"
+    ):
+        export_main(
+            [
+                "--model",
+                str(ckpt),
+                "--out",
+                str(tmp_path / "a"),
+                "--precision",
+                "fp32,int8-dynamic",
+                "--calibration-per-class",
+                "1",
+                "--min-greedy",
+                "0",
+                "--min-cosine",
+                "0",
+                "--max-ppl-increase",
+                "100",
+                "--min-top1",
+                "1.01",
+                "--bench-batches",
+                "",
+            ]
+        )
 
 
-def test_default_precision_leaves_out_a_failing_int8_variant_and_says_why(tokenizer_dir, tmp_path, checkpoint,
-                                                                          capfd):
+def test_default_precision_leaves_out_a_failing_int8_variant_and_says_why(tokenizer_dir, tmp_path, checkpoint, capfd):
     ckpt = checkpoint("llama", tokenizer_dir, tmp_path)
     out = tmp_path / "a"
-    assert export_main(["--model", str(ckpt), "--out", str(out), "--calibration-per-class", "1",
-                        "--heldout-per-class", "2", "--min-greedy", "0", "--min-cosine", "0",
-                        "--max-ppl-increase", "100", "--min-top1", "1.01", "--bench-batches", ""]) == 0
+    assert (
+        export_main(
+            [
+                "--model",
+                str(ckpt),
+                "--out",
+                str(out),
+                "--calibration-per-class",
+                "1",
+                "--heldout-per-class",
+                "2",
+                "--min-greedy",
+                "0",
+                "--min-cosine",
+                "0",
+                "--max-ppl-increase",
+                "100",
+                "--min-top1",
+                "1.01",
+                "--bench-batches",
+                "",
+            ]
+        )
+        == 0
+    )
     m = Manifest.load(out)
     assert set(m.variants) == {"fp32"} and set(m.left_out) == {"int8-dynamic", "int8-percentile"}
     assert "teacher-forced top-1" in m.left_out["int8-dynamic"][0]

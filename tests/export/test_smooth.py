@@ -7,14 +7,21 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Con
 
 from switchboard.export import smooth
 
-SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64)
+SMALL = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 def _model(family: str):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config((LlamaConfig if family == "llama" else Qwen2Config)(**SMALL)).eval()
-    with torch.no_grad():   # a few outlier channels, as trained models have
+    with torch.no_grad():  # a few outlier channels, as trained models have
         for layer in model.model.layers:
             layer.input_layernorm.weight[:3] = 20.0
             layer.post_attention_layernorm.weight[5:7] = 15.0
@@ -23,8 +30,9 @@ def _model(family: str):
 
 def _prompts(n=6, vocab=96):
     g = torch.Generator().manual_seed(1)
-    return [torch.randint(3, vocab, (int(torch.randint(4, 20, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(3, vocab, (int(torch.randint(4, 20, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 def _spread(stats):
@@ -32,14 +40,14 @@ def _spread(stats):
 
 
 def test_smoothed_llama_and_qwen2_compute_the_same_logits_with_flatter_activations():
-    for family in ("llama", "qwen2"):   # qwen2: biases on q/k/v; both: grouped-query attention
+    for family in ("llama", "qwen2"):  # qwen2: biases on q/k/v; both: grouped-query attention
         model, prompts = _model(family), _prompts()
         out = smooth.smoothed(model, prompts, alpha=0.5)
         assert out is not None and out is not model
         ids = torch.tensor([prompts[0]])
         torch.testing.assert_close(out(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
         assert _spread(smooth.input_maxima(out, prompts)) < _spread(smooth.input_maxima(model, prompts)) / 2
-        assert model.model.layers[0].input_layernorm.weight[0] == 20.0   # the original is untouched
+        assert model.model.layers[0].input_layernorm.weight[0] == 20.0  # the original is untouched
 
 
 def test_other_shapes_are_left_alone():

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from switchboard import corpus
-from switchboard.defaultmodel.augment import noisy
-from switchboard.defaultmodel.train import IGNORE, TrainConfig, answer_loss, batches, loss_weights, shared_prefix
+from switchboard.training import corpus
+from switchboard.training.augment import noisy
+from switchboard.training.train import IGNORE, TrainConfig, answer_loss, batches, loss_weights, shared_prefix
 
 
 def _examples(prefix: list[int], rng: random.Random, n: int = 6) -> list[tuple[list[int], list[int]]]:
@@ -26,10 +26,19 @@ def _examples(prefix: list[int], rng: random.Random, n: int = 6) -> list[tuple[l
 
 def test_shared_prefix_gives_the_loss_and_gradients_of_the_full_sequences():
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    )
     examples = _examples([1, 2, 7, 8, 9, 5], random.Random(0))
-    assert shared_prefix(examples) == 7   # the prefix and the user-role token
+    assert shared_prefix(examples) == 7  # the prefix and the user-role token
     cfg = TrainConfig(batch_size=len(examples))
 
     def loss_and_grads(skip: int):
@@ -58,9 +67,14 @@ def test_shared_prefix_stops_where_examples_differ_or_a_label_starts():
     assert shared_prefix([([1, 2, 3], [IGNORE, 2, 3]), ([1, 2, 3], [IGNORE, 2, 3])]) == 1
 
 
-@pytest.mark.parametrize("question,lang", [("Can you check order {order_id} for me?", "en"),
-                                           ("订单{order_id}到哪了？", "zh"),
-                                           ("{tracking} has been stuck for a while, what's going on?", "en")])
+@pytest.mark.parametrize(
+    "question,lang",
+    [
+        ("Can you check order {order_id} for me?", "en"),
+        ("订单{order_id}到哪了？", "zh"),
+        ("{tracking} has been stuck for a while, what's going on?", "en"),
+    ],
+)
 def test_noisy_questions_keep_their_placeholders(question, lang):
     rng = random.Random(0)
     slots = corpus.SLOT_RE.findall(question)
@@ -85,7 +99,7 @@ def test_training_conversations_rewrite_questions_before_filling_slots():
 
 
 def test_set_overrides_take_the_settings_type_and_name_what_is_wrong():
-    from switchboard.defaultmodel.__main__ import _setting
+    from switchboard.training.__main__ import _setting
 
     assert _setting(TrainConfig, "lr=0.003") == ("lr", 0.003)
     assert _setting(TrainConfig, "lead_tokens=5") == ("lead_tokens", 5)

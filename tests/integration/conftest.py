@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatClient
 from switchboard.client.sdk import close_stream
-from switchboard.launch import Ports, Stack
+from switchboard.ops.launch import Ports, Stack
 
 
 @pytest.fixture(scope="session")

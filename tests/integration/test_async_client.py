@@ -9,8 +9,12 @@ import pytest
 
 from switchboard.client import AsyncChatClient, ChatError, ChatStats
 
-QUESTIONS = ["Where is my order?", "Can I change the delivery address?", "How do I return a damaged item?",
-             "我的订单什么时候发货？"]
+QUESTIONS = [
+    "Where is my order?",
+    "Can I change the delivery address?",
+    "How do I return a damaged item?",
+    "我的订单什么时候发货？",
+]
 
 
 def test_async_answers_match_the_threaded_client(stack, client):
@@ -32,8 +36,9 @@ def test_async_answers_match_the_threaded_client(stack, client):
 def test_many_concurrent_chats_share_one_client(stack):
     async def main():
         async with AsyncChatClient(stack.grpc_url, timeout_s=120) as aclient:
-            return await asyncio.gather(*(aclient.chat(QUESTIONS[i % 4], priority=1 + i % 2, max_new_tokens=16)
-                                          for i in range(24)))
+            return await asyncio.gather(
+                *(aclient.chat(QUESTIONS[i % 4], priority=1 + i % 2, max_new_tokens=16) for i in range(24))
+            )
 
     replies = asyncio.run(main())
     assert len(replies) == 24

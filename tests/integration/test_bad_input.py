@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from switchboard.client.sdk import error_of
-from switchboard.session import session_key
+from switchboard.serving.session import session_key
 
 
 def b(x):
@@ -63,8 +63,7 @@ INVALID = [
     ("max-new-huge", {**HI, "max_new_tokens": i32(10**9)}, None, "max_new_tokens: 1000000000"),
     ("max-new-fp32", {**HI, "max_new_tokens": f32(8.0)}, None, "max_new_tokens"),
     ("max-new-int64", {**HI, "max_new_tokens": (np.asarray([[8]], np.int64), "INT64")}, None, "max_new_tokens"),
-    ("max-new-two-values", {**HI, "max_new_tokens": (np.asarray([[8, 9]], np.int32), "INT32")}, None,
-     "max_new_tokens"),
+    ("max-new-two-values", {**HI, "max_new_tokens": (np.asarray([[8, 9]], np.int32), "INT32")}, None, "max_new_tokens"),
     ("temperature-nan", {**HI, "temperature": f32(NAN)}, None, "temperature: nan is outside"),
     ("temperature-inf", {**HI, "temperature": f32(INF)}, None, "temperature: inf is outside"),
     ("temperature-negative", {**HI, "temperature": f32(-0.5)}, None, "temperature: -0.5 is outside"),
@@ -87,9 +86,20 @@ INVALID = [
 
 
 # dtype, shape and batch errors and unknown inputs: checked by Triton against config.pbtxt.
-TRITON_CHECKED = {"text-int32", "text-fp32", "text-two-values", "text-no-batch-dim", "batch-of-texts",
-                  "session-int64", "max-new-fp32", "max-new-int64", "max-new-two-values", "temperature-fp64",
-                  "top-p-int32", "unknown-input"}
+TRITON_CHECKED = {
+    "text-int32",
+    "text-fp32",
+    "text-two-values",
+    "text-no-batch-dim",
+    "batch-of-texts",
+    "session-int64",
+    "max-new-fp32",
+    "max-new-int64",
+    "max-new-two-values",
+    "temperature-fp64",
+    "top-p-int32",
+    "unknown-input",
+}
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +149,20 @@ def test_unusual_but_valid_text_is_answered(client, case, text):
     assert reply.text.encode("utf-8").decode("utf-8") == reply.text
 
 
-SESSION_IDS = ["*", "?", "[a-z]*", "../../etc/passwd", "/tmp/x", "a b", "line\nbreak", "sb:*", "bystander ",
-               "BYSTANDER", "s" * 256, "用户🙂"]
+SESSION_IDS = [
+    "*",
+    "?",
+    "[a-z]*",
+    "../../etc/passwd",
+    "/tmp/x",
+    "a b",
+    "line\nbreak",
+    "sb:*",
+    "bystander ",
+    "BYSTANDER",
+    "s" * 256,
+    "用户🙂",
+]
 
 
 @pytest.mark.parametrize("sid", SESSION_IDS, ids=[f"sid-{i}" for i in range(len(SESSION_IDS))])
@@ -195,8 +217,10 @@ def test_cancelled_mid_stream_frees_the_server(stack, client):
     assert reply.stats.generated_tokens > 0
     assert client.ready()
     # A cancelled turn is never stored: that session's next turn starts without history.
-    assert client.chat("hi", session_id="cancelled-mid-stream", stream=False,
-                       max_new_tokens=4).stats.raw["session"] == "miss"
+    assert (
+        client.chat("hi", session_id="cancelled-mid-stream", stream=False, max_new_tokens=4).stats.raw["session"]
+        == "miss"
+    )
 
 
 def test_bystander_session_is_intact_after_the_catalogue(client, bystander):

@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatStats
 from switchboard.client.sdk import error_of
-from switchboard.session import session_key
+from switchboard.serving.session import session_key
 
 
 def collect(client, text, **kw) -> tuple[list[str], ChatStats]:
@@ -38,7 +38,7 @@ def test_all_models_ready(stack):
 
 
 def test_server_and_stubs_run_on_jemalloc(stack):
-    from switchboard.launch import children
+    from switchboard.ops.launch import children
 
     pids = {"tritonserver": stack.triton.pid, **children(stack.triton.pid)}
     assert set(pids) >= {"tritonserver", "chat", "engine_short", "engine_long"}
@@ -84,8 +84,13 @@ def test_streamed_deltas_join_to_the_stored_answer(client, redis_client):
 
 def test_length_aware_routing(client):
     _, short = collect(client, "Hi, is SKU-A7X92 in stock?", max_new_tokens=8)
-    long_text = " ".join(["My order arrived damaged and the box was open, the charger is missing,"
-                          " and the screen has a crack on the left side."] * 8)
+    long_text = " ".join(
+        [
+            "My order arrived damaged and the box was open, the charger is missing,"
+            " and the screen has a crack on the left side."
+        ]
+        * 8
+    )
     _, long = collect(client, long_text, max_new_tokens=8)
     assert short.route == "short" and short.prompt_tokens <= 160
     assert long.route == "long" and long.prompt_tokens > 160
@@ -165,13 +170,19 @@ def b(x):
     return np.asarray([[x]], dtype=np.object_)
 
 
-@pytest.mark.parametrize("inputs, needle", [
-    ({"session_id": (b(b"s"), "BYTES")}, "text: required"),
-    ({"text": (b(b""), "BYTES")}, "text: empty"),
-    ({"text": (b(b"\xc3\x28 broken"), "BYTES")}, "not valid UTF-8"),
-    ({"text": (b(b"hi"), "BYTES"), "max_new_tokens": (np.asarray([[-5]], np.int32), "INT32")}, "max_new_tokens: -5"),
-    ({"text": (b(b"hi"), "BYTES"), "max_new_tokens": (np.asarray([[10**9]], np.int32), "INT32")}, "max_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "inputs, needle",
+    [
+        ({"session_id": (b(b"s"), "BYTES")}, "text: required"),
+        ({"text": (b(b""), "BYTES")}, "text: empty"),
+        ({"text": (b(b"\xc3\x28 broken"), "BYTES")}, "not valid UTF-8"),
+        (
+            {"text": (b(b"hi"), "BYTES"), "max_new_tokens": (np.asarray([[-5]], np.int32), "INT32")},
+            "max_new_tokens: -5",
+        ),
+        ({"text": (b(b"hi"), "BYTES"), "max_new_tokens": (np.asarray([[10**9]], np.int32), "INT32")}, "max_new_tokens"),
+    ],
+)
 def test_bad_input_is_invalid_arg_and_server_stays_ready(raw, client, inputs, needle):
     _expect_invalid(raw, inputs, needle=needle)
     assert client.ready()

@@ -8,17 +8,22 @@ CLI = Path(sys.executable).parent / "switchboard-chat"
 
 
 def test_one_shot_question_streams_an_answer_and_stats(stack):
-    proc = subprocess.run([str(CLI), "--url", stack.grpc_url, "我的订单什么时候发货？"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(CLI), "--url", stack.grpc_url, "我的订单什么时候发货？"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
     assert "short pool" in proc.stderr and "generated" in proc.stderr
 
 
 def test_interactive_session_reuses_the_cache_on_the_second_turn(stack):
-    proc = subprocess.run([str(CLI), "--url", stack.grpc_url, "--session", "cli-test"],
-                          input="Where is my order?\nCan I change the address?\n",
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(CLI), "--url", stack.grpc_url, "--session", "cli-test"],
+        input="Where is my order?\nCan I change the address?\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     stats = [line for line in proc.stderr.splitlines() if line.startswith("[")]
     assert len(stats) == 2
@@ -26,7 +31,11 @@ def test_interactive_session_reuses_the_cache_on_the_second_turn(stack):
 
 
 def test_bad_input_is_reported_not_crashed(stack):
-    proc = subprocess.run([str(CLI), "--url", stack.grpc_url, "--max-new-tokens", "-3", "hello"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(CLI), "--url", stack.grpc_url, "--max-new-tokens", "-3", "hello"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "INVALID_ARGUMENT" in proc.stderr and "max_new_tokens" in proc.stderr

@@ -15,9 +15,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatClient, ChatError
-from switchboard.engine_client import EngineClient
-from switchboard.launch import Ports, Stack, children
-from switchboard.session import session_key
+from switchboard.ops.launch import Ports, Stack, children
+from switchboard.serving.engine_client import EngineClient
+from switchboard.serving.session import session_key
 
 
 def ask(client, text, **kw):
@@ -32,8 +32,12 @@ def test_redis_stopped_during_load_no_chat_fails_and_reuse_resumes(stack, client
         i = 0
         while not stop.is_set():
             try:
-                r = ask(client, "Where is my order?" if i % 2 == 0 else "Can I change the address?",
-                        session_id=f"load-{n}", max_new_tokens=12)
+                r = ask(
+                    client,
+                    "Where is my order?" if i % 2 == 0 else "Can I change the address?",
+                    session_id=f"load-{n}",
+                    max_new_tokens=12,
+                )
                 results.append(r.stats.raw["session"])
             except ChatError as e:
                 errors.append(e)
@@ -129,12 +133,21 @@ def test_a_valid_entry_of_another_conversation_is_only_used_for_the_shared_prefi
 
 # -- a second stack with small limits: overload and killed stubs ----------------------------
 
+
 @pytest.fixture(scope="module")
 def tight(artifacts, tmp_path_factory):
-    s = Stack(Ports.free(), run_dir=tmp_path_factory.mktemp("tight"), env={
-        "SWITCHBOARD_MAX_INFLIGHT": "2", "SWITCHBOARD_MAX_QUEUE_WAIT_S": "0.5",
-        "SWITCHBOARD_ENGINE_FIRST_TOKEN_S": "4", "SWITCHBOARD_ENGINE_STALL_S": "4",
-        "SWITCHBOARD_POOL_RETRY_AFTER_S": "600", "SWITCHBOARD_POOL_PROBE_AFTER_S": "0.5"})
+    s = Stack(
+        Ports.free(),
+        run_dir=tmp_path_factory.mktemp("tight"),
+        env={
+            "SWITCHBOARD_MAX_INFLIGHT": "2",
+            "SWITCHBOARD_MAX_QUEUE_WAIT_S": "0.5",
+            "SWITCHBOARD_ENGINE_FIRST_TOKEN_S": "4",
+            "SWITCHBOARD_ENGINE_STALL_S": "4",
+            "SWITCHBOARD_POOL_RETRY_AFTER_S": "600",
+            "SWITCHBOARD_POOL_PROBE_AFTER_S": "0.5",
+        },
+    )
     s.start()
     yield s
     # A model whose stub was killed never unloads in 2.51: a clean shutdown would wait 30 s.
@@ -150,8 +163,12 @@ def test_burst_beyond_capacity_every_chat_is_answered_in_time_vip_first(tight):
     def one(i):
         t0 = time.monotonic()
         priority = 1 if i % 8 == 0 else 2
-        r = client.chat("Where is my order?" if i % 2 else "我的订单什么时候发货？", stream=False,
-                        priority=priority, max_new_tokens=48)
+        r = client.chat(
+            "Where is my order?" if i % 2 else "我的订单什么时候发货？",
+            stream=False,
+            priority=priority,
+            max_new_tokens=48,
+        )
         return priority, r, time.monotonic() - t0
 
     with ThreadPoolExecutor(48) as pool:
@@ -168,8 +185,9 @@ def test_burst_beyond_capacity_every_chat_is_answered_in_time_vip_first(tight):
     assert early and all(r.stats.raw["total_ms"] < 500 for r in early), [r.stats.raw for r in fallbacks]
     # Priority 1 goes first: far fewer of its chats wait out the 0.5 s (without priorities the
     # two shares are alike). Its share is not zero: 12 at once still queue for 2 slots.
-    share = {p: sum(r.stats.fallback for q, r, _ in results if q == p) / sum(q == p for q, _, _ in results)
-             for p in (1, 2)}
+    share = {
+        p: sum(r.stats.fallback for q, r, _ in results if q == p) / sum(q == p for q, _, _ in results) for p in (1, 2)
+    }
     assert share[1] <= share[2] / 2, f"priority 1 is admitted before priority 2: fallback shares {share}"
 
 
@@ -185,8 +203,12 @@ def test_killed_engine_stub_errors_or_falls_back_never_hangs_then_recovers(tight
 
     def inflight():
         try:  # sampled with this seed the default model answers ~230 tokens (~330 ms here)
-            for event in client.chat("Tell me everything about returns, refunds and exchanges.", max_new_tokens=400,
-                                     temperature=2.0, seed=233):
+            for event in client.chat(
+                "Tell me everything about returns, refunds and exchanges.",
+                max_new_tokens=400,
+                temperature=2.0,
+                seed=233,
+            ):
                 events.put(event)
         except ChatError as e:
             box["error"] = e

@@ -9,19 +9,46 @@ import time
 import numpy as np
 import pytest
 
-from switchboard.launch import free_port, port_open
-from switchboard.prompt import Conversation
-from switchboard.session import SessionStore, StoreConfig
+from switchboard.ops.launch import free_port, port_open
+from switchboard.serving.prompt import Conversation
+from switchboard.serving.session import SessionStore, StoreConfig
 
 
 @pytest.fixture(scope="module")
 def acl_redis(tmp_path_factory):
     port = free_port()
-    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--daemonize", "no", "--user", "default", "off",
-                             "--user", "switchboard", "on", ">s3cret-pw", "~sb:*", "+get", "+mget", "+set", "+del",
-                             "+multi", "+exec", "+ping"],
-                            stdout=open(tmp_path_factory.mktemp('acl') / 'redis.log', 'wb'), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--user",
+            "default",
+            "off",
+            "--user",
+            "switchboard",
+            "on",
+            ">s3cret-pw",
+            "~sb:*",
+            "+get",
+            "+mget",
+            "+set",
+            "+del",
+            "+multi",
+            "+exec",
+            "+ping",
+        ],
+        stdout=open(tmp_path_factory.mktemp("acl") / "redis.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 10
     while not port_open(port):
         assert time.monotonic() < deadline and proc.poll() is None, "redis-server did not start"
@@ -55,15 +82,56 @@ def tls_redis(tmp_path_factory):
     """redis-server serving only TLS, with a self-signed certificate for 127.0.0.1."""
     d = tmp_path_factory.mktemp("tls")
     cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
-    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", "0", "--tls-port", str(port),
-                             "--bind", "127.0.0.1", "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-                             "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
-                             "--save", "", "--appendonly", "no", "--daemonize", "no"],
-                            stdout=open(d / "redis.log", "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            str(cert),
+            "--tls-key-file",
+            str(key),
+            "--tls-ca-cert-file",
+            str(cert),
+            "--tls-auth-clients",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+        ],
+        stdout=open(d / "redis.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 10
     while not port_open(port):
         assert time.monotonic() < deadline and proc.poll() is None, "redis-server (TLS) did not start"
@@ -75,8 +143,12 @@ def tls_redis(tmp_path_factory):
 
 def test_tls_with_the_servers_ca_reads_and_writes(tls_redis):
     port, cert = tls_redis
-    s = SessionStore(StoreConfig(url=f"rediss://127.0.0.1:{port}/0", secret=b"k", tls_ca_file=str(cert)),
-                     "fp", (1, 2, 1, 4), np.float32)
+    s = SessionStore(
+        StoreConfig(url=f"rediss://127.0.0.1:{port}/0", secret=b"k", tls_ca_file=str(cert)),
+        "fp",
+        (1, 2, 1, 4),
+        np.float32,
+    )
     assert s.save("alice", Conversation([{"role": "user", "content": "hi"}], [1, 2]), None)
     assert s.load("alice").status == "hit"
     s.close()

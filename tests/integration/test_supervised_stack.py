@@ -1,4 +1,4 @@
-"""`python -m switchboard.launch up` on free ports: the supervisor restarts tritonserver when it
+"""`python -m switchboard.ops.launch up` on free ports: the supervisor restarts tritonserver when it
 dies (as 2.51 sometimes does when a stub is killed) and when a stub dies under a server that
 stays up (which 2.51 never repairs), and `down` stops everything it started."""
 
@@ -14,17 +14,31 @@ import time
 import pytest
 
 from switchboard.client import ChatClient, ChatError
-from switchboard.launch import Ports, _alive, children
+from switchboard.ops.launch import Ports, _alive, children
 
 
 @pytest.fixture(scope="module")
 def supervised(artifacts, tmp_path_factory):
     ports, run = Ports.free(), tmp_path_factory.mktemp("supervised")
-    args = ["--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
-            "--redis-port", str(ports.redis), "--run-dir", str(run)]
-    launch = [sys.executable, "-m", "switchboard.launch"]
-    up = subprocess.run(launch + ["up", *args, "--probe-interval-s", "1", "--probe-failures", "2"],
-                        capture_output=True, text=True, timeout=300)
+    args = [
+        "--http-port",
+        str(ports.http),
+        "--grpc-port",
+        str(ports.grpc),
+        "--metrics-port",
+        str(ports.metrics),
+        "--redis-port",
+        str(ports.redis),
+        "--run-dir",
+        str(run),
+    ]
+    launch = [sys.executable, "-m", "switchboard.ops.launch"]
+    up = subprocess.run(
+        launch + ["up", *args, "--probe-interval-s", "1", "--probe-failures", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     yield ports, run
     pids = [int((run / "supervisor.pid").read_text()), _state(run)["tritonserver_pid"]]

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
+from switchboard.artifact.manifest import Manifest
+from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.engine.scheduler import Engine, GenerationRequest
-from switchboard.manifest import Manifest
-from switchboard.tokenizer import TextTokenizer
 
 
 class Sink:
@@ -44,8 +44,15 @@ def model(artifacts):
 
 def engine(model, max_batch=8, priority_slots=0, preempt_steps=0, **kw):
     manifest, decoder, _ = model
-    return Engine(decoder, max_batch=max_batch, max_waiting=64, stop_ids=set(manifest.eos_token_ids),
-                  priority_slots=priority_slots, preempt_steps=preempt_steps, **kw)
+    return Engine(
+        decoder,
+        max_batch=max_batch,
+        max_waiting=64,
+        stop_ids=set(manifest.eos_token_ids),
+        priority_slots=priority_slots,
+        preempt_steps=preempt_steps,
+        **kw,
+    )
 
 
 def prompt(model, *turns):
@@ -81,7 +88,9 @@ def test_cached_prefix_gives_the_same_tokens_as_a_full_prefill(model):
     first = prompt(model, ("user", QUESTIONS[0]))
     sink = run(engine(model), [GenerationRequest(first, 32, return_cache=True)])[0]
     answer = tok.decode(sink.tokens)
-    second = prompt(model, ("user", QUESTIONS[0]), ("assistant", answer), ("user", "And how long does the refund take?"))
+    second = prompt(
+        model, ("user", QUESTIONS[0]), ("assistant", answer), ("user", "And how long does the refund take?")
+    )
     covered = first + sink.tokens[:-1]
     reused = 0
     while reused < min(len(covered), len(second)) and covered[reused] == second[reused]:
@@ -112,7 +121,7 @@ def test_priority_one_is_admitted_before_waiting_priority_two(model):
     e = engine(model, max_batch=1)
     p = prompt(model, ("user", QUESTIONS[0]))
     sinks = [Sink(order, f"p2-{i}") for i in range(3)] + [Sink(order, "p1")]
-    for i, s in enumerate(sinks):
+    for s in sinks:
         e.submit(GenerationRequest(p, 4, priority=1 if s.name == "p1" else 2), s)
     while any(s.result is None for s in sinks):
         e.step()
@@ -267,8 +276,15 @@ class BrokenDecoder:
 @pytest.mark.parametrize("lane_threads", [1, 2])
 def test_a_failing_prefill_answers_the_sequences_it_admitted(model, lane_threads):
     manifest, decoder, _ = model
-    e = Engine(BrokenDecoder(decoder), max_batch=4, max_waiting=8, stop_ids=set(manifest.eos_token_ids),
-               priority_slots=1, preempt_steps=4, lane_threads=lane_threads)
+    e = Engine(
+        BrokenDecoder(decoder),
+        max_batch=4,
+        max_waiting=8,
+        stop_ids=set(manifest.eos_token_ids),
+        priority_slots=1,
+        preempt_steps=4,
+        lane_threads=lane_threads,
+    )
     sinks = [Sink() for _ in range(3)]
     e.start()
     try:
@@ -303,8 +319,17 @@ def background_tokens_during_a_vip(model, hold_back_ms, vip_tokens, backlog):
     _, decoder, _ = model
     p = prompt(model, ("user", QUESTIONS[0]))
     # No stop tokens: every sequence runs to its max_new_tokens.
-    e = Engine(decoder, max_batch=4, max_waiting=16, stop_ids=set(), priority_slots=1, preempt_steps=4,
-               lane_threads=2, normal_nice=0, hold_back_ms=hold_back_ms)
+    e = Engine(
+        decoder,
+        max_batch=4,
+        max_waiting=16,
+        stop_ids=set(),
+        priority_slots=1,
+        preempt_steps=4,
+        lane_threads=2,
+        normal_nice=0,
+        hold_back_ms=hold_back_ms,
+    )
     background, vip = [Timeline() for _ in range(3 + backlog)], Timeline()
     e.start()
     try:

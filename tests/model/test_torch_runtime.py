@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from switchboard.artifact.manifest import Manifest
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.engine.scheduler import Engine, GenerationRequest
 from switchboard.engine.torch_runtime import TorchDecoder
-from switchboard.manifest import Manifest
 from tests.model.test_engine import Sink
 
 CHECKPOINT = "build/default-model"

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from switchboard.admission import Admission, PoolHealth, PriorityGate, send_rank
+from switchboard.serving.admission import Admission
+from switchboard.serving.gate import PriorityGate, send_rank
+from switchboard.serving.pool_health import PoolHealth
 
 
 class Recorder:
@@ -108,10 +110,17 @@ def test_the_gate_lets_waiters_in_by_priority_then_arrival():
 
 
 def test_a_whole_answer_goes_before_a_stream_delta_of_its_priority_but_never_before_priority_1():
-    order = order_through_the_gate(PriorityGate(), send_rank(2, final=False), [
-        ("p2-delta", send_rank(2, final=False)), ("p2-faq", send_rank(2, final=True)),
-        ("vip-delta", send_rank(1, final=False)), ("p2-final", send_rank(2, final=True)),
-        ("vip-final", send_rank(1, final=True))])
+    order = order_through_the_gate(
+        PriorityGate(),
+        send_rank(2, final=False),
+        [
+            ("p2-delta", send_rank(2, final=False)),
+            ("p2-faq", send_rank(2, final=True)),
+            ("vip-delta", send_rank(1, final=False)),
+            ("p2-final", send_rank(2, final=True)),
+            ("vip-final", send_rank(1, final=True)),
+        ],
+    )
     assert order == ["vip-final", "vip-delta", "p2-faq", "p2-final", "p2-delta"]
 
 
@@ -164,8 +173,15 @@ class _Clocked:
 
     def __init__(self, max_wait_s: float, forecast: bool = True):
         self.now, self.started, self.shed, self.done = [0.0], [], [], {}
-        self.a = Admission(max_inflight=2, max_pending=100, max_wait_s=max_wait_s, run=self.run,
-                           shed=lambda j, why: self.shed.append((j, why)), clock=lambda: self.now[0], forecast=forecast)
+        self.a = Admission(
+            max_inflight=2,
+            max_pending=100,
+            max_wait_s=max_wait_s,
+            run=self.run,
+            shed=lambda j, why: self.shed.append((j, why)),
+            clock=lambda: self.now[0],
+            forecast=forecast,
+        )
         self.submit("w1", 2), self.submit("w2", 2)
         assert wait_until(lambda: len(self.started) == 2)
         self.now[0] = 1.0
@@ -196,7 +212,7 @@ def test_a_chat_that_would_wait_out_its_deadline_is_answered_on_arrival(forecast
             c.submit(job, 1 if job == "vip" else 2)
             if job == "r2":
                 assert wait_until(lambda: len(c.started) == 4)
-        if forecast:   # q3 starts in ~2 s (3 ahead of it, the VIP too, at 2 a second), q4-q6 would wait longer
+        if forecast:  # q3 starts in ~2 s (3 ahead of it, the VIP too, at 2 a second), q4-q6 would wait longer
             assert wait_until(lambda: len(c.shed) == 3)
             assert sorted(c.shed) == [("q4", "queue_forecast"), ("q5", "queue_forecast"), ("q6", "queue_forecast")]
             time.sleep(0.05)
@@ -211,21 +227,21 @@ def test_a_chat_that_would_wait_out_its_deadline_is_answered_on_arrival(forecast
 def test_a_waiting_chat_is_answered_once_its_forecast_misses_not_at_its_deadline():
     c = _Clocked(max_wait_s=2.2)
     try:
-        for job in ("r1", "r2", "q1", "q2", "q3", "q4"):   # deadlines 3.2 s; q4 forecast to start at 3.0 s
+        for job in ("r1", "r2", "q1", "q2", "q3", "q4"):  # deadlines 3.2 s; q4 forecast to start at 3.0 s
             c.submit(job, 2)
             if job == "r2":
                 assert wait_until(lambda: len(c.started) == 4)
         assert c.a.pending() == 4 and c.shed == []
-        c.submit("vip", 1)          # goes ahead of them all: q4 would now start at 3.6 s
+        c.submit("vip", 1)  # goes ahead of them all: q4 would now start at 3.6 s
         c.now[0] = 1.1
         assert wait_until(lambda: len(c.shed) == 1)
         assert c.shed == [("q4", "queue_forecast")]
-        c.now[0] = 1.6              # no slot freed for 0.6 s: q3 (3 ahead) forecast at 3.6 s, q2 at 3.1 s
+        c.now[0] = 1.6  # no slot freed for 0.6 s: q3 (3 ahead) forecast at 3.6 s, q2 at 3.1 s
         assert wait_until(lambda: len(c.shed) == 2)
         assert c.shed[1] == ("q3", "queue_forecast")
         time.sleep(0.3)
         assert len(c.shed) == 2 and c.a.pending() == 3 and c.a.counts["shed_forecast"] == 2
-        c.done["r1"].set()          # the freed slot goes to priority 1
+        c.done["r1"].set()  # the freed slot goes to priority 1
         assert wait_until(lambda: len(c.started) == 5) and c.started[-1] == "vip"
     finally:
         c.close()
@@ -272,9 +288,11 @@ def test_pool_health_routes_around_a_failed_pool_then_retries():
 def test_a_failed_pool_ends_the_streams_reading_from_it_and_only_those():
     h = PoolHealth(retry_after_s=30)
     ended = []
-    with h.watching("engine_short", lambda: ended.append("short-1")), \
-            h.watching("engine_short", lambda: ended.append("short-2")), \
-            h.watching("engine_long", lambda: ended.append("long")):
+    with (
+        h.watching("engine_short", lambda: ended.append("short-1")),
+        h.watching("engine_short", lambda: ended.append("short-2")),
+        h.watching("engine_long", lambda: ended.append("long")),
+    ):
         h.failed("engine_short")
         assert sorted(ended) == ["short-1", "short-2"]
     h.failed("engine_short")  # streams that left are not told
@@ -292,8 +310,10 @@ def test_a_quiet_stream_pings_its_pool_and_a_dead_answer_ends_every_stream_on_it
     pings = []
     h = PoolHealth(retry_after_s=30, ping=lambda pool: pings.append(pool) or False, probe_after_s=1.0)
     ended = []
-    with h.watching("engine_short", lambda: ended.append("short")), \
-            h.watching("engine_long", lambda: ended.append("long")):
+    with (
+        h.watching("engine_short", lambda: ended.append("short")),
+        h.watching("engine_long", lambda: ended.append("long")),
+    ):
         h.quiet("engine_short")
         _pinged(h, "engine_short")
         assert pings == ["engine_short"] and ended == ["short"]
@@ -302,6 +322,7 @@ def test_a_quiet_stream_pings_its_pool_and_a_dead_answer_ends_every_stream_on_it
 
 def test_a_ping_unanswered_or_answered_alive_is_not_a_failure():
     for answer in (True, None, "raises"):
+
         def ping(pool, answer=answer):
             if answer == "raises":
                 raise ConnectionError("the server went away")
@@ -309,7 +330,7 @@ def test_a_ping_unanswered_or_answered_alive_is_not_a_failure():
 
         h = PoolHealth(retry_after_s=30, ping=ping, probe_after_s=1.0)
         ended = []
-        with h.watching("engine_short", lambda: ended.append("short")):
+        with h.watching("engine_short", lambda ended=ended: ended.append("short")):
             h.quiet("engine_short")
             _pinged(h, "engine_short")
         assert h.up("engine_short") and not ended, answer
@@ -355,8 +376,9 @@ def test_wait_for_room_holds_new_chats_while_max_pending_wait_for_a_slot_or_thei
         release.wait(5)
         shed.append(job)
 
-    a = Admission(max_inflight=1, max_pending=2, max_wait_s=0.05, run=lambda job: release.wait(5), shed=slow_shed,
-                  shed_workers=1)
+    a = Admission(
+        max_inflight=1, max_pending=2, max_wait_s=0.05, run=lambda job: release.wait(5), shed=slow_shed, shed_workers=1
+    )
     try:
         a.submit("running", 2)
         time.sleep(0.1)
@@ -388,7 +410,7 @@ def test_faq_answers_run_on_lowered_threads_chats_on_the_servers():
         a.submit("p1", 1)
         a.submit("p2", 2)
         assert wait_until(lambda: a.inflight() == 0 and {"p1", "p2"} <= set(seen))
-        a.submit("holder", 2)   # holds the one slot: the next chat is shed
+        a.submit("holder", 2)  # holds the one slot: the next chat is shed
         assert wait_until(lambda: "holder" in seen)
         a.submit("shed", 2)
         assert wait_until(lambda: "shed" in seen)

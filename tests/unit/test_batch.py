@@ -11,8 +11,9 @@ def cache(layers, heads, n, dim, start):
 
 def test_prefill_layout_right_aligns_cached_prefix_and_new_tokens():
     prompts = [[5, 6, 7, 8, 9], [1, 2]]
-    ids, mask, pos, past, next_pos = prefill_inputs(prompts, [3, 0], [cache(1, 1, 3, 2, 100), None], 1, 1, 2,
-                                                    np.float32)
+    ids, mask, pos, past, next_pos = prefill_inputs(
+        prompts, [3, 0], [cache(1, 1, 3, 2, 100), None], 1, 1, 2, np.float32
+    )
     assert ids.tolist() == [[8, 9], [1, 2]]
     assert mask.tolist() == [[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
     assert pos.tolist() == [[3, 4], [0, 1]]
@@ -21,8 +22,9 @@ def test_prefill_layout_right_aligns_cached_prefix_and_new_tokens():
 
 
 def test_holes_between_a_short_prefix_and_its_new_tokens():
-    _, mask, pos, _, _ = prefill_inputs([[1, 2, 3], [4, 5, 6, 7]], [1, 3], [cache(1, 1, 1, 2, 0), cache(1, 1, 3, 2, 0)],
-                                        1, 1, 2, np.float32)
+    _, mask, pos, _, _ = prefill_inputs(
+        [[1, 2, 3], [4, 5, 6, 7]], [1, 3], [cache(1, 1, 1, 2, 0), cache(1, 1, 3, 2, 0)], 1, 1, 2, np.float32
+    )
     # row 1: three cached tokens, a masked hole, then its one new token
     assert mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 0, 1]]
     assert pos.tolist() == [[1, 2], [0, 3]]

@@ -23,18 +23,23 @@ def test_third_party_output_goes_to_the_log_and_own_lines_to_the_terminal(tmp_pa
         out.line("one line for the user")
         print("a library's print")
         os.write(2, b"C++ writes to fd 2\n")
-        warnings.warn("a library's warning")
+        warnings.warn("a library's warning", stacklevel=1)
         logging.getLogger("somelib").info("detail")
         with out.bar(3, "work") as bar:
             bar.update(3)
     terminal = capfd.readouterr()
     assert terminal.out == "[demo] one line for the user\n" and terminal.err == ""
     text = log.read_text()
-    for expected in ("a library's print", "C++ writes to fd 2", "a library's warning", "detail",
-                     "one line for the user"):
+    for expected in (
+        "a library's print",
+        "C++ writes to fd 2",
+        "a library's warning",
+        "detail",
+        "one line for the user",
+    ):
         assert expected in text
     print("after the step")
-    assert capfd.readouterr().out == "after the step\n"   # file descriptors restored
+    assert capfd.readouterr().out == "after the step\n"  # file descriptors restored
 
 
 def test_a_failure_shows_the_end_of_the_log_its_path_and_the_error(tmp_path, capfd):
@@ -55,7 +60,7 @@ def test_an_unexpected_error_ends_the_step_with_its_traceback_in_the_log(tmp_pat
         with console.step("demo", log):
             raise ValueError("bad shape")
     assert "Traceback" in log.read_text()
-    assert "Traceback" in capfd.readouterr().out   # in the tail shown on the terminal
+    assert "Traceback" in capfd.readouterr().out  # in the tail shown on the terminal
 
 
 def test_success_exits_through_the_step(tmp_path):

@@ -1,4 +1,5 @@
-from switchboard.detok import IncrementalDetokenizer
+from switchboard.serving.detok import IncrementalDetokenizer
+
 
 # A byte-level vocabulary: every id is one byte, so Chinese characters span three ids.
 def decode(ids):

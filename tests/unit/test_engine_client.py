@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from switchboard.engine_client import EngineStream, EngineStreamError, build_request, parse_response
+from switchboard.serving.engine_client import EngineStream, EngineStreamError, build_request, parse_response
 
 
 def _echo(request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInferResponse:
@@ -17,8 +17,11 @@ def _echo(request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInfe
 
 def test_tensors_survive_the_round_trip():
     kv = np.arange(2 * 3 * 2 * 4 * 5, dtype=np.float32).reshape(1, 2, 3, 2, 4, 5)
-    inputs = {"input_ids": np.asarray([[5, 7, 11]], np.int32), "past_kv": kv,
-              "stats": np.asarray([['{"reason": "stop"}'.encode()]], np.object_)}
+    inputs = {
+        "input_ids": np.asarray([[5, 7, 11]], np.int32),
+        "past_kv": kv,
+        "stats": np.asarray([['{"reason": "stop"}'.encode()]], np.object_),
+    }
     request = build_request("engine_short", inputs, ["token_ids", "kv", "stats"])
     assert request.model_name == "engine_short"
     assert [o.name for o in request.outputs] == ["token_ids", "kv", "stats"]
@@ -29,8 +32,14 @@ def test_tensors_survive_the_round_trip():
 
 
 def test_parameters_priority_and_timeout():
-    request = build_request("engine_long", {}, [], {"chat_priority": 1, "return_kv": True, "fingerprint": "ab",
-                                                   "top": 0.5}, priority=1, timeout_us=10_000_000)
+    request = build_request(
+        "engine_long",
+        {},
+        [],
+        {"chat_priority": 1, "return_kv": True, "fingerprint": "ab", "top": 0.5},
+        priority=1,
+        timeout_us=10_000_000,
+    )
     p = request.parameters
     assert p["chat_priority"].int64_param == 1 and p["return_kv"].bool_param is True
     assert p["fingerprint"].string_param == "ab" and p["top"].double_param == 0.5

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from switchboard.corpus import CORPUS_DIR
-from switchboard.fallback import DEFAULT_ANSWER, FaqFallback
+from switchboard.serving.fallback import DEFAULT_ANSWER, FaqFallback
+from switchboard.training.corpus import CORPUS_DIR
 
 
 @pytest.fixture(scope="module")
@@ -13,13 +13,16 @@ def faq():
     return FaqFallback.from_file(CORPUS_DIR / "faq.jsonl")
 
 
-@pytest.mark.parametrize("question, entry", [
-    ("Where is my order?", "en-order-status"),
-    ("wheres my stuff", "en-order-status"),
-    ("How do I return a damaged item?", "en-return-damaged"),
-    ("我的订单什么时候发货？", "zh-ship-when"),
-    ("退款多久到账", "zh-refund-time"),
-])
+@pytest.mark.parametrize(
+    "question, entry",
+    [
+        ("Where is my order?", "en-order-status"),
+        ("wheres my stuff", "en-order-status"),
+        ("How do I return a damaged item?", "en-return-damaged"),
+        ("我的订单什么时候发货？", "zh-ship-when"),
+        ("退款多久到账", "zh-refund-time"),
+    ],
+)
 def test_known_questions_get_their_faq_answer(faq, question, entry):
     assert faq.answer(question).entry_id == entry
 
@@ -55,7 +58,7 @@ def test_the_index_finds_what_scoring_every_question_finds(faq):
     """The inverted index is an optimization: same entry and score as cosine against every question."""
     import json
 
-    from switchboard.fallback import features
+    from switchboard.serving.fallback import features
 
     rows = [json.loads(line) for line in (CORPUS_DIR / "faq.jsonl").read_text().splitlines() if line.strip()]
     questions = [(r, faq._vector(features(q))) for r in rows for q in r["questions"]]

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from switchboard import kvcodec
-from switchboard.kvcodec import CacheEntryRejected, KVEntry
+from switchboard.serving import kvcodec
+from switchboard.serving.kvcodec import CacheEntryRejected, KVEntry
 
 SHAPE = (2, 2, 3, 4)  # layers, k/v, heads, head_dim
 
@@ -24,13 +24,16 @@ def test_round_trip():
     np.testing.assert_array_equal(out.kv, e.kv)
 
 
-@pytest.mark.parametrize("mangle, reason", [
-    (lambda b: b[:-7], "digest|size"),
-    (lambda b: b[:20], "truncated|unreadable"),
-    (lambda b: b[:-1] + bytes([b[-1] ^ 1]), "digest"),
-    (lambda b: b"\x80\x04pickle", "not a Switchboard"),
-    (lambda b: b"", "not a Switchboard"),
-])
+@pytest.mark.parametrize(
+    "mangle, reason",
+    [
+        (lambda b: b[:-7], "digest|size"),
+        (lambda b: b[:20], "truncated|unreadable"),
+        (lambda b: b[:-1] + bytes([b[-1] ^ 1]), "digest"),
+        (lambda b: b"\x80\x04pickle", "not a Switchboard"),
+        (lambda b: b"", "not a Switchboard"),
+    ],
+)
 def test_corrupted_entries_are_rejected(mangle, reason):
     with pytest.raises(CacheEntryRejected, match=reason):
         decode(mangle(kvcodec.encode(entry(), "fp-a")))
@@ -53,15 +56,18 @@ def _forge(meta_or_header: bytes) -> bytes:
     return kvcodec.MAGIC + kvcodec._LEN.pack(len(meta_or_header)) + meta_or_header
 
 
-@pytest.mark.parametrize("blob", [
-    _forge(b"[1, 2, 3]"),                                  # header is not an object
-    _forge(b'{"meta": "[1]", "digest": "00"}'),            # meta is not an object
-    _forge(b'{"meta": 5, "digest": "00"}'),
-    _forge(b"[" * 50000 + b"]" * 50000),                    # nesting deep enough to recurse
-    _forge(b'{"meta": "{\\"fingerprint\\": \\"fp-a\\"}", "digest": 7}'),
-    b"",
-    kvcodec.MAGIC + b"\xff\xff\xff\xff",
-])
+@pytest.mark.parametrize(
+    "blob",
+    [
+        _forge(b"[1, 2, 3]"),  # header is not an object
+        _forge(b'{"meta": "[1]", "digest": "00"}'),  # meta is not an object
+        _forge(b'{"meta": 5, "digest": "00"}'),
+        _forge(b"[" * 50000 + b"]" * 50000),  # nesting deep enough to recurse
+        _forge(b'{"meta": "{\\"fingerprint\\": \\"fp-a\\"}", "digest": 7}'),
+        b"",
+        kvcodec.MAGIC + b"\xff\xff\xff\xff",
+    ],
+)
 def test_malformed_entries_are_rejected_not_crashes(blob):
     with pytest.raises(CacheEntryRejected):
         decode(blob)

@@ -1,6 +1,6 @@
 import pytest
 
-from switchboard.params import ConfigError, Params
+from switchboard.triton.params import ConfigError, Params
 
 
 def cfg(**kv):
@@ -15,12 +15,15 @@ def test_typed_reads_and_env_override(monkeypatch):
     assert p.int("n", 1) == 7
 
 
-@pytest.mark.parametrize("kv, call", [
-    ({"n": "four"}, lambda p: p.int("n", 1)),
-    ({"n": "0"}, lambda p: p.int("n", 1, lo=1)),
-    ({"b": "maybe"}, lambda p: p.bool("b", False)),
-    ({"f": "nan"}, lambda p: p.float("f", 1.0)),
-])
+@pytest.mark.parametrize(
+    "kv, call",
+    [
+        ({"n": "four"}, lambda p: p.int("n", 1)),
+        ({"n": "0"}, lambda p: p.int("n", 1, lo=1)),
+        ({"b": "maybe"}, lambda p: p.bool("b", False)),
+        ({"f": "nan"}, lambda p: p.float("f", 1.0)),
+    ],
+)
 def test_bad_values_name_the_field(kv, call):
     with pytest.raises(ConfigError, match=f"parameter '{next(iter(kv))}'"):
         call(Params(cfg(**kv)))

@@ -3,7 +3,7 @@ straight back out (CI once started Triton's HTTP endpoint on the port it had giv
 
 import socket
 
-from switchboard import launch
+from switchboard.ops import launch
 
 
 class _ReusingSocket:

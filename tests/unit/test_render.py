@@ -6,12 +6,22 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from switchboard.artifact.manifest import Manifest
 from switchboard.export.render import TARGETS, render
-from switchboard.manifest import Manifest
+from switchboard.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-MANIFEST = Manifest(name="tiny", fingerprint="fp", num_layers=2, num_kv_heads=2, head_dim=8, vocab_size=100,
-                    context_window=64, eos_token_ids=[1], end_of_turn_id=1, system_prompt=None)
+MANIFEST = Manifest(
+    name="tiny",
+    fingerprint="fp",
+    num_layers=2,
+    num_kv_heads=2,
+    head_dim=8,
+    vocab_size=100,
+    context_window=64,
+    eos_token_ids=[1],
+    end_of_turn_id=1,
+    system_prompt=None,
+)
 
 
 def parse(path: Path) -> model_config_pb2.ModelConfig:
@@ -25,9 +35,14 @@ def params(cfg) -> dict[str, str]:
 def test_local_rendering_is_the_committed_repository(tmp_path):
     render("local", tmp_path)
     rendered = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
-    assert [str(p) for p in rendered] == ["chat/1/model.py", "chat/config.pbtxt", "engine_long/1/model.py",
-                                          "engine_long/config.pbtxt", "engine_short/1/model.py",
-                                          "engine_short/config.pbtxt"]
+    assert [str(p) for p in rendered] == [
+        "chat/1/model.py",
+        "chat/config.pbtxt",
+        "engine_long/1/model.py",
+        "engine_long/config.pbtxt",
+        "engine_short/1/model.py",
+        "engine_short/config.pbtxt",
+    ]
     for rel in rendered:
         assert (tmp_path / rel).read_text() == (ROOT / "model_repository" / rel).read_text(), rel
 

@@ -4,7 +4,9 @@ import re
 import numpy as np
 import pytest
 
-from switchboard.request import Limits, RequestError, Router, longest_common_prefix, parse_chat_request
+from switchboard.serving.request import Limits, RequestError, parse_chat_request
+from switchboard.serving.router import Router
+from switchboard.serving.session import longest_common_prefix
 
 LIMITS = Limits()
 
@@ -19,39 +21,53 @@ def parse(params=None, **inputs):
 
 def test_defaults():
     r = parse(text=b("Where is my order?".encode()))
-    assert (r.text, r.session_id, r.max_new_tokens, r.temperature, r.top_p, r.priority) == \
-        ("Where is my order?", None, LIMITS.default_max_new_tokens, 0.0, 1.0, 2)
+    assert (r.text, r.session_id, r.max_new_tokens, r.temperature, r.top_p, r.priority) == (
+        "Where is my order?",
+        None,
+        LIMITS.default_max_new_tokens,
+        0.0,
+        1.0,
+        2,
+    )
 
 
 def test_all_fields():
-    r = parse({"chat_priority": 1, "seed": 7}, text=b("你好".encode()), session_id=b(b"s-1"),
-              max_new_tokens=np.asarray([[12]], np.int32), temperature=np.asarray([[0.7]], np.float32),
-              top_p=np.asarray([[0.9]], np.float32))
+    r = parse(
+        {"chat_priority": 1, "seed": 7},
+        text=b("你好".encode()),
+        session_id=b(b"s-1"),
+        max_new_tokens=np.asarray([[12]], np.int32),
+        temperature=np.asarray([[0.7]], np.float32),
+        top_p=np.asarray([[0.9]], np.float32),
+    )
     assert (r.text, r.session_id, r.max_new_tokens, r.priority, r.seed) == ("你好", "s-1", 12, 1, 7)
     assert math.isclose(r.temperature, 0.7, rel_tol=1e-6)
 
 
-@pytest.mark.parametrize("inputs, params, message", [
-    ({}, {}, "text: required"),
-    ({"text": b(b"")}, {}, "text: empty"),
-    ({"text": b(b"   \n\t")}, {}, "text: empty"),
-    ({"text": b(b"\xff\xfe")}, {}, "not valid UTF-8"),
-    ({"text": b(b"hi\x00there")}, {}, "control character U+0000"),
-    ({"text": b(b"x" * 20000)}, {}, "over the limit"),
-    ({"text": np.asarray([[b"a"], [b"b"]], np.object_)}, {}, "exactly one value"),
-    ({"text": b(b"hi"), "session_id": b(b"")}, {}, "session_id: empty"),
-    ({"text": b(b"hi"), "session_id": b(b"s" * 300)}, {}, "session_id: 300 bytes"),
-    ({"text": b(b"hi"), "max_new_tokens": np.asarray([[-1]], np.int32)}, {}, "max_new_tokens: -1"),
-    ({"text": b(b"hi"), "max_new_tokens": np.asarray([[0]], np.int32)}, {}, "max_new_tokens: 0"),
-    ({"text": b(b"hi"), "max_new_tokens": np.asarray([[100000]], np.int32)}, {}, "max_new_tokens: 100000"),
-    ({"text": b(b"hi"), "temperature": np.asarray([[np.nan]], np.float32)}, {}, "temperature"),
-    ({"text": b(b"hi"), "temperature": np.asarray([[-1]], np.float32)}, {}, "temperature"),
-    ({"text": b(b"hi"), "top_p": np.asarray([[0]], np.float32)}, {}, "top_p"),
-    ({"text": b(b"hi"), "top_p": np.asarray([[np.inf]], np.float32)}, {}, "top_p"),
-    ({"text": b(b"hi")}, {"chat_priority": 3}, "chat_priority: 3"),
-    ({"text": b(b"hi")}, {"chat_priority": "high"}, "chat_priority"),
-    ({"text": b(b"hi")}, {"chat_priority": True}, "chat_priority"),
-])
+@pytest.mark.parametrize(
+    "inputs, params, message",
+    [
+        ({}, {}, "text: required"),
+        ({"text": b(b"")}, {}, "text: empty"),
+        ({"text": b(b"   \n\t")}, {}, "text: empty"),
+        ({"text": b(b"\xff\xfe")}, {}, "not valid UTF-8"),
+        ({"text": b(b"hi\x00there")}, {}, "control character U+0000"),
+        ({"text": b(b"x" * 20000)}, {}, "over the limit"),
+        ({"text": np.asarray([[b"a"], [b"b"]], np.object_)}, {}, "exactly one value"),
+        ({"text": b(b"hi"), "session_id": b(b"")}, {}, "session_id: empty"),
+        ({"text": b(b"hi"), "session_id": b(b"s" * 300)}, {}, "session_id: 300 bytes"),
+        ({"text": b(b"hi"), "max_new_tokens": np.asarray([[-1]], np.int32)}, {}, "max_new_tokens: -1"),
+        ({"text": b(b"hi"), "max_new_tokens": np.asarray([[0]], np.int32)}, {}, "max_new_tokens: 0"),
+        ({"text": b(b"hi"), "max_new_tokens": np.asarray([[100000]], np.int32)}, {}, "max_new_tokens: 100000"),
+        ({"text": b(b"hi"), "temperature": np.asarray([[np.nan]], np.float32)}, {}, "temperature"),
+        ({"text": b(b"hi"), "temperature": np.asarray([[-1]], np.float32)}, {}, "temperature"),
+        ({"text": b(b"hi"), "top_p": np.asarray([[0]], np.float32)}, {}, "top_p"),
+        ({"text": b(b"hi"), "top_p": np.asarray([[np.inf]], np.float32)}, {}, "top_p"),
+        ({"text": b(b"hi")}, {"chat_priority": 3}, "chat_priority: 3"),
+        ({"text": b(b"hi")}, {"chat_priority": "high"}, "chat_priority"),
+        ({"text": b(b"hi")}, {"chat_priority": True}, "chat_priority"),
+    ],
+)
 def test_rejects(inputs, params, message):
     with pytest.raises(RequestError, match=re.escape(message)):
         parse(params, **inputs)

@@ -8,11 +8,16 @@ from tritonclient.utils import InferenceServerException
 from switchboard.client.sdk import ChatError, error_of, parse_response
 
 
-@pytest.mark.parametrize("message", [
-    "Exceeds maximum queue size", "Request timeout expired",
-    # seen from 2.51 while the supervisor restarts it
-    "[request id: 22174-97] Server is stopping, scheduler for model has stopped accepting new inference requests",
-    "Request for unknown model: 'chat' has no available versions"])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Exceeds maximum queue size",
+        "Request timeout expired",
+        # seen from 2.51 while the supervisor restarts it
+        "[request id: 22174-97] Server is stopping, scheduler for model has stopped accepting new inference requests",
+        "Request for unknown model: 'chat' has no available versions",
+    ],
+)
 def test_a_refusal_by_tritons_queue_or_a_restarting_server_is_unavailable(message):
     assert error_of(InferenceServerException(message)) == ("UNAVAILABLE", message)
 

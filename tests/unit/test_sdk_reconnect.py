@@ -13,7 +13,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from switchboard.client import ChatClient
-from switchboard.client.sdk import channel_args
+from switchboard.wire import channel_args
 
 
 class Ready(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -36,7 +36,7 @@ def test_clients_reach_a_server_that_came_back_within_a_second():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         url = f"127.0.0.1:{s.getsockname()[1]}"
-    old = grpc.insecure_channel(url, options=channel_args())   # the load this process sent meanwhile
+    old = grpc.insecure_channel(url, options=channel_args())  # the load this process sent meanwhile
     t0 = time.monotonic()
     while time.monotonic() - t0 < 6:
         assert not ready_now(old)

@@ -8,13 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from switchboard.prompt import Conversation
-from switchboard.session import SessionStore, StoreConfig, session_key
+from switchboard.serving.prompt import Conversation
+from switchboard.serving.session import SessionStore, StoreConfig, session_key
 
 
 def store(secret=b"s3cret", fingerprint="fp-a"):
-    return SessionStore(StoreConfig(url="redis://127.0.0.1:1/0", secret=secret), fingerprint, (1, 2, 1, 4),
-                        np.float32)
+    return SessionStore(StoreConfig(url="redis://127.0.0.1:1/0", secret=secret), fingerprint, (1, 2, 1, 4), np.float32)
 
 
 def blob(s: SessionStore, conversation: Conversation) -> bytes:
@@ -31,12 +30,15 @@ def test_round_trip():
     assert out.messages == CONV.messages and out.tokens == CONV.tokens
 
 
-@pytest.mark.parametrize("mangle, reason", [
-    (lambda d: {**d, "tokens": d["tokens"] + [4]}, "digest"),
-    (lambda d: {**d, "messages": d["messages"][:1]}, "digest"),
-    (lambda d: {k: v for k, v in d.items() if k != "digest"}, "digest"),
-    (lambda d: {**d, "fingerprint": "fp-other"}, "another model"),
-])
+@pytest.mark.parametrize(
+    "mangle, reason",
+    [
+        (lambda d: {**d, "tokens": d["tokens"] + [4]}, "digest"),
+        (lambda d: {**d, "messages": d["messages"][:1]}, "digest"),
+        (lambda d: {k: v for k, v in d.items() if k != "digest"}, "digest"),
+        (lambda d: {**d, "fingerprint": "fp-other"}, "another model"),
+    ],
+)
 def test_tampered_entries_are_rejected(mangle, reason):
     s = store()
     data = json.loads(blob(s, CONV))

@@ -1,6 +1,6 @@
 import pytest
 
-from switchboard.status import tag, untag
+from switchboard.wire import tag, untag
 
 
 def test_a_tagged_message_gives_back_the_grpc_name_and_the_plain_message():
@@ -8,12 +8,15 @@ def test_a_tagged_message_gives_back_the_grpc_name_and_the_plain_message():
     assert untag(tag("UNAVAILABLE", "engine_short: stalled")) == ("UNAVAILABLE", "engine_short: stalled")
 
 
-@pytest.mark.parametrize("message", [
-    "[request id: <id_unknown>] inference input 'text' data-type is 'INT32', but model 'chat' expects 'BYTES'",
-    "text: empty message",
-    "[NOT_A_CODE] x",
-    " [INVALID_ARG] not at the head",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "[request id: <id_unknown>] inference input 'text' data-type is 'INT32', but model 'chat' expects 'BYTES'",
+        "text: empty message",
+        "[NOT_A_CODE] x",
+        " [INVALID_ARG] not at the head",
+    ],
+)
 def test_messages_without_a_known_tag_at_the_head_have_no_code(message):
     assert untag(message) == (None, message)
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from switchboard.launch import _stop
+from switchboard.ops.launch import _stop
 
 IGNORES_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
 

@@ -1,6 +1,6 @@
 import threading
 
-from switchboard.supervisor import Supervisor
+from switchboard.ops.supervisor import Supervisor
 
 
 class FakeProc:

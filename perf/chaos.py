@@ -1,4 +1,4 @@
-"""Faults and overload against a private stack: ``python -m switchboard.chaos``.
+"""Faults and overload against a private stack: ``python -m switchboard.perf.chaos``.
 
 Starts redis-server and tritonserver on free ports and runs, in order:
 1. baseline: priority-1 latency of single chats on an idle server;
@@ -8,7 +8,7 @@ Starts redis-server and tritonserver on free ports and runs, in order:
    priority 1 under the burst is compared with;
 3. Redis stopped for 5 s under load, then restarted (time until KV reuse resumes);
 4. Redis paused (``CLIENT PAUSE`` 3 s) under load;
-5. the ``engine_short`` stub killed with chats in flight, under ``switchboard.supervisor``
+5. the ``engine_short`` stub killed with chats in flight, under ``switchboard.ops.supervisor``
    (Triton 2.51 never restarts the stub and sometimes aborts): time until chats are generated
    again.
 Prints a markdown summary and writes it to ``build/chaos/summary.md``.
@@ -27,11 +27,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from switchboard import paths
 from switchboard.client import AsyncChatClient, ChatClient
-from switchboard.corpus import load, sample_questions
-from switchboard.launch import ROOT, Ports, Stack, children
-from switchboard.loadtools import ms, percentile, table, timed_chat, timed_chat_async, write_summary
-from switchboard.supervisor import Supervisor, probe
+from switchboard.ops.launch import Ports, Stack, children
+from switchboard.ops.supervisor import Supervisor, probe
+from switchboard.perf.loadtools import ms, percentile, table, timed_chat, timed_chat_async, write_summary
+from switchboard.training.corpus import load, sample_questions
 
 
 def log(msg: str) -> None:
@@ -45,8 +46,12 @@ def closed_loop(client, questions, seconds: float, workers: int, session_prefix:
         i = 0
         while not stop.is_set():
             sid = f"{session_prefix}-{n}-{i // 3}" if session_prefix else None
-            out.append((time.monotonic(), timed_chat(client, questions[(n * 31 + i) % len(questions)],
-                                                     session_id=sid, max_new_tokens=32)))
+            out.append(
+                (
+                    time.monotonic(),
+                    timed_chat(client, questions[(n * 31 + i) % len(questions)], session_id=sid, max_new_tokens=32),
+                )
+            )
             i += 1
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(workers)]
@@ -101,10 +106,17 @@ def burst_row(label: str, results, sent: int) -> list:
     # UNAVAILABLE), an immediate answer the client can retry on.
     refused = sum(not o.ok and o.reason == "UNAVAILABLE" for o in results)
     errs = Counter(o.reason for o in results if not o.ok and o.reason != "UNAVAILABLE")
-    return [label, sent, sum(o.ok and not o.fallback for o in results), sum(fb.values()), refused,
-            sum(errs.values()), sum(o.seconds > 30 for o in results),
-            f"priority-1 generated P50 {ms(percentile(vip, 50))}, P95 {ms(percentile(vip, 95))}, "
-            f"TTFT {ttft(vip_outcomes)}; fallback {dict(fb)}; errors {dict(errs)}"]
+    return [
+        label,
+        sent,
+        sum(o.ok and not o.fallback for o in results),
+        sum(fb.values()),
+        refused,
+        sum(errs.values()),
+        sum(o.seconds > 30 for o in results),
+        f"priority-1 generated P50 {ms(percentile(vip, 50))}, P95 {ms(percentile(vip, 95))}, "
+        f"TTFT {ttft(vip_outcomes)}; fallback {dict(fb)}; errors {dict(errs)}",
+    ]
 
 
 def ttft(outcomes) -> str:
@@ -114,11 +126,13 @@ def ttft(outcomes) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.chaos", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.perf.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--burst-s", type=float, default=30.0, help="length of the 5x burst (default 30)")
     p.add_argument("--factor", type=float, default=5.0, help="burst rate as a multiple of capacity (default 5)")
-    p.add_argument("--vip-share", type=float, default=0.05, help="share of priority-1 chats in the burst (default 0.05)")
-    p.add_argument("--out", type=Path, default=ROOT / "build" / "chaos")
+    p.add_argument(
+        "--vip-share", type=float, default=0.05, help="share of priority-1 chats in the burst (default 0.05)"
+    )
+    p.add_argument("--out", type=Path, default=paths.BUILD / "chaos")
     args = p.parse_args(argv)
 
     questions = sample_questions(load(), 400, seed=7)
@@ -132,8 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         log("1/5 baseline: 20 priority-1 chats, one at a time")
         base = [timed_chat(client, questions[i], priority=1, max_new_tokens=48) for i in range(20)]
         base_p50, base_p95 = percentile([o.seconds for o in base], 50), percentile([o.seconds for o in base], 95)
-        rows.append(["baseline (idle, priority 1)", len(base), sum(o.ok for o in base), 0, "-", 0, 0,
-                     f"P50 {ms(base_p50)}, P95 {ms(base_p95)}; TTFT {ttft(base)}"])
+        rows.append(
+            [
+                "baseline (idle, priority 1)",
+                len(base),
+                sum(o.ok for o in base),
+                0,
+                "-",
+                0,
+                0,
+                f"P50 {ms(base_p50)}, P95 {ms(base_p95)}; TTFT {ttft(base)}",
+            ]
+        )
 
         log("2/5 capacity at concurrency 4 for 8 s")
         done, stop, threads = closed_loop(client, questions, 8, 4)
@@ -142,19 +166,28 @@ def main(argv: list[str] | None = None) -> int:
         capacity = sum(o.ok and not o.fallback for _, o in done) / 8
         rate = args.factor * capacity
         vip_rate = args.vip_share * rate
-        log(f"capacity {capacity:.1f} chats/s; priority 1 alone at {vip_rate:.1f}/s, then the burst at "
-            f"{rate:.0f}/s, {args.burst_s:.0f} s each")
+        log(
+            f"capacity {capacity:.1f} chats/s; priority 1 alone at {vip_rate:.1f}/s, then the burst at "
+            f"{rate:.0f}/s, {args.burst_s:.0f} s each"
+        )
         # The reference for priority 1 under the burst: the same priority-1 arrivals without the
         # priority-2 traffic, so the table separates what priority 2 costs priority 1 from what
         # priority 1's own load costs.
         results, sent = burst(stack.grpc_url, questions, vip_rate, args.burst_s, 1.0)
         rows.append(burst_row(f"priority 1 alone ({vip_rate:.1f}/s, {args.burst_s:.0f} s)", results, sent))
         results, sent = burst(stack.grpc_url, questions, rate, args.burst_s, args.vip_share)
-        rows.append(burst_row(f"burst {args.factor:g}x ({rate:.0f}/s, {args.burst_s:.0f} s, "
-                              f"{args.vip_share:.0%} priority 1)", results, sent))
+        rows.append(
+            burst_row(
+                f"burst {args.factor:g}x ({rate:.0f}/s, {args.burst_s:.0f} s, {args.vip_share:.0%} priority 1)",
+                results,
+                sent,
+            )
+        )
         backlog = max((o.backlog for o in results), default=0.0)
-        notes.append(f"Burst: the load generator (one asyncio thread on the same cores) started requests up to "
-                     f"{backlog:.1f} s late; latencies are measured from the actual send.")
+        notes.append(
+            f"Burst: the load generator (one asyncio thread on the same cores) started requests up to "
+            f"{backlog:.1f} s late; latencies are measured from the actual send."
+        )
 
         log("3/5 Redis stopped for 5 s under load")
         done, stop, threads = closed_loop(client, questions, 0, 3, session_prefix="outage")
@@ -173,10 +206,20 @@ def main(argv: list[str] | None = None) -> int:
         finish(stop, threads)
         outs = [o for _, o in done]
         sessions = Counter(o.stats.get("session") for o in outs)
-        rows.append(["Redis stopped 5 s", len(outs), sum(o.ok and not o.fallback for o in outs), sum(o.fallback for o in outs),
-                     "-", sum(not o.ok for o in outs), 0,
-                     f"sessions {dict(sessions)}; reuse resumed {resumed:.1f} s after restart" if resumed
-                     else f"sessions {dict(sessions)}; reuse did NOT resume within 30 s"])
+        rows.append(
+            [
+                "Redis stopped 5 s",
+                len(outs),
+                sum(o.ok and not o.fallback for o in outs),
+                sum(o.fallback for o in outs),
+                "-",
+                sum(not o.ok for o in outs),
+                0,
+                f"sessions {dict(sessions)}; reuse resumed {resumed:.1f} s after restart"
+                if resumed
+                else f"sessions {dict(sessions)}; reuse did NOT resume within 30 s",
+            ]
+        )
 
         log("4/5 Redis paused 3 s under load")
         done, stop, threads = closed_loop(client, questions, 0, 3, session_prefix="paused")
@@ -190,9 +233,18 @@ def main(argv: list[str] | None = None) -> int:
         finish(stop, threads)
         during = [o for t, o in done if t_pause <= t <= t_pause + 3]
         outs = [o for _, o in done]
-        rows.append(["Redis paused 3 s", len(outs), sum(o.ok and not o.fallback for o in outs), sum(o.fallback for o in outs),
-                     "-", sum(not o.ok for o in outs), 0,
-                     f"slowest chat finishing during the pause {ms(max((o.seconds for o in during), default=None))}"])
+        rows.append(
+            [
+                "Redis paused 3 s",
+                len(outs),
+                sum(o.ok and not o.fallback for o in outs),
+                sum(o.fallback for o in outs),
+                "-",
+                sum(not o.ok for o in outs),
+                0,
+                f"slowest chat finishing during the pause {ms(max((o.seconds for o in during), default=None))}",
+            ]
+        )
 
         log("5/5 engine_short stub killed with chats in flight, under the supervisor")
         supervisor = Supervisor(stack, lambda: probe(stack.grpc_url, 10), interval_s=1, failures_to_restart=2)
@@ -206,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         while recovered is None and time.monotonic() - t_kill < 120:
             time.sleep(0.5)
             if supervisor.restarted_at is not None:
-                back = [t + o.seconds for t, o in list(done)
-                        if t >= supervisor.restarted_at and o.ok and not o.fallback]
+                back = [
+                    t + o.seconds for t, o in list(done) if t >= supervisor.restarted_at and o.ok and not o.fallback
+                ]
                 recovered = min(back) - t_kill if back else None
         time.sleep(2)
         finish(stop, threads)
@@ -215,16 +268,26 @@ def main(argv: list[str] | None = None) -> int:
         supervised.join(60)
         outs = [o for t, o in done if t >= t_kill]
         if recovered is not None:
-            notes.append(f"Stub kill: the supervisor restarted tritonserver ({supervisor.last_failure}); chats were "
-                         f"generated again {recovered:.1f} s after the kill.")
+            notes.append(
+                f"Stub kill: the supervisor restarted tritonserver ({supervisor.last_failure}); chats were "
+                f"generated again {recovered:.1f} s after the kill."
+            )
         else:
             notes.append("Stub kill: chats were NOT generated again within 120 s.")
-        rows.append(["engine_short stub killed, supervised (chats after the kill)", len(outs),
-                     sum(o.ok and not o.fallback for o in outs), sum(o.fallback for o in outs),
-                     "-", sum(not o.ok for o in outs), sum(o.seconds > 30 for o in outs),
-                     f"slowest {ms(max((o.seconds for o in outs), default=None))}; generated again after "
-                     + (f"{recovered:.1f} s" if recovered is not None else "NEVER")
-                     + f"; errors {dict(Counter(o.reason for o in outs if not o.ok))}"])
+        rows.append(
+            [
+                "engine_short stub killed, supervised (chats after the kill)",
+                len(outs),
+                sum(o.ok and not o.fallback for o in outs),
+                sum(o.fallback for o in outs),
+                "-",
+                sum(not o.ok for o in outs),
+                sum(o.seconds > 30 for o in outs),
+                f"slowest {ms(max((o.seconds for o in outs), default=None))}; generated again after "
+                + (f"{recovered:.1f} s" if recovered is not None else "NEVER")
+                + f"; errors {dict(Counter(o.reason for o in outs if not o.ok))}",
+            ]
+        )
     finally:
         sup_stop.set()
         for proc in (stack.triton, stack.redis):  # a killed stub blocks a clean shutdown for 30 s

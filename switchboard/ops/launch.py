@@ -1,7 +1,7 @@
-"""Start and stop the stack: ``python -m switchboard.launch up|down|status``.
+"""Start and stop the stack: ``python -m switchboard.ops.launch up|down|status``.
 
 ``up`` starts a private redis-server and tritonserver (the pytriton build, Python backend)
-in the background under ``switchboard.supervisor`` (which restarts tritonserver when it dies or
+in the background under ``switchboard.ops.supervisor`` (which restarts tritonserver when it dies or
 stops answering), waits until every model is READY and records the supervisor's pid under the
 run directory; ``down`` stops exactly what ``up`` started. The same ``Stack`` class starts
 servers on free ports for the integration tests.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
+from switchboard import paths
 
 
 def jemalloc(env: dict[str, str]) -> str | None:
@@ -75,10 +75,10 @@ class Ports:
 @dataclass
 class Stack:
     ports: Ports = field(default_factory=Ports)
-    repository: Path = ROOT / "model_repository"
-    run_dir: Path = ROOT / "build" / "run"
-    backends: Path = ROOT / "build" / "triton" / "backends"
-    env: dict[str, str] = field(default_factory=dict)   # extra SWITCHBOARD_* overrides
+    repository: Path = paths.MODEL_REPOSITORY
+    run_dir: Path = paths.RUN
+    backends: Path = paths.BUILD / "triton" / "backends"
+    env: dict[str, str] = field(default_factory=dict)  # extra SWITCHBOARD_* overrides
     redis: subprocess.Popen | None = None
     triton: subprocess.Popen | None = None
 
@@ -95,11 +95,27 @@ class Stack:
         if port_open(self.ports.redis):
             raise SystemExit(f"port {self.ports.redis} is in use: set REDIS_PORT or stop what listens there")
         self.redis = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(self.ports.redis), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--daemonize", "no", "--maxmemory", "512mb",
-             "--maxmemory-policy", "volatile-lru"],
-            stdout=open(self.run_dir / f"redis-{self.ports.redis}.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True)
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(self.ports.redis),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--maxmemory",
+                "512mb",
+                "--maxmemory-policy",
+                "volatile-lru",
+            ],
+            stdout=open(self.run_dir / f"redis-{self.ports.redis}.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         _wait(lambda: port_open(self.ports.redis), 10, "redis-server", self.redis)
 
     def stop_redis(self) -> None:
@@ -107,7 +123,7 @@ class Stack:
         self.redis = None
 
     def start_triton(self, timeout: float = 180) -> None:
-        from switchboard.triton.install_backend import install, server_binary, server_library_dir
+        from switchboard.ops.install_backend import install, server_binary, server_library_dir
 
         install(self.backends)
         for p in (self.ports.http, self.ports.grpc, self.ports.metrics):
@@ -125,19 +141,37 @@ class Stack:
         preload = jemalloc(env)
         if preload:
             env["LD_PRELOAD"] = " ".join(filter(None, (preload, env.get("LD_PRELOAD"))))
-        cmd = [str(server_binary()), "--model-repository", str(self.repository),
-               "--backend-directory", str(self.backends),
-               "--http-port", str(self.ports.http), "--grpc-port", str(self.ports.grpc),
-               "--metrics-port", str(self.ports.metrics),
-               # Models are loaded at start-up only; no load/unload API at run time.
-               "--model-control-mode", "none", "--exit-on-error", "true", "--strict-readiness", "true",
-               "--backend-config", "python,shm-default-byte-size=16777216",
-               "--backend-config", "python,shm-growth-byte-size=16777216",
-               "--log-verbose", "0"]
+        cmd = [
+            str(server_binary()),
+            "--model-repository",
+            str(self.repository),
+            "--backend-directory",
+            str(self.backends),
+            "--http-port",
+            str(self.ports.http),
+            "--grpc-port",
+            str(self.ports.grpc),
+            "--metrics-port",
+            str(self.ports.metrics),
+            # Models are loaded at start-up only; no load/unload API at run time.
+            "--model-control-mode",
+            "none",
+            "--exit-on-error",
+            "true",
+            "--strict-readiness",
+            "true",
+            "--backend-config",
+            "python,shm-default-byte-size=16777216",
+            "--backend-config",
+            "python,shm-growth-byte-size=16777216",
+            "--log-verbose",
+            "0",
+        ]
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.triton_log = self.run_dir / f"tritonserver-{self.ports.grpc}.log"
-        self.triton = subprocess.Popen(cmd, env=env, stdout=open(self.triton_log, "ab"), stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+        self.triton = subprocess.Popen(
+            cmd, env=env, stdout=open(self.triton_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True
+        )
         _wait(self.ready, timeout, f"tritonserver (log: {self.triton_log})", self.triton)
 
     def ready(self) -> bool:
@@ -260,24 +294,36 @@ def add_stack_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     p.add_argument("--redis-port", type=int, default=int(os.environ.get("REDIS_PORT", 6379)))
-    p.add_argument("--repository", type=Path, default=ROOT / "model_repository")
-    p.add_argument("--run-dir", type=Path, default=ROOT / "build" / "run")
+    p.add_argument("--repository", type=Path, default=paths.MODEL_REPOSITORY)
+    p.add_argument("--run-dir", type=Path, default=paths.RUN)
 
 
 def stack_arguments(args: argparse.Namespace) -> list[str]:
     """``args`` from ``add_stack_arguments`` as a command line again."""
-    return ["--http-port", str(args.http_port), "--grpc-port", str(args.grpc_port),
-            "--metrics-port", str(args.metrics_port), "--redis-port", str(args.redis_port),
-            "--repository", str(args.repository), "--run-dir", str(args.run_dir)]
+    return [
+        "--http-port",
+        str(args.http_port),
+        "--grpc-port",
+        str(args.grpc_port),
+        "--metrics-port",
+        str(args.metrics_port),
+        "--redis-port",
+        str(args.redis_port),
+        "--repository",
+        str(args.repository),
+        "--run-dir",
+        str(args.run_dir),
+    ]
 
 
 def stack_from_arguments(args: argparse.Namespace) -> Stack:
-    return Stack(Ports(args.http_port, args.grpc_port, args.metrics_port, args.redis_port), args.repository,
-                 args.run_dir)
+    return Stack(
+        Ports(args.http_port, args.grpc_port, args.metrics_port, args.redis_port), args.repository, args.run_dir
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.launch", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.ops.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=["up", "down", "status"])
     add_stack_arguments(p)
     p.add_argument("--timeout-s", type=float, default=300, help="how long `up` waits for the models (default 300)")
@@ -295,8 +341,10 @@ def main(argv: list[str] | None = None) -> int:
             print("not started")
             return 1
         state = json.loads(state_file.read_text()) if state_file.exists() else {}
-        print(f"supervisor: pid {pidfile.read_text().strip()}; tritonserver: pid {state.get('tritonserver_pid')}, "
-              f"restarts {state.get('restarts', 0)}, last failure: {state.get('last_failure') or 'none'}")
+        print(
+            f"supervisor: pid {pidfile.read_text().strip()}; tritonserver: pid {state.get('tritonserver_pid')}, "
+            f"restarts {state.get('restarts', 0)}, last failure: {state.get('last_failure') or 'none'}"
+        )
         return 0
     if pidfile.exists():
         print("already up (make stop first)")
@@ -305,12 +353,27 @@ def main(argv: list[str] | None = None) -> int:
     state_file.unlink(missing_ok=True)
     log_path = run / "supervisor.log"
     t0 = time.monotonic()
-    print(f"[serve] starting redis-server on :{args.redis_port} and tritonserver (HTTP :{args.http_port}, "
-          f"gRPC :{args.grpc_port}, metrics :{args.metrics_port}) under a supervisor ...", flush=True)
+    print(
+        f"[serve] starting redis-server on :{args.redis_port} and tritonserver (HTTP :{args.http_port}, "
+        f"gRPC :{args.grpc_port}, metrics :{args.metrics_port}) under a supervisor ...",
+        flush=True,
+    )
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "switchboard.supervisor", *stack_arguments(args),
-         "--interval-s", str(args.probe_interval_s), "--failures", str(args.probe_failures)],
-        stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "switchboard.ops.supervisor",
+            *stack_arguments(args),
+            "--interval-s",
+            str(args.probe_interval_s),
+            "--failures",
+            str(args.probe_failures),
+        ],
+        stdout=open(log_path, "ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         _wait(state_file.exists, args.timeout_s, f"the stack (log: {log_path})", supervisor)
     except (RuntimeError, TimeoutError) as e:
@@ -319,9 +382,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{e}\n" + "\n".join(tail), file=sys.stderr)
         return 1
     pidfile.write_text(str(supervisor.pid))
-    print(f"[serve] ready in {time.monotonic() - t0:.0f} s: gRPC 127.0.0.1:{args.grpc_port}, HTTP http://127.0.0.1:"
-          f"{args.http_port}, metrics http://127.0.0.1:{args.metrics_port}/metrics\n[serve] logs in {run}/ "
-          f"(supervisor.log: probes and restarts); try `make chat`; `make stop` stops everything")
+    print(
+        f"[serve] ready in {time.monotonic() - t0:.0f} s: gRPC 127.0.0.1:{args.grpc_port}, HTTP http://127.0.0.1:"
+        f"{args.http_port}, metrics http://127.0.0.1:{args.metrics_port}/metrics\n[serve] logs in {run}/ "
+        f"(supervisor.log: probes and restarts); try `make chat`; `make stop` stops everything"
+    )
     return 0
 
 

@@ -36,8 +36,11 @@ def install(dest: Path) -> Path:
         raise SystemExit(f"no Python backend stub for Python {version} in {stub.parent.parent}")
     target = dest / "python"
     target.mkdir(parents=True, exist_ok=True)
-    for src in (root / "backends/python/libtriton_python.so",
-                root / "backends/python/triton_python_backend_utils.py", stub):
+    for src in (
+        root / "backends/python/libtriton_python.so",
+        root / "backends/python/triton_python_backend_utils.py",
+        stub,
+    ):
         out = target / src.name
         if not out.exists() or out.stat().st_size != src.stat().st_size:
             shutil.copy2(src, out)

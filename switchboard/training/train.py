@@ -40,14 +40,15 @@ class TrainConfig:
     warmup: int = 50
     seed: int = 0
     conversations: int = 12000
-    question_noise: float = 0.5   # share of FAQ questions rewritten by augment.noisy
-    noise_drop: float = 0.15      # its chance of dropping each word / character
-    lead_tokens: int = 3          # the first tokens of every answer, where it picks which answer...
-    lead_weight: float = 4.0      # ...weigh this much in the loss
+    question_noise: float = 0.5  # share of FAQ questions rewritten by augment.noisy
+    noise_drop: float = 0.15  # its chance of dropping each word / character
+    lead_tokens: int = 3  # the first tokens of every answer, where it picks which answer...
+    lead_weight: float = 4.0  # ...weigh this much in the loss
 
 
-def encode_conversation(tok, conv: list[dict], system: str, ids: dict[str, int],
-                        max_len: int) -> tuple[list[int], list[int]] | None:
+def encode_conversation(
+    tok, conv: list[dict], system: str, ids: dict[str, int], max_len: int
+) -> tuple[list[int], list[int]] | None:
     """Token ids and labels for ``<|bos|>`` + ``<|role|>content<|end|>`` per message.
 
     Encoding message by message gives the same ids as encoding the rendered template (the
@@ -88,7 +89,7 @@ def batches(examples: list[tuple[list[int], list[int]]], cfg: TrainConfig, pad_i
     their first ``skip`` tokens."""
     rng = random.Random(cfg.seed)
     order = sorted(range(len(examples)), key=lambda i: (len(examples[i][0]), i))
-    chunks = [order[i:i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+    chunks = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
     while True:
         rng.shuffle(chunks)
         for chunk in chunks:
@@ -99,15 +100,21 @@ def batches(examples: list[tuple[list[int], list[int]]], cfg: TrainConfig, pad_i
             weight = torch.zeros((len(chunk), width))
             for row, i in enumerate(chunk):
                 ids, labels = examples[i][0][skip:], examples[i][1][skip:]
-                x[row, :len(ids)] = torch.tensor(ids)
-                y[row, :len(ids)] = torch.tensor(labels)
-                mask[row, :len(ids)] = 1
-                weight[row, :len(ids)] = torch.tensor(loss_weights(labels, cfg))
+                x[row, : len(ids)] = torch.tensor(ids)
+                y[row, : len(ids)] = torch.tensor(labels)
+                mask[row, : len(ids)] = 1
+                weight[row, : len(ids)] = torch.tensor(loss_weights(labels, cfg))
             yield x, y, mask, weight
 
 
-def answer_loss(model, prefix: torch.Tensor, x: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
-                weight: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+def answer_loss(
+    model,
+    prefix: torch.Tensor,
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, float]:
     """Cross-entropy on answer tokens only, the LM head applied only where there is a label:
     the loss to minimise (mean weighted by ``weight``, if given) and the plain mean.
 
@@ -120,12 +127,16 @@ def answer_loss(model, prefix: torch.Tensor, x: torch.Tensor, mask: torch.Tensor
     cache = DynamicCache(config=model.config)
     if p:
         model.model(input_ids=prefix[None], past_key_values=cache, use_cache=True)
-        cache = DynamicCache(ddp_cache_data=[(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
-                                             for layer in cache.layers])
+        cache = DynamicCache(
+            ddp_cache_data=[
+                (layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)) for layer in cache.layers
+            ]
+        )
     full_mask = torch.cat([torch.ones((rows, p), dtype=mask.dtype), mask], 1)
     positions = (p + torch.arange(width))[None].expand(rows, width)
-    hidden = model.model(input_ids=x, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True).last_hidden_state
+    hidden = model.model(
+        input_ids=x, attention_mask=full_mask, position_ids=positions, past_key_values=cache, use_cache=True
+    ).last_hidden_state
     targets = y[:, 1:]
     keep = targets != IGNORE
     logits = model.lm_head(hidden[:, :-1][keep])
@@ -142,8 +153,11 @@ def train(model, examples, cfg: TrainConfig, pad_id: int, bar=None) -> list[floa
     torch.manual_seed(cfg.seed)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
 
     def lr_at(step: int) -> float:
         if step < cfg.warmup:
@@ -170,8 +184,13 @@ def train(model, examples, cfg: TrainConfig, pad_id: int, bar=None) -> list[floa
             bar.update()
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
         if step % 50 == 0 or step == cfg.steps - 1:
-            log.info("step %d/%d: loss %.4f (last 20: %.4f)", step + 1, cfg.steps, losses[-1],
-                     sum(losses[-20:]) / len(losses[-20:]))
+            log.info(
+                "step %d/%d: loss %.4f (last 20: %.4f)",
+                step + 1,
+                cfg.steps,
+                losses[-1],
+                sum(losses[-20:]) / len(losses[-20:]),
+            )
     if bar is not None:
         bar.close()
     model.eval()

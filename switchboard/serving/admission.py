@@ -35,9 +35,6 @@ doubled.)
 Waiting happens here rather than in Triton's queue in front of the model because Triton
 rejects a queued request without the model ever seeing it (no fallback answer is possible);
 Triton's own queue policy stays as the backstop.
-
-``PoolHealth`` remembers which generation pool failed recently, so chats are routed around a
-pool whose stub died instead of each paying for the failure.
 """
 
 from __future__ import annotations
@@ -45,20 +42,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 from switchboard.nice import lower_this_thread
 
 log = logging.getLogger(__name__)
-HOLD_EWMA = 0.05   # weight of the newest slot hold in the moving average (tens of chats)
-REFORECAST_S = 0.1   # how often the waiting chats' forecasts are made again (a sort of the queue)
+HOLD_EWMA = 0.05  # weight of the newest slot hold in the moving average (tens of chats)
+REFORECAST_S = 0.1  # how often the waiting chats' forecasts are made again (a sort of the queue)
 
 
 @dataclass(order=True)
@@ -70,10 +65,19 @@ class _Pending:
 
 
 class Admission:
-    def __init__(self, max_inflight: int, max_pending: int, max_wait_s: float,
-                 run: Callable[[object], None], shed: Callable[[object, str], None],
-                 shed_workers: int = 2, clock: Callable[[], float] = time.monotonic, reserved: int = 0,
-                 forecast: bool = True, shed_nice: int = 0):
+    def __init__(
+        self,
+        max_inflight: int,
+        max_pending: int,
+        max_wait_s: float,
+        run: Callable[[object], None],
+        shed: Callable[[object, str], None],
+        shed_workers: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+        reserved: int = 0,
+        forecast: bool = True,
+        shed_nice: int = 0,
+    ):
         self.max_inflight, self.max_pending, self.max_wait_s = max_inflight, max_pending, max_wait_s
         self.forecast = forecast
         # Slots only priority 1 may take: a VIP arriving while every slot is busy would
@@ -85,14 +89,17 @@ class Admission:
         self._inflight = 0
         self._waiting = Counter()  # priority -> chats in _heap
         self._hold_s: float | None = None  # how long a chat holds a slot, moving average
-        self._shedding = 0    # handed to the shed workers, not yet answered
+        self._shedding = 0  # handed to the shed workers, not yet answered
         self._next_reforecast = 0.0
         self._cv = threading.Condition()
         self._stop = False
         self._runners = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="chat")
-        self._shedders = ThreadPoolExecutor(max_workers=shed_workers, thread_name_prefix="chat-shed",
-                                            initializer=lambda: lower_this_thread(shed_nice, "the FAQ answer threads"))
-        self.counts = {"admitted": 0, "shed_timeout": 0, "shed_full": 0, "shed_forecast": 0}   # guarded by _cv
+        self._shedders = ThreadPoolExecutor(
+            max_workers=shed_workers,
+            thread_name_prefix="chat-shed",
+            initializer=lambda: lower_this_thread(shed_nice, "the FAQ answer threads"),
+        )
+        self.counts = {"admitted": 0, "shed_timeout": 0, "shed_full": 0, "shed_forecast": 0}  # guarded by _cv
         self._thread = threading.Thread(target=self._loop, name="chat-admission", daemon=True)
         self._thread.start()
 
@@ -132,7 +139,7 @@ class Admission:
         return late
 
     def _would_time_out(self, priority: int) -> bool:
-        if not self.forecast or priority <= 1 or self._stop:   # priority 1 always waits its turn
+        if not self.forecast or priority <= 1 or self._stop:  # priority 1 always waits its turn
             return False
         wait = self._forecast_wait(priority)
         return wait is not None and wait > self.max_wait_s
@@ -140,8 +147,7 @@ class Admission:
     def wait_for_room(self, timeout: float) -> bool:
         """Wait until fewer than ``max_pending`` chats wait for a slot or a shed answer."""
         with self._cv:
-            return self._cv.wait_for(lambda: self._stop or len(self._heap) + self._shedding < self.max_pending,
-                                     timeout)
+            return self._cv.wait_for(lambda: self._stop or len(self._heap) + self._shedding < self.max_pending, timeout)
 
     def pending(self) -> int:
         with self._cv:
@@ -161,8 +167,8 @@ class Admission:
                 # Oldest-deadline-first would be fairer to waiting chats, but a chat past its
                 # deadline gets a faster answer from the FAQ than from a slot it would wait for.
                 shed += self._take_out([p for p in self._heap if p.deadline <= now], "queue_timeout", "shed_timeout")
-                if len(self._heap) > self.max_pending:   # the lowest priority, newest first
-                    shed += self._take_out(sorted(self._heap)[self.max_pending:], "queue_full", "shed_full")
+                if len(self._heap) > self.max_pending:  # the lowest priority, newest first
+                    shed += self._take_out(sorted(self._heap)[self.max_pending :], "queue_full", "shed_full")
                 while self._heap and self._inflight < self._limit(self._heap[0].priority):
                     start.append(heapq.heappop(self._heap))
                     self._waiting[start[-1].priority] -= 1
@@ -237,139 +243,3 @@ class Admission:
             self._guard(self._shed, p.job, shed_reason)
         self._runners.shutdown(wait=True)
         self._shedders.shutdown(wait=True)
-
-
-class PoolHealth:
-    """Pools that failed (not: were busy) in the last ``retry_after_s`` are avoided.
-
-    A failure here means the pool's stub process died, and Triton 2.51 never completes the
-    requests it held: the chats still streaming from it would each wait out their stall bound.
-    So each stream registers while it reads (``watching``), and a failure of its pool ends it
-    at once.
-
-    A failure is found by a chat whose request Triton refuses as the stub's, or, when no chat
-    sends one (every chat is already waiting on the dead pool), by ``ping``: a stream quiet for
-    ``probe_after_s`` calls ``quiet(pool)``, and one thread at a time per pool asks the pool
-    (``ping(pool)``: True alive, False dead, None no answer). Only False counts: a busy pool
-    answers late or not at all, and that is not a failure.
-    """
-
-    def __init__(self, retry_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 ping: Callable[[str], bool | None] | None = None, probe_after_s: float = 0.0):
-        self.retry_after_s = retry_after_s
-        self.probe_after_s = probe_after_s if ping is not None else 0.0
-        self._ping = ping
-        self._clock = clock
-        self._down: dict[str, float] = {}
-        self._watchers: dict[str, set[Callable[[], None]]] = {}
-        self._pinging: set[str] = set()        # one ping at a time per pool
-        self._pinged_at: dict[str, float] = {}  # when the pool's last ping started
-        self._lock = threading.Lock()
-
-    def quiet(self, pool: str) -> None:
-        """A stream from ``pool`` has had no response for ``probe_after_s``: ask the pool,
-        unless a ping is under way or one started within the last ``probe_after_s``."""
-        if not self.probe_after_s:
-            return
-        with self._lock:
-            now = self._clock()
-            if pool in self._pinging or now - self._pinged_at.get(pool, -math.inf) < self.probe_after_s:
-                return
-            self._pinging.add(pool)
-            self._pinged_at[pool] = now
-        threading.Thread(target=self._probe, args=(pool,), name=f"ping-{pool}", daemon=True).start()
-
-    def _probe(self, pool: str) -> None:
-        try:
-            if self._ping(pool) is False:
-                log.error("pool %s: a stream went quiet and a ping says its stub process is dead", pool)
-                self.failed(pool)
-        except Exception:  # noqa: BLE001 - a ping that broke says nothing about the pool
-            log.exception("ping %s", pool)
-        finally:
-            with self._lock:
-                self._pinging.discard(pool)
-
-    def failed(self, pool: str) -> None:
-        with self._lock:
-            first = self._down.get(pool, 0.0) <= self._clock()
-            self._down[pool] = self._clock() + self.retry_after_s
-            watchers = list(self._watchers.get(pool, ()))
-        if first:
-            log.error("pool %s failed; routing around it for %.0f s", pool, self.retry_after_s)
-        if watchers:
-            log.warning("pool %s failed: ending the %d streams still reading from it", pool, len(watchers))
-        for dead in watchers:
-            dead()
-
-    @contextmanager
-    def watching(self, pool: str, dead: Callable[[], None]):
-        """Within the block, ``dead()`` is called (on the reporting thread; keep it short) when
-        ``pool`` is reported failed."""
-        with self._lock:
-            self._watchers.setdefault(pool, set()).add(dead)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._watchers[pool].discard(dead)
-
-    def up(self, pool: str) -> bool:
-        with self._lock:
-            return self._down.get(pool, 0.0) <= self._clock()
-
-    def order(self, preferred: str, other: str) -> list[str]:
-        """Pools to try, healthy first: the preferred one, then the other."""
-        pools = [preferred, other]
-        return sorted(pools, key=lambda p: not self.up(p))
-
-
-class PriorityGate:
-    """One holder at a time; waiters are let in by rank (lowest first), then arrival.
-
-    ``chat`` sends every response through it, ranked by ``send_rank``. A Python-backend stub's
-    send is a synchronous round trip to the server, and under load a send waits behind every
-    other stream's; without the gate a priority-1 chat paid that wait on each of its tokens
-    while priority-2 chats held the line. (The server completes sends on a thread pool, but a
-    gate four wide measured slower for priority 1 and no faster overall.)
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._busy = False
-        self._waiting: list[tuple[object, int, threading.Lock]] = []
-        self._seq = itertools.count()
-
-    def acquire(self, rank) -> None:
-        with self._lock:
-            if not self._busy:
-                self._busy = True
-                return
-            turn = threading.Lock()
-            turn.acquire()
-            heapq.heappush(self._waiting, (rank, next(self._seq), turn))
-        turn.acquire()  # released by the holder that hands us the gate
-
-    def release(self) -> None:
-        with self._lock:
-            if self._waiting:
-                heapq.heappop(self._waiting)[2].release()  # the gate passes on, still busy
-            else:
-                self._busy = False
-
-    @contextmanager
-    def __call__(self, rank):
-        self.acquire(rank)
-        try:
-            yield
-        finally:
-            self.release()
-
-
-def send_rank(priority: int, final: bool) -> tuple[int, int]:
-    """A response's place at the gate: priority first; within a priority, a response that ends
-    a chat (a whole FAQ answer, or a stream's last words) before a stream's next delta. A stream
-    that waits sends the tokens that arrived meanwhile as one delta (coarser, no work lost),
-    while under a burst each FAQ answer used to wait behind a delta from every generating chat (8
-    answer workers among 64 streams: the FAQ answered ~55 chats/s, and the overflow was refused)."""
-    return priority, 0 if final else 1

@@ -37,8 +37,7 @@ class ChatTemplate:
         self._special = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     **self._special)
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._special)
 
 
 class TextTokenizer:

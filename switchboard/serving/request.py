@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PRIORITY_LIVE, PRIORITY_DEFAULT = 1, 2
-PRIORITY_PARAMETER = "chat_priority"
+from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER
 
 
 class RequestError(ValueError):
@@ -44,8 +43,9 @@ def _one(name: str, array: np.ndarray | None):
     if array is None:
         return None
     if array.size != 1:
-        raise RequestError(f"{name}: expected exactly one value, got shape {list(array.shape)} "
-                           "(send one message per request)")
+        raise RequestError(
+            f"{name}: expected exactly one value, got shape {list(array.shape)} (send one message per request)"
+        )
     return array.reshape(-1)[0]
 
 
@@ -121,23 +121,3 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
         priority = _int_param(PRIORITY_PARAMETER, parameters[PRIORITY_PARAMETER], 1, limits.priority_levels)
     seed = _int_param("seed", parameters["seed"], 0, 2**32 - 1) if "seed" in parameters else None
     return ChatRequest(text, session_id, max_new, temperature, top_p, priority, seed)
-
-
-def longest_common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-@dataclass(frozen=True)
-class Router:
-    """Length-aware routing: prompts up to ``threshold`` tokens go to the short pool."""
-
-    threshold: int
-    short_pool: str = "engine_short"
-    long_pool: str = "engine_long"
-
-    def route(self, prompt_tokens: int) -> tuple[str, str]:
-        return ("short", self.short_pool) if prompt_tokens <= self.threshold else ("long", self.long_pool)

@@ -16,15 +16,44 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CORPUS_DIR = Path(__file__).resolve().parent.parent / "corpus"
+from switchboard import paths
+
+CORPUS_DIR = paths.CORPUS
 SLOT_RE = re.compile(r"\{(order_id|sku|price|product|tracking|phone|days)\}")
 
 _PRODUCTS = {
-    "en": ["wireless earbuds", "running shoes", "coffee maker", "desk lamp", "phone case",
-           "backpack", "smart watch", "air fryer", "yoga mat", "bluetooth speaker",
-           "winter jacket", "water bottle", "mechanical keyboard", "baby stroller"],
-    "zh": ["蓝牙耳机", "跑步鞋", "咖啡机", "台灯", "手机壳", "双肩包", "智能手表", "空气炸锅",
-           "瑜伽垫", "蓝牙音箱", "羽绒服", "保温杯", "机械键盘", "婴儿推车"],
+    "en": [
+        "wireless earbuds",
+        "running shoes",
+        "coffee maker",
+        "desk lamp",
+        "phone case",
+        "backpack",
+        "smart watch",
+        "air fryer",
+        "yoga mat",
+        "bluetooth speaker",
+        "winter jacket",
+        "water bottle",
+        "mechanical keyboard",
+        "baby stroller",
+    ],
+    "zh": [
+        "蓝牙耳机",
+        "跑步鞋",
+        "咖啡机",
+        "台灯",
+        "手机壳",
+        "双肩包",
+        "智能手表",
+        "空气炸锅",
+        "瑜伽垫",
+        "蓝牙音箱",
+        "羽绒服",
+        "保温杯",
+        "机械键盘",
+        "婴儿推车",
+    ],
 }
 
 
@@ -110,19 +139,24 @@ def load(directory: Path = CORPUS_DIR) -> Corpus:
         for row in _read_jsonl(directory / "heldout.jsonl"):
             heldout.setdefault(row["id"], []).extend(row["questions"])
     faq = tuple(
-        FaqEntry(r["id"], r["lang"], r.get("topic", ""), tuple(r["questions"]), r["answer"],
-                 tuple(heldout.get(r["id"], ())))
+        FaqEntry(
+            r["id"], r["lang"], r.get("topic", ""), tuple(r["questions"]), r["answer"], tuple(heldout.get(r["id"], ()))
+        )
         for r in _read_jsonl(directory / "faq.jsonl")
     )
     dialogs = ()
     if (directory / "dialogs.jsonl").exists():
-        dialogs = tuple(Dialog(r["id"], r["lang"], tuple(r["turns"]))
-                        for r in _read_jsonl(directory / "dialogs.jsonl"))
+        dialogs = tuple(Dialog(r["id"], r["lang"], tuple(r["turns"])) for r in _read_jsonl(directory / "dialogs.jsonl"))
     return Corpus(faq, dialogs)
 
 
-def training_conversations(corpus: Corpus, n: int, seed: int = 0, max_exchanges: int = 4,
-                           rewrite: Callable[[random.Random, str, str], str] | None = None) -> list[list[dict]]:
+def training_conversations(
+    corpus: Corpus,
+    n: int,
+    seed: int = 0,
+    max_exchanges: int = 4,
+    rewrite: Callable[[random.Random, str, str], str] | None = None,
+) -> list[list[dict]]:
     """Seeded conversations (lists of user/assistant messages) for supervised training.
 
     Single-turn FAQ pairs dominate; the rest chain several FAQ pairs or replay a dialog so

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from switchboard import corpus as corpus_mod
+from switchboard.training import corpus as corpus_mod
 
 
 @dataclass(frozen=True)
@@ -23,17 +23,22 @@ def _same(answer: str, expected: str, chars: int = 24) -> bool:
     return a[:chars] == e[:chars]
 
 
-def answer_accuracy(artifacts, precision: str = "fp32", per_entry: int = 1, seed: int = 0,
-                    max_new_tokens: int = 24) -> Accuracy:
+def answer_accuracy(
+    artifacts, precision: str = "fp32", per_entry: int = 1, seed: int = 0, max_new_tokens: int = 24
+) -> Accuracy:
+    from switchboard.artifact.manifest import Manifest
+    from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.engine.runtime import OnnxDecoder
     from switchboard.engine.scheduler import Engine, GenerationRequest
-    from switchboard.manifest import Manifest
-    from switchboard.tokenizer import TextTokenizer
 
     manifest = Manifest.load(artifacts)
     tok = TextTokenizer(artifacts)
-    engine = Engine(OnnxDecoder(artifacts, manifest, precision), max_batch=32, max_waiting=1 << 16,
-                    stop_ids=set(manifest.eos_token_ids))
+    engine = Engine(
+        OnnxDecoder(artifacts, manifest, precision),
+        max_batch=32,
+        max_waiting=1 << 16,
+        stop_ids=set(manifest.eos_token_ids),
+    )
     rng = random.Random(seed)
     system = [{"role": "system", "content": manifest.system_prompt}] if manifest.system_prompt else []
     cases = []  # (split, question, expected)
@@ -80,20 +85,25 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     from pathlib import Path
 
-    p = argparse.ArgumentParser(prog="python -m switchboard.defaultmodel.evaluate",
-                                description="Answer accuracy of an exported default model: greedy answers to FAQ "
-                                            "questions it was trained on and to held-out paraphrases.")
+    p = argparse.ArgumentParser(
+        prog="python -m switchboard.training.evaluate",
+        description="Answer accuracy of an exported default model: greedy answers to FAQ "
+        "questions it was trained on and to held-out paraphrases.",
+    )
     p.add_argument("--artifacts", type=Path, default=Path("build/artifacts/default"), help="exported model")
     p.add_argument("--precision", default="fp32", help="exported variant")
-    p.add_argument("--per-entry", type=int, default=1,
-                   help="questions per FAQ entry and split (10 takes every held-out question)")
+    p.add_argument(
+        "--per-entry", type=int, default=1, help="questions per FAQ entry and split (10 takes every held-out question)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the question and slot choice")
     p.add_argument("--samples", type=int, default=6, help="held-out answers to print")
     args = p.parse_args(argv)
     a = answer_accuracy(args.artifacts, args.precision, per_entry=args.per_entry, seed=args.seed)
-    print(f"{args.artifacts} {args.precision}: training questions {a.train:.3f} ({a.n_train}), "
-          f"held-out paraphrases {a.heldout:.3f} ({a.n_heldout})")
-    for _, question, expected, answer in [x for x in a.samples if x[0] == "heldout"][:args.samples]:
+    print(
+        f"{args.artifacts} {args.precision}: training questions {a.train:.3f} ({a.n_train}), "
+        f"held-out paraphrases {a.heldout:.3f} ({a.n_heldout})"
+    )
+    for _, question, expected, answer in [x for x in a.samples if x[0] == "heldout"][: args.samples]:
         mark = "ok " if _same(answer, expected) else "BAD"
         print(f"  {mark} {question}\n      -> {answer.strip()[:100]}")
     return 0

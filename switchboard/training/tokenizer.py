@@ -34,10 +34,12 @@ CHAT_TEMPLATE = (
 
 def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path, model_max_length: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -61,5 +63,6 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path, model_max_
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n")
     (out_dir / "special_tokens_map.json").write_text(
-        json.dumps({"bos_token": BOS, "eos_token": END, "pad_token": PAD}, indent=2) + "\n")
+        json.dumps({"bos_token": BOS, "eos_token": END, "pad_token": PAD}, indent=2) + "\n"
+    )
     return tok

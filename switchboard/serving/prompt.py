@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from switchboard.tokenizer import TextTokenizer
+from switchboard.artifact.tokenizer import TextTokenizer
 
 DEFAULT_SYSTEM_PROMPT = "You are the customer service assistant of an online store. 你是网店的客服助手。"
 
@@ -26,7 +26,7 @@ class Conversation:
     """What a session stores between turns (plain data, JSON-serializable)."""
 
     messages: list[dict] = field(default_factory=list)  # user/assistant turns in the window
-    tokens: list[int] = field(default_factory=list)      # ids of system + messages as the model saw them
+    tokens: list[int] = field(default_factory=list)  # ids of system + messages as the model saw them
 
 
 @dataclass
@@ -38,8 +38,7 @@ class Prompt:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer: TextTokenizer, system_prompt: str | None, max_turns: int,
-                 context_window: int):
+    def __init__(self, tokenizer: TextTokenizer, system_prompt: str | None, max_turns: int, context_window: int):
         self.tok = tokenizer
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.max_messages = 2 * max_turns - 1  # the last `max_turns` user turns and answers between
@@ -57,8 +56,9 @@ class PromptBuilder:
             ids = self._encode(messages, None)
         room = self.context_window - len(ids)
         if room < 1:
-            raise PromptTooLong(f"text is too long: the prompt takes {len(ids)} tokens and the context "
-                                f"window is {self.context_window}")
+            raise PromptTooLong(
+                f"text is too long: the prompt takes {len(ids)} tokens and the context window is {self.context_window}"
+            )
         return Prompt(ids, messages, min(max_new_tokens, room), dropped)
 
     def _encode(self, messages: list[dict], history: Conversation | None) -> list[int]:
@@ -66,7 +66,7 @@ class PromptBuilder:
         if history and history.tokens:
             seen = self.tok.decode(history.tokens, skip_special_tokens=False)
             if text.startswith(seen):
-                return history.tokens + self.tok.encode(text[len(seen):])
+                return history.tokens + self.tok.encode(text[len(seen) :])
         return self.tok.encode(text)
 
     @staticmethod

@@ -7,8 +7,8 @@ So the supervisor probes with real requests every few seconds (one priority-1 ch
 token from each engine pool directly) and restarts tritonserver when it has exited or failed
 ``failures`` probes in a row. redis-server keeps running across restarts: sessions survive.
 
-``python -m switchboard.launch up`` runs the stack under this supervisor in the background;
-``python -m switchboard.supervisor --help`` runs it in the foreground.
+``python -m switchboard.ops.launch up`` runs the stack under this supervisor in the background;
+``python -m switchboard.ops.supervisor --help`` runs it in the foreground.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-log = logging.getLogger("switchboard.supervisor")
+log = logging.getLogger("switchboard.ops.supervisor")
 
 POOLS = ("engine_short", "engine_long")
 PROBE_TEXT = "Where is my order?"
@@ -41,7 +41,8 @@ def _pool_request(url: str, model: str, timeout_s: float, ping_every_s: float = 
     ("Stub process ... is not healthy"), so the probe fails then, not at its deadline."""
     import tritonclient.grpc as grpcclient
 
-    from switchboard.client.sdk import channel_args, close_stream, error_of
+    from switchboard.client.sdk import close_stream, error_of
+    from switchboard.wire import channel_args
 
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url, channel_args=channel_args(private=True))
@@ -95,7 +96,8 @@ def probe(url: str, timeout_s: float = 20.0) -> str | None:
             return failure
     try:
         reply = ChatClient(url, timeout_s=timeout_s, private_connection=True).chat(
-            PROBE_TEXT, stream=False, priority=1, max_new_tokens=1)
+            PROBE_TEXT, stream=False, priority=1, max_new_tokens=1
+        )
     except ChatError as e:
         if e.code == "UNAVAILABLE" and str(e).startswith("overloaded"):
             return None  # serving, but shedding load: restarting would make it worse
@@ -109,7 +111,7 @@ def probe(url: str, timeout_s: float = 20.0) -> str | None:
 
 @dataclass
 class Supervisor:
-    """Restart decisions over a ``Stack`` (switchboard.launch) and a probe."""
+    """Restart decisions over a ``Stack`` (switchboard.ops.launch) and a probe."""
 
     stack: object
     probe: Callable[[], str | None]
@@ -120,7 +122,7 @@ class Supervisor:
     failures: int = 0
     restarts: int = 0
     last_failure: str | None = None
-    restarted_at: float | None = None   # time.monotonic() when the last restart was ready
+    restarted_at: float | None = None  # time.monotonic() when the last restart was ready
 
     def check(self) -> str | None:
         """One round: why tritonserver must restart now, or None."""
@@ -168,18 +170,24 @@ class Supervisor:
         if self.state_file is None:
             return
         proc = self.stack.triton
-        state = {"pid": os.getpid(), "tritonserver_pid": proc.pid if proc is not None else None,
-                 "probes": self.probes, "restarts": self.restarts, "failures": self.failures,
-                 "last_failure": self.last_failure, "checked_at": time.time()}
+        state = {
+            "pid": os.getpid(),
+            "tritonserver_pid": proc.pid if proc is not None else None,
+            "probes": self.probes,
+            "restarts": self.restarts,
+            "failures": self.failures,
+            "last_failure": self.last_failure,
+            "checked_at": time.time(),
+        }
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         tmp.replace(self.state_file)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from switchboard.launch import add_stack_arguments, stack_from_arguments
+    from switchboard.ops.launch import add_stack_arguments, stack_from_arguments
 
-    p = argparse.ArgumentParser(prog="python -m switchboard.supervisor", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.ops.supervisor", description=__doc__.split("\n\n")[0])
     add_stack_arguments(p)
     p.add_argument("--interval-s", type=float, default=5.0, help="seconds between probes (default 5)")
     p.add_argument("--failures", type=int, default=3, help="failed probes in a row before a restart (default 3)")
@@ -199,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:
         log.error("the stack did not start: %s", e)
         return 1
-    supervisor = Supervisor(stack, lambda: probe(stack.grpc_url, args.probe_timeout_s), args.interval_s,
-                            args.failures, state_file)
+    supervisor = Supervisor(
+        stack, lambda: probe(stack.grpc_url, args.probe_timeout_s), args.interval_s, args.failures, state_file
+    )
     log.info("serving: gRPC %s; probing every %.0f s", stack.grpc_url, args.interval_s)
     try:
         supervisor.run(stop)

@@ -26,8 +26,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from switchboard import kvcodec
-from switchboard.prompt import Conversation
+from switchboard.serving import kvcodec
+from switchboard.serving.prompt import Conversation
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +64,22 @@ def session_key(prefix: str, session_id: str) -> str:
 class Lookup:
     conversation: Conversation | None = None
     kv: kvcodec.KVEntry | None = None
-    status: str = "miss"   # miss | hit | unavailable | rejected
+    status: str = "miss"  # miss | hit | unavailable | rejected
 
 
 class SessionStore:
-    def __init__(self, config: StoreConfig, fingerprint: str, kv_shape: tuple[int, int, int, int],
-                 kv_dtype: np.dtype):
+    def __init__(self, config: StoreConfig, fingerprint: str, kv_shape: tuple[int, int, int, int], kv_dtype: np.dtype):
         self.config = config
         self.fingerprint = fingerprint
         self.kv_shape = kv_shape
         self.kv_dtype = np.dtype(kv_dtype)
         self._redis = redis.Redis.from_url(
-            config.url, socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s,
-            retry=Retry(NoBackoff(), 0), health_check_interval=0, **config.connection_kwargs(),
+            config.url,
+            socket_timeout=config.timeout_s,
+            socket_connect_timeout=config.timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+            **config.connection_kwargs(),
         )
         self._lock = threading.Lock()
         self._down_until = 0.0
@@ -93,8 +96,9 @@ class SessionStore:
             first = time.monotonic() >= self._down_until
             self._down_until = time.monotonic() + self.config.retry_after_s
         if first:
-            log.warning("session store unavailable during %s (%s); chats go on without reuse",
-                        what, error.__class__.__name__)
+            log.warning(
+                "session store unavailable during %s (%s); chats go on without reuse", what, error.__class__.__name__
+            )
 
     def load(self, session_id: str, want_kv: bool = True) -> Lookup:
         if not self._available():
@@ -146,8 +150,7 @@ class SessionStore:
 
     def _conv_digest(self, body: dict) -> str:
         canonical = json.dumps(body, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
-        return hashlib.blake2b(canonical, key=self.config.secret[:64], digest_size=32,
-                               person=b"sb-conv").hexdigest()
+        return hashlib.blake2b(canonical, key=self.config.secret[:64], digest_size=32, person=b"sb-conv").hexdigest()
 
     def _decode_conversation(self, raw: bytes) -> Conversation:
         data = json.loads(raw)
@@ -157,10 +160,23 @@ class SessionStore:
         if not isinstance(data.get("digest"), str) or not hmac.compare_digest(data["digest"], self._conv_digest(body)):
             raise ValueError("digest mismatch (corrupted, truncated or forged)")
         messages, tokens = data.get("messages"), data.get("tokens")
-        if not (isinstance(messages, list) and all(
+        if not (
+            isinstance(messages, list)
+            and all(
                 isinstance(m, dict) and m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)
-                for m in messages)):
+                for m in messages
+            )
+        ):
             raise ValueError("malformed messages")
         if not (isinstance(tokens, list) and all(isinstance(t, int) and t >= 0 for t in tokens)):
             raise ValueError("malformed tokens")
         return Conversation(messages, tokens)
+
+
+def longest_common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share: the part of a stored KV cache a prompt can reuse."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

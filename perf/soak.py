@@ -1,4 +1,4 @@
-"""Mixed multi-turn load for a long time: ``python -m switchboard.soak`` (default 10 minutes).
+"""Mixed multi-turn load for a long time: ``python -m switchboard.perf.soak`` (default 10 minutes).
 
 Starts a private stack (session TTL shortened to ``--ttl-s``) and runs ``--workers`` customers,
 each holding 3-6 turn conversations in English and Chinese (15% priority 1). Every 10 s it
@@ -21,11 +21,12 @@ from pathlib import Path
 
 import redis
 
+from switchboard import paths
 from switchboard.client import ChatClient
-from switchboard.corpus import load, sample_questions
-from switchboard.launch import ROOT, Ports, Stack, children
-from switchboard.loadtools import ms, percentile, rss_kib, table, timed_chat, write_summary
-from switchboard.session import session_key
+from switchboard.ops.launch import Ports, Stack, children
+from switchboard.perf.loadtools import ms, percentile, rss_kib, table, timed_chat, write_summary
+from switchboard.serving.session import session_key
+from switchboard.training.corpus import load, sample_questions
 
 
 def growth_rows(samples: list[tuple[float, dict]], duration_s: float) -> tuple[list[list], bool]:
@@ -58,8 +59,15 @@ def growth_rows(samples: list[tuple[float, dict]], duration_s: float) -> tuple[l
             continue
         growth = (last - first) / first * 100
         ok &= growth < 10
-        rows.append([label, f"{first / scale:.1f} {unit}", f"{last / scale:.1f} {unit}", f"{growth:+.1f}%",
-                     "ok" if growth < 10 else "GREW"])
+        rows.append(
+            [
+                label,
+                f"{first / scale:.1f} {unit}",
+                f"{last / scale:.1f} {unit}",
+                f"{growth:+.1f}%",
+                "ok" if growth < 10 else "GREW",
+            ]
+        )
     return rows, ok
 
 
@@ -68,16 +76,18 @@ def log(msg: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.soak", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.perf.soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration-s", type=float, default=600.0)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--ttl-s", type=int, default=60, help="session TTL during the soak (default 60)")
-    p.add_argument("--out", type=Path, default=ROOT / "build" / "soak")
+    p.add_argument("--out", type=Path, default=paths.BUILD / "soak")
     args = p.parse_args(argv)
 
     data = load()
-    questions = {"en": sample_questions(data, 300, seed=1), "zh": [q for q in sample_questions(data, 600, seed=2)
-                                                                     if not q.isascii()]}
+    questions = {
+        "en": sample_questions(data, 300, seed=1),
+        "zh": [q for q in sample_questions(data, 600, seed=2) if not q.isascii()],
+    }
     stack = Stack(Ports.free(), run_dir=args.out / "run", env={"SWITCHBOARD_SESSION_TTL_S": str(args.ttl_s)})
     log(f"starting the stack (session TTL {args.ttl_s} s), then {args.workers} customers for {args.duration_s:.0f} s")
     stack.start()
@@ -95,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(rng.randint(3, 6)):
                 if stop.is_set():
                     break
-                o = timed_chat(client, rng.choice(questions[lang]), session_id=sid, priority=priority,
-                               max_new_tokens=rng.choice([16, 32, 64]))
+                o = timed_chat(
+                    client,
+                    rng.choice(questions[lang]),
+                    session_id=sid,
+                    priority=priority,
+                    max_new_tokens=rng.choice([16, 32, 64]),
+                )
                 with lock:
                     outcomes.append(o)
             with lock:
@@ -111,16 +126,21 @@ def main(argv: list[str] | None = None) -> int:
             t.start()
         while time.monotonic() - t0 < args.duration_s:
             time.sleep(min(10, max(0.0, args.duration_s - (time.monotonic() - t0))))
-            procs = {"tritonserver": stack.triton.pid, **{f"stub {k}": v for k, v in children(stack.triton.pid).items()}}
+            procs = {
+                "tritonserver": stack.triton.pid,
+                **{f"stub {k}": v for k, v in children(stack.triton.pid).items()},
+            }
             sample = {name: rss_kib(pid) for name, pid in procs.items()}
             sample["redis used_memory"] = int(r.info("memory")["used_memory"]) // 1024
             sample["redis keys"] = r.dbsize()
             samples.append((time.monotonic() - t0, sample))
             with lock:
                 n, errs = len(outcomes), sum(not o.ok for o in outcomes)
-            log(f"{time.monotonic() - t0:4.0f} s: {n} chats, {errs} errors, tritonserver "
+            log(
+                f"{time.monotonic() - t0:4.0f} s: {n} chats, {errs} errors, tritonserver "
                 f"{sample['tritonserver'] // 1024} MiB, redis {sample['redis used_memory']} KiB, "
-                f"{sample['redis keys']} keys")
+                f"{sample['redis keys']} keys"
+            )
         stop.set()
         for t in threads:
             t.join(120)
@@ -138,12 +158,22 @@ def main(argv: list[str] | None = None) -> int:
     sessions = Counter(o.stats.get("session") for o in outcomes)
     ok &= not errors and lingering == 0
     body = table(["process", "after warm-up", "end", "growth", ""], rows)
-    body += "\n\n" + table(["chats", "errors", "FAQ fallback", "latency P50 / P99", "sessions", "expired by TTL"], [[
-        len(outcomes), sum(errors.values()) or 0, sum(o.fallback for o in outcomes),
-        f"{ms(percentile(lat, 50))} / {ms(percentile(lat, 99))}", dict(sessions),
-        f"{len(old) - lingering}/{len(old)} idle > TTL gone"]])
-    body += f"\n\n{args.duration_s:.0f} s, {args.workers} customers, TTL {args.ttl_s} s; " + \
-            ("all checks passed" if ok else "CHECKS FAILED")
+    body += "\n\n" + table(
+        ["chats", "errors", "FAQ fallback", "latency P50 / P99", "sessions", "expired by TTL"],
+        [
+            [
+                len(outcomes),
+                sum(errors.values()) or 0,
+                sum(o.fallback for o in outcomes),
+                f"{ms(percentile(lat, 50))} / {ms(percentile(lat, 99))}",
+                dict(sessions),
+                f"{len(old) - lingering}/{len(old)} idle > TTL gone",
+            ]
+        ],
+    )
+    body += f"\n\n{args.duration_s:.0f} s, {args.workers} customers, TTL {args.ttl_s} s; " + (
+        "all checks passed" if ok else "CHECKS FAILED"
+    )
     write_summary(args.out / "summary.md", "make soak", body)
     return 0 if ok else 1
 

@@ -24,13 +24,57 @@ _WORD = re.compile(r"[a-z0-9]+")
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+")
 _SLOT = re.compile(r"\{(\w+)\}")
 _GENERIC = {
-    "en": {"order_id": "your order", "sku": "the item", "price": "the amount", "product": "the product",
-           "tracking": "your parcel", "phone": "your phone number", "days": "a few"},
-    "zh": {"order_id": "您的订单", "sku": "该商品", "price": "相应金额", "product": "该商品",
-           "tracking": "您的包裹", "phone": "您的手机号", "days": "几"},
+    "en": {
+        "order_id": "your order",
+        "sku": "the item",
+        "price": "the amount",
+        "product": "the product",
+        "tracking": "your parcel",
+        "phone": "your phone number",
+        "days": "a few",
+    },
+    "zh": {
+        "order_id": "您的订单",
+        "sku": "该商品",
+        "price": "相应金额",
+        "product": "该商品",
+        "tracking": "您的包裹",
+        "phone": "您的手机号",
+        "days": "几",
+    },
 }
-_STOP = {"the", "a", "an", "i", "my", "is", "to", "do", "you", "it", "of", "and", "can", "me", "for", "in", "on",
-         "what", "how", "be", "are", "does", "your", "this", "that", "with", "when", "will", "if", "have"}
+_STOP = {
+    "the",
+    "a",
+    "an",
+    "i",
+    "my",
+    "is",
+    "to",
+    "do",
+    "you",
+    "it",
+    "of",
+    "and",
+    "can",
+    "me",
+    "for",
+    "in",
+    "on",
+    "what",
+    "how",
+    "be",
+    "are",
+    "does",
+    "your",
+    "this",
+    "that",
+    "with",
+    "when",
+    "will",
+    "if",
+    "have",
+}
 DEFAULT_ANSWER = {
     "en": "Sorry, our assistant is very busy right now. Please try again in a minute, or ask for a human agent.",
     "zh": "抱歉，客服助手现在非常繁忙，请稍后再试，或转人工客服。",
@@ -41,7 +85,7 @@ def features(text: str) -> Counter:
     text = text.lower()
     feats = Counter(w for w in _WORD.findall(text) if w not in _STOP)
     for run in _CJK.findall(text):
-        feats.update(run[i:i + 2] for i in range(max(1, len(run) - 1)))
+        feats.update(run[i : i + 2] for i in range(max(1, len(run) - 1)))
     return feats
 
 
@@ -57,7 +101,7 @@ def neutral(answer: str, lang: str) -> str:
 @dataclass(frozen=True)
 class Answer:
     text: str
-    entry_id: str | None   # None: nothing matched, the generic "busy" answer
+    entry_id: str | None  # None: nothing matched, the generic "busy" answer
     score: float
 
 
@@ -98,7 +142,7 @@ class FaqFallback:
                 scores[i] = scores.get(i, 0.0) + w * d
         best, best_score = None, 0.0
         if scores:
-            i = min(scores, key=lambda i: (-scores[i], i))   # the highest score, the first question on ties
+            i = min(scores, key=lambda i: (-scores[i], i))  # the highest score, the first question on ties
             if scores[i] > 0.0:
                 best, best_score = self._entries[i], scores[i]
         lang = language(text)

@@ -29,8 +29,8 @@ class CacheEntryRejected(ValueError):
 
 @dataclass(frozen=True)
 class KVEntry:
-    tokens: list[int]   # the ids whose keys and values are in ``kv``
-    kv: np.ndarray      # [layers, 2, kv_heads, len(tokens), head_dim]
+    tokens: list[int]  # the ids whose keys and values are in ``kv``
+    kv: np.ndarray  # [layers, 2, kv_heads, len(tokens), head_dim]
 
 
 def _digest(secret: bytes, header: bytes, payload: bytes | memoryview) -> str:
@@ -44,17 +44,23 @@ def encode(entry: KVEntry, fingerprint: str, secret: bytes = b"") -> bytes:
     kv = np.ascontiguousarray(entry.kv)
     if kv.ndim != 5 or kv.shape[3] != len(entry.tokens):
         raise ValueError(f"KV shape {kv.shape} does not cover {len(entry.tokens)} tokens")
-    meta = {"fingerprint": fingerprint, "dtype": kv.dtype.str, "shape": list(kv.shape),
-            "tokens": [int(t) for t in entry.tokens]}
+    meta = {
+        "fingerprint": fingerprint,
+        "dtype": kv.dtype.str,
+        "shape": list(kv.shape),
+        "tokens": [int(t) for t in entry.tokens],
+    }
     body = json.dumps(meta, separators=(",", ":")).encode()
     payload = kv.tobytes()
-    header = json.dumps({"meta": body.decode(), "digest": _digest(secret, body, payload)},
-                        separators=(",", ":")).encode()
+    header = json.dumps(
+        {"meta": body.decode(), "digest": _digest(secret, body, payload)}, separators=(",", ":")
+    ).encode()
     return MAGIC + _LEN.pack(len(header)) + header + payload
 
 
-def decode(blob: bytes, fingerprint: str, expect_shape: tuple[int, int, int, int], dtype: np.dtype,
-           secret: bytes = b"") -> KVEntry:
+def decode(
+    blob: bytes, fingerprint: str, expect_shape: tuple[int, int, int, int], dtype: np.dtype, secret: bytes = b""
+) -> KVEntry:
     """``expect_shape``: (layers, 2, kv_heads, head_dim) of the serving model."""
     try:
         return _decode(blob, fingerprint, expect_shape, dtype, secret)
@@ -64,8 +70,9 @@ def decode(blob: bytes, fingerprint: str, expect_shape: tuple[int, int, int, int
         raise CacheEntryRejected(f"malformed entry: {e.__class__.__name__}") from None
 
 
-def _decode(blob: bytes, fingerprint: str, expect_shape: tuple[int, int, int, int], dtype: np.dtype,
-            secret: bytes) -> KVEntry:
+def _decode(
+    blob: bytes, fingerprint: str, expect_shape: tuple[int, int, int, int], dtype: np.dtype, secret: bytes
+) -> KVEntry:
     try:
         if not blob.startswith(MAGIC):
             raise CacheEntryRejected("not a Switchboard KV entry")
@@ -73,26 +80,27 @@ def _decode(blob: bytes, fingerprint: str, expect_shape: tuple[int, int, int, in
         start = len(MAGIC) + _LEN.size
         if n > MAX_HEADER or start + n > len(blob):
             raise CacheEntryRejected("truncated header")
-        header = json.loads(blob[start:start + n])
+        header = json.loads(blob[start : start + n])
         body = header["meta"].encode()
         meta = json.loads(body)
         if not isinstance(meta, dict):
             raise CacheEntryRejected("unreadable header: meta is not an object")
-        payload = memoryview(blob)[start + n:]
+        payload = memoryview(blob)[start + n :]
     except (struct.error, ValueError, KeyError, TypeError, UnicodeError, AttributeError, RecursionError) as e:
         if isinstance(e, CacheEntryRejected):
             raise
         raise CacheEntryRejected(f"unreadable header: {e.__class__.__name__}") from None
     if meta.get("fingerprint") != fingerprint:
         raise CacheEntryRejected("entry was written by another model")
-    if not isinstance(header.get("digest"), str) or not hmac.compare_digest(header["digest"],
-                                                                            _digest(secret, body, payload)):
+    if not isinstance(header.get("digest"), str) or not hmac.compare_digest(
+        header["digest"], _digest(secret, body, payload)
+    ):
         raise CacheEntryRejected("digest mismatch (corrupted, truncated or forged)")
     tokens, shape = meta["tokens"], tuple(meta["shape"])
     if np.dtype(meta["dtype"]) != np.dtype(dtype):
         raise CacheEntryRejected(f"dtype {meta['dtype']} is not the model's {np.dtype(dtype).str}")
-    l, two, h, d = expect_shape
-    if shape != (l, two, h, len(tokens), d):
+    layers, two, heads, dim = expect_shape
+    if shape != (layers, two, heads, len(tokens), dim):
         raise CacheEntryRejected(f"shape {shape} does not match the model and {len(tokens)} tokens")
     if payload.nbytes != int(np.prod(shape)) * np.dtype(dtype).itemsize:
         raise CacheEntryRejected("payload size does not match its shape")

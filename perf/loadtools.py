@@ -1,4 +1,4 @@
-"""Shared pieces of ``switchboard.chaos`` and ``switchboard.soak``: timed chats, process
+"""Shared pieces of ``switchboard.perf.chaos`` and ``switchboard.perf.soak``: timed chats, process
 memory, percentiles and markdown tables."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ class Outcome:
     seconds: float
     priority: int = 2
     fallback: bool = False
-    reason: str | None = None       # fallback reason or error code
+    reason: str | None = None  # fallback reason or error code
     stats: dict = field(default_factory=dict)
-    backlog: float = 0.0            # how late the load generator started it (chaos burst)
+    backlog: float = 0.0  # how late the load generator started it (chaos burst)
 
 
 def timed_chat(client: ChatClient, text: str, **kw) -> Outcome:
@@ -49,8 +49,9 @@ async def timed_chat_async(client: AsyncChatClient, text: str, **kw) -> Outcome:
 def _outcome(reply: ChatReply, seconds: float, priority: int) -> Outcome:
     raw = reply.stats.raw
     ok = bool(reply.text.strip())
-    return Outcome(ok, seconds, priority, raw.get("fallback", False), raw.get("fallback_reason") if ok else "EMPTY",
-                   raw)
+    return Outcome(
+        ok, seconds, priority, raw.get("fallback", False), raw.get("fallback_reason") if ok else "EMPTY", raw
+    )
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -27,10 +27,10 @@ class Manifest:
     end_of_turn_id: int
     system_prompt: str | None
     kv_dtype: str = "float32"
-    variants: dict[str, dict] = field(default_factory=dict)   # precision -> {file, fingerprint, sha256...}
-    source: dict = field(default_factory=dict)                # where the checkpoint came from
-    parity: dict = field(default_factory=dict)                # export-time checks against PyTorch
-    accuracy: dict = field(default_factory=dict)              # variants against FP32 on held-out data
+    variants: dict[str, dict] = field(default_factory=dict)  # precision -> {file, fingerprint, sha256...}
+    source: dict = field(default_factory=dict)  # where the checkpoint came from
+    parity: dict = field(default_factory=dict)  # export-time checks against PyTorch
+    accuracy: dict = field(default_factory=dict)  # variants against FP32 on held-out data
     left_out: dict[str, list[str]] = field(default_factory=dict)  # variant -> the gate's reasons
 
     @property
@@ -39,8 +39,10 @@ class Manifest:
 
     def variant(self, precision: str) -> dict:
         if precision in self.left_out:
-            raise ValueError(f"precision {precision!r} was left out by the accuracy gate "
-                             f"({'; '.join(self.left_out[precision])}); have {sorted(self.variants)}")
+            raise ValueError(
+                f"precision {precision!r} was left out by the accuracy gate "
+                f"({'; '.join(self.left_out[precision])}); have {sorted(self.variants)}"
+            )
         if precision not in self.variants:
             raise ValueError(f"precision {precision!r} not exported; have {sorted(self.variants)}")
         return self.variants[precision]

@@ -1,4 +1,4 @@
-"""Build the embedded default model from the corpus: ``python -m switchboard.defaultmodel``.
+"""Build the embedded default model from the corpus: ``python -m switchboard.training``.
 
 Writes a Hugging Face checkpoint (config, safetensors weights, tokenizer with chat template)
 to the output directory. The build is skipped when a checkpoint made from the same inputs
@@ -16,16 +16,17 @@ import sys
 import time
 from pathlib import Path
 
-from switchboard import corpus as corpus_mod
-from switchboard.prompt import DEFAULT_SYSTEM_PROMPT
+from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
+from switchboard.training import corpus as corpus_mod
 
-log = logging.getLogger("switchboard.defaultmodel")
-HERE = Path(__file__).resolve().parent
+log = logging.getLogger("switchboard.training")
+# What the model is made from: a change to any of these rebuilds it.
+SOURCES = ("__main__.py", "augment.py", "corpus.py", "tokenizer.py", "train.py")
 
 
 def inputs_digest(cfg, corpus_dir: Path) -> str:
     h = hashlib.sha256()
-    files = sorted(corpus_dir.glob("*.jsonl")) + sorted(HERE.glob("*.py")) + [Path(corpus_mod.__file__)]
+    files = sorted(corpus_dir.glob("*.jsonl")) + [Path(__file__).parent / name for name in SOURCES]
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -39,9 +40,9 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from switchboard.defaultmodel import tokenizer as tokmod
-    from switchboard.defaultmodel.augment import noisy
-    from switchboard.defaultmodel.train import encode_conversation, train
+    from switchboard.training import tokenizer as tokmod
+    from switchboard.training.augment import noisy
+    from switchboard.training.train import encode_conversation, train
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     t0 = time.time()
@@ -50,38 +51,56 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
     def rewrite(rng, question: str, lang: str) -> str:
         return noisy(rng, question, lang, cfg.noise_drop) if rng.random() < cfg.question_noise else question
 
-    convs = corpus_mod.training_conversations(data, cfg.conversations, seed=cfg.seed,
-                                              rewrite=rewrite if cfg.question_noise else None)
+    convs = corpus_mod.training_conversations(
+        data, cfg.conversations, seed=cfg.seed, rewrite=rewrite if cfg.question_noise else None
+    )
 
     texts = [DEFAULT_SYSTEM_PROMPT] + [m["content"] for c in convs for m in c]
     tok = tokmod.train_tokenizer(texts, cfg.vocab_size, out, cfg.context_window)
-    ids = {"bos": tok.token_to_id(tokmod.BOS), "end": tok.token_to_id(tokmod.END),
-           **{r.strip("<|>"): tok.token_to_id(r) for r in tokmod.ROLE_TOKENS}}
+    ids = {
+        "bos": tok.token_to_id(tokmod.BOS),
+        "end": tok.token_to_id(tokmod.END),
+        **{r.strip("<|>"): tok.token_to_id(r) for r in tokmod.ROLE_TOKENS},
+    }
     pad_id = tok.token_to_id(tokmod.PAD)
     examples = [e for c in convs if (e := encode_conversation(tok, c, DEFAULT_SYSTEM_PROMPT, ids, cfg.max_len))]
-    log.info("tokenizer: %d tokens; %d training conversations (%d dropped as too long)",
-             tok.get_vocab_size(), len(examples), len(convs) - len(examples))
+    log.info(
+        "tokenizer: %d tokens; %d training conversations (%d dropped as too long)",
+        tok.get_vocab_size(),
+        len(examples),
+        len(convs) - len(examples),
+    )
 
     torch.manual_seed(cfg.seed)
     config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=cfg.context_window,
-        rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=ids["bos"], eos_token_id=ids["end"],
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.context_window,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["end"],
         pad_token_id=pad_id,
     )
     model = LlamaForCausalLM(config)
     losses = train(model, examples, cfg, pad_id, bar=bar(cfg.steps) if bar else None)
     model.save_pretrained(out)
-    GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["end"], pad_token_id=pad_id,
-                     do_sample=False).save_pretrained(out)
+    GenerationConfig(
+        bos_token_id=ids["bos"], eos_token_id=ids["end"], pad_token_id=pad_id, do_sample=False
+    ).save_pretrained(out)
     info = {
         "name": "switchboard-default",
         "system_prompt": DEFAULT_SYSTEM_PROMPT,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_config": dataclasses.asdict(cfg),
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-        "loss_every_20_steps": [round(sum(losses[i:i + 20]) / len(losses[i:i + 20]), 4) for i in range(0, len(losses), 20)],
+        "loss_every_20_steps": [
+            round(sum(losses[i : i + 20]) / len(losses[i : i + 20]), 4) for i in range(0, len(losses), 20)
+        ],
         "build_seconds": round(time.time() - t0, 1),
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -104,16 +123,21 @@ def _setting(config_class, text: str) -> tuple[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     from switchboard import console
-    from switchboard.defaultmodel.train import TrainConfig
+    from switchboard.training.train import TrainConfig
 
-    p = argparse.ArgumentParser(prog="python -m switchboard.defaultmodel", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.training", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("build/default-model"), help="checkpoint directory")
     p.add_argument("--corpus", type=Path, default=corpus_mod.CORPUS_DIR, help="corpus directory")
     p.add_argument("--steps", type=int, default=TrainConfig.steps, help="training steps")
     p.add_argument("--seed", type=int, default=TrainConfig.seed, help="seed of the data order and the initial weights")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a training setting (e.g. --set lr=0.003 --set lead_weight=1); "
-                        f"settings: {', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a training setting (e.g. --set lr=0.003 --set lead_weight=1); "
+        f"settings: {', '.join(f.name for f in dataclasses.fields(TrainConfig))}",
+    )
     p.add_argument("--force", action="store_true", help="rebuild even if the inputs did not change")
     p.add_argument("--log", type=Path, help="where the detail goes (default build/logs/model.log)")
     args = p.parse_args(argv)
@@ -129,14 +153,18 @@ def main(argv: list[str] | None = None) -> int:
         if not args.force and stamp.exists() and stamp.read_text().strip() == digest:
             out.line(f"default model up to date ({args.out})")
             return 0
-        out.line(f"training the default model from {args.corpus.name}/ ({cfg.steps} steps, seed {cfg.seed}; "
-                 f"about 3 minutes on 2 cores; detail in {out.log_path or 'the terminal'})")
+        out.line(
+            f"training the default model from {args.corpus.name}/ ({cfg.steps} steps, seed {cfg.seed}; "
+            f"about 3 minutes on 2 cores; detail in {out.log_path or 'the terminal'})"
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         stamp.unlink(missing_ok=True)
         info = build(args.out, cfg, args.corpus, bar=lambda total: out.bar(total, "training", "step"))
         stamp.write_text(digest + "\n")
-        out.line(f"built {args.out}: {info['parameters'] / 1e6:.1f}M parameters, final loss {info['final_loss']:.3f}, "
-                 f"{info['build_seconds']:.0f} s")
+        out.line(
+            f"built {args.out}: {info['parameters'] / 1e6:.1f}M parameters, final loss {info['final_loss']:.3f}, "
+            f"{info['build_seconds']:.0f} s"
+        )
     return 0
 
 

@@ -20,19 +20,34 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
-from switchboard.client.sdk import channel_args
+from switchboard.wire import channel_args
 
 # Keys Triton's gRPC frontend reads itself rather than passing to the model.
-RESERVED = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
-                      "binary_data_output", "triton_enable_empty_final_response"})
+RESERVED = frozenset(
+    {
+        "priority",
+        "timeout",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "binary_data_output",
+        "triton_enable_empty_final_response",
+    }
+)
 
 
 class EngineStreamError(RuntimeError):
     """The pool answered with an error, or the stream broke."""
 
 
-def build_request(model: str, inputs: dict[str, np.ndarray], outputs: list[str], parameters: dict | None = None,
-                  priority: int = 0, timeout_us: int = 0) -> service_pb2.ModelInferRequest:
+def build_request(
+    model: str,
+    inputs: dict[str, np.ndarray],
+    outputs: list[str],
+    parameters: dict | None = None,
+    priority: int = 0,
+    timeout_us: int = 0,
+) -> service_pb2.ModelInferRequest:
     request = service_pb2.ModelInferRequest(model_name=model)
     for name, value in (parameters or {}).items():
         if name in RESERVED:
@@ -112,8 +127,7 @@ class EngineClient:
         Triton says the stub is dead, None when neither came within ``timeout_s`` (a stub busy
         with backpressure answers late; Triton can leave a request sent as its stub died
         unanswered)."""
-        request = build_request(model, {"input_ids": np.zeros((1, 1), np.int32)}, ["stats"], {"ping": True},
-                                priority=1)
+        request = build_request(model, {"input_ids": np.zeros((1, 1), np.int32)}, ["stats"], {"ping": True}, priority=1)
         call = self._stub.ModelStreamInfer(iter((request,)), timeout=timeout_s)
         try:
             for message in call:

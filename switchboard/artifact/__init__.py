@@ -1,0 +1,1 @@
+"""An exported model as the server sees it: its manifest and its tokenizer."""

@@ -1,1 +1,0 @@
-"""The embedded default model: a small Llama trained from the repository's corpus."""

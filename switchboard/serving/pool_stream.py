@@ -1,0 +1,149 @@
+"""One generation on a pool, as ``chat`` sees it: a request over gRPC (``engine_client``), read
+within deadlines, the responses that queued meanwhile merged into one.
+
+A pool that never answers (its stub died mid-request: Triton 2.51 then never completes the
+request) costs a timeout, not a hung chat; a stream the chat leaves (timeout, error, its client
+gone) is cancelled, and with it the pool's request; once another chat finds the pool's stub
+dead, the stream ends at once (``PoolHealth``).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from switchboard.serving.engine_client import EngineClient, EngineStream, build_request
+from switchboard.serving.pool_health import PoolHealth
+from switchboard.wire import untag
+
+
+class EngineError(RuntimeError):
+    """The pool refused or failed the generation, or its stream broke."""
+
+
+class EngineTimeout(EngineError):
+    """No first response, or no next one, within its deadline."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a chat asks a pool for."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    priority: int
+    seed: int | None = None
+    past: np.ndarray | None = None  # KV of the prompt's first tokens, [layers, 2, heads, tokens, dim]
+    return_kv: bool = False
+
+
+class PoolStreams:
+    """Streams generations from the pools. ``first_token_s`` bounds the wait for a pool's first
+    response (its queue and the prefill), ``stall_s`` the wait between responses."""
+
+    def __init__(
+        self, engines: EngineClient, health: PoolHealth, fingerprint: str, first_token_s: float, stall_s: float
+    ):
+        self.engines, self.health, self.fingerprint = engines, health, fingerprint
+        self.first_token_s, self.stall_s = first_token_s, stall_s
+
+    def generate(self, pool: str, gen: Generation) -> Iterator[dict]:
+        """The pool's responses as dicts (``token_ids``: list, ``kv``: array, ``stats``: dict),
+        each within its deadline; raises ``EngineError`` / ``EngineTimeout``."""
+        inputs = {
+            "input_ids": np.asarray([gen.prompt_ids], np.int32),
+            "max_new_tokens": np.asarray([[gen.max_new_tokens]], np.int32),
+            "temperature": np.asarray([[gen.temperature]], np.float32),
+            "top_p": np.asarray([[gen.top_p]], np.float32),
+        }
+        if gen.past is not None:
+            inputs["past_kv"] = gen.past[None]
+        parameters = {"chat_priority": gen.priority, "fingerprint": self.fingerprint, "return_kv": gen.return_kv}
+        if gen.seed is not None:
+            parameters["seed"] = gen.seed
+        # Triton's queue orders the pool's requests by `priority` and rejects one it could not
+        # start within `timeout`; the engine orders its batch by `chat_priority`.
+        request = build_request(
+            pool,
+            inputs,
+            ["token_ids", "kv", "stats"],
+            parameters,
+            priority=gen.priority,
+            timeout_us=int(self.first_token_s * 1e6),
+        )
+        # Responses that queued while this chat waited for its turn to send go out as one.
+        for responses in self._bounded(pool, self.engines.stream(request)):
+            merged: dict = {}
+            for response in responses:
+                for name, array in response.items():
+                    if name == "token_ids":
+                        merged.setdefault(name, []).extend(array.reshape(-1).tolist())
+                    elif name == "kv":
+                        merged[name] = array.reshape(array.shape[-5:])
+                    elif name == "stats":
+                        merged[name] = json.loads(array.reshape(-1)[0])
+            yield merged
+
+    def _bounded(self, pool: str, stream: EngineStream):
+        """The stream in batches: every response that has arrived (at least one), read on a
+        helper thread so that the deadlines hold whatever the pool does."""
+        responses: queue.Queue = queue.Queue()
+
+        def pump():
+            try:
+                for response in stream:
+                    responses.put(response)
+            except Exception as e:  # surfaced to the chat as an engine error
+                responses.put(e)
+            responses.put(None)
+
+        def dead():
+            responses.put(RuntimeError("its stub process died while this chat streamed from it"))
+
+        threading.Thread(target=pump, name=f"engine-{pool}", daemon=True).start()
+        first, finished = True, False
+        with self.health.watching(pool, dead):
+            try:
+                while True:
+                    wait = self.first_token_s if first else self.stall_s
+                    try:
+                        batch = [self._next(responses, pool, wait)]
+                    except queue.Empty:
+                        what = "no first response" if first else "stream stalled"
+                        raise EngineTimeout(f"{pool}: {what} within {wait:g} s") from None
+                    while batch[-1] is not None and not isinstance(batch[-1], Exception) and not responses.empty():
+                        batch.append(responses.get_nowait())
+                    end = batch[-1] is None
+                    if end:
+                        batch.pop()
+                    if batch and isinstance(batch[-1], Exception):
+                        raise EngineError(f"{pool}: {untag(str(batch[-1]))[1]}")
+                    if batch:
+                        yield batch
+                    if end:
+                        finished = True
+                        return
+                    first = False
+            finally:
+                if not finished:
+                    stream.cancel()
+
+    def _next(self, responses: queue.Queue, pool: str, wait: float):
+        """``responses.get(timeout=wait)``, telling ``health`` each time the stream has been
+        quiet for ``probe_after_s`` (it may ping the pool)."""
+        deadline = time.monotonic() + wait
+        step = self.health.probe_after_s or wait
+        while (left := deadline - time.monotonic()) > step:
+            try:
+                return responses.get(timeout=step)
+            except queue.Empty:
+                self.health.quiet(pool)
+        return responses.get(timeout=max(0.0, left))

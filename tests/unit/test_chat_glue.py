@@ -1,0 +1,181 @@
+"""The ``chat`` model's Triton glue with a stubbed ``triton_python_backend_utils``: requests in,
+responses out, every error with its code and a final flag. The turn itself is faked here
+(tests/unit/test_turn.py tests it)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from switchboard.serving.gate import PriorityGate
+from switchboard.serving.pool_stream import EngineError
+from switchboard.serving.request import ChatRequest, Limits, RequestError
+from switchboard.serving.turn import Cancelled
+
+FINAL = 1
+CHAT = ChatRequest("hi", None, 16, 0.0, 1.0, 2, None)
+
+
+class Tensor:
+    def __init__(self, name, array):
+        self.name, self.array = name, array
+
+    def as_numpy(self):
+        return self.array
+
+
+class Response:
+    def __init__(self, output_tensors=(), error=None):
+        self.outputs = {t.name: t.array for t in output_tensors}
+        self.error = error
+
+
+class TritonError:
+    INTERNAL, INVALID_ARG, UNAVAILABLE, CANCELLED = "INTERNAL", "INVALID_ARG", "UNAVAILABLE", "CANCELLED"
+
+    def __init__(self, message, code):
+        self.message, self.code = message, code
+
+
+def _stub_module():
+    pb = types.ModuleType("triton_python_backend_utils")
+    pb.Tensor, pb.InferenceResponse, pb.TritonError = Tensor, Response, TritonError
+    pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
+    pb.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
+    return pb
+
+
+@pytest.fixture
+def glue(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _stub_module())
+    for name in ("switchboard.triton.common", "switchboard.triton.chat_model"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    module = importlib.import_module("switchboard.triton.chat_model")
+    yield module
+    for name in ("switchboard.triton.common", "switchboard.triton.chat_model"):
+        sys.modules.pop(name, None)
+
+
+class Sender:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, response, flags=0):
+        self.sent.append((response, flags))
+
+
+class Request:
+    def __init__(self, text, parameters=None, cancelled=False):
+        self.inputs = {} if text is None else {"text": Tensor("text", np.asarray([text.encode()], np.object_))}
+        self.params, self.cancelled, self.sender = json.dumps(parameters or {}), cancelled, Sender()
+
+    def get_response_sender(self):
+        return self.sender
+
+    def parameters(self):
+        return self.params
+
+    def is_cancelled(self):
+        return self.cancelled
+
+
+class Admission:
+    """Runs each admitted chat at once, on the caller's thread."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def wait_for_room(self, timeout):
+        return True
+
+    def submit(self, job, priority):
+        self.run(job)
+
+
+class Turn:
+    def __init__(self, outcome=None):
+        self.outcome, self.ran = outcome, []
+
+    def run(self, chat, sink, cancelled, t0):
+        self.ran.append(chat)
+        if self.outcome is not None:
+            raise self.outcome
+        sink.text("你好", chat.priority)
+        sink.final({"generated_tokens": 2, "priority": chat.priority}, "!", chat.priority)
+
+    def answer_from_faq(self, chat, sink, t0, reason, extra):
+        sink.final({"fallback": True, "fallback_reason": reason, **extra}, "FAQ", chat.priority)
+
+
+def _model(glue, turn, faq=True):
+    model = glue.TritonPythonModel()
+    model.limits, model.turn, model.gate, model.cancel_poll_s = Limits(), turn, PriorityGate(), 0.05
+    model.faq = object() if faq else None
+    model.admission = Admission(model._serve)
+    return model
+
+
+def _error(sender):
+    [(response, flags)] = sender.sent
+    assert flags == FINAL and response.error is not None
+    return response.error
+
+
+def test_a_chat_streams_text_then_a_final_response_with_stats(glue):
+    model = _model(glue, Turn())
+    request = Request("你好", {"chat_priority": 1})
+    model.execute([request])
+    (text, f1), (final, f2) = request.sender.sent
+    assert text.outputs["text_output"][0][0].decode() == "你好" and f1 == 0
+    assert final.outputs["text_output"][0][0] == b"!" and f2 == FINAL
+    assert json.loads(final.outputs["stats"][0][0]) == {"generated_tokens": 2, "priority": 1}
+
+
+def test_bad_input_is_invalid_arg_naming_the_field_and_never_reaches_the_turn(glue):
+    turn = Turn()
+    model = _model(glue, turn)
+    request = Request(None)
+    model.execute([request])
+    error = _error(request.sender)
+    assert error.code == "INVALID_ARG" and error.message == "[INVALID_ARG] text: required input is missing"
+    assert turn.ran == []
+
+
+@pytest.mark.parametrize(
+    "outcome,code,message",
+    [
+        (RequestError("prompt: too long"), "INVALID_ARG", "prompt: too long"),
+        (EngineError("engine_short: died"), "UNAVAILABLE", "engine_short: died"),
+        (Cancelled(), "CANCELLED", "cancelled by the client"),
+        (KeyError("secret detail"), "INTERNAL", "internal error"),
+    ],
+)
+def test_each_failure_of_a_turn_ends_the_stream_with_its_code(glue, outcome, code, message):
+    request = Request("hi")
+    _model(glue, Turn(outcome)).execute([request])
+    error = _error(request.sender)
+    assert error.code == code and error.message == f"[{code}] {message}"  # no traceback, no detail
+
+
+def test_a_chat_whose_client_left_before_its_slot_is_not_run(glue):
+    turn = Turn()
+    request = Request("hi", cancelled=True)
+    _model(glue, turn).execute([request])
+    assert _error(request.sender).code == "CANCELLED" and turn.ran == []
+
+
+def test_a_shed_chat_gets_the_faq_or_unavailable_without_one(glue):
+    model = _model(glue, Turn())
+    request = Request("hi")
+    model._shed(glue._Job(request, request.sender, CHAT, 0.0), "queue_timeout")
+    [(response, flags)] = request.sender.sent
+    stats = json.loads(response.outputs["stats"][0][0])
+    assert flags == FINAL and stats == {"fallback": True, "fallback_reason": "queue_timeout", "session": "skipped"}
+    request = Request("hi")
+    _model(glue, Turn(), faq=False)._shed(glue._Job(request, request.sender, CHAT, 0.0), "queue_full")
+    assert _error(request.sender).code == "UNAVAILABLE"

@@ -1,0 +1,296 @@
+"""One chat turn with fakes for the session store, the pools, the FAQ and the response sink."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from switchboard.serving.fallback import Answer
+from switchboard.serving.kvcodec import KVEntry
+from switchboard.serving.pool_health import PoolHealth
+from switchboard.serving.pool_stream import EngineError, EngineTimeout
+from switchboard.serving.prompt import Conversation, Prompt, PromptTooLong
+from switchboard.serving.request import ChatRequest, RequestError
+from switchboard.serving.router import Router
+from switchboard.serving.session import Lookup
+from switchboard.serving.turn import Cancelled, ChatTurn
+
+EOT = 99
+DEAD = "Failed for execute the inference request. Model 'engine_short' is not ready: Stub process is not healthy."
+
+
+def decode(ids):
+    return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+class Prompts:
+    """Prompt ids: the history's tokens, then one id per character of the new message."""
+
+    def build(self, history, text, max_new_tokens):
+        if text == "too long":
+            raise PromptTooLong("prompt: 900 tokens do not fit the context window")
+        head = list(history.tokens) if history else [1, 2, 3]
+        return Prompt(head + [ord(c) % 50 for c in text], [{"role": "user", "content": text}], max_new_tokens)
+
+    @staticmethod
+    def after_answer(prompt, answer_ids, answer_text, end_id):
+        return Conversation([*prompt.messages, {"role": "assistant", "content": answer_text}], prompt.ids + answer_ids)
+
+
+class Sessions:
+    def __init__(self, lookup: Lookup | None = None):
+        self.lookup = lookup or Lookup()
+        self.loads, self.saved = [], []
+
+    def load(self, session_id, want_kv=True):
+        self.loads.append((session_id, want_kv))
+        return self.lookup
+
+    def save(self, session_id, conversation, kv):
+        self.saved.append((session_id, conversation, kv))
+        return True
+
+
+class Pools:
+    """Per pool, a script: response dicts, and an exception raised where it stands."""
+
+    def __init__(self, **scripts):
+        self.scripts, self.calls = scripts, []
+
+    def generate(self, pool, gen):
+        self.calls.append((pool, gen))
+        for item in self.scripts[pool]:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+
+class Faq:
+    def answer(self, text):
+        return Answer("See My Orders.", "order-status", 0.9)
+
+
+class Sink:
+    def __init__(self):
+        self.deltas, self.finals = [], []
+
+    def text(self, delta, priority):
+        self.deltas.append((delta, priority))
+
+    def final(self, stats, text, priority):
+        self.finals.append((stats, text, priority))
+
+    @property
+    def stats(self):
+        assert len(self.finals) == 1
+        return self.finals[0][0]
+
+    @property
+    def reply(self):
+        return "".join(d for d, _ in self.deltas) + self.finals[0][1]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 0.010  # every reading 10 ms later
+        return self.now
+
+
+def _answer(ids, kv=None, stats=None):
+    out = {"token_ids": ids}
+    if kv is not None:
+        out["kv"] = kv
+    if stats is not None:
+        out["stats"] = stats
+    return out
+
+
+FAQ = Faq()
+
+
+def _turn(sessions=None, pools=None, faq=FAQ, health=None, **kw):
+    return ChatTurn(
+        prompts=Prompts(),
+        sessions=sessions or Sessions(),
+        router=Router(8),
+        pools=pools,
+        health=health or PoolHealth(),
+        faq=faq,
+        decode=decode,
+        stop_ids={EOT},
+        end_of_turn_id=EOT,
+        clock=Clock(),
+        **kw,
+    )
+
+
+def _chat(text="hi", session_id=None, priority=2):
+    return ChatRequest(text, session_id, 16, 0.0, 1.0, priority, None)
+
+
+def _run(turn, chat, cancelled=lambda: False):
+    sink = Sink()
+    turn.run(chat, sink, cancelled, 0.0)
+    return sink
+
+
+ENGINE_STATS = {"reason": "eos", "queue_ms": 1.5, "engine_ms": 9.0, "batch_size": 3}
+
+
+def test_a_one_off_chat_streams_text_and_ends_with_its_stats():
+    pools = Pools(engine_short=[_answer([0, 1]), _answer([2, EOT], stats=ENGINE_STATS)])
+    sessions = Sessions()
+    sink = _run(_turn(sessions, pools), _chat("hi"))
+    assert sink.reply == "abc" and all(p == 2 for _, p in sink.deltas)
+    assert sessions.loads == [] and sessions.saved == []  # no session: neither read nor written
+    stats = sink.stats
+    assert stats["prompt_tokens"] == 5 and stats["generated_tokens"] == 4 and stats["reused_tokens"] == 0
+    assert stats["route"] == "short" and stats["session"] == "none" and stats["fallback"] is False
+    assert stats["finish_reason"] == "eos" and stats["batch_size"] == 3 and stats["engine_queue_ms"] == 1.5
+    assert stats["ttft_ms"] == 10.0 and stats["total_ms"] > stats["ttft_ms"]
+    gen = pools.calls[0][1]
+    assert gen.past is None and gen.return_kv is False and gen.priority == 2
+
+
+def test_a_session_hit_reuses_the_common_prefix_and_stores_the_new_kv():
+    history = Conversation([{"role": "user", "content": "x"}], [5, 6, 7, 8])
+    cached = np.arange(2 * 2 * 1 * 4 * 3, dtype=np.float32).reshape(2, 2, 1, 4, 3)
+    sessions = Sessions(Lookup(history, KVEntry([5, 6, 7, 8], cached), "hit"))
+    prompt_len = 4 + len("ok")
+    new_kv = np.zeros((2, 2, 1, prompt_len + 2, 3), np.float32)  # prompt + all generated but the last
+    pools = Pools(engine_short=[_answer([0, 1]), _answer([EOT], kv=new_kv, stats=ENGINE_STATS)])
+    sink = _run(_turn(sessions, pools), _chat("ok", session_id="s1"))
+    gen = pools.calls[0][1]
+    assert gen.return_kv is True and gen.past.shape[3] == 4
+    np.testing.assert_array_equal(gen.past, cached)
+    assert sink.stats["reused_tokens"] == 4 and sink.stats["session"] == "hit"
+    [(sid, conversation, entry)] = sessions.saved
+    assert sid == "s1" and conversation.tokens == gen.prompt_ids + [0, 1, EOT]
+    assert entry.tokens == gen.prompt_ids + [0, 1] and entry.kv is new_kv
+
+
+def test_reuse_leaves_at_least_one_prompt_token_to_compute():
+    history = Conversation([], [5, 6, 7])
+    sessions = Sessions(Lookup(history, KVEntry([5, 6, 7, 1, 2, 3], np.zeros((1, 2, 1, 6, 2))), "hit"))
+    turn = _turn(sessions, Pools(engine_short=[_answer([EOT])]))
+    turn.prompts.build = lambda history, text, max_new: Prompt([5, 6, 7], [], max_new)  # all of it cached
+    sink = _run(turn, _chat(session_id="s"))
+    assert sink.stats["reused_tokens"] == 2
+
+
+def test_kv_that_does_not_cover_the_turn_is_not_stored():
+    pools = Pools(engine_short=[_answer([0, EOT], kv=np.zeros((1, 2, 1, 3, 2)))])
+    sessions = Sessions()
+    _run(_turn(sessions, pools), _chat(session_id="s"))
+    [(_, _, entry)] = sessions.saved
+    assert entry is None  # the conversation is stored, its KV is not
+
+
+@pytest.mark.parametrize("status", ["miss", "rejected", "unavailable"])
+def test_a_session_without_usable_kv_is_computed_from_scratch_and_says_why(status):
+    pools = Pools(engine_short=[_answer([0, EOT])])
+    sessions = Sessions(Lookup(None, None, status))
+    sink = _run(_turn(sessions, pools), _chat(session_id="s"))
+    assert sink.stats["session"] == status and sink.stats["reused_tokens"] == 0
+    assert pools.calls[0][1].past is None and len(sessions.saved) == 1
+
+
+def test_kv_reuse_off_neither_reads_nor_asks_for_kv():
+    pools = Pools(engine_short=[_answer([0, EOT])])
+    sessions = Sessions()
+    _run(_turn(sessions, pools, kv_reuse=False), _chat(session_id="s"))
+    assert sessions.loads == [("s", False)] and pools.calls[0][1].return_kv is False
+
+
+def test_long_prompts_go_to_the_long_pool():
+    pools = Pools(engine_long=[_answer([0, EOT])])
+    sink = _run(_turn(pools=pools), _chat("a longer message"))
+    assert pools.calls[0][0] == "engine_long" and sink.stats["route"] == "long"
+
+
+def test_a_pool_that_fails_before_any_text_is_retried_on_the_other():
+    pools = Pools(engine_short=[EngineError("engine_short: boom")], engine_long=[_answer([0, EOT])])
+    sink = _run(_turn(pools=pools), _chat())
+    assert [p for p, _ in pools.calls] == ["engine_short", "engine_long"]
+    assert sink.reply == "a" and sink.stats["route"] == "long" and sink.stats["fallback"] is False
+
+
+def test_a_dead_stub_is_routed_around_by_the_next_chats():
+    health = PoolHealth(retry_after_s=30)
+    pools = Pools(engine_short=[EngineError(DEAD)], engine_long=[_answer([0, EOT])])
+    turn = _turn(pools=pools, health=health)
+    _run(turn, _chat())
+    assert not health.up("engine_short")
+    pools.calls.clear()
+    _run(turn, _chat())
+    assert [p for p, _ in pools.calls] == ["engine_long"]
+
+
+def test_a_busy_pool_error_does_not_mark_it_dead():
+    health = PoolHealth()
+    pools = Pools(engine_short=[EngineError("engine_short: queue full")], engine_long=[_answer([EOT])])
+    _run(_turn(pools=pools, health=health), _chat())
+    assert health.up("engine_short")
+
+
+def test_a_timeout_answers_from_the_faq_at_once():
+    pools = Pools(engine_short=[EngineTimeout("engine_short: no first response within 10 s")], engine_long=[])
+    sink = _run(_turn(pools=pools), _chat(session_id="s"))
+    stats = sink.stats
+    assert [p for p, _ in pools.calls] == ["engine_short"]  # not retried: the other pool is as busy
+    assert stats["fallback"] is True and stats["fallback_reason"] == "engine_timeout"
+    assert stats["faq_id"] == "order-status" and sink.reply == "See My Orders."
+    assert stats["session"] == "miss" and stats["prompt_tokens"] == 5 and stats["finish_reason"] == "fallback"
+
+
+def test_both_pools_failing_answers_from_the_faq():
+    pools = Pools(engine_short=[EngineError("a")], engine_long=[EngineError("b")])
+    sink = _run(_turn(pools=pools), _chat())
+    assert sink.stats["fallback_reason"] == "engine_error" and sink.stats["session"] == "none"
+
+
+def test_without_a_faq_the_engine_error_reaches_the_caller():
+    pools = Pools(engine_short=[EngineError("a")], engine_long=[EngineError("b")])
+    with pytest.raises(EngineError):
+        _run(_turn(pools=pools, faq=None), _chat())
+
+
+def test_a_pool_failing_after_text_was_sent_is_an_error_not_a_second_answer():
+    pools = Pools(engine_short=[_answer([0, 1]), EngineError("engine_short: died")], engine_long=[_answer([2])])
+    sessions = Sessions()
+    sink = Sink()
+    with pytest.raises(EngineError):
+        _turn(sessions, pools).run(_chat(session_id="s"), sink, lambda: False, 0.0)
+    assert [p for p, _ in pools.calls] == ["engine_short"] and sink.finals == [] and sessions.saved == []
+
+
+def test_the_shed_path_answers_from_the_faq_with_its_reason():
+    sink = Sink()
+    _turn(pools=Pools()).answer_from_faq(_chat(priority=1), sink, 0.0, "queue_timeout", {"session": "skipped"})
+    stats, text, priority = sink.finals[0]
+    assert stats["fallback_reason"] == "queue_timeout" and stats["session"] == "skipped" and priority == 1
+    assert stats["priority"] == 1 and text == "See My Orders." and stats["total_ms"] == 10.0
+
+
+def test_a_client_that_leaves_stops_the_turn_and_nothing_is_stored():
+    pools = Pools(engine_short=[_answer([0]), _answer([1]), _answer([EOT])])
+    sessions = Sessions()
+    asked = iter([False, True])
+    sink = Sink()
+    with pytest.raises(Cancelled):
+        _turn(sessions, pools).run(_chat(session_id="s"), sink, lambda: next(asked), 0.0)
+    assert sink.deltas == [("a", 2)] and sink.finals == [] and sessions.saved == []
+
+
+def test_a_prompt_that_cannot_fit_is_the_clients_error():
+    with pytest.raises(RequestError, match="context window"):
+        _run(_turn(pools=Pools()), _chat("too long"))
+
+
+def test_stop_tokens_are_counted_but_not_shown():
+    pools = Pools(engine_short=[_answer([0, EOT])])
+    sink = _run(_turn(pools=pools), _chat())
+    assert sink.reply == "a" and sink.stats["generated_tokens"] == 2
