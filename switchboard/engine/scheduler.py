@@ -3,8 +3,13 @@
 Each iteration works on one *lane*, a running batch with its own KV cache: it admits waiting
 sequences (lowest priority number first, then arrival order) while there is room
 (priority 2 leaves ``priority_slots`` of ``max_batch`` rows to priority 1) and prefills them
-together on top of their cached prefixes, or else runs one decode step for the lane's rows. Finished rows leave
-between steps. Nothing here knows Triton: results go to a ``Sink``.
+together on top of their cached prefixes, or else runs one decode step for the lane's rows.
+Finished rows leave between steps. Nothing here knows Triton: results go to a ``Sink``.
+
+An iteration is decided (``schedule``: which lane, which sequences join), run (``run``: the
+decoder's one forward pass, behind the small ``Decoder`` protocol) and applied
+(``update_from_output``: the new cache, a sampled token per row, finished rows out), so the
+scheduling is tested with a scripted decoder and no model (tests/unit/test_scheduler.py).
 
 Priority 1 has its own lane when ``preempt_steps`` > 0. While it has work its iterations come
 first, and priority 2's lane gets one iteration after every ``preempt_steps`` of them, so
@@ -45,7 +50,7 @@ from typing import Protocol
 import numpy as np
 
 from switchboard.engine.batch import KVBatch, prefill_inputs
-from switchboard.engine.runtime import OnnxDecoder
+from switchboard.engine.decoder import Decoder
 from switchboard.engine.sampling import sample
 from switchboard.nice import lower_this_thread
 
@@ -101,6 +106,27 @@ class _Sequence:
     queue_ms: float = 0.0
     prefill_ms: float = 0.0
     admitted_with: int = 0
+    broken: bool = False  # its sink raised: dropped without a result
+
+
+@dataclass
+class StepPlan:
+    """One iteration, decided: prefill ``admitted`` on ``lane`` (on top of their cached
+    prefixes), or else (``decode``) one decode step for the lane's running rows, or nothing."""
+
+    lane: _Lane
+    admitted: list[_Sequence]
+    decode: bool
+
+
+@dataclass
+class StepOutput:
+    """The decoder's answer to a plan: each row's next-token logits and the lane's new cache."""
+
+    last_logits: np.ndarray  # [rows, vocab]
+    batch: KVBatch
+    padded: int  # tokens (prefill) or cache columns (decode) the step computed, padding included
+    started: float  # perf_counter() when the forward pass began
 
 
 STAT_KEYS = (
@@ -121,7 +147,7 @@ STAT_KEYS = (
 class Engine:
     def __init__(
         self,
-        decoder: OnnxDecoder,
+        decoder: Decoder,
         max_batch: int,
         max_waiting: int,
         stop_ids: set[int],
@@ -324,18 +350,80 @@ class Engine:
             self._rows -= n
             self._cv.notify_all()  # rows free for the other lane
 
+    # -- one iteration: plan it, run the decoder, apply its output ----------------------------
     def step(self, lane: _Lane | None = None) -> None:
         """One iteration on one lane (``_turn``'s when None): admit and prefill, or else one decode step."""
         t0 = time.perf_counter()
-        if lane is None:
-            lane = self._turn()
-        admitted = self._admit(lane)
-        if admitted:
-            self._prefill(lane, admitted)
-        elif lane.running:
-            self._decode(lane)
-        self._retire(lane)
+        plan = self.schedule(lane)
+        try:
+            output = self.run(plan)
+        except Exception as e:
+            if plan.admitted:  # not in the running batch yet: nobody else would answer them
+                self._fail(plan.admitted, e)
+            raise
+        self.update_from_output(plan, output)
         self._count({"busy_s": time.perf_counter() - t0})
+
+    def schedule(self, lane: _Lane | None = None) -> StepPlan:
+        """Decide the iteration: which lane, which waiting sequences join it (taking their rows)."""
+        lane = lane if lane is not None else self._turn()
+        admitted = self._admit(lane)
+        return StepPlan(lane, admitted, decode=not admitted and bool(lane.running))
+
+    def run(self, plan: StepPlan) -> StepOutput | None:
+        """The decoder's forward pass for ``plan``: the only call into the model."""
+        if plan.admitted:
+            t0 = time.perf_counter()
+            reqs = [s.request for s in plan.admitted]
+            layers, heads, dim = self._shape
+            ids, mask, pos, past, next_pos = prefill_inputs(
+                [r.prompt for r in reqs], [r.reused for r in reqs], [r.past for r in reqs],
+                layers, heads, dim, self.decoder.dtype,
+            )  # fmt: skip
+            logits, present = self.decoder.forward(ids, mask, pos, past)
+            return StepOutput(logits[:, -1, :], KVBatch(present, mask, next_pos), int(ids.size), t0)
+        if plan.decode:
+            b = plan.lane.batch
+            tokens = np.asarray([[s.tokens[-1]] for s in plan.lane.running], np.int64)
+            mask = np.concatenate([b.mask, np.ones((b.size, 1), b.mask.dtype)], axis=1)
+            t0 = time.perf_counter()
+            logits, present = self.decoder.forward(tokens, mask, b.next_pos[:, None], b.kv)
+            return StepOutput(logits[:, -1, :], KVBatch(present, mask, b.next_pos + 1), int(mask.size), t0)
+        return None
+
+    def update_from_output(self, plan: StepPlan, output: StepOutput | None) -> None:
+        """Apply the forward pass: the lane's new cache, a token for each row, finished rows out."""
+        lane = plan.lane
+        if plan.admitted:
+            seqs = plan.admitted
+            elapsed = (time.perf_counter() - output.started) * 1000
+            self._count(
+                {
+                    "prefill_batches": 1,
+                    "prefill_padded_tokens": output.padded,
+                    "prefill_tokens": int(sum(len(s.request.prompt) - s.request.reused for s in seqs)),
+                }
+            )
+            for seq in seqs:
+                seq.prefill_ms = elapsed
+                seq.admitted_with = len(lane.running) + len(seqs)
+                seq.request.past = None  # the batch owns the cache now
+            lane.batch = output.batch if lane.batch is None else lane.batch.merge(output.batch)
+            lane.running.extend(seqs)
+            self._emit(seqs, output.last_logits)
+        elif plan.decode:
+            size, mask = output.batch.size, output.batch.mask
+            lane.batch = output.batch
+            self._count(
+                {
+                    "decode_steps": 1,
+                    "decode_padded_columns": int(mask.size - mask.sum()),
+                    "decode_columns": output.padded,
+                },
+                decode_size=size,
+            )
+            self._emit(lane.running, output.last_logits)
+        self._retire(lane)
 
     def _turn(self) -> _Lane:
         """The lane this iteration works on, when one thread runs both."""
@@ -372,52 +460,6 @@ class Engine:
             return True
         return False
 
-    def _prefill(self, lane: _Lane, seqs: list[_Sequence]) -> None:
-        layers, heads, dim = self._shape
-        t0 = time.perf_counter()
-        try:
-            ids, mask, pos, past, next_pos = prefill_inputs(
-                [s.request.prompt for s in seqs],
-                [s.request.reused for s in seqs],
-                [s.request.past for s in seqs],
-                layers,
-                heads,
-                dim,
-                self.decoder.dtype,
-            )
-            logits, present = self.decoder.forward(ids, mask, pos, past)
-        except Exception as e:  # not in the running batch yet: nobody else would answer them
-            self._fail(seqs, e)
-            raise
-        elapsed = (time.perf_counter() - t0) * 1000
-        self._count(
-            {
-                "prefill_batches": 1,
-                "prefill_padded_tokens": int(ids.size),
-                "prefill_tokens": int(sum(len(s.request.prompt) - s.request.reused for s in seqs)),
-            }
-        )
-        for seq in seqs:
-            seq.prefill_ms = elapsed
-            seq.admitted_with = len(lane.running) + len(seqs)
-            seq.request.past = None  # the batch owns the cache now
-        new = KVBatch(present, mask, next_pos)
-        lane.batch = new if lane.batch is None else lane.batch.merge(new)
-        lane.running.extend(seqs)
-        self._emit(seqs, logits[:, -1, :])
-
-    def _decode(self, lane: _Lane) -> None:
-        b = lane.batch
-        tokens = np.asarray([[s.tokens[-1]] for s in lane.running], np.int64)
-        mask = np.concatenate([b.mask, np.ones((b.size, 1), b.mask.dtype)], axis=1)
-        logits, present = self.decoder.forward(tokens, mask, b.next_pos[:, None], b.kv)
-        lane.batch = KVBatch(present, mask, b.next_pos + 1)
-        self._count(
-            {"decode_steps": 1, "decode_padded_columns": int(mask.size - mask.sum()), "decode_columns": int(mask.size)},
-            decode_size=b.size,
-        )
-        self._emit(lane.running, logits[:, -1, :])
-
     def _emit(self, seqs: list[_Sequence], last_logits: np.ndarray) -> None:
         """``last_logits[i]`` is the next-token distribution of ``seqs[i]``."""
         for seq, logits in zip(seqs, last_logits):
@@ -428,10 +470,10 @@ class Engine:
                 seq.sink.on_tokens([token])
             except Exception:  # a broken client must not stop the batch
                 log.exception("sink failed; dropping the sequence")
-                seq.tokens.append(-1)
+                seq.broken = True
 
     def _finished(self, lane: _Lane, seq: _Sequence, row: int) -> str | None:
-        if seq.tokens and seq.tokens[-1] == -1:
+        if seq.broken:
             return "error"
         if seq.tokens and seq.tokens[-1] in self.stop_ids:
             return "stop"

@@ -1,0 +1,384 @@
+"""The engine's scheduler with a scripted decoder, no exported model: lanes, priority slots,
+preemption, hold-back, cancellation, retirement, failures. (tests/model/test_engine.py runs the
+same scheduler on the real model for what depends on the numbers: batched = alone, cached
+prefixes.)"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from switchboard.engine.scheduler import Engine, GenerationRequest
+
+VOCAB = 64
+STOP = 63
+
+
+class ScriptedDecoder:
+    """A row's next token is its last input token + 1 (so a prompt ending in 10 generates 11,
+    12, ...); the cache grows by the new columns. Each forward pass takes ``step_s`` (the lanes'
+    threads overlap in it, as in ONNX Runtime, which releases the GIL)."""
+
+    def __init__(self, step_s: float = 0.0, context_window: int = 256, fail: bool = False):
+        self.manifest = SimpleNamespace(num_layers=2, num_kv_heads=1, head_dim=2, context_window=context_window)
+        self.dtype = np.dtype(np.float32)
+        self.step_s, self.fail = step_s, fail
+        self.calls: list[tuple[int, int]] = []  # (rows, new tokens per row)
+        self._lock = threading.Lock()
+
+    def forward(self, ids, mask, pos, past):
+        with self._lock:
+            self.calls.append(ids.shape)
+        if self.fail:
+            raise RuntimeError("device lost")
+        if self.step_s:
+            time.sleep(self.step_s)
+        rows, n = ids.shape
+        assert past[0][0].shape[2] + n == mask.shape[1], "the cache and the mask disagree"
+        logits = np.zeros((rows, n, VOCAB), np.float32)
+        logits[np.arange(rows), -1, (ids[:, -1] + 1) % VOCAB] = 1.0
+        new = np.zeros((rows, 1, n, 2), self.dtype)
+        new[..., 0] = pos[:, None, :]  # the cache holds each column's position: checkable
+        return logits, [(np.concatenate([k, new], 2), np.concatenate([v, new], 2)) for k, v in past]
+
+
+class Sink:
+    def __init__(self, log=None, name=None, cancel_after=None):
+        self.tokens, self.result, self.error, self.times = [], None, None, []
+        self.log, self.name, self.cancel_after = log, name, cancel_after
+
+    def on_tokens(self, ids):
+        self.tokens += ids
+        self.times.append(time.perf_counter())
+
+    def on_finish(self, result):
+        self.result = result
+        if self.log is not None:
+            self.log.append(self.name)
+
+    def on_error(self, error):
+        self.error = error
+
+    def cancelled(self):
+        return self.cancel_after is not None and len(self.tokens) >= self.cancel_after
+
+
+def engine(decoder=None, max_batch=8, priority_slots=0, preempt_steps=0, stop_ids=(STOP,), **kw):
+    return Engine(
+        decoder or ScriptedDecoder(),
+        max_batch=max_batch,
+        max_waiting=64,
+        stop_ids=set(stop_ids),
+        priority_slots=priority_slots,
+        preempt_steps=preempt_steps,
+        **kw,
+    )
+
+
+def drain(e, sinks):
+    while any(s.result is None and s.error is None for s in sinks):
+        e.step()
+
+
+def submit(e, sinks, prompt=(1, 2, 10), max_new=8, priority=2):
+    for s in sinks:
+        e.submit(GenerationRequest(list(prompt), max_new, priority=priority), s)
+    return sinks
+
+
+def test_planning_admits_without_running_the_model_and_applying_emits_and_retires():
+    decoder = ScriptedDecoder()
+    e = engine(decoder)
+    [s] = submit(e, [Sink()], max_new=1)
+    plan = e.schedule()
+    assert [q.sink for q in plan.admitted] == [s] and not plan.decode
+    assert decoder.calls == [] and e.running() == 0 and e.waiting() == 0  # a row taken, not yet running
+    output = e.run(plan)
+    assert decoder.calls == [(1, 3)] and s.tokens == []
+    e.update_from_output(plan, output)
+    assert s.tokens == [11] and s.result.reason == "length" and e.running() == 0
+
+
+def test_an_iteration_prefills_what_it_admits_or_else_decodes_the_running_rows():
+    decoder = ScriptedDecoder()
+    e = engine(decoder)
+    a, b = submit(e, [Sink(), Sink()], max_new=3)
+    e.step()
+    late = submit(e, [Sink()], prompt=(5, 6, 7, 20), max_new=2)[0]
+    drain(e, [a, b, late])
+    assert decoder.calls == [(2, 3), (1, 4), (3, 1), (2, 1)]  # prefill, the late one's prefill, decodes
+    assert a.tokens == b.tokens == [11, 12, 13] and late.tokens == [21, 22]
+    stats = e.snapshot()[0]
+    assert stats["prefill_batches"] == 2 and stats["decode_steps"] == 2 and stats["finished_length"] == 3
+    assert e.batch_sizes == {3: 1, 2: 1}
+
+
+def test_rows_leave_on_a_stop_token_at_max_new_tokens_or_at_the_context_window():
+    e = engine(ScriptedDecoder(context_window=8))
+    stop, length, window = Sink(), Sink(), Sink()
+    e.submit(GenerationRequest([1, STOP - 2], 10), stop)
+    e.submit(GenerationRequest([1, 2], 2), length)
+    e.submit(GenerationRequest([1, 2, 3, 4, 5, 6], 10), window)
+    drain(e, [stop, length, window])
+    assert stop.tokens == [STOP - 1, STOP] and stop.result.reason == "stop"
+    assert length.tokens == [3, 4] and length.result.reason == "length"
+    # positions 6 and 7 fill a window of 8; the token sampled from position 7 is the last
+    assert len(window.tokens) == 3 and window.result.reason == "length"
+
+
+def test_a_finished_row_returns_its_own_cache_when_asked():
+    e = engine()
+    short, long = Sink(), Sink()
+    e.submit(GenerationRequest([4, 5], 2, return_cache=True), short)
+    e.submit(GenerationRequest([1, 2, 3, 9], 4, return_cache=True), long)
+    drain(e, [short, long])
+    cache = short.result.cache  # [layers, 2, heads, prompt + tokens - 1, dim]: its real columns only
+    assert cache.shape == (2, 2, 1, 3, 2) and cache[0, 0, 0, :, 0].tolist() == [0, 1, 2]
+    assert long.result.cache[1, 1, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_a_cached_prefix_is_prefilled_on_top_of_not_again():
+    decoder = ScriptedDecoder()
+    e = engine(decoder)
+    past = np.zeros((2, 2, 1, 3, 2), np.float32)
+    [s] = [Sink()]
+    e.submit(GenerationRequest([1, 2, 3, 4, 30], 2, reused=3, past=past), s)
+    drain(e, [s])
+    assert decoder.calls[0] == (1, 2) and s.tokens == [31, 32] and e.snapshot()[0]["prefill_tokens"] == 2
+
+
+def test_invalid_requests_are_refused_before_queueing():
+    e = engine(ScriptedDecoder(context_window=8))
+    with pytest.raises(ValueError, match="empty prompt"):
+        e.validate(GenerationRequest([], 4))
+    with pytest.raises(ValueError, match="reused"):
+        e.validate(GenerationRequest([1, 2, 3], 4, reused=3))
+    with pytest.raises(ValueError, match="past KV shape"):
+        e.validate(GenerationRequest([1, 2, 3], 4, reused=2, past=np.zeros((1, 2, 1, 2, 1), np.float32)))
+    with pytest.raises(ValueError, match="context window 8"):
+        e.validate(GenerationRequest(list(range(8)), 4))
+    assert e.waiting() == 0
+
+
+def test_priority_one_is_admitted_before_waiting_priority_two():
+    order: list[str] = []
+    e = engine(max_batch=1)
+    sinks = [Sink(order, f"p2-{i}") for i in range(3)] + [Sink(order, "p1")]
+    for s in sinks:
+        e.submit(GenerationRequest([1, 2], 4, priority=1 if s.name == "p1" else 2), s)
+    drain(e, sinks)
+    assert order == ["p1", "p2-0", "p2-1", "p2-2"]
+
+
+def test_a_reserved_slot_lets_priority_one_start_while_priority_two_fills_the_batch():
+    e = engine(max_batch=3, priority_slots=1)
+    background = submit(e, [Sink() for _ in range(4)], max_new=40)
+    for _ in range(3):
+        e.step()
+    assert e.running() == 2 and e.waiting() == 2, "priority 2 may fill all but the reserved row"
+    vip = submit(e, [Sink()], max_new=4, priority=1)[0]
+    e.step()
+    assert e.running() == 3 and e.waiting() == 2, "priority 1 starts at the next step"
+    drain(e, [vip])
+    assert all(s.result is None for s in background), "the VIP finished before any priority-2 answer"
+
+
+def test_priority_one_decodes_in_its_own_batch_while_priority_two_slows_but_advances():
+    e = engine(max_batch=4, priority_slots=1, preempt_steps=2)
+    background = submit(e, [Sink() for _ in range(3)], max_new=60)
+    e.step()  # one prefill for the three
+    e.batch_sizes.clear()
+    before = [len(s.tokens) for s in background]
+    vip = submit(e, [Sink()], prompt=(7, 30), max_new=12, priority=1)[0]
+    iterations = 0
+    while vip.result is None:
+        e.step()
+        iterations += 1
+    assert vip.tokens == list(range(31, 43))
+    assert set(e.batch_sizes) == {1, 3}, "priority 1 decoded alone, priority 2 in its own batch"
+    advanced = [len(s.tokens) - b for s, b in zip(background, before)]
+    assert advanced == [iterations - len(vip.tokens)] * 3
+    assert advanced[0] >= (len(vip.tokens) - 1) // 2, "one priority-2 step after every 2 of priority 1"
+    assert all(s.result is None for s in background)
+
+
+def test_without_preemption_all_priorities_share_one_lane():
+    e = engine(max_batch=4)
+    submit(e, [Sink() for _ in range(2)], max_new=10)
+    e.step()
+    submit(e, [Sink()], max_new=10, priority=1)
+    e.step()
+    e.batch_sizes.clear()
+    e.step()
+    assert e.batch_sizes == {3: 1}
+
+
+def test_priority_one_on_its_own_lane_never_waits_for_priority_two_rows():
+    e = engine(max_batch=3, priority_slots=1, preempt_steps=4)
+    background = submit(e, [Sink() for _ in range(3)], max_new=60)
+    e.step()
+    assert e.running() == 2 and e.waiting() == 1, "priority 2 fills all but the reserved row"
+    vips = submit(e, [Sink() for _ in range(3)], max_new=8, priority=1)
+    e.step()
+    assert e.running() == 5 and e.waiting() == 1, "all three VIPs start at once, in their own lane's batch"
+    drain(e, vips)
+    assert all(s.result is None for s in background)
+
+
+def test_priority_one_rows_count_against_priority_two():
+    e = engine(max_batch=3, priority_slots=1, preempt_steps=4)
+    vips = submit(e, [Sink() for _ in range(2)], max_new=12, priority=1)
+    e.step()
+    background = submit(e, [Sink() for _ in range(2)], max_new=12)
+    while any(s.result is None for s in vips):
+        assert e.running() == 2 and e.waiting() == 2, "priority 2 starts only below max_batch - priority_slots rows"
+        e.step()
+    drain(e, background)
+
+
+def test_a_sequence_cancelled_while_waiting_is_dropped_at_admission_and_frees_its_row():
+    decoder = ScriptedDecoder()
+    e = engine(decoder, max_batch=1)
+    first, gone, last = Sink(), Sink(cancel_after=0), Sink()
+    submit(e, [first, gone, last], max_new=2)
+    drain(e, [first, gone, last])
+    assert gone.result.reason == "cancelled" and gone.tokens == [] and gone.result.cache is None
+    assert first.result.reason == last.result.reason == "length"
+    assert [rows for rows, _ in decoder.calls] == [1, 1, 1, 1], "nobody ever computed the cancelled one"
+
+
+def test_a_running_sequence_the_client_cancels_leaves_at_the_next_step():
+    e = engine()
+    stays, leaves = Sink(), Sink(cancel_after=3)
+    submit(e, [stays, leaves], max_new=10)
+    drain(e, [stays, leaves])
+    assert leaves.result.reason == "cancelled" and len(leaves.tokens) == 3
+    assert stays.result.reason == "length" and len(stays.tokens) == 10
+    assert e.snapshot()[0]["finished_cancelled"] == 1 and e.running() == 0
+
+
+class BrokenSink(Sink):
+    def on_tokens(self, ids):
+        raise ConnectionError("client gone")
+
+
+def test_a_sink_that_raises_drops_its_sequence_not_the_batch():
+    e = engine()
+    ok, broken = Sink(), BrokenSink()
+    submit(e, [broken, ok], max_new=4)
+    drain(e, [ok])
+    assert ok.tokens == [11, 12, 13, 14] and broken.result is None and broken.error is None
+    assert e.running() == 0 and e.snapshot()[0]["finished_length"] == 1
+
+
+def wait_for(sinks, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while any(s.result is None and s.error is None for s in sinks):
+        assert time.monotonic() < deadline, "the engine's threads did not finish the sequences"
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("lane_threads", [1, 2])
+def test_a_failing_prefill_answers_the_sequences_it_admitted_and_frees_their_rows(lane_threads):
+    decoder = ScriptedDecoder(fail=True)
+    e = engine(decoder, max_batch=4, priority_slots=1, preempt_steps=4, lane_threads=lane_threads)
+    sinks = [Sink() for _ in range(3)]
+    e.start()
+    try:
+        for i, s in enumerate(sinks):
+            e.submit(GenerationRequest([1, 2, 3], 8, priority=1 + i % 2), s)
+        wait_for(sinks)
+        assert e.snapshot()[3] == 0
+        decoder.fail = False
+        ok = submit(e, [Sink()])[0]
+        wait_for([ok])
+    finally:
+        e.stop()
+    assert all(isinstance(s.error, RuntimeError) for s in sinks) and ok.result.reason == "length"
+
+
+def test_lanes_on_threads_of_their_own_run_at_their_nice_levels_within_the_batch_limit():
+    e = engine(
+        ScriptedDecoder(step_s=0.001), max_batch=3, priority_slots=1, preempt_steps=4, lane_threads=2, normal_nice=7
+    )
+    rows: list[int] = []
+
+    class Rows(Sink):
+        def on_tokens(self, ids):
+            super().on_tokens(ids)
+            rows.append(e.running())
+
+    background, vips = [Rows() for _ in range(4)], [Rows() for _ in range(2)]
+    e.start()
+    try:
+        submit(e, background, max_new=40)
+        submit(e, vips, prompt=(7, 30), max_new=12, priority=1)
+        threads = {t.name: t.native_id for t in threading.enumerate()}
+        assert {"switchboard-engine-urgent", "switchboard-engine-normal"} <= set(threads)
+        if sys.platform.startswith("linux"):
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            assert os.getpriority(os.PRIO_PROCESS, threads["switchboard-engine-normal"]) == min(own + 7, 19)
+            assert os.getpriority(os.PRIO_PROCESS, threads["switchboard-engine-urgent"]) == own
+        wait_for(background + vips)
+    finally:
+        e.stop()
+    assert [s.tokens for s in vips] == [list(range(31, 43))] * 2
+    assert [s.tokens for s in background] == [list(range(11, 51))] * 4
+    assert max(rows) <= 2 + 2, "two lanes admitting at once: priority 2's two rows, the two VIPs' own"
+    stats, _, waiting, running = e.snapshot()
+    assert (waiting, running) == (0, 0) and stats["finished_length"] == 6
+
+
+def background_tokens_during_a_vip(hold_back_ms, vip_tokens, backlog):
+    """How many tokens the first of priority 2's rows made while a priority-1 sequence of
+    ``vip_tokens`` ran beside it on the lane threads, and the engine's held_back_s. Priority 2
+    has 3 rows; ``backlog`` sequences more wait for one."""
+    e = engine(
+        ScriptedDecoder(step_s=0.002),
+        max_batch=4,
+        stop_ids=(),
+        priority_slots=1,
+        preempt_steps=4,
+        lane_threads=2,
+        normal_nice=0,
+        hold_back_ms=hold_back_ms,
+    )
+    background, vip = [Sink() for _ in range(3 + backlog)], Sink()
+    e.start()
+    try:
+        submit(e, background, max_new=4000)
+        deadline = time.monotonic() + 10
+        while len(background[0].times) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert e.waiting() == backlog
+        submit(e, [vip], max_new=vip_tokens, priority=1)
+        wait_for([vip])
+    finally:
+        e.stop()
+    start, end = vip.times[0], vip.times[-1]
+    return sum(start < t < end for t in background[0].times), e.snapshot()[0]["held_back_s"]
+
+
+def test_a_backlogged_priority_two_waits_while_priority_one_decodes():
+    during, held = background_tokens_during_a_vip(hold_back_ms=60_000, vip_tokens=16, backlog=1)
+    assert during <= 1, "at most the step priority 2 was already in when the VIP arrived"
+    assert held > 0
+    during, held = background_tokens_during_a_vip(hold_back_ms=0, vip_tokens=16, backlog=1)
+    assert during > 1 and held == 0, "without hold_back_ms the lanes decode side by side"
+
+
+def test_priority_two_decodes_beside_priority_one_while_it_keeps_up():
+    during, held = background_tokens_during_a_vip(hold_back_ms=60_000, vip_tokens=16, backlog=0)
+    assert during > 1 and held == 0
+
+
+def test_priority_two_still_steps_once_per_hold_back_while_priority_one_keeps_decoding():
+    during, _ = background_tokens_during_a_vip(hold_back_ms=5, vip_tokens=120, backlog=1)
+    assert during >= 2, "held back, never starved"
