@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import queue
 import threading
@@ -23,7 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
-from switchboard.wire import PRIORITY_PARAMETER, channel_args, untag
+from switchboard.wire import PRIORITY_PARAMETER, ChatStats, channel_args, untag
 
 _ids = itertools.count()
 
@@ -40,30 +39,6 @@ class ChatError(RuntimeError):
     def __init__(self, message: str, code: str | None = None):
         super().__init__(message)
         self.code = code
-
-
-@dataclass(frozen=True)
-class ChatStats:
-    prompt_tokens: int
-    reused_tokens: int
-    generated_tokens: int
-    route: str
-    ttft_ms: float | None
-    fallback: bool
-    raw: dict
-
-    @classmethod
-    def from_json(cls, blob: bytes | str) -> "ChatStats":
-        d = json.loads(blob)
-        return cls(
-            d.get("prompt_tokens", 0),
-            d.get("reused_tokens", 0),
-            d.get("generated_tokens", 0),
-            d.get("route", ""),
-            d.get("ttft_ms"),
-            bool(d.get("fallback", False)),
-            d,
-        )
 
 
 @dataclass(frozen=True)

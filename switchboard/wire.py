@@ -17,7 +17,10 @@ hand-written client) and the SDK turns back into a gRPC status name.
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 
 PRIORITY_LIVE, PRIORITY_DEFAULT = 1, 2
 PRIORITY_PARAMETER = "chat_priority"
@@ -81,3 +84,119 @@ def channel_args(private: bool = False) -> list[tuple[str, int]]:
     if private:
         args.append(("grpc.use_local_subchannel_pool", 1))
     return args
+
+
+# -- closed sets: their values are the strings the JSON has always carried ---------------------
+class FinishReason(StrEnum):
+    STOP = "stop"  # a stop token
+    LENGTH = "length"  # max_new_tokens or the context window
+    CANCELLED = "cancelled"  # the client left
+    FALLBACK = "fallback"  # answered from the FAQ
+
+
+class SessionStatus(StrEnum):
+    NONE = "none"  # a one-off chat (no session_id)
+    MISS = "miss"  # no entry (new, expired, or the model changed)
+    HIT = "hit"
+    UNAVAILABLE = "unavailable"  # Redis did not answer in time: answered without the history
+    REJECTED = "rejected"  # an entry failed its checks (digest, shape, dtype): not used
+    SKIPPED = "skipped"  # answered from the FAQ before the session was read
+
+
+class FallbackReason(StrEnum):
+    QUEUE_FORECAST = "queue_forecast"  # would not get a generation slot in time
+    QUEUE_TIMEOUT = "queue_timeout"  # waited out max_queue_wait_s
+    QUEUE_FULL = "queue_full"  # max_pending chats already waited
+    SHUTTING_DOWN = "shutting_down"
+    ENGINE_TIMEOUT = "engine_timeout"  # a pool sent nothing in time
+    ENGINE_ERROR = "engine_error"  # both pools failed
+
+
+class Route(StrEnum):
+    SHORT = "short"
+    LONG = "long"
+
+
+# -- stats: the JSON in the ``stats`` output, typed ---------------------------------------------
+def _enum(kind, value):
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        return value  # a newer server's value: kept as the string it is
+
+
+@dataclass
+class EngineStats:
+    """What a pool reports with its last response (``chat`` reads it)."""
+
+    reason: FinishReason | None = None
+    generated: int = 0
+    queue_ms: float | None = None  # waiting for a row
+    prefill_ms: float | None = None
+    batch_size: int | None = None  # rows in the batch it joined
+    engine_ms: float | None = None  # from submission to the last token
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, blob: bytes | str) -> EngineStats:
+        d = json.loads(blob)
+        known = {f.name for f in fields(cls)}
+        out = cls(**{k: v for k, v in d.items() if k in known})
+        out.reason = _enum(FinishReason, out.reason)
+        return out
+
+
+@dataclass
+class ChatStats:
+    """The ``stats`` of a chat's final response; the SDK returns it as the last event."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from the session's cache
+    generated_tokens: int = 0
+    route: Route | None = None  # None: answered from the FAQ
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    fallback: bool = False
+    fallback_reason: FallbackReason | None = None  # in the JSON only when fallback
+    faq_id: str | None = None  # in the JSON only when fallback; None: no entry matched
+    session: SessionStatus = SessionStatus.NONE
+    dropped_turns: int = 0  # old turns left out of the prompt to fit the context window
+    finish_reason: FinishReason | None = None
+    engine_queue_ms: float | None = None
+    engine_ms: float | None = None
+    batch_size: int | None = None
+    priority: int = PRIORITY_DEFAULT
+    extra: dict = field(default_factory=dict, repr=False)  # keys this version does not know
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        if not self.fallback:
+            del d["fallback_reason"], d["faq_id"]
+        return {**d, **self.extra}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @property
+    def raw(self) -> dict:
+        """The stats as the JSON carried them."""
+        return self.to_dict()
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ChatStats:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        out = cls(**{k: v for k, v in d.items() if k in known}, extra={k: v for k, v in d.items() if k not in known})
+        out.route = _enum(Route, out.route)
+        out.fallback_reason = _enum(FallbackReason, out.fallback_reason)
+        out.session = _enum(SessionStatus, out.session)
+        out.finish_reason = _enum(FinishReason, out.finish_reason)
+        out.fallback = bool(out.fallback)
+        return out
+
+    @classmethod
+    def from_json(cls, blob: bytes | str) -> ChatStats:
+        return cls.from_dict(json.loads(blob))

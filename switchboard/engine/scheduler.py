@@ -53,6 +53,7 @@ from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.sampling import sample
 from switchboard.nice import lower_this_thread
+from switchboard.wire import FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class GenerationRequest:
 @dataclass
 class GenerationResult:
     tokens: list[int]
-    reason: str  # stop | length | cancelled
+    reason: FinishReason  # stop | length | cancelled
     cache: np.ndarray | None  # [layers, 2, H, T, D] for prompt + tokens[:-1]
     queue_ms: float
     prefill_ms: float
@@ -456,7 +457,7 @@ class Engine:
     def _drop_cancelled(self, seq: _Sequence) -> bool:
         if seq.sink.cancelled():
             self._free_rows(1)
-            seq.sink.on_finish(GenerationResult([], "cancelled", None, seq.queue_ms, 0.0, 0))
+            seq.sink.on_finish(GenerationResult([], FinishReason.CANCELLED, None, seq.queue_ms, 0.0, 0))
             return True
         return False
 
@@ -472,27 +473,25 @@ class Engine:
                 log.exception("sink failed; dropping the sequence")
                 seq.broken = True
 
-    def _finished(self, lane: _Lane, seq: _Sequence, row: int) -> str | None:
-        if seq.broken:
-            return "error"
+    def _finished(self, lane: _Lane, seq: _Sequence, row: int) -> FinishReason | None:
         if seq.tokens and seq.tokens[-1] in self.stop_ids:
-            return "stop"
+            return FinishReason.STOP
         if len(seq.tokens) >= seq.request.max_new_tokens:
-            return "length"
+            return FinishReason.LENGTH
         if int(lane.batch.next_pos[row]) >= self.context_window:
-            return "length"
+            return FinishReason.LENGTH
         if seq.sink.cancelled():
-            return "cancelled"
+            return FinishReason.CANCELLED
         return None
 
     def _retire(self, lane: _Lane) -> None:
         keep = []
         for row, seq in enumerate(lane.running):
+            if seq.broken:
+                continue  # dropped: its sink cannot take a result either
             reason = self._finished(lane, seq, row)
             if reason is None:
                 keep.append(row)
-                continue
-            if reason == "error":
                 continue
             cache = lane.batch.row_cache(row) if seq.request.return_cache else None
             self._count({"finished_" + reason: 1})

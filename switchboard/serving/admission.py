@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from switchboard.nice import lower_this_thread
+from switchboard.wire import FallbackReason
 
 log = logging.getLogger(__name__)
 HOLD_EWMA = 0.05  # weight of the newest slot hold in the moving average (tens of chats)
@@ -112,7 +113,7 @@ class Admission:
                 return
             self.counts["shed_forecast"] += 1
             self._shedding += 1
-        self._shedders.submit(self._shed_one, job, "queue_forecast")
+        self._shedders.submit(self._shed_one, job, FallbackReason.QUEUE_FORECAST)
 
     def _forecast_wait(self, priority: int) -> float | None:
         """Seconds a chat of ``priority`` submitted now would wait for a slot; None when it would
@@ -166,9 +167,13 @@ class Admission:
                 now = self._clock()
                 # Oldest-deadline-first would be fairer to waiting chats, but a chat past its
                 # deadline gets a faster answer from the FAQ than from a slot it would wait for.
-                shed += self._take_out([p for p in self._heap if p.deadline <= now], "queue_timeout", "shed_timeout")
+                shed += self._take_out(
+                    [p for p in self._heap if p.deadline <= now], FallbackReason.QUEUE_TIMEOUT, "shed_timeout"
+                )
                 if len(self._heap) > self.max_pending:  # the lowest priority, newest first
-                    shed += self._take_out(sorted(self._heap)[self.max_pending :], "queue_full", "shed_full")
+                    shed += self._take_out(
+                        sorted(self._heap)[self.max_pending :], FallbackReason.QUEUE_FULL, "shed_full"
+                    )
                 while self._heap and self._inflight < self._limit(self._heap[0].priority):
                     start.append(heapq.heappop(self._heap))
                     self._waiting[start[-1].priority] -= 1
@@ -176,7 +181,7 @@ class Admission:
                     self.counts["admitted"] += 1
                 if self.forecast and self._heap and now >= self._next_reforecast:
                     self._next_reforecast = now + REFORECAST_S
-                    shed += self._take_out(self._reforecast(now), "queue_forecast", "shed_forecast")
+                    shed += self._take_out(self._reforecast(now), FallbackReason.QUEUE_FORECAST, "shed_forecast")
                 self._shedding += len(shed)
                 if not start and not shed:
                     wake = [p.deadline for p in self._heap]
@@ -231,7 +236,7 @@ class Admission:
         except Exception:  # the callbacks answer their own errors; this only keeps the loop alive
             log.exception("chat job failed")
 
-    def close(self, shed_reason: str = "shutting_down") -> None:
+    def close(self, shed_reason: str = FallbackReason.SHUTTING_DOWN) -> None:
         """Stop admitting; waiting chats are shed (answered), running ones finish."""
         with self._cv:
             self._stop = True

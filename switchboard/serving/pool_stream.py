@@ -9,7 +9,6 @@ dead, the stream ends at once (``PoolHealth``).
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -20,7 +19,7 @@ import numpy as np
 
 from switchboard.serving.engine_client import EngineClient, EngineStream, build_request
 from switchboard.serving.pool_health import PoolHealth
-from switchboard.wire import untag
+from switchboard.wire import EngineStats, untag
 
 
 class EngineError(RuntimeError):
@@ -56,7 +55,7 @@ class PoolStreams:
         self.first_token_s, self.stall_s = first_token_s, stall_s
 
     def generate(self, pool: str, gen: Generation) -> Iterator[dict]:
-        """The pool's responses as dicts (``token_ids``: list, ``kv``: array, ``stats``: dict),
+        """The pool's responses as dicts (``token_ids``: list, ``kv``: array, ``stats``: EngineStats),
         each within its deadline; raises ``EngineError`` / ``EngineTimeout``."""
         inputs = {
             "input_ids": np.asarray([gen.prompt_ids], np.int32),
@@ -89,7 +88,7 @@ class PoolStreams:
                     elif name == "kv":
                         merged[name] = array.reshape(array.shape[-5:])
                     elif name == "stats":
-                        merged[name] = json.loads(array.reshape(-1)[0])
+                        merged[name] = EngineStats.from_json(array.reshape(-1)[0])
             yield merged
 
     def _bounded(self, pool: str, stream: EngineStream):

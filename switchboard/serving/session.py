@@ -28,6 +28,7 @@ from redis.retry import Retry
 
 from switchboard.serving import kvcodec
 from switchboard.serving.prompt import Conversation
+from switchboard.wire import SessionStatus
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def session_key(prefix: str, session_id: str) -> str:
 class Lookup:
     conversation: Conversation | None = None
     kv: kvcodec.KVEntry | None = None
-    status: str = "miss"  # miss | hit | unavailable | rejected
+    status: SessionStatus = SessionStatus.MISS
 
 
 class SessionStore:
@@ -102,7 +103,7 @@ class SessionStore:
 
     def load(self, session_id: str, want_kv: bool = True) -> Lookup:
         if not self._available():
-            return Lookup(status="unavailable")
+            return Lookup(status=SessionStatus.UNAVAILABLE)
         key = session_key(self.config.prefix, session_id)
         try:
             if want_kv:
@@ -111,21 +112,21 @@ class SessionStore:
                 conv_raw, kv_raw = self._redis.get(f"{key}:conv"), None
         except redis.RedisError as e:
             self._failed("lookup", e)
-            return Lookup(status="unavailable")
+            return Lookup(status=SessionStatus.UNAVAILABLE)
         if conv_raw is None:
             return Lookup()
         try:
             conversation = self._decode_conversation(conv_raw)
         except (ValueError, RecursionError) as e:
             log.warning("rejected conversation entry: %s", e)
-            return Lookup(status="rejected")
-        entry, status = None, "hit"
+            return Lookup(status=SessionStatus.REJECTED)
+        entry, status = None, SessionStatus.HIT
         if want_kv and kv_raw is not None:
             try:
                 entry = kvcodec.decode(kv_raw, self.fingerprint, self.kv_shape, self.kv_dtype, self.config.secret)
             except kvcodec.CacheEntryRejected as e:
                 log.warning("rejected KV entry: %s", e)
-                status = "rejected"
+                status = SessionStatus.REJECTED
         return Lookup(conversation, entry, status)
 
     def save(self, session_id: str, conversation: Conversation, kv: kvcodec.KVEntry | None) -> bool:

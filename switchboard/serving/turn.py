@@ -26,6 +26,7 @@ from switchboard.serving.prompt import PromptBuilder, PromptTooLong
 from switchboard.serving.request import ChatRequest, RequestError
 from switchboard.serving.router import Router
 from switchboard.serving.session import Lookup, longest_common_prefix
+from switchboard.wire import ChatStats, EngineStats, FallbackReason, FinishReason, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
 
@@ -39,7 +40,7 @@ class Sink(Protocol):
 
     def text(self, delta: str, priority: int) -> None: ...
 
-    def final(self, stats: dict, text: str, priority: int) -> None: ...
+    def final(self, stats: ChatStats, text: str, priority: int) -> None: ...
 
 
 class Sessions(Protocol):
@@ -97,12 +98,12 @@ class ChatTurn:
             past,
             return_kv=bool(chat.session_id and self.kv_reuse),
         )
-        session_status = lookup.status if chat.session_id else "none"
+        session_status = lookup.status if chat.session_id else SessionStatus.NONE
         _, preferred = self.router.route(len(prompt.ids))
 
         detok = IncrementalDetokenizer(self.decode)
         generated: list[int] = []
-        ttft_ms, cache, engine_stats = None, None, {}
+        ttft_ms, cache, engine_stats = None, None, EngineStats()
         # A pool that fails before anything was sent is retried on the other pool (both serve
         # every length); when both fail or time out, the customer gets the FAQ answer.
         for attempt, pool in enumerate(self.health.order(preferred, self.router.other(preferred))):
@@ -130,9 +131,8 @@ class ChatTurn:
                 if timed_out or attempt == 1:
                     if self.faq is None:
                         raise
-                    reason = "engine_timeout" if timed_out else "engine_error"
-                    extra = {"session": session_status, "prompt_tokens": len(prompt.ids)}
-                    return self.answer_from_faq(chat, sink, t0, reason, extra)
+                    reason = FallbackReason.ENGINE_TIMEOUT if timed_out else FallbackReason.ENGINE_ERROR
+                    return self.answer_from_faq(chat, sink, t0, reason, session_status, len(prompt.ids))
         tail = detok.flush()
 
         if chat.session_id:
@@ -143,45 +143,42 @@ class ChatTurn:
                 if cache.shape[3] == len(covered):
                     entry = KVEntry(covered, cache)
             self.sessions.save(chat.session_id, conversation, entry)
-        stats = {
-            "prompt_tokens": len(prompt.ids),
-            "reused_tokens": reused,
-            "generated_tokens": len(generated),
-            "route": self.router.name(pool),
-            "ttft_ms": round(ttft_ms, 2) if ttft_ms is not None else None,
-            "total_ms": round((self.clock() - t0) * 1000, 2),
-            "fallback": False,
-            "session": session_status,
-            "dropped_turns": prompt.dropped_turns,
-            "finish_reason": engine_stats.get("reason"),
-            "engine_queue_ms": engine_stats.get("queue_ms"),
-            "engine_ms": engine_stats.get("engine_ms"),
-            "batch_size": engine_stats.get("batch_size"),
-            "priority": chat.priority,
-        }
+        stats = ChatStats(
+            prompt_tokens=len(prompt.ids),
+            reused_tokens=reused,
+            generated_tokens=len(generated),
+            route=self.router.name(pool),
+            ttft_ms=round(ttft_ms, 2) if ttft_ms is not None else None,
+            total_ms=round((self.clock() - t0) * 1000, 2),
+            session=session_status,
+            dropped_turns=prompt.dropped_turns,
+            finish_reason=engine_stats.reason,
+            engine_queue_ms=engine_stats.queue_ms,
+            engine_ms=engine_stats.engine_ms,
+            batch_size=engine_stats.batch_size,
+            priority=chat.priority,
+        )
         sink.final(stats, tail, chat.priority)
 
-    def answer_from_faq(self, chat: ChatRequest, sink: Sink, t0: float, reason: str, extra: dict) -> None:
+    def answer_from_faq(
+        self,
+        chat: ChatRequest,
+        sink: Sink,
+        t0: float,
+        reason: FallbackReason,
+        session: SessionStatus = SessionStatus.NONE,
+        prompt_tokens: int = 0,
+    ) -> None:
         """The FAQ's answer to ``chat`` as the whole reply, ``reason`` in its stats."""
         answer = self.faq.answer(chat.text)
-        stats = {
-            "prompt_tokens": 0,
-            "reused_tokens": 0,
-            "generated_tokens": 0,
-            "route": None,
-            "ttft_ms": None,
-            "total_ms": None,
-            "fallback": True,
-            "fallback_reason": reason,
-            "faq_id": answer.entry_id,
-            "session": "none",
-            "dropped_turns": 0,
-            "finish_reason": "fallback",
-            "engine_queue_ms": None,
-            "engine_ms": None,
-            "batch_size": None,
-            "priority": chat.priority,
-            **extra,
-        }
-        stats["total_ms"] = round((self.clock() - t0) * 1000, 2)
+        stats = ChatStats(
+            prompt_tokens=prompt_tokens,
+            total_ms=round((self.clock() - t0) * 1000, 2),
+            fallback=True,
+            fallback_reason=reason,
+            faq_id=answer.entry_id,
+            session=session,
+            finish_reason=FinishReason.FALLBACK,
+            priority=chat.priority,
+        )
         sink.final(stats, answer.text, chat.priority)

@@ -11,7 +11,6 @@ was sent, is answered from the FAQ (``"fallback": true``).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from switchboard.serving.session import SessionStore, StoreConfig
 from switchboard.serving.turn import Cancelled, ChatTurn
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.params import Params
+from switchboard.wire import ChatStats, FallbackReason, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -60,11 +60,11 @@ class TritonSink:
         with self.gate(send_rank(priority, final=False)):
             self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
 
-    def final(self, stats: dict, text: str, priority: int) -> None:
+    def final(self, stats: ChatStats, text: str, priority: int) -> None:
         """The last response: the rest of the text (if any) and ``stats``."""
         final = [
             pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_)),
-            pb_utils.Tensor("stats", np.asarray([[json.dumps(stats).encode()]], np.object_)),
+            pb_utils.Tensor("stats", np.asarray([[stats.to_json().encode()]], np.object_)),
         ]
         with self.gate(send_rank(priority, final=True)):
             self.sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
@@ -221,8 +221,8 @@ class TritonPythonModel:
         if self.faq is None:
             send_error(job.sender, f"overloaded ({reason}); try again later", "UNAVAILABLE")
         else:
-            extra = {"session": "skipped"}
-            self.turn.answer_from_faq(job.chat, TritonSink(job.sender, self.gate), job.t0, reason, extra)
+            sink = TritonSink(job.sender, self.gate)
+            self.turn.answer_from_faq(job.chat, sink, job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
 
     def finalize(self):
         self.admission.close()

@@ -11,7 +11,6 @@ queue where the pool's queue policy (timeouts, maximum size) applies.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 
@@ -24,6 +23,7 @@ from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, G
 from switchboard.engine.stream import Outbox, TokenStream
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.params import Params
+from switchboard.wire import EngineStats, FinishReason
 
 log = logging.getLogger("switchboard.engine")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -73,16 +73,16 @@ class _Sink:
 
     @staticmethod
     def _final(result: GenerationResult, ids: list[int]):
-        stats = {
-            "reason": result.reason,
-            "generated": len(result.tokens),
-            "queue_ms": round(result.queue_ms, 2),
-            "prefill_ms": round(result.prefill_ms, 2),
-            "batch_size": result.batch_size_at_admission,
-            "engine_ms": round(result.engine_ms, 2),
-        }
-        outputs = [pb_utils.Tensor("stats", np.asarray([[json.dumps(stats).encode()]], np.object_))]
-        if ids and result.reason != "cancelled":
+        stats = EngineStats(
+            reason=result.reason,
+            generated=len(result.tokens),
+            queue_ms=round(result.queue_ms, 2),
+            prefill_ms=round(result.prefill_ms, 2),
+            batch_size=result.batch_size_at_admission,
+            engine_ms=round(result.engine_ms, 2),
+        )
+        outputs = [pb_utils.Tensor("stats", np.asarray([[stats.to_json().encode()]], np.object_))]
+        if ids and result.reason != FinishReason.CANCELLED:
             outputs.append(pb_utils.Tensor("token_ids", np.asarray([ids], np.int32)))
         if result.cache is not None:
             outputs.append(pb_utils.Tensor("kv", result.cache[None]))

@@ -16,6 +16,7 @@ from switchboard.serving.gate import PriorityGate
 from switchboard.serving.pool_stream import EngineError
 from switchboard.serving.request import ChatRequest, Limits, RequestError
 from switchboard.serving.turn import Cancelled
+from switchboard.wire import ChatStats
 
 FINAL = 1
 CHAT = ChatRequest("hi", None, 16, 0.0, 1.0, 2, None)
@@ -106,10 +107,10 @@ class Turn:
         if self.outcome is not None:
             raise self.outcome
         sink.text("你好", chat.priority)
-        sink.final({"generated_tokens": 2, "priority": chat.priority}, "!", chat.priority)
+        sink.final(ChatStats(generated_tokens=2, route="short", priority=chat.priority), "!", chat.priority)
 
-    def answer_from_faq(self, chat, sink, t0, reason, extra):
-        sink.final({"fallback": True, "fallback_reason": reason, **extra}, "FAQ", chat.priority)
+    def answer_from_faq(self, chat, sink, t0, reason, session):
+        sink.final(ChatStats(fallback=True, fallback_reason=reason, session=session), "FAQ", chat.priority)
 
 
 def _model(glue, turn, faq=True):
@@ -133,7 +134,8 @@ def test_a_chat_streams_text_then_a_final_response_with_stats(glue):
     (text, f1), (final, f2) = request.sender.sent
     assert text.outputs["text_output"][0][0].decode() == "你好" and f1 == 0
     assert final.outputs["text_output"][0][0] == b"!" and f2 == FINAL
-    assert json.loads(final.outputs["stats"][0][0]) == {"generated_tokens": 2, "priority": 1}
+    stats = json.loads(final.outputs["stats"][0][0])
+    assert stats["generated_tokens"] == 2 and stats["priority"] == 1 and stats["route"] == "short"
 
 
 def test_bad_input_is_invalid_arg_naming_the_field_and_never_reaches_the_turn(glue):
@@ -175,7 +177,7 @@ def test_a_shed_chat_gets_the_faq_or_unavailable_without_one(glue):
     model._shed(glue._Job(request, request.sender, CHAT, 0.0), "queue_timeout")
     [(response, flags)] = request.sender.sent
     stats = json.loads(response.outputs["stats"][0][0])
-    assert flags == FINAL and stats == {"fallback": True, "fallback_reason": "queue_timeout", "session": "skipped"}
+    assert flags == FINAL and stats["fallback_reason"] == "queue_timeout" and stats["session"] == "skipped"
     request = Request("hi")
     _model(glue, Turn(), faq=False)._shed(glue._Job(request, request.sender, CHAT, 0.0), "queue_full")
     assert _error(request.sender).code == "UNAVAILABLE"

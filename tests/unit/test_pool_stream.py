@@ -10,6 +10,7 @@ import pytest
 
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import EngineError, EngineTimeout, Generation, PoolStreams
+from switchboard.wire import EngineStats, FinishReason
 
 
 class Stream:
@@ -65,11 +66,15 @@ def test_the_request_carries_priority_fingerprint_seed_and_the_first_token_deadl
 
 def test_responses_are_parsed_into_tokens_kv_and_stats():
     kv = np.zeros((1, 1, 2, 2, 1, 3, 4), np.float32)
-    stats = {"reason": "eos", "batch_size": 2}
+    stats = {"reason": "stop", "batch_size": 2, "new_in_a_later_version": 1}
     final = {"kv": kv, "stats": np.asarray([json.dumps(stats).encode()], np.object_), **_tokens(9)}
     out = list(_streams(Stream([_tokens(5, 6), final])).generate("engine_short", GEN))
     tokens = [t for o in out for t in o.get("token_ids", [])]
-    assert tokens == [5, 6, 9] and out[-1]["kv"].shape == (2, 2, 1, 3, 4) and out[-1]["stats"] == stats
+    assert (
+        tokens == [5, 6, 9]
+        and out[-1]["kv"].shape == (2, 2, 1, 3, 4)
+        and out[-1]["stats"] == EngineStats(FinishReason.STOP, batch_size=2)
+    )
 
 
 def test_no_first_response_in_time_is_a_timeout_and_cancels_the_pools_request():

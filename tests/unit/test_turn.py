@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from switchboard.serving.request import ChatRequest, RequestError
 from switchboard.serving.router import Router
 from switchboard.serving.session import Lookup
 from switchboard.serving.turn import Cancelled, ChatTurn
+from switchboard.wire import EngineStats, FallbackReason, SessionStatus
 
 EOT = 99
 DEAD = "Failed for execute the inference request. Model 'engine_short' is not ready: Stub process is not healthy."
@@ -82,8 +85,9 @@ class Sink:
 
     @property
     def stats(self):
+        """The final stats as the JSON carries them."""
         assert len(self.finals) == 1
-        return self.finals[0][0]
+        return json.loads(self.finals[0][0].to_json())
 
     @property
     def reply(self):
@@ -137,7 +141,7 @@ def _run(turn, chat, cancelled=lambda: False):
     return sink
 
 
-ENGINE_STATS = {"reason": "eos", "queue_ms": 1.5, "engine_ms": 9.0, "batch_size": 3}
+ENGINE_STATS = EngineStats("stop", 3, queue_ms=1.5, prefill_ms=2.0, batch_size=3, engine_ms=9.0)
 
 
 def test_a_one_off_chat_streams_text_and_ends_with_its_stats():
@@ -149,7 +153,7 @@ def test_a_one_off_chat_streams_text_and_ends_with_its_stats():
     stats = sink.stats
     assert stats["prompt_tokens"] == 5 and stats["generated_tokens"] == 4 and stats["reused_tokens"] == 0
     assert stats["route"] == "short" and stats["session"] == "none" and stats["fallback"] is False
-    assert stats["finish_reason"] == "eos" and stats["batch_size"] == 3 and stats["engine_queue_ms"] == 1.5
+    assert stats["finish_reason"] == "stop" and stats["batch_size"] == 3 and stats["engine_queue_ms"] == 1.5
     assert stats["ttft_ms"] == 10.0 and stats["total_ms"] > stats["ttft_ms"]
     gen = pools.calls[0][1]
     assert gen.past is None and gen.return_kv is False and gen.priority == 2
@@ -269,10 +273,17 @@ def test_a_pool_failing_after_text_was_sent_is_an_error_not_a_second_answer():
 
 def test_the_shed_path_answers_from_the_faq_with_its_reason():
     sink = Sink()
-    _turn(pools=Pools()).answer_from_faq(_chat(priority=1), sink, 0.0, "queue_timeout", {"session": "skipped"})
+    turn = _turn(pools=Pools())
+    turn.answer_from_faq(_chat(priority=1), sink, 0.0, FallbackReason.QUEUE_TIMEOUT, SessionStatus.SKIPPED)
     stats, text, priority = sink.finals[0]
-    assert stats["fallback_reason"] == "queue_timeout" and stats["session"] == "skipped" and priority == 1
-    assert stats["priority"] == 1 and text == "See My Orders." and stats["total_ms"] == 10.0
+    assert stats.fallback_reason is FallbackReason.QUEUE_TIMEOUT and stats.session is SessionStatus.SKIPPED
+    assert stats.priority == priority == 1 and text == "See My Orders." and stats.total_ms == 10.0
+    assert json.loads(stats.to_json()) == {
+        "prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0, "route": None, "ttft_ms": None,
+        "total_ms": 10.0, "fallback": True, "fallback_reason": "queue_timeout", "faq_id": "order-status",
+        "session": "skipped", "dropped_turns": 0, "finish_reason": "fallback", "engine_queue_ms": None,
+        "engine_ms": None, "batch_size": None, "priority": 1,
+    }  # fmt: skip
 
 
 def test_a_client_that_leaves_stops_the_turn_and_nothing_is_stored():
