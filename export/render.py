@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.triton.config import ChatConfig, EngineConfig
 
 TARGETS = ("local", "ngc-onnxruntime", "ngc-tensorrt")
 
@@ -66,9 +68,17 @@ POOLS = (
 )
 
 
-def _params(items: list[tuple[str, str]]) -> str:
-    body = ",\n".join(f'  {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in items)
-    return f"parameters [\n{body}\n]\n"
+def _params(items: list[tuple[str, str, str]]) -> str:
+    """The ``parameters`` block, each parameter under its doc (switchboard/triton/config.py)."""
+    entries = []
+    for key, value, doc in items:
+        comment = "\n".join("  # " + line for line in textwrap.wrap(doc, 94))
+        entries.append(f'{comment}\n  {{ key: "{key}" value: {{ string_value: "{value}" }} }}')
+    body = ",\n".join(entries)
+    return (
+        "# Every parameter can be overridden with SWITCHBOARD_<KEY> in the server's environment\n"
+        f"# (docs/configuration-reference.md).\nparameters [\n{body}\n]\n"
+    )
 
 
 def chat_config() -> str:
@@ -122,59 +132,7 @@ dynamic_batching {
 
 instance_group [ { kind: KIND_CPU count: 1 } ]
 
-# Every parameter can be overridden with SWITCHBOARD_<KEY> in the server's environment.
-# redis_tls_*_file: with a rediss:// redis_url, the CA to verify Redis (empty: system CAs) and
-# a client certificate and key where Redis requires them.
-# max_inflight_reserved: of the max_inflight generation slots, those only priority 1 may take.
-# max_pending: chats waiting for a slot or for their FAQ answer; beyond it priority 2 waits in
-# Triton's queue above.
-# shed_on_forecast: a priority-2 chat that would wait out max_queue_wait_s (the chats ahead of it,
-# at the rate slots free up) gets the FAQ answer on arrival, or while it waits once the forecast,
-# made again every 0.1 s, says it will not start in time; not at its deadline.
-# cancel_poll_ms: how often a generating chat asks whether its client went away (each ask is
-# a round trip to the server process).
-# shed_workers: threads answering from the FAQ; each answer waits on a round trip to the
-# server, so under a 5x burst 2 of them fell behind (answers up to 30 s late), 8 kept up.
-# shed_nice: the FAQ answer threads run this many nice levels below the server (Linux), leaving
-# the cores to priority 1's chats under a burst.
-# engine_url: this server's gRPC endpoint, where chat streams from the pools (not BLS: see
-# switchboard/serving/engine_client.py); `make serve` and the tests set it to the port they chose.
-# pool_retry_after_s: a pool whose stub process died is routed around this long (Triton 2.51
-# never restarts the stub: the supervisor restarts the server).
-# pool_probe_after_s: a stream from a pool quiet this long makes chat ping the pool (one ping at
-# a time); when Triton answers that its stub died, every chat on that pool ends at once instead
-# of waiting out engine_stall_s (0: no pings).
-""" + _params(
-        [
-            ("engine_url", "127.0.0.1:8001"),
-            ("redis_url", "redis://127.0.0.1:6379/0"),
-            ("session_ttl_s", "3600"),
-            ("redis_timeout_s", "0.25"),
-            ("redis_tls_ca_file", ""),
-            ("redis_tls_cert_file", ""),
-            ("redis_tls_key_file", ""),
-            ("kv_reuse", "true"),
-            ("max_turns", "6"),
-            ("long_prompt_tokens", str(LONG_PROMPT_TOKENS)),
-            ("max_inflight", "64"),
-            ("max_inflight_reserved", "16"),
-            ("max_pending", "1024"),
-            ("max_queue_wait_s", "5"),
-            ("shed_on_forecast", "true"),
-            ("shed_workers", "8"),
-            ("shed_nice", "19"),
-            ("cancel_poll_ms", "50"),
-            ("engine_first_token_s", "10"),
-            ("engine_stall_s", "10"),
-            ("pool_retry_after_s", "30"),
-            ("pool_probe_after_s", "1"),
-            ("fallback", "true"),
-            ("fallback_faq", "faq.jsonl"),
-            ("default_max_new_tokens", "96"),
-            ("max_new_tokens_limit", "512"),
-            ("precision", "fp32"),
-        ]
-    )
+""" + _params(ChatConfig(long_prompt_tokens=LONG_PROMPT_TOKENS).parameters())
 
 
 def engine_config(pool: Pool, runtime: str) -> str:
@@ -223,37 +181,7 @@ dynamic_batching {{
 
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 
-# priority_slots: rows of max_batch only priority 1 may take, so a VIP starts at the next decode
-# step instead of waiting for an answer to finish (0: off). With preempt_steps, priority 1 has a
-# batch of its own of up to max_batch rows, whatever priority 2 holds.
-# stream_interval_ms: priority-2 tokens are sent together at most this often (priority 1: one
-# response per token); cancel_poll_ms: how often a running sequence asks whether its client went
-# away. Both bound round trips to the server process (switchboard/engine/stream.py).
-# preempt_steps: priority 1 decodes in its own batch (0: one shared batch). lane_threads 2: the
-# two batches run on threads of their own, priority 2's normal_nice nice levels lower (Linux),
-# so the OS runs priority 1 first and an idle core runs priority 2 meanwhile; 1: one thread,
-# and while priority 1 has work, priority 2 gets one step after every preempt_steps of its.
-# hold_back_ms: with lane_threads 2, when priority 2 is backlogged (sequences wait for a row, an
-# overload) its lane waits while priority 1 has work, taking one step per hold_back_ms meanwhile
-# (0: the lanes always decode side by side).
-# threads: ONNX Runtime threads per pool; with two pools on two cores, 1 served a 5x burst
-# faster than 2 (and at 1 the model runs on the lane's own thread, at its nice value).
-""" + _params(
-        [
-            ("max_batch", str(pool.engine_batch)),
-            ("max_waiting", "64"),
-            ("priority_slots", "1"),
-            ("preempt_steps", "4"),
-            ("lane_threads", "2"),
-            ("normal_nice", "19"),
-            ("hold_back_ms", "100"),
-            ("stream_interval_ms", "50"),
-            ("cancel_poll_ms", "50"),
-            ("threads", "1"),
-            ("precision", "fp32"),
-            *([("runtime", runtime)] if runtime != "onnxruntime" else []),
-        ]
-    )
+""" + _params(EngineConfig(max_batch=pool.engine_batch, runtime=runtime).parameters())
 
 
 def decoder_config(name: str, manifest, platform: str, filename: str) -> str:

@@ -33,7 +33,7 @@ from switchboard.serving.router import Router
 from switchboard.serving.session import SessionStore, StoreConfig
 from switchboard.serving.turn import Cancelled, ChatTurn
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
-from switchboard.triton.params import Params
+from switchboard.triton.config import ChatConfig
 from switchboard.wire import ChatStats, FallbackReason, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
@@ -74,69 +74,54 @@ class TritonPythonModel:
     def initialize(self, args):
         config, version = load_config(args)
         require_decoupled(config)
-        params = Params(config, "chat/config.pbtxt")
-        self._load_model(version, params)
-        self._setup_sessions(params)
-        self._setup_pools(params)
-        self._setup_fallback(params, version)
-        self._setup_turn(params)
-        self._setup_admission(params)
+        cfg = ChatConfig.load(config, "chat/config.pbtxt")
+        self._load_model(version, cfg)
+        self._setup_sessions(cfg)
+        self._setup_pools(cfg)
+        self._setup_fallback(cfg, version)
+        self._setup_turn(cfg)
+        self._setup_admission(cfg)
 
     # -- initialize, step by step -----------------------------------------------------------
-    def _load_model(self, version, params: Params) -> None:
+    def _load_model(self, version, cfg: ChatConfig) -> None:
         self.manifest = Manifest.load(version)
-        self.fingerprint = self.manifest.variant(params.str("precision", "fp32"))["fingerprint"]
+        self.fingerprint = self.manifest.variant(cfg.precision)["fingerprint"]
         self.tokenizer = TextTokenizer(version)
-        system_prompt = params.str("system_prompt", self.manifest.system_prompt)
-        self.prompts = PromptBuilder(
-            self.tokenizer, system_prompt, params.int("max_turns", 6, 1, 64), self.manifest.context_window
-        )
-        self.limits = Limits(
-            default_max_new_tokens=params.int("default_max_new_tokens", 96, 1, 4096),
-            max_new_tokens=params.int("max_new_tokens_limit", 512, 1, 8192),
-        )
+        system_prompt = cfg.system_prompt or self.manifest.system_prompt
+        self.prompts = PromptBuilder(self.tokenizer, system_prompt, cfg.max_turns, self.manifest.context_window)
+        self.limits = Limits(default_max_new_tokens=cfg.default_max_new_tokens, max_new_tokens=cfg.max_new_tokens_limit)
 
-    def _setup_sessions(self, params: Params) -> None:
+    def _setup_sessions(self, cfg: ChatConfig) -> None:
         store = StoreConfig(
-            url=params.str("redis_url", StoreConfig.url),
-            ttl_s=params.int("session_ttl_s", 3600, 1),
-            timeout_s=params.float("redis_timeout_s", 0.25, 0.001, 30),
-            secret=(params.str("session_secret", "") or "").encode(),
-            tls_ca_file=params.str("redis_tls_ca_file", ""),
-            tls_cert_file=params.str("redis_tls_cert_file", ""),
-            tls_key_file=params.str("redis_tls_key_file", ""),
+            url=cfg.redis_url,
+            ttl_s=cfg.session_ttl_s,
+            timeout_s=cfg.redis_timeout_s,
+            secret=cfg.session_secret.encode(),
+            tls_ca_file=cfg.redis_tls_ca_file,
+            tls_cert_file=cfg.redis_tls_cert_file,
+            tls_key_file=cfg.redis_tls_key_file,
         )
         self.sessions = SessionStore(store, self.fingerprint, self.manifest.kv_shape, np.dtype(self.manifest.kv_dtype))
 
-    def _setup_pools(self, params: Params) -> None:
+    def _setup_pools(self, cfg: ChatConfig) -> None:
         # The pools are reached over gRPC on this server (switchboard/serving/engine_client.py says why).
-        self.engines = EngineClient(params.str("engine_url", "127.0.0.1:8001"))
-        self.router = Router(
-            params.int("long_prompt_tokens", 160, 1),
-            params.str("short_pool", "engine_short"),
-            params.str("long_pool", "engine_long"),
-        )
+        self.engines = EngineClient(cfg.engine_url)
+        self.router = Router(cfg.long_prompt_tokens, cfg.short_pool, cfg.long_pool)
         # A stream quiet for pool_probe_after_s makes chat ping its pool (PoolHealth says why).
-        probe_after_s = params.float("pool_probe_after_s", 1.0, 0.0, 600)
         self.pool_health = PoolHealth(
-            params.float("pool_retry_after_s", 30.0, 0.1, 3600),
-            ping=lambda pool: self.engines.ping(pool, max(2.0, probe_after_s)),
-            probe_after_s=probe_after_s,
+            cfg.pool_retry_after_s,
+            ping=lambda pool: self.engines.ping(pool, max(2.0, cfg.pool_probe_after_s)),
+            probe_after_s=cfg.pool_probe_after_s,
         )
-        # How long a chat waits for its pool (queue + prefill, then between tokens).
         self.pools = PoolStreams(
-            self.engines,
-            self.pool_health,
-            self.fingerprint,
-            first_token_s=params.float("engine_first_token_s", 10.0, 0.1, 600),
-            stall_s=params.float("engine_stall_s", 10.0, 0.1, 600),
+            self.engines, self.pool_health, self.fingerprint, cfg.engine_first_token_s, cfg.engine_stall_s
         )
-        self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
+        self.cancel_poll_s = cfg.cancel_poll_ms / 1000
 
-    def _setup_fallback(self, params: Params, version) -> None:
+    def _setup_fallback(self, cfg: ChatConfig, version) -> None:
         self.faq = None
-        if params.bool("fallback", True):
-            path = version / params.str("fallback_faq", "faq.jsonl")
+        if cfg.fallback:
+            path = version / cfg.fallback_faq
             if not path.is_file():
                 raise FileNotFoundError(
                     f"chat/config.pbtxt: parameter 'fallback_faq': {path} is missing "
@@ -144,7 +129,7 @@ class TritonPythonModel:
                 )
             self.faq = FaqFallback.from_file(path)
 
-    def _setup_turn(self, params: Params) -> None:
+    def _setup_turn(self, cfg: ChatConfig) -> None:
         self.turn = ChatTurn(
             prompts=self.prompts,
             sessions=self.sessions,
@@ -155,22 +140,22 @@ class TritonPythonModel:
             decode=self.tokenizer.decode,
             stop_ids=set(self.manifest.eos_token_ids),
             end_of_turn_id=self.manifest.end_of_turn_id,
-            kv_reuse=params.bool("kv_reuse", True),
+            kv_reuse=cfg.kv_reuse,
         )
 
-    def _setup_admission(self, params: Params) -> None:
+    def _setup_admission(self, cfg: ChatConfig) -> None:
         # Every response goes out through the gate, priority 1 first (PriorityGate, send_rank say why).
         self.gate = PriorityGate()
         self.admission = Admission(
-            max_inflight=params.int("max_inflight", 64, 1, 1024),
-            reserved=params.int("max_inflight_reserved", 16, 0, 1024),
-            max_pending=params.int("max_pending", 1024, 0, 1 << 20),
-            max_wait_s=params.float("max_queue_wait_s", 5.0, 0.0, 600),
+            max_inflight=cfg.max_inflight,
+            reserved=cfg.max_inflight_reserved,
+            max_pending=cfg.max_pending,
+            max_wait_s=cfg.max_queue_wait_s,
             run=self._serve,
             shed=self._shed,
-            shed_workers=params.int("shed_workers", 8, 1, 256),
-            forecast=params.bool("shed_on_forecast", True),
-            shed_nice=params.int("shed_nice", 19, 0, 19),
+            shed_workers=cfg.shed_workers,
+            forecast=cfg.shed_on_forecast,
+            shed_nice=cfg.shed_nice,
         )
 
     # -- requests -------------------------------------------------------------------------

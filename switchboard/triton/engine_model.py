@@ -22,7 +22,7 @@ from switchboard.engine.runtime import OnnxDecoder
 from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
 from switchboard.engine.stream import Outbox, TokenStream
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
-from switchboard.triton.params import Params
+from switchboard.triton.config import EngineConfig
 from switchboard.wire import EngineStats, FinishReason
 
 log = logging.getLogger("switchboard.engine")
@@ -239,13 +239,12 @@ class TritonPythonModel:
         config, version = load_config(args)
         require_decoupled(config)
         self.name = config["name"]
-        params = Params(config, f"{self.name}/config.pbtxt")
+        cfg = EngineConfig.load(config, f"{self.name}/config.pbtxt")
         self.manifest = Manifest.load(version)
-        precision = params.str("precision", "fp32")
+        precision, runtime = cfg.precision, cfg.runtime
         self.fingerprint = self.manifest.variant(precision)["fingerprint"]
-        runtime = params.str("runtime", "onnxruntime")
         if runtime == "onnxruntime":
-            decoder = OnnxDecoder(version, self.manifest, precision, threads=params.int("threads", 1, 1, 64))
+            decoder = OnnxDecoder(version, self.manifest, precision, threads=cfg.threads)
         elif runtime.startswith("triton:"):  # NVIDIA's container: native backend on the GPU
             from switchboard.triton.bls_decoder import BlsDecoder
 
@@ -253,7 +252,7 @@ class TritonPythonModel:
         elif runtime.split(":", 1)[0] == "torch":  # a GPU without TensorRT: the checkpoint in PyTorch
             from switchboard.engine.torch_runtime import TorchDecoder
 
-            checkpoint = params.str("checkpoint")
+            checkpoint = cfg.checkpoint
             if not checkpoint:
                 raise ValueError(
                     f"{self.name}/config.pbtxt: runtime {runtime!r} needs parameter 'checkpoint' "
@@ -262,7 +261,7 @@ class TritonPythonModel:
             device = runtime.split(":", 1)[1] if ":" in runtime else "cpu"
             if device == "cuda" and args.get("model_instance_kind") == "GPU":
                 device = f"cuda:{args['model_instance_device_id']}"
-            decoder = TorchDecoder(checkpoint, self.manifest, device, threads=params.int("threads", 1, 1, 64))
+            decoder = TorchDecoder(checkpoint, self.manifest, device, threads=cfg.threads)
         else:
             raise ValueError(
                 f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
@@ -270,19 +269,19 @@ class TritonPythonModel:
             )
         self.engine = Engine(
             decoder,
-            max_batch=params.int("max_batch", 8, 1, 256),
-            max_waiting=params.int("max_waiting", 32, 1, 4096),
-            priority_slots=params.int("priority_slots", 1, 0, 256),
-            preempt_steps=params.int("preempt_steps", 4, 0, 1 << 20),
-            lane_threads=params.int("lane_threads", 2, 1, 2),
-            normal_nice=params.int("normal_nice", 19, 0, 19),
-            hold_back_ms=params.float("hold_back_ms", 100.0, 0.0, 60000),
+            max_batch=cfg.max_batch,
+            max_waiting=cfg.max_waiting,
+            priority_slots=cfg.priority_slots,
+            preempt_steps=cfg.preempt_steps,
+            lane_threads=cfg.lane_threads,
+            normal_nice=cfg.normal_nice,
+            hold_back_ms=cfg.hold_back_ms,
             stop_ids=set(self.manifest.eos_token_ids),
         )
         # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
         # one send per token (switchboard/engine/stream.py says why).
-        self.stream_interval_s = params.float("stream_interval_ms", 50.0, 0.0, 10000) / 1000
-        self.cancel_poll_s = params.float("cancel_poll_ms", 50.0, 0.0, 10000) / 1000
+        self.stream_interval_s = cfg.stream_interval_ms / 1000
+        self.cancel_poll_s = cfg.cancel_poll_ms / 1000
         self.watch = _CancelWatch(self.name, self.cancel_poll_s)
         self.sender = _Sender(self.name, self.watch)
         self.engine.start()

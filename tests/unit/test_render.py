@@ -64,7 +64,7 @@ def test_priority_and_queue_policies():
         db = cfg.dynamic_batching
         assert db.priority_levels == 2 and db.default_queue_policy.max_queue_size > 0
         assert db.default_queue_policy.default_timeout_microseconds > 0 and list(db.preferred_batch_size)
-        assert params(cfg)["max_batch"] == batch and "runtime" not in params(cfg)
+        assert params(cfg)["max_batch"] == batch and params(cfg)["runtime"] == "onnxruntime"
 
 
 def test_ngc_onnxruntime_serves_the_graph_natively_on_the_gpu(tmp_path):
@@ -90,3 +90,20 @@ def test_ngc_tensorrt_has_one_engine_per_pool(tmp_path):
 def test_unknown_target_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown target 'docker'"):
         render("docker", tmp_path)
+
+
+def test_the_configuration_reference_is_current():
+    from switchboard.triton.config import REFERENCE, reference
+
+    assert REFERENCE.read_text() == reference(), "run: python -m switchboard.triton.config"
+
+
+def test_every_rendered_parameter_is_a_typed_setting_with_its_default():
+    from switchboard.triton.config import ChatConfig, EngineConfig
+
+    chat = params(parse(ROOT / "model_repository/chat/config.pbtxt"))
+    assert set(chat) == {f for f, _, _ in ChatConfig().parameters()}
+    assert ChatConfig.load({"parameters": {k: {"string_value": v} for k, v in chat.items()}}, "chat") == ChatConfig()
+    short = params(parse(ROOT / "model_repository/engine_short/config.pbtxt"))
+    loaded = EngineConfig.load({"parameters": {k: {"string_value": v} for k, v in short.items()}}, "engine_short")
+    assert loaded == EngineConfig(max_batch=8)

@@ -1,0 +1,234 @@
+"""The models' configuration, typed, with one set of defaults: the ``parameters`` of
+``chat/config.pbtxt`` and ``engine_*/config.pbtxt``, read once when a model loads.
+
+Each field is a parameter: its default here is what ``export.render`` writes into the
+repository and what applies when the parameter is missing; its doc is the comment above it in
+the rendered ``config.pbtxt`` and its line in docs/configuration-reference.md
+(``python -m switchboard.triton.config`` writes that file; a test checks it is current).
+``SWITCHBOARD_<KEY>`` in the server's environment overrides any of them (``Params``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from switchboard import paths
+from switchboard.triton.params import Params
+
+
+def setting(default, doc: str, lo=None, hi=None):
+    return field(default=default, metadata={"doc": doc, "lo": lo, "hi": hi})
+
+
+def _read(params: Params, f: dataclasses.Field):
+    lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+    kind = type(f.default)
+    if kind is bool:
+        return params.bool(f.name, f.default)
+    if kind is int:
+        return params.int(f.name, f.default, lo, hi)
+    if kind is float:
+        return params.float(f.name, f.default, lo, hi)
+    return params.str(f.name, f.default)
+
+
+class _Config:
+    @classmethod
+    def load(cls, model_config: dict, source: str):
+        """Every field from the model's parameters (or the environment), checked: a bad value
+        fails the model's load with a message naming the file and the parameter."""
+        params = Params(model_config, source)
+        return cls(**{f.name: _read(params, f) for f in dataclasses.fields(cls)})
+
+    def parameters(self) -> list[tuple[str, str, str]]:
+        """(key, value as config.pbtxt writes it, doc) for every field."""
+        out = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            text = (
+                ("true" if value else "false")
+                if isinstance(value, bool)
+                else ""
+                if value is None
+                else f"{value:g}"
+                if isinstance(value, float)
+                else str(value)
+            )
+            out.append((f.name, text, f.metadata["doc"]))
+        return out
+
+
+@dataclass(frozen=True)
+class ChatConfig(_Config):
+    """``chat``: sessions, routing, admission, fallback."""
+
+    engine_url: str = setting(
+        "127.0.0.1:8001",
+        "this server's gRPC endpoint, where chat streams from the pools (not BLS: "
+        "switchboard/serving/engine_client.py says why); `make serve` and the tests set it to their port",
+    )
+    redis_url: str = setting("redis://127.0.0.1:6379/0", "the session store (rediss:// for TLS)")
+    session_ttl_s: int = setting(3600, "a session expires this long after its last turn", 1)
+    redis_timeout_s: float = setting(
+        0.25, "bound on each Redis call; a slow Redis means an answer without reuse", 0.001, 30.0
+    )
+    session_secret: str = setting("", "key of the sessions' integrity digests (empty: a digest without a key)")
+    redis_tls_ca_file: str = setting(
+        "", "with a rediss:// redis_url: the CA that signs Redis's certificate (empty: system CAs)"
+    )
+    redis_tls_cert_file: str = setting("", "client certificate, where Redis requires one")
+    redis_tls_key_file: str = setting("", "the client certificate's key")
+    kv_reuse: bool = setting(True, "reuse a session's cached KV for the common prefix of its next prompt")
+    max_turns: int = setting(6, "user turns kept in the prompt (older ones are dropped first)", 1, 64)
+    system_prompt: str = setting("", "the system prompt (empty: the one in the model's manifest)")
+    long_prompt_tokens: int = setting(160, "prompts longer than this go to the long pool", 1)
+    short_pool: str = setting("engine_short", "the pool for short prompts")
+    long_pool: str = setting("engine_long", "the pool for long prompts")
+    max_inflight: int = setting(64, "chats generating at once; the others wait in chat's admission queue", 1, 1024)
+    max_inflight_reserved: int = setting(16, "of max_inflight, the slots only priority 1 may take", 0, 1024)
+    max_pending: int = setting(
+        1024,
+        "chats waiting for a slot or for their FAQ answer; beyond it priority 2 waits in Triton's queue",
+        0,
+        1 << 20,
+    )
+    max_queue_wait_s: float = setting(5.0, "a chat waiting longer for a slot is answered from the FAQ", 0.0, 600.0)
+    shed_on_forecast: bool = setting(
+        True,
+        "a priority-2 chat that would wait out max_queue_wait_s (the chats ahead of it, at the rate slots "
+        "free up) gets the FAQ answer on arrival, or as soon as the forecast, made again every 0.1 s, says so",
+    )
+    shed_workers: int = setting(
+        8, "threads answering from the FAQ; each answer is a round trip to the server (docs/reliability.md)", 1, 256
+    )
+    shed_nice: int = setting(
+        19,
+        "the FAQ answer threads run this many nice levels below the server (Linux), leaving cores to priority 1",
+        0,
+        19,
+    )
+    cancel_poll_ms: float = setting(
+        50.0, "how often a generating chat asks whether its client left (each ask is a round trip)", 0.0, 10000.0
+    )
+    engine_first_token_s: float = setting(
+        10.0, "a pool's first response must come within this (queue and prefill)", 0.1, 600.0
+    )
+    engine_stall_s: float = setting(10.0, "and each next one within this", 0.1, 600.0)
+    pool_retry_after_s: float = setting(
+        30.0,
+        "a pool whose stub process died is routed around this long (Triton 2.51 never restarts the stub: "
+        "the supervisor restarts the server)",
+        0.1,
+        3600.0,
+    )
+    pool_probe_after_s: float = setting(
+        1.0,
+        "a stream quiet this long makes chat ping its pool (one ping at a time); a dead stub ends every chat "
+        "on that pool at once instead of after engine_stall_s (0: no pings)",
+        0.0,
+        600.0,
+    )
+    fallback: bool = setting(True, "answer from the FAQ when no pool can (overload, timeouts, failures)")
+    fallback_faq: str = setting("faq.jsonl", "the FAQ, in the model's version folder (make export installs it)")
+    default_max_new_tokens: int = setting(96, "max_new_tokens when the request does not say", 1, 4096)
+    max_new_tokens_limit: int = setting(512, "the most max_new_tokens a request may ask for", 1, 8192)
+    precision: str = setting("fp32", "the exported variant whose fingerprint keys the sessions (as the pools')")
+
+
+@dataclass(frozen=True)
+class EngineConfig(_Config):
+    """``engine_short`` / ``engine_long``: one generation pool each."""
+
+    max_batch: int = setting(8, "rows of the running batch (iteration-level batching)", 1, 256)
+    max_waiting: int = setting(64, "sequences waiting for a row; beyond it the pool refuses new ones", 1, 4096)
+    priority_slots: int = setting(
+        1,
+        "rows of max_batch only priority 1 may take, so a VIP starts at the next step (0: off); with "
+        "preempt_steps priority 1 has a batch of its own of up to max_batch rows",
+        0,
+        256,
+    )
+    preempt_steps: int = setting(
+        4,
+        "priority 1 decodes in its own batch (0: one shared batch); with one lane thread, priority 2 gets one "
+        "step after every preempt_steps of priority 1's",
+        0,
+        1 << 20,
+    )
+    lane_threads: int = setting(
+        2,
+        "2: the two batches run on threads of their own, priority 2's normal_nice levels lower (Linux), so the "
+        "OS runs priority 1 first and an idle core runs priority 2 meanwhile",
+        1,
+        2,
+    )
+    normal_nice: int = setting(19, "nice levels of priority 2's lane thread below the server", 0, 19)
+    hold_back_ms: float = setting(
+        100.0,
+        "with lane_threads 2, a backlogged priority 2 waits while priority 1 has work, taking one step per "
+        "hold_back_ms meanwhile (0: the lanes always decode side by side)",
+        0.0,
+        60000.0,
+    )
+    stream_interval_ms: float = setting(
+        50.0,
+        "priority-2 tokens are sent together at most this often (priority 1: one response per token)",
+        0.0,
+        10000.0,
+    )
+    cancel_poll_ms: float = setting(50.0, "how often a running sequence asks whether its client left", 0.0, 10000.0)
+    threads: int = setting(1, "ONNX Runtime (or PyTorch) threads of the pool (docs/reliability.md on 1 vs 2)", 1, 64)
+    precision: str = setting("fp32", "the exported variant the pool runs")
+    runtime: str = setting(
+        "onnxruntime", "onnxruntime, torch[:cpu|cuda] (needs checkpoint), or triton:<model> (a native backend over BLS)"
+    )
+    checkpoint: str = setting("", "with runtime torch: the Hugging Face checkpoint the repository was exported from")
+
+
+def reference() -> str:
+    """docs/configuration-reference.md."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated by `python -m switchboard.triton.config` from `switchboard/triton/config.py`; a test",
+        "checks it is current. Every parameter is set in the model's `config.pbtxt` (`parameters`) and",
+        "can be overridden with `SWITCHBOARD_<KEY>` (upper case) in the server's environment; a bad",
+        "value fails the model's load naming the file and the parameter.",
+    ]
+    for title, cls in (("`chat`", ChatConfig), ("`engine_short`, `engine_long`", EngineConfig)):
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            cls.__doc__.strip().replace("``", "`"),
+            "",
+            "| parameter | type | default | range | meaning |",
+            "|---|---|---|---|---|",
+        ]
+        for f, (_, value, doc) in zip(dataclasses.fields(cls), cls().parameters()):
+            lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+            bounds = f"{lo} to {hi}" if lo is not None and hi is not None else f">= {lo}" if lo is not None else ""
+            shown = f"`{value}`" if value else "(empty)"
+            lines.append(f"| `{f.name}` | {type(f.default).__name__} | {shown} | {bounds} | {doc} |")
+    return "\n".join(lines) + "\n"
+
+
+REFERENCE = paths.ROOT / "docs" / "configuration-reference.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m switchboard.triton.config", description="Write docs/configuration-reference.md."
+    )
+    p.add_argument("--out", type=Path, default=REFERENCE, help="where to write it")
+    args = p.parse_args(argv)
+    args.out.write_text(reference())
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
