@@ -58,7 +58,7 @@ def untag(message: str) -> tuple[str | None, str]:
 
 # gRPC backs off between attempts to reach a server that is down, 1 s growing to 120 s, and
 # every channel of a process to the same address shares that state (one subchannel): after a
-# restart by switchboard.ops.supervisor (~15-25 s) even a channel opened once the server was back
+# restart by switchboard.ops.supervisor even a channel opened once the server was back
 # failed at once with UNAVAILABLE for seconds, and a supervisor probe in such a process failed
 # on the new, healthy server. Capped at 1 s, clients reach it within about a second.
 RECONNECT_BACKOFF_MS = 1000

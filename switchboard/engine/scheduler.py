@@ -14,9 +14,8 @@ scheduling is tested with a scripted decoder and no model (tests/unit/test_sched
 Priority 1 has its own lane when ``preempt_steps`` > 0. While it has work its iterations come
 first, and priority 2's lane gets one iteration after every ``preempt_steps`` of them, so
 priority 2 is slowed, never starved. A priority-1 token then costs a step at priority 1's own
-batch size, not one in a full priority-2 batch with priority-2 prefills in between: under a 5x
-burst priority 1's time in the engine fell from 140 to 66-102 ms, P50 (docs/reliability.md,
-"Priority 1 under a burst").
+batch size, not one in a full priority-2 batch with priority-2 prefills in between
+(docs/reliability.md, "Priority 1 under a burst", has the figures).
 On its own lane priority 1 fills up to ``max_batch`` rows whatever priority 2 holds (the engine
 then holds at most ``2 * max_batch - priority_slots`` sequences), and its rows count against
 priority 2's. ``preempt_steps`` 0 is one shared lane for all priorities.
@@ -26,8 +25,7 @@ priority 2's ``normal_nice`` nice levels below the process (Linux, per thread; w
 Runtime at one intra-op thread the model runs on the calling thread, so this covers priority
 2's model time too). The operating system then gives the CPU to priority 1's lane first, and on
 an idle core the two lanes overlap. A priority-1 token no longer waits for any priority-2
-step, only for the cores the rest of the server leaves it: under a 5x burst on two cores
-priority 1's P50 fell from 2.7x its time alone to 2.1x and priority 2 generated 40% more
+step, only for the cores the rest of the server leaves it, and priority 2 gets more done
 (docs/reliability.md, "Priority 1 under a burst").
 
 Under an overload (priority 2 backlogged) that is not enough: priority 2's steps still share

@@ -11,9 +11,9 @@ free up.
 
 A priority-2 chat that would wait out ``max_wait_s`` anyway is shed on arrival (``forecast``):
 with every slot it may take busy, it waits for the chats ahead of it to start, at the rate
-slots free up (busy slots / how long a chat holds one, a moving average). Under a 5x burst the
+slots free up (busy slots / how long a chat holds one, a moving average). Under a burst the
 queue otherwise held ``max_wait_s`` of arrivals that were all shed at their deadline: the
-customers waited 5 s for the FAQ answer they could have had at once, and the queue, full of
+customers waited ``max_wait_s`` for the FAQ answer they could have had at once, and the queue, full of
 them, pushed the rest back into Triton's queue, which refused them. While chats wait, the
 forecast is made again for each of them every ``REFORECAST_S``: priority-1 chats that arrive
 later go ahead of them, and slots free up more slowly as the burst goes on, so a chat admitted
@@ -21,13 +21,13 @@ on a forecast it no longer meets is answered from the FAQ as soon as that shows,
 deadline.
 
 Answers leave at a bounded rate (each is a round trip to the server), so shed chats can pile
-up faster than they are answered: at 5x a capacity of 61 chats/s, FAQ answers fell past the
-30 s deadline. ``wait_for_room`` lets ``chat``'s ``execute`` hold back new priority-2 chats
+up faster than they are answered, past a client's deadline (docs/reliability.md).
+``wait_for_room`` lets ``chat``'s ``execute`` hold back new priority-2 chats
 while ``max_pending`` chats wait for a slot or for their answer; they then wait in Triton's
 queue, which refuses them (queue full, or its timeout) without a round trip to the stub.
 
 The FAQ answers run on threads ``shed_nice`` nice levels lower (switchboard/nice.py): under a
-5x burst they are most of the answers, and the cores they leave go to priority 1's chats.
+burst they are most of the answers, and the cores they leave go to priority 1's chats.
 (Priority 2's generating chats stay at the server's priority: lowered too, they held the GIL
 and the send gate while descheduled, and priority 1 waited on them; its time to first token
 doubled.)

@@ -54,6 +54,6 @@ def send_rank(priority: int, final: bool) -> tuple[int, int]:
     """A response's place at the gate: priority first; within a priority, a response that ends
     a chat (a whole FAQ answer, or a stream's last words) before a stream's next delta. A stream
     that waits sends the tokens that arrived meanwhile as one delta (coarser, no work lost),
-    while under a burst each FAQ answer used to wait behind a delta from every generating chat (8
-    answer workers among 64 streams: the FAQ answered ~55 chats/s, and the overflow was refused)."""
+    while under a burst each FAQ answer would wait behind a delta from every generating chat, and
+    the FAQ's answers fall behind the shed chats (docs/reliability.md)."""
     return priority, 0 if final else 1

@@ -1,9 +1,9 @@
 """Supervised training of the default model: loss on assistant tokens only.
 
 Deterministic for a given corpus, seed and thread count: seeded data order, seeded init, a
-fixed number of steps (never a time budget). FP32 throughout: bfloat16 autocast was 1.6x
-faster on a CPU with native bfloat16 and 30x slower on one without (AVX2 only), and a
-default model must build in the same few minutes on any x86-64 machine.
+fixed number of steps (never a time budget). FP32 throughout: bfloat16 autocast is emulated,
+and far slower, on a CPU without native bfloat16 (AVX2 only), and a default model must build
+in the same few minutes on any x86-64 machine (docs/default-model.md).
 
 Every conversation starts with the same tokens (``<|bos|><|system|>`` + system prompt +
 ``<|end|>``), about a quarter of an average example. Their keys and values are computed once
