@@ -4,10 +4,7 @@ responses out, every error with its code and a final flag. The turn itself is fa
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -17,49 +14,15 @@ from switchboard.serving.pool_stream import EngineError
 from switchboard.serving.request import ChatRequest, Limits, RequestError
 from switchboard.serving.turn import Cancelled
 from switchboard.wire import ChatStats
+from tests.unit.pb_stub import FINAL, Tensor, forget, stub_glue
 
-FINAL = 1
 CHAT = ChatRequest("hi", None, 16, 0.0, 1.0, 2, None)
-
-
-class Tensor:
-    def __init__(self, name, array):
-        self.name, self.array = name, array
-
-    def as_numpy(self):
-        return self.array
-
-
-class Response:
-    def __init__(self, output_tensors=(), error=None):
-        self.outputs = {t.name: t.array for t in output_tensors}
-        self.error = error
-
-
-class TritonError:
-    INTERNAL, INVALID_ARG, UNAVAILABLE, CANCELLED = "INTERNAL", "INVALID_ARG", "UNAVAILABLE", "CANCELLED"
-
-    def __init__(self, message, code):
-        self.message, self.code = message, code
-
-
-def _stub_module():
-    pb = types.ModuleType("triton_python_backend_utils")
-    pb.Tensor, pb.InferenceResponse, pb.TritonError = Tensor, Response, TritonError
-    pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
-    pb.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
-    return pb
 
 
 @pytest.fixture
 def glue(monkeypatch):
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _stub_module())
-    for name in ("switchboard.triton.common", "switchboard.triton.chat_model"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    module = importlib.import_module("switchboard.triton.chat_model")
-    yield module
-    for name in ("switchboard.triton.common", "switchboard.triton.chat_model"):
-        sys.modules.pop(name, None)
+    yield stub_glue(monkeypatch, "switchboard.triton.chat_model")
+    forget("switchboard.triton.chat_model")
 
 
 class Sender:
