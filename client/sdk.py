@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
-from switchboard.wire import PRIORITY_PARAMETER, ChatStats, channel_args, untag
+from switchboard.wire import PRIORITY_PARAMETER, Chat, ChatStats, Pool, channel_args, untag
 
 _ids = itertools.count()
 
@@ -81,26 +81,26 @@ def stream_request(model: str, text, session_id, priority: int, max_new_tokens, 
         return t
 
     raw = text if isinstance(text, bytes) else text.encode("utf-8")
-    inputs = [tensor("text", raw, np.object_, "BYTES")]
+    inputs = [tensor(Chat.TEXT, raw, np.object_, "BYTES")]
     if session_id is not None:
         sid = session_id if isinstance(session_id, bytes) else session_id.encode("utf-8")
-        inputs.append(tensor("session_id", sid, np.object_, "BYTES"))
+        inputs.append(tensor(Chat.SESSION_ID, sid, np.object_, "BYTES"))
     if max_new_tokens is not None:
-        inputs.append(tensor("max_new_tokens", max_new_tokens, np.int32, "INT32"))
+        inputs.append(tensor(Chat.MAX_NEW_TOKENS, max_new_tokens, np.int32, "INT32"))
     if temperature is not None:
-        inputs.append(tensor("temperature", temperature, np.float32, "FP32"))
+        inputs.append(tensor(Chat.TEMPERATURE, temperature, np.float32, "FP32"))
     if top_p is not None:
-        inputs.append(tensor("top_p", top_p, np.float32, "FP32"))
+        inputs.append(tensor(Chat.TOP_P, top_p, np.float32, "FP32"))
     parameters = {PRIORITY_PARAMETER: int(priority)}
     if seed is not None:
-        parameters["seed"] = int(seed)
+        parameters[Pool.SEED] = int(seed)
     return {
         "model_name": model,
         "inputs": inputs,
         "request_id": f"{os.getpid()}-{next(_ids)}",
         "priority": int(priority),
         "parameters": parameters,
-        "outputs": [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("stats")],
+        "outputs": [grpcclient.InferRequestedOutput(Chat.TEXT_OUTPUT), grpcclient.InferRequestedOutput(Chat.STATS)],
     }
 
 
@@ -111,10 +111,10 @@ def parse_response(result, error) -> tuple[str, ChatStats | None]:
         code, message = error_of(error)
         raise ChatError(message, code)
     delta, stats = "", None
-    text_out = result.as_numpy("text_output")
+    text_out = result.as_numpy(Chat.TEXT_OUTPUT)
     if text_out is not None:
         delta = text_out.reshape(-1)[0].decode("utf-8")
-    blob = result.as_numpy("stats")
+    blob = result.as_numpy(Chat.STATS)
     if blob is not None:
         stats = ChatStats.from_json(blob.reshape(-1)[0])
     return delta, stats

@@ -25,6 +25,39 @@ from enum import StrEnum
 PRIORITY_LIVE, PRIORITY_DEFAULT = 1, 2
 PRIORITY_PARAMETER = "chat_priority"
 
+
+class Chat:
+    """Tensor names of the ``chat`` model (model_repository/chat/config.pbtxt)."""
+
+    TEXT = "text"  # BYTES [1]: the customer's message (UTF-8)
+    SESSION_ID = "session_id"  # BYTES [1], optional: multi-turn session
+    MAX_NEW_TOKENS = "max_new_tokens"  # INT32 [1], optional
+    TEMPERATURE = "temperature"  # FP32 [1], optional (0: greedy)
+    TOP_P = "top_p"  # FP32 [1], optional
+    INPUTS = (TEXT, SESSION_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P)
+    TEXT_OUTPUT = "text_output"  # BYTES [1]: a text delta
+    STATS = "stats"  # BYTES [1], on the last response: ChatStats as JSON
+
+
+class Pool:
+    """Tensor and parameter names of a generation pool (``engine_short``, ``engine_long``)."""
+
+    INPUT_IDS = "input_ids"  # INT32 [tokens]
+    PAST_KV = "past_kv"  # FP32 [layers, 2, heads, reused, dim], optional: KV of the prompt's prefix
+    MAX_NEW_TOKENS = "max_new_tokens"
+    TEMPERATURE = "temperature"
+    TOP_P = "top_p"
+    TOKEN_IDS = "token_ids"  # INT32 [n]: generated tokens
+    KV = "kv"  # on the last response, when asked: the KV of prompt + generated[:-1]
+    STATS = "stats"  # on the last response: EngineStats as JSON
+    OUTPUTS = (TOKEN_IDS, KV, STATS)
+    # request parameters
+    FINGERPRINT = "fingerprint"  # the model variant past_kv was written with
+    RETURN_KV = "return_kv"
+    SEED = "seed"
+    PING = "ping"  # true: answer at once, before the engine (is the stub alive?)
+
+
 # Triton's error codes (TRITONSERVER_Error_Code) to the gRPC status names clients know.
 GRPC_NAMES = {
     "UNKNOWN": "UNKNOWN",

@@ -20,7 +20,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
-from switchboard.wire import channel_args
+from switchboard.wire import Pool, channel_args
 
 # Keys Triton's gRPC frontend reads itself rather than passing to the model.
 RESERVED = frozenset(
@@ -127,7 +127,9 @@ class EngineClient:
         Triton says the stub is dead, None when neither came within ``timeout_s`` (a stub busy
         with backpressure answers late; Triton can leave a request sent as its stub died
         unanswered)."""
-        request = build_request(model, {"input_ids": np.zeros((1, 1), np.int32)}, ["stats"], {"ping": True}, priority=1)
+        request = build_request(
+            model, {Pool.INPUT_IDS: np.zeros((1, 1), np.int32)}, [Pool.STATS], {Pool.PING: True}, priority=1
+        )
         call = self._stub.ModelStreamInfer(iter((request,)), timeout=timeout_s)
         try:
             for message in call:

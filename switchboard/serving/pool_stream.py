@@ -19,7 +19,7 @@ import numpy as np
 
 from switchboard.serving.engine_client import EngineClient, EngineStream, build_request
 from switchboard.serving.pool_health import PoolHealth
-from switchboard.wire import EngineStats, untag
+from switchboard.wire import PRIORITY_PARAMETER, EngineStats, Pool, untag
 
 
 class EngineError(RuntimeError):
@@ -58,22 +58,26 @@ class PoolStreams:
         """The pool's responses as dicts (``token_ids``: list, ``kv``: array, ``stats``: EngineStats),
         each within its deadline; raises ``EngineError`` / ``EngineTimeout``."""
         inputs = {
-            "input_ids": np.asarray([gen.prompt_ids], np.int32),
-            "max_new_tokens": np.asarray([[gen.max_new_tokens]], np.int32),
-            "temperature": np.asarray([[gen.temperature]], np.float32),
-            "top_p": np.asarray([[gen.top_p]], np.float32),
+            Pool.INPUT_IDS: np.asarray([gen.prompt_ids], np.int32),
+            Pool.MAX_NEW_TOKENS: np.asarray([[gen.max_new_tokens]], np.int32),
+            Pool.TEMPERATURE: np.asarray([[gen.temperature]], np.float32),
+            Pool.TOP_P: np.asarray([[gen.top_p]], np.float32),
         }
         if gen.past is not None:
-            inputs["past_kv"] = gen.past[None]
-        parameters = {"chat_priority": gen.priority, "fingerprint": self.fingerprint, "return_kv": gen.return_kv}
+            inputs[Pool.PAST_KV] = gen.past[None]
+        parameters = {
+            PRIORITY_PARAMETER: gen.priority,
+            Pool.FINGERPRINT: self.fingerprint,
+            Pool.RETURN_KV: gen.return_kv,
+        }
         if gen.seed is not None:
-            parameters["seed"] = gen.seed
+            parameters[Pool.SEED] = gen.seed
         # Triton's queue orders the pool's requests by `priority` and rejects one it could not
         # start within `timeout`; the engine orders its batch by `chat_priority`.
         request = build_request(
             pool,
             inputs,
-            ["token_ids", "kv", "stats"],
+            list(Pool.OUTPUTS),
             parameters,
             priority=gen.priority,
             timeout_us=int(self.first_token_s * 1e6),
@@ -83,11 +87,11 @@ class PoolStreams:
             merged: dict = {}
             for response in responses:
                 for name, array in response.items():
-                    if name == "token_ids":
+                    if name == Pool.TOKEN_IDS:
                         merged.setdefault(name, []).extend(array.reshape(-1).tolist())
-                    elif name == "kv":
+                    elif name == Pool.KV:
                         merged[name] = array.reshape(array.shape[-5:])
-                    elif name == "stats":
+                    elif name == Pool.STATS:
                         merged[name] = EngineStats.from_json(array.reshape(-1)[0])
             yield merged
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER
+from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Chat
 
 
 class RequestError(ValueError):
@@ -92,7 +92,7 @@ def _int_param(name: str, value, lo: int, hi: int) -> int:
 
 
 def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, limits: Limits) -> ChatRequest:
-    raw_text = _one("text", inputs.get("text"))
+    raw_text = _one(Chat.TEXT, inputs.get(Chat.TEXT))
     if raw_text is None:
         raise RequestError("text: required input is missing")
     text = _utf8("text", raw_text, limits.max_text_bytes)
@@ -100,19 +100,19 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
         raise RequestError("text: empty message")
 
     session_id = None
-    raw_session = _one("session_id", inputs.get("session_id"))
+    raw_session = _one(Chat.SESSION_ID, inputs.get(Chat.SESSION_ID))
     if raw_session is not None:
         session_id = _utf8("session_id", raw_session, limits.max_session_id_bytes)
         if not session_id:
             raise RequestError("session_id: empty (omit it for a one-off chat)")
 
-    raw_max = _one("max_new_tokens", inputs.get("max_new_tokens"))
+    raw_max = _one(Chat.MAX_NEW_TOKENS, inputs.get(Chat.MAX_NEW_TOKENS))
     max_new = limits.default_max_new_tokens if raw_max is None else int(raw_max)
     if not 1 <= max_new <= limits.max_new_tokens:
         raise RequestError(f"max_new_tokens: {max_new} is outside [1, {limits.max_new_tokens}]")
 
-    temperature = _number("temperature", _one("temperature", inputs.get("temperature")), 0.0, 0.0, 2.0)
-    top_p = _number("top_p", _one("top_p", inputs.get("top_p")), 1.0, 0.0, 1.0, lo_open=True)
+    temperature = _number("temperature", _one(Chat.TEMPERATURE, inputs.get(Chat.TEMPERATURE)), 0.0, 0.0, 2.0)
+    top_p = _number("top_p", _one(Chat.TOP_P, inputs.get(Chat.TOP_P)), 1.0, 0.0, 1.0, lo_open=True)
 
     # Triton's own request priority is not visible to a Python model in 2.51, so clients
     # send the same value as the request parameter `chat_priority` (the SDK does both).

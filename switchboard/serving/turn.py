@@ -26,7 +26,7 @@ from switchboard.serving.prompt import PromptBuilder, PromptTooLong
 from switchboard.serving.request import ChatRequest, RequestError
 from switchboard.serving.router import Router
 from switchboard.serving.session import Lookup, longest_common_prefix
-from switchboard.wire import ChatStats, EngineStats, FallbackReason, FinishReason, SessionStatus
+from switchboard.wire import ChatStats, EngineStats, FallbackReason, FinishReason, Pool, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
 
@@ -111,15 +111,15 @@ class ChatTurn:
                 for response in self.pools.generate(pool, gen):
                     if cancelled():
                         raise Cancelled()  # nothing is stored for a turn the customer never saw
-                    ids = response.get("token_ids")
+                    ids = response.get(Pool.TOKEN_IDS)
                     if ids is not None:
                         generated.extend(ids)
                         delta = detok.add([t for t in ids if t not in self.stop_ids])
                         if delta:
                             ttft_ms = ttft_ms if ttft_ms is not None else (self.clock() - t0) * 1000
                             sink.text(delta, chat.priority)
-                    cache = response.get("kv", cache)
-                    engine_stats = response.get("stats", engine_stats)
+                    cache = response.get(Pool.KV, cache)
+                    engine_stats = response.get(Pool.STATS, engine_stats)
                 break
             except EngineError as e:
                 if generated:

@@ -34,11 +34,10 @@ from switchboard.serving.session import SessionStore, StoreConfig
 from switchboard.serving.turn import Cancelled, ChatTurn
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import ChatConfig
-from switchboard.wire import ChatStats, FallbackReason, SessionStatus
+from switchboard.wire import Chat, ChatStats, FallbackReason, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-INPUTS = ("text", "session_id", "max_new_tokens", "temperature", "top_p")
 
 
 @dataclass
@@ -56,15 +55,15 @@ class TritonSink:
         self.sender, self.gate = sender, gate
 
     def text(self, delta: str, priority: int) -> None:
-        out = pb_utils.Tensor("text_output", np.asarray([[delta.encode("utf-8")]], np.object_))
+        out = pb_utils.Tensor(Chat.TEXT_OUTPUT, np.asarray([[delta.encode("utf-8")]], np.object_))
         with self.gate(send_rank(priority, final=False)):
             self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
 
     def final(self, stats: ChatStats, text: str, priority: int) -> None:
         """The last response: the rest of the text (if any) and ``stats``."""
         final = [
-            pb_utils.Tensor("text_output", np.asarray([[text.encode("utf-8")]], np.object_)),
-            pb_utils.Tensor("stats", np.asarray([[stats.to_json().encode()]], np.object_)),
+            pb_utils.Tensor(Chat.TEXT_OUTPUT, np.asarray([[text.encode("utf-8")]], np.object_)),
+            pb_utils.Tensor(Chat.STATS, np.asarray([[stats.to_json().encode()]], np.object_)),
         ]
         with self.gate(send_rank(priority, final=True)):
             self.sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
@@ -163,7 +162,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                inputs = {name: input_array(request, name) for name in INPUTS}
+                inputs = {name: input_array(request, name) for name in Chat.INPUTS}
                 chat = parse_chat_request(inputs, request_parameters(request), self.limits)
             except RequestError as e:
                 send_error(sender, str(e), "INVALID_ARG")

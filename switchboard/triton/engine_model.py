@@ -23,7 +23,7 @@ from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, G
 from switchboard.engine.stream import Outbox, TokenStream
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import EngineConfig
-from switchboard.wire import EngineStats, FinishReason
+from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, EngineStats, FinishReason, Pool
 
 log = logging.getLogger("switchboard.engine")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -64,7 +64,7 @@ class _Sink:
 
     def deliver(self, ids: list[int], final, end: bool) -> None:
         if not end:
-            out = pb_utils.Tensor("token_ids", np.asarray([ids], np.int32))
+            out = pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32))
             self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
         elif isinstance(final, Exception):
             send_error(self.sender, f"generation failed: {final.__class__.__name__}")
@@ -81,11 +81,11 @@ class _Sink:
             batch_size=result.batch_size_at_admission,
             engine_ms=round(result.engine_ms, 2),
         )
-        outputs = [pb_utils.Tensor("stats", np.asarray([[stats.to_json().encode()]], np.object_))]
+        outputs = [pb_utils.Tensor(Pool.STATS, np.asarray([[stats.to_json().encode()]], np.object_))]
         if ids and result.reason != FinishReason.CANCELLED:
-            outputs.append(pb_utils.Tensor("token_ids", np.asarray([ids], np.int32)))
+            outputs.append(pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32)))
         if result.cache is not None:
-            outputs.append(pb_utils.Tensor("kv", result.cache[None]))
+            outputs.append(pb_utils.Tensor(Pool.KV, result.cache[None]))
         return pb_utils.InferenceResponse(output_tensors=outputs)
 
 
@@ -292,10 +292,10 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             params = request_parameters(request)
-            if params.get("ping") is True:
+            if params.get(Pool.PING) is True:
                 # chat asks whether this stub is alive when a stream from it has gone quiet
                 # (PoolHealth): answered here, before the engine and its backpressure.
-                pong = pb_utils.Tensor("stats", np.asarray([[b'{"ping": true}']], np.object_))
+                pong = pb_utils.Tensor(Pool.STATS, np.asarray([[b'{"ping": true}']], np.object_))
                 sender.send(
                     pb_utils.InferenceResponse(output_tensors=[pong]),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
@@ -318,15 +318,15 @@ class TritonPythonModel:
         return None
 
     def _parse(self, request, params: dict) -> GenerationRequest:
-        ids = input_array(request, "input_ids")
+        ids = input_array(request, Pool.INPUT_IDS)
         if ids is None:
             raise ValueError("input_ids is required")
         prompt = ids.reshape(-1).astype(np.int64).tolist()
         if any(t < 0 or t >= self.manifest.vocab_size for t in prompt):
             raise ValueError("input_ids: token id out of range")
-        reused, past = 0, input_array(request, "past_kv")
+        reused, past = 0, input_array(request, Pool.PAST_KV)
         if past is not None and past.size:
-            if params.get("fingerprint") != self.fingerprint:
+            if params.get(Pool.FINGERPRINT) != self.fingerprint:
                 raise ValueError("past_kv was written by another model variant")
             past = past.reshape(past.shape[-5:])
             reused = int(past.shape[3])
@@ -339,13 +339,13 @@ class TritonPythonModel:
             prompt=prompt,
             reused=reused,
             past=past,
-            max_new_tokens=scalar("max_new_tokens", 64, int),
-            temperature=scalar("temperature", 0.0, float),
-            top_p=scalar("top_p", 1.0, float),
+            max_new_tokens=scalar(Pool.MAX_NEW_TOKENS, 64, int),
+            temperature=scalar(Pool.TEMPERATURE, 0.0, float),
+            top_p=scalar(Pool.TOP_P, 1.0, float),
             # chat_priority: from chat over gRPC, where Triton keeps `priority` for its own queue.
-            priority=int(params.get("chat_priority", params.get("priority", 2))),
-            seed=params.get("seed"),
-            return_cache=bool(params.get("return_kv", False)) and params.get("fingerprint") == self.fingerprint,
+            priority=int(params.get(PRIORITY_PARAMETER, params.get("priority", PRIORITY_DEFAULT))),
+            seed=params.get(Pool.SEED),
+            return_cache=bool(params.get(Pool.RETURN_KV, False)) and params.get(Pool.FINGERPRINT) == self.fingerprint,
         )
 
     def finalize(self):
