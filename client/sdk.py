@@ -180,7 +180,7 @@ class ChatClient:
         client = self._client()
         try:
             # Not the `triton_grpc_error` header: streams it ends with an error status can crash
-            # Triton 2.51 (README, "Reliability"); the code comes in the message instead.
+            # Triton 2.51 (docs/reliability.md); the code comes in the message instead.
             try:
                 client.start_stream(callback=callback)
                 client.async_stream_infer(**request)

@@ -4,7 +4,7 @@ Why not BLS: in Triton 2.51's Python backend a thread that iterates a decoupled 
 wakes holding the iterator's mutex and then takes the GIL, the stub's receive thread holds the
 iterator map's mutex while it waits for that iterator's mutex, and ``exec(decoupled=True)``
 takes the map's mutex while holding the GIL. With many streams read at once that cycle closes:
-under `make soak` it froze the chat stub after 245 s (README, "The `chat` model"; docs/reliability.md).
+under `make soak` it froze the chat stub (docs/architecture.md; docs/reliability.md).
 
 A gRPC stream has none of those locks, reaches the pool through Triton's own queue (request
 priority and timeout apply as for any client), and ``cancel()`` cancels the pool's request,
@@ -119,7 +119,7 @@ class EngineClient:
 
     def stream(self, request: service_pb2.ModelInferRequest) -> EngineStream:
         # One request, then the client half-closes: Triton ends the stream after its last response.
-        # No `triton_grpc_error` header: errors come as responses (the header can crash 2.51, README).
+        # No `triton_grpc_error` header: errors come as responses (the header can crash 2.51, docs/reliability.md).
         return EngineStream(self._stub.ModelStreamInfer(iter((request,))))
 
     def ping(self, model: str, timeout_s: float) -> bool | None:
