@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields
-from enum import StrEnum
+from enum import Enum, StrEnum
 
 PRIORITY_LIVE, PRIORITY_DEFAULT = 1, 2
 PRIORITY_PARAMETER = "chat_priority"
@@ -151,6 +151,10 @@ class Route(StrEnum):
 
 
 # -- stats: the JSON in the ``stats`` output, typed ---------------------------------------------
+def _plain(value):
+    return value.value if isinstance(value, Enum) else value
+
+
 def _enum(kind, value):
     if value is None:
         return None
@@ -206,7 +210,8 @@ class ChatStats:
     extra: dict = field(default_factory=dict, repr=False)  # keys this version does not know
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        """The stats as plain JSON values (enums as their strings)."""
+        d = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
         if not self.fallback:
             del d["fallback_reason"], d["faq_id"]
         return {**d, **self.extra}

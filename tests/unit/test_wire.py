@@ -43,3 +43,8 @@ def test_engine_stats_round_trip():
     stats = EngineStats(FinishReason.LENGTH, 8, queue_ms=1.0, prefill_ms=2.0, batch_size=4, engine_ms=20.0)
     assert EngineStats.from_json(stats.to_json()) == stats
     assert json.loads(stats.to_json())["reason"] == "length"
+
+
+def test_the_dict_form_holds_plain_strings_not_enums():
+    d = ChatStats(route=Route.LONG, session=SessionStatus.MISS, finish_reason=FinishReason.LENGTH).to_dict()
+    assert {type(d[k]) for k in ("route", "session", "finish_reason")} == {str}
