@@ -79,63 +79,25 @@ def test_report_is_written(exported):
     assert (exported / "report.png").stat().st_size > 1000
 
 
+# A gate no INT8 variant can pass (teacher-forced top-1 above 1), the other metrics off.
+UNREACHABLE_TOP1 = ["--calibration-per-class", "1", "--min-greedy", "0", "--min-cosine", "0",
+                    "--max-ppl-increase", "100", "--min-top1", "1.01", "--bench-batches", ""]  # fmt: skip
+
+
 def test_accuracy_gate_fails_the_export_with_a_clear_message(tokenizer_dir, tmp_path, checkpoint):
     ckpt = checkpoint("llama", tokenizer_dir, tmp_path)
     with pytest.raises(
         SystemExit, match=r"accuracy gate failed \(not shipping\): int8-dynamic: teacher-forced top-1 .* < 1.01$"
     ):
         export_main(
-            [
-                "--model",
-                str(ckpt),
-                "--out",
-                str(tmp_path / "a"),
-                "--precision",
-                "fp32,int8-dynamic",
-                "--calibration-per-class",
-                "1",
-                "--min-greedy",
-                "0",
-                "--min-cosine",
-                "0",
-                "--max-ppl-increase",
-                "100",
-                "--min-top1",
-                "1.01",
-                "--bench-batches",
-                "",
-            ]
+            ["--model", str(ckpt), "--out", str(tmp_path / "a"), "--precision", "fp32,int8-dynamic", *UNREACHABLE_TOP1]
         )
 
 
 def test_default_precision_leaves_out_a_failing_int8_variant_and_says_why(tokenizer_dir, tmp_path, checkpoint, capfd):
     ckpt = checkpoint("llama", tokenizer_dir, tmp_path)
     out = tmp_path / "a"
-    assert (
-        export_main(
-            [
-                "--model",
-                str(ckpt),
-                "--out",
-                str(out),
-                "--calibration-per-class",
-                "1",
-                "--heldout-per-class",
-                "2",
-                "--min-greedy",
-                "0",
-                "--min-cosine",
-                "0",
-                "--max-ppl-increase",
-                "100",
-                "--min-top1",
-                "1.01",
-                "--bench-batches",
-                "",
-            ]
-        )
-        == 0
-    )
+    assert export_main(["--model", str(ckpt), "--out", str(out), "--heldout-per-class", "2", *UNREACHABLE_TOP1]) == 0
     m = Manifest.load(out)
     assert set(m.variants) == {"fp32"} and set(m.left_out) == {"int8-dynamic", "int8-percentile"}
     assert "teacher-forced top-1" in m.left_out["int8-dynamic"][0]
