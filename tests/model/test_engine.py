@@ -13,26 +13,7 @@ from switchboard.artifact.manifest import Manifest
 from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.engine.scheduler import Engine, GenerationRequest
-
-
-class Sink:
-    def __init__(self, log=None, name=None):
-        self.tokens, self.result, self.error = [], None, None
-        self.log, self.name = log, name
-
-    def on_tokens(self, ids):
-        self.tokens += ids
-
-    def on_finish(self, result):
-        self.result = result
-        if self.log is not None:
-            self.log.append(self.name)
-
-    def on_error(self, error):
-        self.error = error
-
-    def cancelled(self):
-        return False
+from tests.unit.test_scheduler import Sink
 
 
 @pytest.fixture(scope="module")
