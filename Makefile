@@ -20,7 +20,7 @@ PYTEST_ARGS ?= -q
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model export serve stop status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-large bench-large export serve stop status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ ifeq ($(MODEL),)
 else
 	@echo "MODEL=$(MODEL): using that checkpoint, no default model to build"
 endif
+
+model-large: model ## a Qwen2.5-0.5B-shaped checkpoint, random weights, default tokenizer, in build/large-model (then: make serve MODEL=build/large-model)
+	@$(PY) -m switchboard.training.large --out build/large-model
 
 export: model ## export MODEL (default: the built default model) to ONNX + INT8 and install it into the repository
 	@$(PY) -m switchboard.export --model $(MODEL_DIR) --out $(ARTIFACTS) --precision $(PRECISION) --install $(REPO)
@@ -71,6 +74,10 @@ bench: export ## side-by-side benchmark, quick (~10 min): optimized vs baseline 
 
 bench-full: export ## the whole sweep: 5 systems incl. INT8, 6 loads x 2 rounds, perf_analyzer concurrency + request-rate (~1 h)
 	@$(PY) -m switchboard.perf.bench --preset full $(BENCH_ARGS)
+
+bench-large: model-large ## the four systems on the 0.5B checkpoint at saturating loads, FP32 and INT8 dynamic, and the bare-runtime limit (~20 min, build/bench/large)
+	@$(PY) -m switchboard.export --model build/large-model --out build/artifacts/large-model --precision fp32,int8-dynamic
+	@$(PY) -m switchboard.perf.bench --preset large $(BENCH_ARGS)
 
 chaos: export ## faults and a 5x overload burst against a private stack (summary in build/chaos/summary.md)
 	@$(PY) -m switchboard.perf.chaos --out build/chaos

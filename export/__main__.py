@@ -232,6 +232,8 @@ def run_export(
     )
     manifest.save(out)
     accuracy_report, failed, left_out = {}, {}, {}
+    if int8 and info.get("random_weights"):
+        say.line("random weights: INT8 agreement with FP32 is not measured or gated (the parity check ran)")
     if int8 and gate is not None:
         cases = accuracy.heldout_cases(heldout_per_class)
         log.info("accuracy of %s against FP32 on %d held-out conversations", ",".join(int8), len(cases))
@@ -344,6 +346,10 @@ def install(artifacts: Path, repository: Path) -> None:
     log.info("installed %s into %s", artifacts, ", ".join(f"{repository}/{n}/1" for n in REPO_MODELS))
 
 
+# What a checkpoint's switchboard.json may set under "export" (argument names).
+CHECKPOINT_DEFAULTS = ("precision", "bench_batches", "bench_repeats", "smooth_alpha")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint directory")
@@ -398,6 +404,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (args.model / "config.json").exists():
         p.error(f"--model {args.model}: no config.json (not a Hugging Face checkpoint directory)")
+    info_path = args.model / "switchboard.json"
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    # A checkpoint may carry its own export defaults (switchboard.json "export"); the command
+    # line still wins.
+    for key, value in info.get("export", {}).items():
+        if key in CHECKPOINT_DEFAULTS and getattr(args, key) == p.get_default(key):
+            setattr(args, key, type(p.get_default(key))(value))
+    if info.get("random_weights"):
+        args.no_gate = True  # agreement with FP32 means nothing on random weights; parity still runs
     try:
         precisions, required = parse_precisions(args.precision)
     except ValueError as e:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard.engine.batch import prefill_inputs
+from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.export.calibration import CLASSES
 from switchboard.export.parity import onnx_greedy
 from switchboard.training import corpus as corpus_mod
@@ -114,18 +114,28 @@ class Gate:
 NEAR_TIE = 0.25
 
 
-def _rows(decoder, sequences: list[list[int]], batch: int = 16):
-    """Full-sequence logits, one array [len(seq), V] per sequence (left padding removed)."""
+def _forced(decoder, prompts: list[list[int]], continuations: list[list[int]], batch: int = 16):
+    """Teacher-forced logits, one array [len(cont), V] per sequence: row j is the distribution of
+    ``cont[j]`` after ``prompt + cont[:j]``. The graph returns the last position's logits only,
+    so the continuation is fed one token per step on the KV cache, as the engine decodes."""
     m = decoder.manifest
     out = []
-    for i in range(0, len(sequences), batch):
-        chunk = sequences[i : i + batch]
-        ids, mask, pos, past, _ = prefill_inputs(
-            chunk, [0] * len(chunk), [None] * len(chunk), m.num_layers, m.num_kv_heads, m.head_dim, decoder.dtype
+    for i in range(0, len(prompts), batch):
+        ps, cs = prompts[i : i + batch], continuations[i : i + batch]
+        ids, mask, pos, past, next_pos = prefill_inputs(
+            ps, [0] * len(ps), [None] * len(ps), m.num_layers, m.num_kv_heads, m.head_dim, decoder.dtype
         )
-        logits, _ = decoder.forward(ids, mask, pos, past)
-        width = ids.shape[1]
-        out += [logits[r, width - len(s) :] for r, s in enumerate(chunk)]
+        logits, present = decoder.forward(ids, mask, pos, past)
+        kv = KVBatch(present, mask, next_pos)
+        rows = [[logits[r, -1]] for r in range(len(ps))]
+        for j in range(max(len(c) for c in cs) - 1):
+            feed = np.asarray([[c[j] if j < len(c) else 0] for c in cs], np.int64)
+            mask = np.concatenate([kv.mask, np.ones((kv.size, 1), np.int64)], axis=1)
+            logits, present = decoder.forward(feed, mask, kv.next_pos[:, None], kv.kv)
+            kv = KVBatch(present, mask, kv.next_pos + 1)
+            for r in range(len(cs)):
+                rows[r].append(logits[r, -1])
+        out += [np.stack(r)[: len(c)] for r, c in zip(rows, cs)]
     return out
 
 
@@ -167,17 +177,15 @@ def evaluate(
 
     decoders = {v: OnnxDecoder(artifacts, manifest, v) for v in ["fp32", *variants]}
     base_greedy = _greedy(decoders["fp32"], prompts, steps)
-    forced = [p + g[:-1] for p, g in zip(prompts, base_greedy)]
-    scored = [p + a for p, a in (r for r in refs if r)]
+    scored = [r for r in refs if r]
 
     def continuation_logits(decoder):
-        rows = _rows(decoder, forced)
-        return [r[len(p) - 1 :] for r, p in zip(rows, prompts)]
+        return _forced(decoder, prompts, base_greedy)
 
     def perplexity(decoder) -> float:
         nll, count = 0.0, 0
-        for row, (p, a) in zip(_rows(decoder, scored), (r for r in refs if r)):
-            lp = _log_softmax(row[len(p) - 1 : len(p) - 1 + len(a)])
+        for row, (_, a) in zip(_forced(decoder, [p for p, _ in scored], [a for _, a in scored]), scored):
+            lp = _log_softmax(row)
             nll -= float(lp[np.arange(len(a)), a].sum())
             count += len(a)
         return math.exp(nll / max(count, 1))

@@ -2,6 +2,10 @@
 
 transformers 5 takes a ``DynamicCache``, not tuples; the wrapper takes flat key/value tensors,
 builds the cache, and returns flat ``present`` tensors, which the dynamo exporter handles.
+The graph returns the logits of each row's last position only ([B, 1, V]): that is all the
+engine samples from, and a 400-token prefill at a 152k vocabulary would otherwise make a
+243 MB tensor. Rows are right-aligned (switchboard/engine/batch.py), so the last position is
+every row's last real token.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class DecoderWrapper(torch.nn.Module):
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,  # only the last position's logits leave the graph: [B, 1, V]
         )
         present = []
         for layer in out.past_key_values.layers:

@@ -21,5 +21,5 @@ class Decoder(Protocol):
     def forward(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: KV
     ) -> tuple[np.ndarray, KV]:
-        """Logits [B, N, V] for ``input_ids`` [B, N] and the cache grown by N columns."""
+        """Logits of the last position [B, 1, V] for ``input_ids`` [B, N] and the cache grown by N columns."""
         ...

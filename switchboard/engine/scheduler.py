@@ -11,6 +11,18 @@ decoder's one forward pass, behind the small ``Decoder`` protocol) and applied
 (``update_from_output``: the new cache, a sampled token per row, finished rows out), so the
 scheduling is tested with a scripted decoder and no model (tests/unit/test_scheduler.py).
 
+With a ``prefill_budget`` (> 0) a forward pass prefills at most that many prompt positions
+(rows x longest chunk, padding included). An admitted sequence takes its row at once but is
+prefilled in chunks, each on top of its own cache of the chunks before (``reused``/``past``
+advance); with its last chunk it joins the lane's running batch and gets its first token.
+Short prompts share a pass while their chunks fit the budget together; a longer one goes
+alone. While a lane has both running rows and prompts in prefill, its iterations alternate a
+prefill pass and a decode step, so the rows already decoding keep streaming while a long prompt
+is prefilled: their gap between tokens is one decode step plus one chunk, not the whole
+prompt's prefill (a 400-token prompt is ~2 s at 0.5B on CPU). It is the "total length cap per
+batch" of seed 001's batching fix, applied to prompt tokens. Budget 0 prefills whole prompts
+at admission, before any decode step.
+
 Priority 1 has its own lane when ``preempt_steps`` > 0. While it has work its iterations come
 first, and priority 2's lane gets one iteration after every ``preempt_steps`` of them, so
 priority 2 is slowed, never starved. A priority-1 token then costs a step at priority 1's own
@@ -93,6 +105,9 @@ class _Lane:
     waiting: list[tuple[int, int, "_Sequence"]] = field(default_factory=list)  # heap: priority, arrival order
     running: list["_Sequence"] = field(default_factory=list)
     batch: KVBatch | None = None
+    # Admitted (a row taken), prompt not fully prefilled yet: priority, then arrival order.
+    prefilling: list["_Sequence"] = field(default_factory=list)
+    prefilled: bool = False  # the last iteration was a prefill pass (with a budget, a decode step is next)
 
 
 @dataclass
@@ -101,21 +116,30 @@ class _Sequence:
     sink: Sink
     arrival: float
     rng: np.random.Generator
+    order: int  # arrival order
     tokens: list[int] = field(default_factory=list)
     queue_ms: float = 0.0
+    prefill_started: float | None = None  # perf_counter() when its first chunk began
     prefill_ms: float = 0.0
     admitted_with: int = 0
     broken: bool = False  # its sink raised: dropped without a result
 
+    def rank(self) -> tuple[int, int]:
+        return self.request.priority, self.order
+
 
 @dataclass
 class StepPlan:
-    """One iteration, decided: prefill ``admitted`` on ``lane`` (on top of their cached
-    prefixes), or else (``decode``) one decode step for the lane's running rows, or nothing."""
+    """One iteration, decided: ``admitted`` took rows on ``lane``; then one prefill pass of
+    ``chunks`` (on top of each one's cached prefix), or else (``decode``) one decode step for
+    the lane's running rows, or nothing."""
 
     lane: _Lane
     admitted: list[_Sequence]
     decode: bool
+    # Taken from the head of lane.prefilling: each sequence and the prompt length its cache
+    # covers after this pass (its whole prompt on its last chunk).
+    chunks: list[tuple[_Sequence, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -132,9 +156,12 @@ STAT_KEYS = (
     "prefill_batches",
     "prefill_tokens",
     "prefill_padded_tokens",
+    "prefill_chunks",
+    "prefill_s",
     "decode_steps",
     "decode_columns",
     "decode_padded_columns",
+    "decode_s",
     "finished_stop",
     "finished_length",
     "finished_cancelled",
@@ -155,6 +182,7 @@ class Engine:
         lane_threads: int = 1,
         normal_nice: int = 19,
         hold_back_ms: float = 0.0,
+        prefill_budget: int = 0,
     ):
         m = decoder.manifest
         self.decoder = decoder
@@ -174,6 +202,7 @@ class Engine:
         # With lane threads, while priority 2 is backlogged: its lane waits while priority 1 has
         # work, stepping at most once per hold_back_s meanwhile (0: never waits).
         self.hold_back_s = max(0.0, hold_back_ms) / 1000
+        self.prefill_budget = max(0, prefill_budget)  # prompt positions per prefill pass (0: whole prompts)
         self._normal_stepped = 0.0  # when priority 2's lane thread last finished a step
         self._urgent, self._normal = _Lane("urgent"), _Lane("normal")  # priority 1 (when preempting); the rest
         self._rows = 0  # sequences admitted and not yet retired, both lanes
@@ -210,9 +239,9 @@ class Engine:
 
     def submit(self, req: GenerationRequest, sink: Sink) -> None:
         self.validate(req)
-        seq = _Sequence(req, sink, time.perf_counter(), np.random.default_rng(req.seed))
         with self._cv:
-            heapq.heappush(self._lane(req.priority).waiting, (req.priority, next(self._order), seq))
+            seq = _Sequence(req, sink, time.perf_counter(), np.random.default_rng(req.seed), next(self._order))
+            heapq.heappush(self._lane(req.priority).waiting, (*seq.rank(), seq))
             self._cv.notify_all()
 
     def waiting(self) -> int:
@@ -227,7 +256,9 @@ class Engine:
             return stats, sizes, self._queued(), self.running()
 
     def running(self) -> int:
-        return len(self._urgent.running) + len(self._normal.running)
+        """Sequences decoding or part-way through their prompt's prefill chunks (any thread).
+        Those in the forward pass under way count once it is applied."""
+        return sum(len(x.running) + len(x.prefilling) for x in (self._urgent, self._normal))
 
     def _queued(self) -> int:
         return len(self._urgent.waiting) + len(self._normal.waiting)
@@ -244,13 +275,13 @@ class Engine:
         110 ms in the engine's queue with one reserved row, docs/reliability.md).
         In one shared lane priority 1 may fill all ``max_batch`` rows."""
         if lane is self._urgent:
-            return len(lane.running) + admitting < self.max_batch
+            return len(lane.running) + len(lane.prefilling) + admitting < self.max_batch
         limit = self.max_batch if lane.waiting[0][0] <= 1 else self.max_batch - self.priority_slots
         return self._rows < limit
 
     def _ready(self, lane: _Lane) -> bool:
-        """Whether an iteration on ``lane`` has work: rows to decode or one to admit (under _cv)."""
-        return bool(lane.running) or (bool(lane.waiting) and self._has_row(lane))
+        """Whether an iteration on ``lane`` has work: rows to decode or prefill, or one to admit (under _cv)."""
+        return bool(lane.running or lane.prefilling) or (bool(lane.waiting) and self._has_row(lane))
 
     def _count(self, counts: dict, decode_size: int = 0) -> None:
         with self._stats_lock:
@@ -280,7 +311,7 @@ class Engine:
         for t in self._threads:
             t.join(timeout)
         for lane in (self._urgent, self._normal):
-            for seq in lane.running + [s for _, _, s in lane.waiting]:
+            for seq in lane.running + lane.prefilling + [s for _, _, s in lane.waiting]:
                 seq.sink.on_error(RuntimeError("engine stopped"))
         self._urgent, self._normal, self._rows = _Lane("urgent"), _Lane("normal"), 0
 
@@ -333,7 +364,7 @@ class Engine:
             lanes != [self._normal]
             or not self.hold_back_s
             or not self._normal.waiting
-            or not (self._urgent.running or self._urgent.waiting)
+            or not (self._urgent.running or self._urgent.prefilling or self._urgent.waiting)
         ):
             return 0.0
         return self._normal_stepped + self.hold_back_s - time.perf_counter()
@@ -351,32 +382,58 @@ class Engine:
 
     # -- one iteration: plan it, run the decoder, apply its output ----------------------------
     def step(self, lane: _Lane | None = None) -> None:
-        """One iteration on one lane (``_turn``'s when None): admit and prefill, or else one decode step."""
+        """One iteration on one lane (``_turn``'s when None): admit, then a prefill pass or a decode step."""
         t0 = time.perf_counter()
         plan = self.schedule(lane)
         try:
             output = self.run(plan)
         except Exception as e:
-            if plan.admitted:  # not in the running batch yet: nobody else would answer them
-                self._fail(plan.admitted, e)
+            if plan.chunks:  # in no lane's lists during the pass: nobody else would answer them
+                self._fail([seq for seq, _ in plan.chunks], e)
             raise
         self.update_from_output(plan, output)
         self._count({"busy_s": time.perf_counter() - t0})
 
     def schedule(self, lane: _Lane | None = None) -> StepPlan:
-        """Decide the iteration: which lane, which waiting sequences join it (taking their rows)."""
+        """Decide the iteration: which lane, which waiting sequences take rows on it, and whether
+        it prefills (which chunks) or decodes. With a budget, a lane that has rows to decode
+        decodes after each prefill pass; without one, prefills always go first."""
         lane = lane if lane is not None else self._turn()
         admitted = self._admit(lane)
-        return StepPlan(lane, admitted, decode=not admitted and bool(lane.running))
+        chunks = []
+        if lane.prefilling and not (self.prefill_budget and lane.running and lane.prefilled):
+            chunks = self._take_chunks(lane)
+        lane.prefilled = bool(chunks)
+        return StepPlan(lane, admitted, decode=not chunks and bool(lane.running), chunks=chunks)
+
+    def _take_chunks(self, lane: _Lane) -> list[tuple[_Sequence, int]]:
+        """Take the head of ``lane.prefilling`` that fits one pass: rows x longest chunk within
+        the budget (a prompt longer than the budget goes alone, a budget's worth at a time).
+        A sequence whose client left is dropped here, before its next chunk."""
+        chunks: list[tuple[_Sequence, int]] = []
+        longest = 0
+        while lane.prefilling:
+            seq = lane.prefilling[0]
+            if self._drop_cancelled(seq):
+                lane.prefilling.pop(0)
+                continue
+            n = len(seq.request.prompt) - seq.request.reused
+            if self.prefill_budget:
+                n = min(n, self.prefill_budget)
+                if chunks and (len(chunks) + 1) * max(longest, n) > self.prefill_budget:
+                    break
+            chunks.append((lane.prefilling.pop(0), seq.request.reused + n))
+            longest = max(longest, n)
+        return chunks
 
     def run(self, plan: StepPlan) -> StepOutput | None:
         """The decoder's forward pass for ``plan``: the only call into the model."""
-        if plan.admitted:
+        if plan.chunks:
             t0 = time.perf_counter()
-            reqs = [s.request for s in plan.admitted]
+            reqs = [(s.request, end) for s, end in plan.chunks]
             layers, heads, dim = self._shape
             ids, mask, pos, past, next_pos = prefill_inputs(
-                [r.prompt for r in reqs], [r.reused for r in reqs], [r.past for r in reqs],
+                [r.prompt[:end] for r, end in reqs], [r.reused for r, _ in reqs], [r.past for r, _ in reqs],
                 layers, heads, dim, self.decoder.dtype,
             )  # fmt: skip
             logits, present = self.decoder.forward(ids, mask, pos, past)
@@ -393,29 +450,15 @@ class Engine:
     def update_from_output(self, plan: StepPlan, output: StepOutput | None) -> None:
         """Apply the forward pass: the lane's new cache, a token for each row, finished rows out."""
         lane = plan.lane
-        if plan.admitted:
-            seqs = plan.admitted
-            elapsed = (time.perf_counter() - output.started) * 1000
-            self._count(
-                {
-                    "prefill_batches": 1,
-                    "prefill_padded_tokens": output.padded,
-                    "prefill_tokens": int(sum(len(s.request.prompt) - s.request.reused for s in seqs)),
-                }
-            )
-            for seq in seqs:
-                seq.prefill_ms = elapsed
-                seq.admitted_with = len(lane.running) + len(seqs)
-                seq.request.past = None  # the batch owns the cache now
-            lane.batch = output.batch if lane.batch is None else lane.batch.merge(output.batch)
-            lane.running.extend(seqs)
-            self._emit(seqs, output.last_logits)
+        if plan.chunks:
+            self._apply_chunks(plan, output)
         elif plan.decode:
             size, mask = output.batch.size, output.batch.mask
             lane.batch = output.batch
             self._count(
                 {
                     "decode_steps": 1,
+                    "decode_s": time.perf_counter() - output.started,
                     "decode_padded_columns": int(mask.size - mask.sum()),
                     "decode_columns": output.padded,
                 },
@@ -424,12 +467,50 @@ class Engine:
             self._emit(lane.running, output.last_logits)
         self._retire(lane)
 
+    def _apply_chunks(self, plan: StepPlan, output: StepOutput) -> None:
+        """A prefill pass applied: a sequence with more prompt to go keeps its real columns as
+        its own cache for the next chunk; one whose prompt is done joins the running batch and
+        gets its first token."""
+        lane, now = plan.lane, time.perf_counter()
+        done = [i for i, (seq, end) in enumerate(plan.chunks) if end == len(seq.request.prompt)]
+        self._count(
+            {
+                "prefill_chunks": 1,
+                "prefill_batches": int(bool(done)),  # groups that joined the running batch together
+                "prefill_s": now - output.started,
+                "prefill_padded_tokens": output.padded,
+                "prefill_tokens": sum(end - seq.request.reused for seq, end in plan.chunks),
+            }
+        )
+        more = []
+        for row, (seq, end) in enumerate(plan.chunks):
+            if seq.prefill_started is None:
+                seq.prefill_started = output.started
+            if end < len(seq.request.prompt):
+                seq.request.past, seq.request.reused = output.batch.row_cache(row), end
+                more.append(seq)
+        if more:
+            lane.prefilling.extend(more)
+            lane.prefilling.sort(key=_Sequence.rank)
+        if not done:
+            return
+        joined = [plan.chunks[i][0] for i in done]
+        for seq in joined:
+            seq.prefill_ms = (now - seq.prefill_started) * 1000
+            seq.admitted_with = len(lane.running) + len(joined)
+            seq.request.past = None  # the batch owns the cache now
+        batch = output.batch if len(done) == len(plan.chunks) else output.batch.select(done)
+        lane.batch = batch if lane.batch is None else lane.batch.merge(batch)
+        lane.running.extend(joined)
+        self._emit(joined, output.last_logits[done])
+
     def _turn(self) -> _Lane:
         """The lane this iteration works on, when one thread runs both."""
         if not self.preempt_steps:
             return self._normal
         with self._cv:
-            urgent, normal = self._ready(self._urgent), bool(self._normal.running or self._normal.waiting)
+            urgent = self._ready(self._urgent)
+            normal = bool(self._normal.running or self._normal.prefilling or self._normal.waiting)
         if not urgent:  # nothing priority 1 could do this iteration
             self._urgent_streak = 0
             return self._normal
@@ -440,6 +521,7 @@ class Engine:
         return self._urgent
 
     def _admit(self, lane: _Lane) -> list[_Sequence]:
+        """Waiting sequences that take a row on ``lane`` now; they join its ``prefilling``."""
         with self._cv:
             out: list[_Sequence] = []
             while lane.waiting and self._has_row(lane, len(out)):
@@ -450,7 +532,9 @@ class Engine:
         now = time.perf_counter()
         for seq in out:
             seq.queue_ms = (now - seq.arrival) * 1000
-        return [s for s in out if not self._drop_cancelled(s)]
+        lane.prefilling.extend(out)
+        lane.prefilling.sort(key=_Sequence.rank)
+        return out
 
     def _drop_cancelled(self, seq: _Sequence) -> bool:
         if seq.sink.cancelled():

@@ -63,6 +63,7 @@ class TorchDecoder:
                 position_ids=dev(position_ids, torch.long),
                 past_key_values=cache,
                 use_cache=True,
+                logits_to_keep=1,  # the last position only, as the exported graph
             )
             logits = out.logits.float().cpu().numpy()
             present = [

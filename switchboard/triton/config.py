@@ -180,7 +180,28 @@ class EngineConfig(_Config):
         10000.0,
     )
     cancel_poll_ms: float = setting(50.0, "how often a running sequence asks whether its client left", 0.0, 10000.0)
-    threads: int = setting(1, "ONNX Runtime (or PyTorch) threads of the pool (docs/reliability.md on 1 vs 2)", 1, 64)
+    prefill_budget: int = setting(
+        64,
+        "prompt tokens one engine step may prefill (chunked prefill): a long prompt is prefilled in chunks "
+        "between the running rows' decode steps, so they keep streaming (0: whole prompts at once)",
+        0,
+        1 << 20,
+    )
+    threads: int = setting(
+        0,
+        "ONNX Runtime (or PyTorch) threads of the pool; 0: automatic, one per core this process may use for a "
+        "model of 256 MB or more (the pool uses every core while the other is idle, the OS shares them when both "
+        "are busy), 1 for a smaller one, where Python and the server, not the runtime, take the cores "
+        "(docs/benchmarks.md)",
+        0,
+        256,
+    )
+    weights_cache: str = setting(
+        "",
+        "where the pools keep the runtime's prepared weights (ONNX Runtime's pre-packed copy for this CPU), "
+        "memory-mapped by both pools so the machine holds one copy; empty: build/cache/weights in the "
+        "checkout, 'off': each pool prepares its own private copy",
+    )
     precision: str = setting("fp32", "the exported variant the pool runs")
     runtime: str = setting(
         "onnxruntime", "onnxruntime, torch[:cpu|cuda] (needs checkpoint), or triton:<model> (a native backend over BLS)"

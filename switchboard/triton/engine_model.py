@@ -18,7 +18,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from switchboard.artifact.manifest import Manifest
-from switchboard.engine.runtime import OnnxDecoder
+from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
 from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
 from switchboard.engine.stream import Outbox, TokenStream
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
@@ -164,6 +164,9 @@ _DESCRIPTIONS = {
     "finished_stop": "sequences that ended at an end-of-turn token",
     "finished_length": "sequences that ended at max_new_tokens or the context window",
     "finished_cancelled": "sequences cancelled by the client",
+    "prefill_chunks": "prefill forward passes (a prompt over prefill_budget takes several)",
+    "prefill_s": "seconds in prefill forward passes",
+    "decode_s": "seconds in decode forward passes",
     "busy_s": "seconds the engine spent in steps (with lane_threads 2, both lanes' threads: up to 2 a second)",
     "held_back_s": "seconds priority 2's lane waited for priority 1's work (hold_back_ms)",
 }
@@ -243,8 +246,11 @@ class TritonPythonModel:
         self.manifest = Manifest.load(version)
         precision, runtime = cfg.precision, cfg.runtime
         self.fingerprint = self.manifest.variant(precision)["fingerprint"]
+        threads = cfg.threads or auto_threads(self.manifest.variant(precision).get("bytes", 0))
         if runtime == "onnxruntime":
-            decoder = OnnxDecoder(version, self.manifest, precision, threads=cfg.threads)
+            decoder = OnnxDecoder(
+                version, self.manifest, precision, threads=threads, weights_cache=weights_cache(cfg.weights_cache)
+            )
         elif runtime.startswith("triton:"):  # NVIDIA's container: native backend on the GPU
             from switchboard.triton.bls_decoder import BlsDecoder
 
@@ -261,7 +267,7 @@ class TritonPythonModel:
             device = runtime.split(":", 1)[1] if ":" in runtime else "cpu"
             if device == "cuda" and args.get("model_instance_kind") == "GPU":
                 device = f"cuda:{args['model_instance_device_id']}"
-            decoder = TorchDecoder(checkpoint, self.manifest, device, threads=cfg.threads)
+            decoder = TorchDecoder(checkpoint, self.manifest, device, threads=threads)
         else:
             raise ValueError(
                 f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
@@ -276,6 +282,7 @@ class TritonPythonModel:
             lane_threads=cfg.lane_threads,
             normal_nice=cfg.normal_nice,
             hold_back_ms=cfg.hold_back_ms,
+            prefill_budget=cfg.prefill_budget,
             stop_ids=set(self.manifest.eos_token_ids),
         )
         # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
@@ -286,7 +293,14 @@ class TritonPythonModel:
         self.sender = _Sender(self.name, self.watch)
         self.engine.start()
         self.metrics = EngineMetrics(self.name, self.engine)
-        log.info("%s ready: %s %s, max batch %d", self.name, self.manifest.name, precision, self.engine.max_batch)
+        log.info(
+            "%s ready: %s %s, max batch %d, %d threads",
+            self.name,
+            self.manifest.name,
+            precision,
+            cfg.max_batch,
+            threads,
+        )
 
     def execute(self, requests):
         for request in requests:

@@ -63,7 +63,8 @@ def test_batched_generation_matches_each_sequence_alone(model):
     assert all(len(t) > 3 for t in alone)
 
 
-def test_cached_prefix_gives_the_same_tokens_as_a_full_prefill(model):
+def follow_up(model):
+    """A second turn's prompt, and how much of it the first turn's cache covers (with that cache)."""
     _, _, tok = model
     first = prompt(model, ("user", QUESTIONS[0]))
     sink = run(engine(model), [GenerationRequest(first, 32, return_cache=True)])[0]
@@ -76,7 +77,11 @@ def test_cached_prefix_gives_the_same_tokens_as_a_full_prefill(model):
     while reused < min(len(covered), len(second)) and covered[reused] == second[reused]:
         reused += 1
     assert reused > len(first) // 2
-    cache = np.ascontiguousarray(sink.result.cache[:, :, :, :reused])
+    return second, reused, np.ascontiguousarray(sink.result.cache[:, :, :, :reused])
+
+
+def test_cached_prefix_gives_the_same_tokens_as_a_full_prefill(model):
+    second, reused, cache = follow_up(model)
     with_cache = run(engine(model), [GenerationRequest(second, 24, reused=reused, past=cache)])[0].tokens
     without = run(engine(model), [GenerationRequest(second, 24)])[0].tokens
     assert with_cache == without
@@ -94,6 +99,48 @@ def test_a_sequence_joining_a_running_batch_is_unaffected(model):
     while late.result is None or first.result is None:
         e.step()
     assert late.tokens == alone
+
+
+def test_chunked_prefill_gives_the_same_tokens_and_cache_as_whole_prompts(model):
+    second, reused, cache = follow_up(model)
+    reused //= 2  # a cached prefix, then a few chunks
+    assert len(second) - reused > 2 * 16 and len(second) > 64
+
+    def requests():
+        return [GenerationRequest(prompt(model, ("user", q)), 24, return_cache=True) for q in QUESTIONS] + [
+            GenerationRequest(second, 24, return_cache=True),
+            GenerationRequest(second, 24, reused=reused, past=cache[:, :, :, :reused].copy(), return_cache=True),
+        ]
+
+    whole = run(engine(model), requests())
+    e = engine(model, prefill_budget=16)
+    chunked = run(e, requests())
+    assert [s.tokens for s in chunked] == [s.tokens for s in whole]
+    assert all(len(s.tokens) > 3 for s in whole)
+    for c, w in zip(chunked, whole):
+        np.testing.assert_allclose(c.result.cache, w.result.cache, atol=1e-4)
+    stats = e.snapshot()[0]
+    assert stats["prefill_chunks"] > len(second) // 16
+    assert stats["prefill_tokens"] == sum(len(r.prompt) - r.reused for r in requests())
+
+
+def test_a_sequence_joining_a_running_batch_in_chunks_is_unaffected(model):
+    second, _, _ = follow_up(model)
+    p1 = prompt(model, ("user", QUESTIONS[1]))
+    first_alone = run(engine(model), [GenerationRequest(p1, 40)])[0].tokens
+    late_alone = run(engine(model), [GenerationRequest(second, 20)])[0].tokens
+    e = engine(model, prefill_budget=16)
+    first, late = Sink(), Sink()
+    e.submit(GenerationRequest(p1, 40), first)
+    while len(first.tokens) < 5:
+        e.step()
+    e.submit(GenerationRequest(second, 20), late)
+    while not late.tokens:
+        e.step()
+    assert len(first.tokens) >= 5 + len(second) // 16, "the running row decoded between the chunks"
+    while late.result is None or first.result is None:
+        e.step()
+    assert late.tokens == late_alone and first.tokens == first_alone
 
 
 def wait_for(sinks, timeout=60.0):

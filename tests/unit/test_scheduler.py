@@ -284,10 +284,18 @@ def wait_for(sinks, timeout=20.0):
         time.sleep(0.002)
 
 
+@pytest.mark.parametrize("prefill_budget", [0, 2])
 @pytest.mark.parametrize("lane_threads", [1, 2])
-def test_a_failing_prefill_answers_the_sequences_it_admitted_and_frees_their_rows(lane_threads):
+def test_a_failing_prefill_answers_the_sequences_it_admitted_and_frees_their_rows(lane_threads, prefill_budget):
     decoder = ScriptedDecoder(fail=True)
-    e = engine(decoder, max_batch=4, priority_slots=1, preempt_steps=4, lane_threads=lane_threads)
+    e = engine(
+        decoder,
+        max_batch=4,
+        priority_slots=1,
+        preempt_steps=4,
+        lane_threads=lane_threads,
+        prefill_budget=prefill_budget,
+    )
     sinks = [Sink() for _ in range(3)]
     e.start()
     try:
@@ -303,9 +311,16 @@ def test_a_failing_prefill_answers_the_sequences_it_admitted_and_frees_their_row
     assert all(isinstance(s.error, RuntimeError) for s in sinks) and ok.result.reason == "length"
 
 
-def test_lanes_on_threads_of_their_own_run_at_their_nice_levels_within_the_batch_limit():
+@pytest.mark.parametrize("prefill_budget", [0, 2])
+def test_lanes_on_threads_of_their_own_run_at_their_nice_levels_within_the_batch_limit(prefill_budget):
     e = engine(
-        ScriptedDecoder(step_s=0.001), max_batch=3, priority_slots=1, preempt_steps=4, lane_threads=2, normal_nice=7
+        ScriptedDecoder(step_s=0.001),
+        max_batch=3,
+        priority_slots=1,
+        preempt_steps=4,
+        lane_threads=2,
+        normal_nice=7,
+        prefill_budget=prefill_budget,  # 2: the 3-token prompts in two chunks
     )
     rows: list[int] = []
 
@@ -382,3 +397,156 @@ def test_priority_two_decodes_beside_priority_one_while_it_keeps_up():
 def test_priority_two_still_steps_once_per_hold_back_while_priority_one_keeps_decoding():
     during, _ = background_tokens_during_a_vip(hold_back_ms=5, vip_tokens=120, backlog=1)
     assert during >= 2, "held back, never starved"
+
+
+# -- chunked prefill: a budget of prompt positions per forward pass ------------------------------
+
+LONG = [1] * 399 + [10]  # 400 tokens: generates 11, 12, ...
+
+
+def chunked(budget, max_batch=8, **kw):
+    decoder = ScriptedDecoder(context_window=1024, **kw)
+    return decoder, engine(decoder, max_batch=max_batch, prefill_budget=budget)
+
+
+def positions(cache):
+    return cache[0, 0, 0, :, 0].tolist()  # ScriptedDecoder writes each column's position id
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_of_at_most_the_budget_with_the_same_tokens():
+    results = {}
+    for budget in (0, 64):
+        decoder, e = chunked(budget)
+        [s] = [Sink()]
+        e.submit(GenerationRequest(LONG, 5, return_cache=True), s)
+        drain(e, [s])
+        results[budget] = s.tokens, positions(s.result.cache)
+    # decoder, e and s are the budget-64 run's
+    assert decoder.calls == [(1, 64)] * 6 + [(1, 16)] + [(1, 1)] * 4
+    assert results[64] == results[0] == ([11, 12, 13, 14, 15], list(range(404)))
+    stats = e.snapshot()[0]
+    assert (stats["prefill_chunks"], stats["prefill_batches"]) == (7, 1), "seven passes, one group joined"
+    assert stats["prefill_tokens"] == stats["prefill_padded_tokens"] == 400
+    assert stats["prefill_s"] > 0 and stats["decode_s"] > 0 and stats["decode_steps"] == 4
+    assert 0 < s.result.prefill_ms < s.result.engine_ms
+
+
+def long_prompt_beside_a_decoding_row(budget):
+    """The forward passes from a 400-token prompt's admission to its first token, and how many
+    tokens a row that was already decoding got meanwhile."""
+    decoder, e = chunked(budget)
+    short = submit(e, [Sink()], max_new=100)[0]
+    e.step()  # its prefill
+    e.step()  # a decode step
+    before, calls = len(short.tokens), len(decoder.calls)
+    long = Sink()
+    e.submit(GenerationRequest(LONG, 4), long)
+    while not long.tokens:
+        e.step()
+    return decoder.calls[calls:], len(short.tokens) - before
+
+
+def test_a_decoding_row_gets_a_token_between_every_two_chunks_of_a_long_prompt():
+    calls, tokens = long_prompt_beside_a_decoding_row(64)
+    assert calls == [(1, 64), (1, 1)] * 6 + [(1, 16)], "a chunk, a decode step of the running row, ..."
+    assert tokens == 6
+    calls, tokens = long_prompt_beside_a_decoding_row(0)
+    assert calls == [(1, 400)] and tokens == 0, "without a budget the row waits for the whole prefill"
+
+
+def test_short_prompts_share_a_pass_while_their_chunks_fit_the_budget():
+    prompts = [[1] * 19 + [10 * i] for i in range(1, 5)]  # 20 tokens each
+    decoder, e = chunked(64)
+    sinks = [Sink() for _ in prompts]
+    for p, s in zip(prompts, sinks):
+        e.submit(GenerationRequest(p, 3), s)
+    drain(e, sinks)
+    assert decoder.calls[:3] == [(3, 20), (3, 1), (1, 20)], "3 x 20 fits 64, a fourth does not"
+    assert [s.tokens for s in sinks] == [[10 * i + 1, 10 * i + 2, 10 * i + 3] for i in range(1, 5)]
+    assert [s.result.batch_size_at_admission for s in sinks] == [3, 3, 3, 4]
+
+
+def test_a_cached_prefix_plus_chunks_gives_the_tokens_and_cache_of_one_prefill():
+    def past(n):
+        kv = np.zeros((2, 2, 1, n, 2), np.float32)
+        kv[..., 0] = np.arange(n)
+        return kv
+
+    def requests():  # remaining after the cached prefix: 20, 30, 110
+        return [
+            GenerationRequest([1] * 59 + [10], 3, reused=40, past=past(40), return_cache=True),
+            GenerationRequest([1] * 29 + [20], 3, return_cache=True),
+            GenerationRequest([1] * 129 + [30], 3, reused=20, past=past(20), return_cache=True),
+        ]
+
+    results = {}
+    for budget in (0, 64):
+        decoder, e = chunked(budget)
+        sinks = [Sink() for _ in range(3)]
+        for r, s in zip(requests(), sinks):
+            e.submit(r, s)
+        drain(e, sinks)
+        results[budget] = [(s.tokens, positions(s.result.cache)) for s in sinks]
+        assert e.snapshot()[0]["prefill_tokens"] == 20 + 30 + 110
+    assert decoder.calls[:4] == [(2, 30), (2, 1), (1, 64), (2, 1)]
+    assert decoder.calls[4] == (1, 46)
+    assert results[64] == results[0]
+    assert [p for _, p in results[64]] == [list(range(62)), list(range(32)), list(range(132))]
+
+
+def test_a_priority_one_prompt_is_prefilled_before_a_long_priority_two_one_in_progress():
+    decoder, e = chunked(64)
+    background, vip = Sink(), Sink()
+    e.submit(GenerationRequest(LONG, 4), background)
+    e.step()
+    e.submit(GenerationRequest([7, 30], 4, priority=1), vip)
+    e.step()
+    assert decoder.calls == [(1, 64), (1, 2)] and vip.tokens == [31]
+    drain(e, [vip, background])
+    assert background.tokens == [11, 12, 13, 14]
+
+
+def test_a_sequence_cancelled_between_chunks_is_dropped_and_frees_its_row():
+    decoder, e = chunked(64, max_batch=1)
+    gone, next_ = Sink(), Sink()
+    e.submit(GenerationRequest(LONG, 4), gone)
+    submit(e, [next_], max_new=2)
+    e.step()
+    assert (e.running(), e.waiting()) == (1, 1)
+    gone.cancel_after = 0  # the client leaves during the prefill
+    drain(e, [gone, next_])
+    assert gone.result.reason == "cancelled" and gone.tokens == [] and gone.error is None
+    assert next_.tokens == [11, 12] and e.running() == 0
+    assert decoder.calls == [(1, 64), (1, 3), (1, 1)], "nobody computed the cancelled prompt further"
+
+
+def test_a_failing_chunk_answers_its_sequences_and_frees_their_rows():
+    decoder, e = chunked(64, max_batch=2)
+    first, second = Sink(), Sink()
+    e.submit(GenerationRequest(LONG, 4), first)
+    e.submit(GenerationRequest(LONG, 4), second)
+    e.step()  # the first's first chunk: 400-token prompts go one at a time
+    decoder.fail = True
+    with pytest.raises(RuntimeError, match="device lost"):
+        e.step()
+    assert isinstance(first.error, RuntimeError) and e.running() == 1, "the second was not in that chunk"
+    decoder.fail = False
+    later = submit(e, [Sink()], max_new=2)[0]
+    drain(e, [second, later])
+    assert second.tokens == [11, 12, 13, 14] and later.tokens == [11, 12]
+    assert first.tokens == [] and first.result is None and e.running() == 0
+
+
+def test_stop_answers_sequences_in_the_middle_of_their_prefill():
+    _, e = chunked(64, max_batch=2)
+    decoding, prefilling, waiting = Sink(), Sink(), Sink()
+    submit(e, [decoding], max_new=50)
+    e.step()
+    e.submit(GenerationRequest(LONG, 4), prefilling)
+    e.submit(GenerationRequest(LONG, 4), waiting)
+    e.step()
+    e.step()
+    assert (e.running(), e.waiting()) == (2, 1)
+    e.stop()
+    assert all(str(s.error) == "engine stopped" for s in (decoding, prefilling, waiting))
+    assert prefilling.tokens == [] and e.snapshot()[2:] == (0, 0)

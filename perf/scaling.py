@@ -1,0 +1,264 @@
+"""Served tokens/s against concurrency, next to the bare runtime: ``python -m switchboard.perf.scaling``.
+
+Closed loop: at each concurrency C, C clients send one-off chats (a new session each, one
+question, ``--max-new-tokens`` answers, greedy) back to back for ``--seconds``. Per level:
+
+- tokens/s: all generated tokens over the level's wall time (prefill included);
+- decode tokens/s: tokens after each chat's first over the wall time less the seconds the
+  engines spent in prefill passes (their ``prefill_s`` counter): the rate the served system
+  decodes at, which is what the bare runtime's decode loop measures;
+- decode steps by batch size, from the engines' counters (full batches: all at C);
+- the bare ONNX Runtime decode loop at batch 1 and 8 (``--bare``), the same graph and threads,
+  cache as long as a served chat's, in the same run after the server stopped.
+
+Starts a private stack on free ports from ``--artifacts`` (the repository's configs with those
+artifacts in place) unless ``--url`` names a running one. Writes ``scaling.json`` and
+``scaling.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from switchboard import paths
+from switchboard.client import ChatClient, ChatStats
+
+QUESTIONS = [
+    "我的订单什么时候发货？",
+    "How do I return a damaged item?",
+    "优惠券为什么用不了？",
+    "Can I change the delivery address after paying?",
+    "退款多久到账？",
+    "Do you ship to Hong Kong?",
+    "会员积分怎么兑换？",
+    "My package says delivered but I did not get it.",
+]
+
+
+def repository_with(artifacts: Path, out: Path) -> Path:
+    """A copy of the model repository's configs and glue with ``artifacts`` in place (hard links)."""
+    from switchboard.export.render import place_artifacts
+
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(
+        paths.MODEL_REPOSITORY, out, ignore=lambda d, names: [n for n in names if n not in ("config.pbtxt", "model.py")]
+        if Path(d).name == "1" else ["__pycache__"],
+    )  # fmt: skip
+    for version in out.glob("*/1"):
+        place_artifacts(artifacts, version, version.parent.name, "local")
+    return out
+
+
+def engine_counters(metrics_port: int) -> dict:
+    from switchboard.perf.bench import metric_delta, scrape
+
+    return metric_delta({}, scrape(metrics_port))
+
+
+def _sum_pools(before: dict, after: dict) -> dict:
+    out = {"batch_steps": {}, "prefill_s": 0.0, "decode_s": 0.0, "prefill_chunks": 0.0}
+    for pool, d in after.items():
+        b = before.get(pool, {})
+        for key in ("prefill_s", "decode_s", "prefill_chunks"):
+            out[key] += d.get(key, 0.0) - b.get(key, 0.0)
+        for size, n in d.get("batch_steps", {}).items():
+            delta = n - b.get("batch_steps", {}).get(size, 0)
+            if delta:
+                out["batch_steps"][size] = out["batch_steps"].get(size, 0) + delta
+    return out
+
+
+def level(url: str, metrics_port: int | None, concurrency: int, seconds: float, max_new_tokens: int) -> dict:
+    stats: list[ChatStats] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def worker(w: int) -> None:
+        client = ChatClient(url, timeout_s=300)
+        k = 0
+        while time.monotonic() < stop_at:
+            k += 1
+            try:
+                reply = client.chat(
+                    QUESTIONS[(w + k) % len(QUESTIONS)],
+                    session_id=f"scaling-c{concurrency}-w{w}-{k}-{time.time_ns()}",
+                    stream=False,
+                    max_new_tokens=max_new_tokens,
+                    temperature=0.0,
+                )
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                with lock:
+                    errors.append(str(e)[:200])
+                continue
+            with lock:
+                stats.append(reply.stats)
+
+    before = engine_counters(metrics_port) if metrics_port else {}
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    time.sleep(1.5 if metrics_port else 0)  # the engines publish their counters once a second
+    engine = _sum_pools(before, engine_counters(metrics_port)) if metrics_port else {}
+    served = [s for s in stats if s and not s.fallback]
+    tokens = sum(s.generated_tokens for s in served)
+    decode_tokens = sum(max(0, s.generated_tokens - 1) for s in served)
+    prefill_s = engine.get("prefill_s", 0.0)
+    steps = engine.get("batch_steps", {})
+    return {
+        "concurrency": concurrency,
+        "chats": len(served),
+        "fallback": len(stats) - len(served),
+        "errors": len(errors),
+        "error_examples": errors[:3],
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "decode_tokens_per_s": decode_tokens / max(wall - prefill_s, 1e-9),
+        "prefill_share": prefill_s / wall,
+        "ttft_p50_ms": float(np.median([s.ttft_ms for s in served if s.ttft_ms is not None] or [np.nan])),
+        "prompt_tokens_mean": float(np.mean([s.prompt_tokens for s in served] or [np.nan])),
+        "batch_steps": {int(k): int(v) for k, v in sorted(steps.items())},
+        "mean_decode_batch": sum(int(b) * n for b, n in steps.items()) / max(1, sum(steps.values())),
+        "engine": engine,
+    }
+
+
+def bare(artifacts: Path, precision: str, past: int, batches: tuple[int, ...], steps: int = 12) -> dict:
+    """The bare runtime's decode loop: ``steps`` decode steps at each batch size, the cache
+    growing by one column per step from ``past``, on the pools' threads and shared weights."""
+    from switchboard.artifact.manifest import Manifest
+    from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
+
+    manifest = Manifest.load(artifacts)
+    threads = auto_threads(manifest.variant(precision).get("bytes", 0))
+    decoder = OnnxDecoder(artifacts, manifest, precision, threads=threads, weights_cache=weights_cache(""))
+    shape = (manifest.num_kv_heads, past, manifest.head_dim)
+    out = {"threads": threads, "past": past}
+    for b in batches:
+        kv = [(np.zeros((b, *shape), decoder.dtype), np.zeros((b, *shape), decoder.dtype))] * manifest.num_layers
+        ids = np.ones((b, 1), np.int64)
+        decoder.forward(ids, np.ones((b, past + 1), np.int64), np.full((b, 1), past), kv)  # warm
+        t0 = time.perf_counter()
+        for i in range(steps):
+            mask = np.ones((b, past + i + 1), np.int64)
+            logits, kv = decoder.forward(ids, mask, np.full((b, 1), past + i), kv)
+            ids = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+        dt = (time.perf_counter() - t0) / steps
+        out[f"batch_{b}"] = {"step_ms": dt * 1000, "tokens_per_s": b / dt}
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# Served tokens/s against concurrency ({result['model']}, {result['precision']})",
+        "",
+        f"`{result['command']}`, {result['started']}; one-off chats, {result['max_new_tokens']}-token answers, "
+        f"{result['seconds']:g} s per level.",
+        "",
+        "| concurrency | chats | tokens/s | decode tokens/s | prefill share | TTFT P50 | mean decode batch | "
+        "decode steps by batch size |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["levels"]:
+        lines.append(
+            f"| {r['concurrency']} | {r['chats']} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
+            f"{100 * r['prefill_share']:.0f}% | {r['ttft_p50_ms']:.0f} ms | {r['mean_decode_batch']:.2f} | "
+            f"{', '.join(f'{b}: {n}' for b, n in r['batch_steps'].items())} |"
+        )
+    if result.get("bare"):
+        b = result["bare"]
+        lines += ["", f"Bare ONNX Runtime decode loop ({b['threads']} threads, cache from {b['past']} columns):", ""]
+        for key, v in b.items():
+            if key.startswith("batch_"):
+                lines.append(f"- batch {key[6:]}: {v['step_ms']:.0f} ms per step, {v['tokens_per_s']:.1f} tokens/s")
+        levels = {r["concurrency"]: r for r in result["levels"]}
+        if 8 in levels and "batch_8" in b:
+            lines.append(
+                f"- served decode at concurrency 8 / bare batch 8: "
+                f"{levels[8]['decode_tokens_per_s'] / b['batch_8']['tokens_per_s']:.2f}"
+            )
+        if 8 in levels and 1 in levels:
+            lines.append(
+                f"- served decode, concurrency 8 / concurrency 1: "
+                f"{levels[8]['decode_tokens_per_s'] / levels[1]['decode_tokens_per_s']:.2f}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.perf.scaling", description=__doc__.split("\n\n")[0])
+    p.add_argument("--artifacts", type=Path, default=paths.ARTIFACTS / "large-model", help="exported model to serve")
+    p.add_argument("--url", help="a running server's gRPC address instead of a private stack")
+    p.add_argument("--metrics-port", type=int, help="with --url: its metrics port (engine counters)")
+    p.add_argument("--precision", default="fp32", help="the variant the pools run")
+    p.add_argument("--concurrency", default="1,4,8", help="comma-separated concurrency levels")
+    p.add_argument("--seconds", type=float, default=40.0, help="duration of each level")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--bare", action="store_true", help="also time the bare runtime's decode loop at batch 1 and 8")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="SWITCHBOARD_<KEY> for the stack")
+    p.add_argument("--out", type=Path, default=paths.BUILD / "scaling")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from switchboard.artifact.manifest import Manifest
+
+    manifest = Manifest.load(args.artifacts)
+    result = {
+        "command": "python -m switchboard.perf.scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "model": manifest.name,
+        "precision": args.precision,
+        "max_new_tokens": args.max_new_tokens,
+        "seconds": args.seconds,
+        "levels": [],
+    }
+    stack = None
+    try:
+        if args.url:
+            url, metrics_port = args.url, args.metrics_port
+        else:
+            from switchboard.ops.launch import Ports, Stack
+
+            env = {"SWITCHBOARD_PRECISION": args.precision}
+            env.update({f"SWITCHBOARD_{k.upper()}": v for k, v in (s.split("=", 1) for s in args.set)})
+            repository = repository_with(args.artifacts, args.out / "repository")
+            stack = Stack(Ports.free(), repository=repository, run_dir=args.out / "run", env=env)
+            print(f"starting a private stack on {args.artifacts} ...", flush=True)
+            stack.start()
+            url, metrics_port = stack.grpc_url, stack.ports.metrics
+        ChatClient(url, timeout_s=300).chat("hello", stream=False, max_new_tokens=4)  # first-call costs
+        for c in (int(x) for x in args.concurrency.split(",")):
+            r = level(url, metrics_port, c, args.seconds, args.max_new_tokens)
+            result["levels"].append(r)
+            print(
+                f"concurrency {c}: {r['chats']} chats, {r['tokens_per_s']:.1f} tokens/s, decode "
+                f"{r['decode_tokens_per_s']:.1f} tokens/s, mean decode batch {r['mean_decode_batch']:.2f}, "
+                f"errors {r['errors']}",
+                flush=True,
+            )
+    finally:
+        if stack is not None:
+            stack.stop()
+    if args.bare:
+        prompt = np.nanmean([r["prompt_tokens_mean"] for r in result["levels"]])
+        result["bare"] = bare(args.artifacts, args.precision, int(prompt) + args.max_new_tokens // 2, (1, 8))
+    (args.out / "scaling.json").write_text(json.dumps(result, indent=1))
+    (args.out / "scaling.md").write_text(markdown(result))
+    print((args.out / "scaling.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
