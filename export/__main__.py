@@ -347,7 +347,7 @@ def install(artifacts: Path, repository: Path) -> None:
 
 
 # What a checkpoint's switchboard.json may set under "export" (argument names).
-CHECKPOINT_DEFAULTS = ("precision", "bench_batches", "bench_repeats", "smooth_alpha")
+CHECKPOINT_DEFAULTS = ("precision", "int8_parts", "bench_batches", "bench_repeats", "smooth_alpha")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,9 +6,10 @@ Targets:
 - ``ngc-onnxruntime``: NVIDIA's Triton container: the graph is served by the native
   ``onnxruntime`` backend on the GPU as ``decoder``; the pools keep scheduling and batching
   and call it over BLS for every prefill and decode step.
-- ``ngc-tensorrt``: the same with TensorRT engines (``tensorrt_plan``): one engine per pool,
-  ``decoder_short`` and ``decoder_long``, each built with an optimization profile whose shape
-  ranges match its pool (see ``export.tensorrt``).
+- ``ngc-tensorrt``: the same with a TensorRT engine (``tensorrt_plan``) as ``decoder``: one
+  engine, so one copy of the weights on the GPU, with an optimization profile per pool whose
+  shape ranges match that pool (see ``export.tensorrt``); its one instance holds both profiles
+  and Triton runs each step on the profile that fits it.
 
 Every config is generated here, so a test can compare each rendering with what it should be.
 """
@@ -184,7 +185,7 @@ instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 """ + _params(EngineConfig(max_batch=pool.engine_batch, runtime=runtime).parameters())
 
 
-def decoder_config(name: str, manifest, platform: str, filename: str) -> str:
+def decoder_config(name: str, manifest, platform: str, filename: str, profiles: int = 0) -> str:
     m = manifest
     io_in = [
         ("input_ids", "TYPE_INT64", "[ -1, -1 ]"),
@@ -201,6 +202,15 @@ def decoder_config(name: str, manifest, platform: str, filename: str) -> str:
         return ",\n".join(f'  {{ name: "{n}" data_type: {t} dims: {d} }}' for n, t, d in items)
 
     backend = 'backend: "onnxruntime"' if platform == "onnxruntime" else 'platform: "tensorrt_plan"'
+    if profiles:  # one engine, one instance holding every pool's profile: one copy of the weights
+        listed = ", ".join(f'"{i}"' for i in range(profiles))
+        instances = (
+            "# One instance, every pool's optimization profile: the backend runs each step on the\n"
+            "# profile that fits its shapes best.\n"
+            f"instance_group [ {{ kind: KIND_GPU count: 1 profile: [ {listed} ] }} ]"
+        )
+    else:
+        instances = "instance_group [ { kind: KIND_GPU count: 1 } ]"
     return f'''# The decoder graph ({m.name}, fingerprint {m.fingerprint}) on the GPU, served by Triton's
 # native {platform} backend. Called over BLS by the engine pools, which own batching and the
 # KV cache; no batcher here (max_batch_size 0: the batch dimension is explicit).
@@ -216,7 +226,7 @@ output [
 {block(io_out)}
 ]
 
-instance_group [ {{ kind: KIND_GPU count: 1 }} ]
+{instances}
 '''
 
 
@@ -230,7 +240,7 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
         runtime = {
             "local": "onnxruntime",
             "ngc-onnxruntime": "triton:decoder",
-            "ngc-tensorrt": f"triton:decoder_{pool.name}",
+            "ngc-tensorrt": "triton:decoder",
         }[target]
         files[f"engine_{pool.name}/config.pbtxt"] = engine_config(pool, runtime)
     if target != "local":
@@ -239,10 +249,9 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
         if target == "ngc-onnxruntime":
             files["decoder/config.pbtxt"] = decoder_config("decoder", manifest, "onnxruntime", "model.onnx")
         else:
-            for pool in POOLS:
-                files[f"decoder_{pool.name}/config.pbtxt"] = decoder_config(
-                    f"decoder_{pool.name}", manifest, "tensorrt_plan", f"model.{pool.name}.plan"
-                )
+            files["decoder/config.pbtxt"] = decoder_config(
+                "decoder", manifest, "tensorrt_plan", "model.plan", profiles=len(POOLS)
+            )
     written = []
     for rel, text in files.items():
         path = out / rel
@@ -264,8 +273,8 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
 
 
 def place_artifacts(artifacts: Path, version: Path, model: str, target: str) -> None:
-    if model.startswith("decoder_"):
-        wanted = [f"model.{model.split('_', 1)[1]}.plan"]
+    if model == "decoder" and target == "ngc-tensorrt":
+        wanted = ["model.plan"]
     elif model == "decoder":
         wanted = [p.name for p in artifacts.glob("model.onnx*")]
     else:  # Python models read the manifest and tokenizer; local pools also the ONNX graphs

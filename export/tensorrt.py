@@ -2,12 +2,14 @@
 
 TensorRT 10/11 style: a strongly typed network, so precision comes from the graph itself:
 FP16 from an FP16 copy of the graph (I/O kept FP32), INT8 from the static Q/DQ graph that
-``switchboard.export`` calibrated (no deprecated INT8 calibrators). One engine per routing
-pool, each with an optimization profile whose shape ranges match that pool (batch, prompt
-length, context); a timing cache makes rebuilds fast; each engine's fingerprint (plan hash,
-TensorRT version, GPU) goes into the manifest. ``python -m switchboard.export.render --target
-ngc-tensorrt`` then renders a repository that serves them with Triton's ``tensorrt_plan``
-backend. Building needs an NVIDIA GPU and the ``tensorrt`` package.
+``switchboard.export`` calibrated (no deprecated INT8 calibrators). One engine, so one copy
+of the weights on the GPU, with an optimization profile per routing pool whose shape ranges
+match that pool (batch, prompt length, context), in ``POOLS`` order: Triton's TensorRT backend
+runs each request on the profile that fits its shapes best. A timing cache makes rebuilds fast;
+the engine's fingerprint (plan hash, TensorRT version, GPU) goes into the manifest.
+``python -m switchboard.export.render --target ngc-tensorrt`` then renders a repository that
+serves it with Triton's ``tensorrt_plan`` backend as ``decoder``. Building needs an NVIDIA GPU
+and the ``tensorrt`` package.
 """
 
 from __future__ import annotations
@@ -60,7 +62,10 @@ def fp16_graph(src: Path, dst: Path) -> Path:
     return dst
 
 
-def build_engine(onnx_path: Path, plan_path: Path, profile: Profile, timing_cache: Path) -> dict:
+PLAN = "model.plan"
+
+
+def build_engine(onnx_path: Path, plan_path: Path, profiles: list[Profile], timing_cache: Path) -> dict:
     import tensorrt as trt  # noqa: PLC0415  (optional; only on GPU machines)
 
     logger = trt.Logger(trt.Logger.WARNING)
@@ -73,10 +78,11 @@ def build_engine(onnx_path: Path, plan_path: Path, profile: Profile, timing_cach
     config = builder.create_builder_config()
     cache = config.create_timing_cache(timing_cache.read_bytes() if timing_cache.exists() else b"")
     config.set_timing_cache(cache, ignore_mismatch=False)
-    opt = builder.create_optimization_profile()
-    for name, (lo, mid, hi) in profile.shapes.items():
-        opt.set_shape(name, lo, mid, hi)
-    config.add_optimization_profile(opt)
+    for profile in profiles:  # profile i serves POOLS[i]
+        opt = builder.create_optimization_profile()
+        for name, (lo, mid, hi) in profile.shapes.items():
+            opt.set_shape(name, lo, mid, hi)
+        config.add_optimization_profile(opt)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise SystemExit(f"TensorRT failed to build {plan_path.name}")
@@ -87,7 +93,7 @@ def build_engine(onnx_path: Path, plan_path: Path, profile: Profile, timing_cach
         "file": plan_path.name,
         "sha256": hashlib.sha256(plan_path.read_bytes()).hexdigest(),
         "tensorrt": trt.__version__,
-        "profile": {k: list(map(list, v)) for k, v in profile.shapes.items()},
+        "profiles": [{k: list(map(list, v)) for k, v in p.shapes.items()} for p in profiles],
     }
 
 
@@ -126,18 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.precision == "int8-dynamic":
             raise SystemExit("int8-dynamic has no Q/DQ nodes; TensorRT needs a static variant (int8-percentile, ...)")
         graph = args.artifacts / variant["file"]
-    engines = {}
-    for pool in POOLS:
-        plan = args.artifacts / f"model.{pool.name}.plan"
-        log.info("building %s for pool %s (%s) on %s", plan.name, pool.name, args.precision, gpu)
-        info = build_engine(graph, plan, pool_profile(pool, manifest), args.timing_cache)
-        info["fingerprint"] = hashlib.sha256(f"{info['sha256']}:{info['tensorrt']}:{gpu}".encode()).hexdigest()[:24]
-        info["gpu"], info["precision"] = gpu, args.precision
-        engines[pool.name] = info
+    plan = args.artifacts / PLAN
+    log.info("building %s (%s) on %s, profiles: %s", plan.name, args.precision, gpu, ", ".join(p.name for p in POOLS))
+    info = build_engine(graph, plan, [pool_profile(pool, manifest) for pool in POOLS], args.timing_cache)
+    info["fingerprint"] = hashlib.sha256(f"{info['sha256']}:{info['tensorrt']}:{gpu}".encode()).hexdigest()[:24]
+    info["gpu"], info["precision"] = gpu, args.precision
+    info["profile_of_pool"] = {pool.name: i for i, pool in enumerate(POOLS)}
     data = json.loads((args.artifacts / "manifest.json").read_text())
-    data.setdefault("source", {})["tensorrt_engines"] = engines
+    data.setdefault("source", {})["tensorrt_engine"] = info
     (args.artifacts / "manifest.json").write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
-    log.info("engines: %s", ", ".join(e["file"] for e in engines.values()))
+    log.info("engine: %s", plan)
     return 0
 
 

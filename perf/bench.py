@@ -95,6 +95,10 @@ class Preset:
     analyzer_concurrency: str | None
     analyzer_rate: str | None
     analyzer_requests: int
+    # A model of its own instead of the installed repository's: the repository's configs with
+    # these artifacts in place (under --out), and the checkpoint the peers serve.
+    artifacts: Path | None = None
+    checkpoint: Path | None = None
 
 
 PRESETS = {
@@ -109,6 +113,19 @@ PRESETS = {
         "1:8:1",
         "5:30:5",
         48,
+    ),
+    # The 0.5B checkpoint (make model-large): one load that saturates every system, FP32 and INT8.
+    "large": Preset(
+        ("optimized", "optimized-int8", "baseline", "litserve", "hf"),
+        (0.4,),
+        60,
+        30,
+        1,
+        None,
+        None,
+        0,
+        artifacts=paths.ARTIFACTS / "large-model",
+        checkpoint=paths.BUILD / "large-model",
     ),
 }
 
@@ -233,18 +250,20 @@ def metric_delta(before: dict, after: dict) -> dict:
 
 
 # -- the bare runtime ---------------------------------------------------------------------------
-def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 2, repeats: int = 20) -> dict:
-    """Time ONNX Runtime alone at the shapes the server formed; return its tokens/s for that mix.
+def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 0, repeats: int = 20) -> dict:
+    """Time ONNX Runtime alone at the shapes the server formed; return its tokens/s for that mix
+    (``threads`` 0: as many as the pools use).
 
     Decode: one step per observed batch size at the observed mean mask width. Prefill: one
     batch at the observed mean rows x width. The limit is the tokens the server produced,
     divided by the time the bare runtime needs for the same steps."""
     from switchboard.artifact.manifest import Manifest
-    from switchboard.engine.runtime import OnnxDecoder
+    from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
 
     directory = repository / "engine_short" / "1"
     manifest = Manifest.load(directory)
-    decoder = OnnxDecoder(directory, manifest, precision, threads=threads)
+    threads = threads or auto_threads(manifest.variant(precision).get("bytes", 0))
+    decoder = OnnxDecoder(directory, manifest, precision, threads=threads, weights_cache=weights_cache(""))
     layers, heads, dim = manifest.num_layers, manifest.num_kv_heads, manifest.head_dim
     rng = np.random.default_rng(0)
 
@@ -276,11 +295,11 @@ def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 
         width = max(1, int(round(pool.get("decode_columns", 0) / rows_decoded)))
         per_size = {b: timed(step(b, 1, width - 1)) for b in sorted(steps)}
         decode_s = sum(n * per_size[b] for b, n in steps.items())
-        batches = max(1.0, pool.get("prefill_batches", 0))
+        passes = pool.get("prefill_chunks") or pool.get("prefill_batches", 0)  # chunked prefill: more passes
         finished = sum(pool.get(k, 0) for k in ("finished_stop", "finished_length", "finished_cancelled"))
-        rows = max(1, int(round(finished / batches)))
-        prefill_width = max(1, int(round(pool.get("prefill_padded_tokens", 0) / batches / rows)))
-        prefill_s = pool.get("prefill_batches", 0) * timed(step(rows, prefill_width, 0))
+        rows = max(1, int(round(finished / max(1.0, passes))))
+        prefill_width = max(1, int(round(pool.get("prefill_padded_tokens", 0) / max(1.0, passes) / rows)))
+        prefill_s = passes * timed(step(rows, prefill_width, 0))
         tokens = rows_decoded + finished  # every admitted sequence gets its first token from prefill
         out["pools"][name] = {
             "decode_step_ms": {b: t * 1000 for b, t in per_size.items()},
@@ -339,6 +358,13 @@ def run(args) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs").mkdir(exist_ok=True)
     started = time.time()
+    if preset.artifacts is not None:
+        from switchboard.perf.scaling import repository_with
+
+        if not (preset.artifacts / "manifest.json").exists():
+            raise SystemExit(f"{preset.artifacts}: not exported (make bench-large exports it)")
+        args.repository = repository_with(preset.artifacts, out / "repository")
+        args.checkpoint = preset.checkpoint
 
     workloads = {}
     for i, load in enumerate(loads):
@@ -416,11 +442,13 @@ def run(args) -> Path:
                         flush=True,
                     )
 
-        if "optimized" in systems:
+        for served_name, precision in (("optimized", "fp32"), ("optimized-int8", "int8-dynamic")):
+            if served_name not in systems:
+                continue
             top = max(loads)
             pools: dict = {}
             for e in results["runs"]:
-                if e["system"] == "optimized" and e["load"] == top:
+                if e["system"] == served_name and e["load"] == top:
                     for pool, d in e["engine"].items():
                         agg = pools.setdefault(pool, {"batch_steps": {}})
                         for key, v in d.items():
@@ -429,12 +457,15 @@ def run(args) -> Path:
                                     agg["batch_steps"][b] = agg["batch_steps"].get(b, 0) + n
                             else:
                                 agg[key] = agg.get(key, 0) + v
-            print("timing the bare ONNX Runtime loop at the batch sizes the optimized server formed ...", flush=True)
-            limit = runtime_limit(args.repository, "fp32", pools)
-            served = [e for e in results["runs"] if e["system"] == "optimized" and e["load"] == top]
+            print(f"timing the bare ONNX Runtime loop at the batch sizes {served_name} formed ...", flush=True)
+            limit = runtime_limit(args.repository, precision, pools)
+            served = [e for e in results["runs"] if e["system"] == served_name and e["load"] == top]
             limit["served_tokens_per_s"] = float(np.mean([e["summary"].get("output_tokens_per_s", 0) for e in served]))
             limit["engine_tokens_per_wall_s"] = limit["tokens"] / sum(e["wall_s"] for e in served)
-            results["limit"] = limit
+            if served_name == "optimized":
+                results["limit"] = limit
+            else:
+                results["limit_int8"] = limit
 
         if preset.analyzer_requests:
             results["analyzer"] = analyzer_sweeps(systems, workloads[max(loads)], out, preset, args)

@@ -75,6 +75,18 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
+def pss_kib(pid: int) -> int | None:
+    """Proportional set size: shared pages divided among the processes mapping them, so a sum
+    over processes counts memory-mapped weights once."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -277,26 +277,8 @@ def write_report(out: Path) -> Path:
         if recs:
             md += [f"\n## Optimized at {top:g} sessions/s by priority, route and turn\n"]
             md += [table(summarize(recs, wall, key), key) + "\n" for key in ("priority", "route", "turn")]
-    lim = results.get("limit")
-    if lim and lim.get("tokens"):
-        md += [
-            "\n## The limit: the bare runtime at the same batch sizes\n",
-            f"At {top:g} sessions/s the optimized engines produced {lim['tokens']:.0f} tokens; ONNX Runtime alone "
-            f"(same graph, same threads, one process) needs {lim['runtime_s']:.2f} s for the same decode steps "
-            f"and prefills: **{lim['tokens_per_s']:.0f} tokens/s**. Served: {lim['served_tokens_per_s']:.0f} "
-            f"output tokens/s over the run's wall time; the engines were busy {lim['busy_s']:.1f} s "
-            f"(engine loop incl. sampling and batching, vs {lim['runtime_s']:.2f} s of bare runtime).\n",
-            "| pool | decode step ms by batch size | mean KV width | prefill rows x width |\n|---|---|---|---|\n"
-            + "".join(
-                f"| {p} | "
-                + ", ".join(f"b{b}: {t:.2f}" for b, t in d["decode_step_ms"].items())
-                + f" | {d['mean_width']} | {d['prefill_rows']} x {d['prefill_width']} |\n"
-                for p, d in lim["pools"].items()
-            ),
-            f"\nServed tokens/s is {lim['served_tokens_per_s'] / lim['tokens_per_s']:.0%} of the runtime "
-            "limit at that batch mix; below 100% means the server was not saturated (open-loop traffic "
-            "arrives at its own pace) or spent time outside the runtime.\n",
-        ]
+    for key, system in (("limit", "optimized"), ("limit_int8", "optimized-int8")):
+        md += limit_md(results.get(key), system, top)
     md += [
         f"\n## Engine batches and padding at {top:g} sessions/s\n",
         engine_md,
@@ -315,6 +297,30 @@ def write_report(out: Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
+
+
+def limit_md(lim: dict | None, system: str, top: float) -> list[str]:
+    """The bare runtime at the batch sizes ``system`` formed, against what it served."""
+    if not lim or not lim.get("tokens"):
+        return []
+    return [
+        f"\n## The limit of {system}: the bare runtime at the same batch sizes\n",
+        f"At {top:g} sessions/s the {system} engines produced {lim['tokens']:.0f} tokens; ONNX Runtime alone "
+        f"(same graph, same threads, one process) needs {lim['runtime_s']:.2f} s for the same decode steps "
+        f"and prefills: **{lim['tokens_per_s']:.0f} tokens/s**. Served: {lim['served_tokens_per_s']:.0f} "
+        f"output tokens/s over the run's wall time; the engines were busy {lim['busy_s']:.1f} s "
+        f"(engine loop incl. sampling and batching, vs {lim['runtime_s']:.2f} s of bare runtime).\n",
+        "| pool | decode step ms by batch size | mean KV width | prefill rows x width |\n|---|---|---|---|\n"
+        + "".join(
+            f"| {p} | "
+            + ", ".join(f"b{b}: {t:.2f}" for b, t in d["decode_step_ms"].items())
+            + f" | {d['mean_width']} | {d['prefill_rows']} x {d['prefill_width']} |\n"
+            for p, d in lim["pools"].items()
+        ),
+        f"\nServed tokens/s is {lim['served_tokens_per_s'] / lim['tokens_per_s']:.0%} of the runtime "
+        "limit at that batch mix; below 100% means the server was not saturated (open-loop traffic "
+        "arrives at its own pace) or spent time outside the runtime.\n",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

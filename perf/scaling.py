@@ -128,7 +128,7 @@ def level(url: str, metrics_port: int | None, concurrency: int, seconds: float, 
         "tokens_per_s": tokens / wall,
         "decode_tokens_per_s": decode_tokens / max(wall - prefill_s, 1e-9),
         "prefill_share": prefill_s / wall,
-        "ttft_p50_ms": float(np.median([s.ttft_ms for s in served if s.ttft_ms is not None] or [np.nan])),
+        "chat_p50_ms": float(np.median([s.total_ms for s in served if s.total_ms is not None] or [np.nan])),
         "prompt_tokens_mean": float(np.mean([s.prompt_tokens for s in served] or [np.nan])),
         "batch_steps": {int(k): int(v) for k, v in sorted(steps.items())},
         "mean_decode_batch": sum(int(b) * n for b, n in steps.items()) / max(1, sum(steps.values())),
@@ -136,9 +136,22 @@ def level(url: str, metrics_port: int | None, concurrency: int, seconds: float, 
     }
 
 
-def bare(artifacts: Path, precision: str, past: int, batches: tuple[int, ...], steps: int = 12) -> dict:
+def stack_memory(stack, artifacts: Path, precision: str) -> dict:
+    """PSS of every process of the stack (shared pages counted once in the sum) against the model file."""
+    from switchboard.artifact.manifest import Manifest
+    from switchboard.ops.launch import children
+    from switchboard.perf.loadtools import pss_kib
+
+    pids = {"tritonserver": stack.triton.pid, "redis-server": stack.redis.pid, **children(stack.triton.pid)}
+    mib = {name: (pss_kib(pid) or 0) / 1024 for name, pid in pids.items()}
+    model = Manifest.load(artifacts).variant(precision)["bytes"] / 2**20
+    return {"pss_mib": mib, "total_mib": sum(mib.values()), "model_mib": model, "ratio": sum(mib.values()) / model}
+
+
+def bare(artifacts: Path, precision: str, past: int, batches: tuple[int, ...], steps: int = 32) -> dict:
     """The bare runtime's decode loop: ``steps`` decode steps at each batch size, the cache
-    growing by one column per step from ``past``, on the pools' threads and shared weights."""
+    growing by one column per step from ``past``, on the pools' threads and shared weights;
+    the median step (after three warm-up steps)."""
     from switchboard.artifact.manifest import Manifest
     from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
 
@@ -150,13 +163,16 @@ def bare(artifacts: Path, precision: str, past: int, batches: tuple[int, ...], s
     for b in batches:
         kv = [(np.zeros((b, *shape), decoder.dtype), np.zeros((b, *shape), decoder.dtype))] * manifest.num_layers
         ids = np.ones((b, 1), np.int64)
-        decoder.forward(ids, np.ones((b, past + 1), np.int64), np.full((b, 1), past), kv)  # warm
-        t0 = time.perf_counter()
+        for _ in range(3):  # warm
+            decoder.forward(ids, np.ones((b, past + 1), np.int64), np.full((b, 1), past), kv)
+        times = []
         for i in range(steps):
             mask = np.ones((b, past + i + 1), np.int64)
+            t0 = time.perf_counter()
             logits, kv = decoder.forward(ids, mask, np.full((b, 1), past + i), kv)
             ids = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
-        dt = (time.perf_counter() - t0) / steps
+            times.append(time.perf_counter() - t0)
+        dt = float(np.median(times))
         out[f"batch_{b}"] = {"step_ms": dt * 1000, "tokens_per_s": b / dt}
     return out
 
@@ -168,16 +184,25 @@ def markdown(result: dict) -> str:
         f"`{result['command']}`, {result['started']}; one-off chats, {result['max_new_tokens']}-token answers, "
         f"{result['seconds']:g} s per level.",
         "",
-        "| concurrency | chats | tokens/s | decode tokens/s | prefill share | TTFT P50 | mean decode batch | "
+        "| concurrency | chats | tokens/s | decode tokens/s | prefill share | chat P50 | mean decode batch | "
         "decode steps by batch size |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["levels"]:
         lines.append(
             f"| {r['concurrency']} | {r['chats']} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
-            f"{100 * r['prefill_share']:.0f}% | {r['ttft_p50_ms']:.0f} ms | {r['mean_decode_batch']:.2f} | "
+            f"{100 * r['prefill_share']:.0f}% | {r['chat_p50_ms']:.0f} ms | {r['mean_decode_batch']:.2f} | "
             f"{', '.join(f'{b}: {n}' for b, n in r['batch_steps'].items())} |"
         )
+    for when in ("warm", "loaded"):
+        m = result.get(f"memory_{when}")
+        if m:
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in m["pss_mib"].items())
+            lines.append(
+                f"\nMemory ({'after the first chat' if when == 'warm' else 'after the last level'}): the stack's "
+                f"processes {m['total_mib']:.0f} MiB PSS ({parts}) for a {m['model_mib']:.0f} MiB model file: "
+                f"**{m['ratio']:.2f}x**."
+            )
     if result.get("bare"):
         b = result["bare"]
         lines += ["", f"Bare ONNX Runtime decode loop ({b['threads']} threads, cache from {b['past']} columns):", ""]
@@ -239,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             stack.start()
             url, metrics_port = stack.grpc_url, stack.ports.metrics
         ChatClient(url, timeout_s=300).chat("hello", stream=False, max_new_tokens=4)  # first-call costs
+        if stack is not None:
+            result["memory_warm"] = stack_memory(stack, args.artifacts, args.precision)
         for c in (int(x) for x in args.concurrency.split(",")):
             r = level(url, metrics_port, c, args.seconds, args.max_new_tokens)
             result["levels"].append(r)
@@ -248,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"errors {r['errors']}",
                 flush=True,
             )
+        if stack is not None:
+            result["memory_loaded"] = stack_memory(stack, args.artifacts, args.precision)
     finally:
         if stack is not None:
             stack.stop()

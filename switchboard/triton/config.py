@@ -145,9 +145,10 @@ class EngineConfig(_Config):
     max_batch: int = setting(8, "rows of the running batch (iteration-level batching)", 1, 256)
     max_waiting: int = setting(64, "sequences waiting for a row; beyond it the pool refuses new ones", 1, 4096)
     priority_slots: int = setting(
-        1,
+        0,
         "rows of max_batch only priority 1 may take, so a VIP starts at the next step (0: off); with "
-        "preempt_steps priority 1 has a batch of its own of up to max_batch rows",
+        "preempt_steps priority 1 has a batch of its own of up to max_batch rows and needs none, so priority 2 "
+        "may fill all max_batch rows",
         0,
         256,
     )

@@ -77,10 +77,9 @@ def test_build_engines_from_the_qdq_graph(tmp_path, tokenizer_dir, checkpoint):
         )
         == 0
     )
-    engines = json.loads((out / "manifest.json").read_text())["source"]["tensorrt_engines"]
-    assert set(engines) == {"short", "long"}
-    for pool, info in engines.items():
-        assert (out / f"model.{pool}.plan").stat().st_size > 0 and len(info["fingerprint"]) == 24
+    info = json.loads((out / "manifest.json").read_text())["source"]["tensorrt_engine"]
+    assert info["profile_of_pool"] == {"short": 0, "long": 1} and len(info["profiles"]) == 2
+    assert (out / "model.plan").stat().st_size > 0 and len(info["fingerprint"]) == 24
     assert (tmp_path / "timing.cache").stat().st_size > 0
 
 

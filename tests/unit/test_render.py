@@ -79,12 +79,15 @@ def test_ngc_onnxruntime_serves_the_graph_natively_on_the_gpu(tmp_path):
         assert params(parse(tmp_path / f"engine_{pool}/config.pbtxt"))["runtime"] == "triton:decoder"
 
 
-def test_ngc_tensorrt_has_one_engine_per_pool(tmp_path):
+def test_ngc_tensorrt_serves_one_engine_with_a_profile_per_pool(tmp_path):
     render("ngc-tensorrt", tmp_path, MANIFEST)
+    decoder = parse(tmp_path / "decoder/config.pbtxt")
+    assert decoder.platform == "tensorrt_plan" and decoder.default_model_filename == "model.plan"
+    assert len(decoder.instance_group) == 1 and decoder.instance_group[0].count == 1, "one copy of the weights"
+    assert list(decoder.instance_group[0].profile) == ["0", "1"]
+    assert not list(tmp_path.glob("decoder_*")), "no engine per pool"
     for pool in ("short", "long"):
-        decoder = parse(tmp_path / f"decoder_{pool}/config.pbtxt")
-        assert decoder.platform == "tensorrt_plan" and decoder.default_model_filename == f"model.{pool}.plan"
-        assert params(parse(tmp_path / f"engine_{pool}/config.pbtxt"))["runtime"] == f"triton:decoder_{pool}"
+        assert params(parse(tmp_path / f"engine_{pool}/config.pbtxt"))["runtime"] == "triton:decoder"
 
 
 def test_unknown_target_is_refused(tmp_path):
