@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -97,9 +98,48 @@ class FeedReader(CalibrationDataReader):
         self._it = iter(self._feeds)
 
 
+def fold_weight_transposes(fp32: Path, nodes: list[str], out: Path) -> Path | None:
+    """A copy of ``fp32`` where the selected MatMuls that read a weight through a Transpose (the
+    output projection of tied embeddings) read a transposed copy of it instead, which dynamic
+    quantization needs (it quantizes constant B inputs only). None when there is nothing to fold."""
+    model = onnx.load(str(fp32), load_external_data=False)
+    weights = {init.name: init for init in model.graph.initializer}
+    transposes = {n.output[0]: n for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in weights}
+    wanted = set(nodes)
+    targets = [n for n in model.graph.node if n.name in wanted and n.input[1] in transposes]
+    if not targets:
+        return None
+    model = onnx.load(str(fp32))  # with the weights now
+    weights = {init.name: init for init in model.graph.initializer}
+    names = {n.name for n in targets}
+    for node in (n for n in model.graph.node if n.name in names):
+        source = transposes[node.input[1]]
+        perm = next((list(a.ints) for a in source.attribute if a.name == "perm"), None)
+        folded = numpy_helper.to_array(weights[source.input[0]]).transpose(perm)
+        name = f"{source.input[0]}.transposed"
+        if name not in weights:
+            weights[name] = numpy_helper.from_array(np.ascontiguousarray(folded), name)
+            model.graph.initializer.append(weights[name])
+        node.input[1] = name
+    large = sum(len(init.raw_data) for init in model.graph.initializer) > (1 << 30)
+    onnx.save(model, str(out), save_as_external_data=large, location=f"{out.name}.data")
+    return out
+
+
 def quantize_int8_dynamic(fp32: Path, out: Path, parts: tuple[str, ...] = DEFAULT_PARTS) -> Path:
     nodes = select(fp32, parts)
     log.info("INT8 dynamic: %d weight MatMuls (%s)", len(nodes), ",".join(parts))
+    folded = fold_weight_transposes(fp32, nodes, out.with_name(out.stem + ".folded.onnx"))
+    try:
+        _quantize_dynamic(folded or fp32, out, nodes)
+    finally:
+        if folded is not None:
+            for f in out.parent.glob(folded.name + "*"):
+                f.unlink()
+    return out
+
+
+def _quantize_dynamic(fp32: Path, out: Path, nodes: list[str]) -> None:
     quantize_dynamic(
         str(fp32),
         str(out),
@@ -108,7 +148,6 @@ def quantize_int8_dynamic(fp32: Path, out: Path, parts: tuple[str, ...] = DEFAUL
         per_channel=True,
         extra_options={"MatMulConstBOnly": True},
     )
-    return out
 
 
 def quantize_int8_static(

@@ -47,6 +47,20 @@ def test_server_and_stubs_run_on_jemalloc(stack):
             assert "libjemalloc" in maps.read(), f"{name} runs on glibc's malloc"
 
 
+def test_both_pools_map_one_prepared_copy_of_the_weights(stack):
+    """One copy per machine: the pools memory-map the same pre-packed weights file (page cache,
+    shared), and neither loaded the graph's own weights into private memory."""
+    from switchboard.ops.launch import children
+
+    stubs = children(stack.triton.pid)
+    mapped = {}
+    for pool in ("engine_short", "engine_long"):
+        with open(f"/proc/{stubs[pool]}/maps") as maps:
+            mapped[pool] = {line.split()[-1] for line in maps if line.rstrip().endswith("model.onnx.data")}
+    assert len(mapped["engine_short"]) == 1 and mapped["engine_short"] == mapped["engine_long"], mapped
+    assert "/cache/weights/" in next(iter(mapped["engine_short"]))
+
+
 def test_second_turn_reuses_the_first_turns_kv_and_matches_a_cold_cache(client, redis_client):
     turns = ["Where is my order?", "Can I change the delivery address?"]
     _, s1 = collect(client, turns[0], session_id="reuse-warm")
