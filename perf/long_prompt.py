@@ -4,8 +4,8 @@ For each ``--budgets`` value (the pools' ``prefill_budget``; 0 = whole prompts i
 private stack on free ports serves ``--artifacts``; ``--decoders`` streams decode in
 ``engine_short`` (short prompts, long answers, every token sent as it comes:
 ``stream_interval_ms`` 0), and meanwhile ``--long`` prompts of ``--long-tokens`` tokens arrive
-at the same pool one after another. The decoders' inter-token gaps while the long prompts are
-prefilled give P50 / P99 / max per budget, with the long prompts' time to their first token.
+at the same pool one after another. The decoders' inter-token gaps that overlap a long prompt's time in
+the pool give P50 / P99 / max per budget, with the long prompts' time to their first token.
 Talks to the pool directly over gRPC (as ``chat`` does), so the random-weight model's token ids
 need no detokenizing. Writes ``long_prompt.json`` and ``long_prompt.md`` to ``--out``.
 """
@@ -49,10 +49,17 @@ def stream(url: str, ids: list[int], max_new_tokens: int, times: list[float], do
             done.set()
 
     client.start_stream(callback=callback)
-    client.async_stream_infer("engine_short", inputs, outputs=[grpcclient.InferRequestedOutput(Pool.TOKEN_IDS)])
+    outputs = [grpcclient.InferRequestedOutput(Pool.TOKEN_IDS), grpcclient.InferRequestedOutput(Pool.STATS)]
+    client.async_stream_infer("engine_short", inputs, outputs=outputs)
     done.wait(600)
     client.stop_stream(cancel_requests=True)
     client.close()
+
+
+def overlapping_gaps(times: list[list[float]], windows: list[tuple[float, float]]) -> list[float]:
+    """Each stream's gaps between tokens (ms) that overlap one of ``windows``: a stream frozen by
+    a prefill shows one long gap spanning it."""
+    return [(b - a) * 1000 for ts in times for a, b in zip(ts, ts[1:]) if any(a < hi and b > lo for lo, hi in windows)]
 
 
 def measure(url: str, decoders: int, long: int, long_tokens: int, vocab: int) -> dict:
@@ -80,11 +87,7 @@ def measure(url: str, decoders: int, long: int, long_tokens: int, vocab: int) ->
         e.set()
     for t in threads:
         t.join()
-    gaps = []  # inter-token gaps that end inside a long prompt's window
-    for ts in times:
-        for a, b in zip(ts, ts[1:]):
-            if any(lo <= b <= hi for lo, hi in windows):
-                gaps.append((b - a) * 1000)
+    gaps = overlapping_gaps(times, windows)
     alone = [(b - a) * 1000 for ts in times for a, b in zip(ts, ts[1:]) if b < windows[0][0]]
     return {
         "gaps": len(gaps),
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# Chats decoding while {args.long_tokens}-token prompts arrive ({manifest.name})",
         "",
         f"`{result['command']}`: {args.decoders} chats decoding in one pool, {args.long} long prompts one after "
-        "another; the decoders' inter-token gaps that end while a long prompt is in the pool.",
+        "another; the decoders' inter-token gaps that overlap a long prompt's time in the pool.",
         "",
         "| prefill_budget | gaps | P50 | P99 | max | decoding alone P50 | long prompt's first token |",
         "|---|---|---|---|---|---|---|",

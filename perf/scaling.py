@@ -43,6 +43,16 @@ QUESTIONS = [
 ]
 
 
+# A long first message (~230 tokens with the system prompt): routed to engine_long.
+LONG_QUESTION = (
+    "我上周在你们店买了一台洗衣机，订单号是 20261111-88231，送到的时候外箱破了一个角，里面的控制面板也有划痕。"
+    "快递员说让我找商家处理，我打了两次客服电话都没有人接。I also ordered a dryer in the same order and it has "
+    "not arrived yet, the tracking page has said 'in transit' for six days. 请问洗衣机可以换新还是只能退货？"
+    "如果退货，运费谁来出？烘干机什么时候能到？我下周要出差，能不能约周末送货？Please also tell me whether "
+    "the coupon I used will be returned if I cancel the dryer, and how long the refund takes to reach my card."
+)
+
+
 def repository_with(artifacts: Path, out: Path) -> Path:
     """A copy of the model repository's configs and glue with ``artifacts`` in place (hard links)."""
     from switchboard.export.render import place_artifacts
@@ -77,7 +87,17 @@ def _sum_pools(before: dict, after: dict) -> dict:
     return out
 
 
-def level(url: str, metrics_port: int | None, concurrency: int, seconds: float, max_new_tokens: int) -> dict:
+def level(
+    url: str,
+    metrics_port: int | None,
+    concurrency: int,
+    seconds: float,
+    max_new_tokens: int,
+    long_workers: int = 0,
+    memory=None,
+) -> dict:
+    """``concurrency`` clients of short questions, and ``long_workers`` more of long ones;
+    ``memory()``, when given, is sampled every 5 s and the largest total kept."""
     stats: list[ChatStats] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -90,7 +110,7 @@ def level(url: str, metrics_port: int | None, concurrency: int, seconds: float, 
             k += 1
             try:
                 reply = client.chat(
-                    QUESTIONS[(w + k) % len(QUESTIONS)],
+                    LONG_QUESTION + f" ({k})" if w >= concurrency else QUESTIONS[(w + k) % len(QUESTIONS)],
                     session_id=f"scaling-c{concurrency}-w{w}-{k}-{time.time_ns()}",
                     stream=False,
                     max_new_tokens=max_new_tokens,
@@ -105,14 +125,33 @@ def level(url: str, metrics_port: int | None, concurrency: int, seconds: float, 
 
     before = engine_counters(metrics_port) if metrics_port else {}
     t0 = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(concurrency)]
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(concurrency + long_workers)]
     for t in threads:
         t.start()
+    peak = None
+    while memory is not None and any(t.is_alive() for t in threads):
+        sample = memory()
+        if peak is None or sample["total_mib"] > peak["total_mib"]:
+            peak = sample
+        time.sleep(5)
     for t in threads:
         t.join()
     wall = time.monotonic() - t0
     time.sleep(1.5 if metrics_port else 0)  # the engines publish their counters once a second
-    engine = _sum_pools(before, engine_counters(metrics_port)) if metrics_port else {}
+    after = engine_counters(metrics_port) if metrics_port else {}
+    engine = _sum_pools(before, after) if metrics_port else {}
+    by_pool = {}
+    for pool in after:
+        one = _sum_pools({pool: before.get(pool, {})}, {pool: after[pool]})
+        rows = sum(int(b) * n for b, n in one["batch_steps"].items())
+        steps = sum(one["batch_steps"].values())
+        by_pool[pool] = {
+            "decode_tokens_per_s": rows / wall,
+            "decode_s": one["decode_s"],
+            "prefill_s": one["prefill_s"],
+            "decode_step_ms": 1000 * one["decode_s"] / steps if steps else float("nan"),
+            "mean_decode_batch": rows / steps if steps else float("nan"),
+        }
     served = [s for s in stats if s and not s.fallback]
     tokens = sum(s.generated_tokens for s in served)
     decode_tokens = sum(max(0, s.generated_tokens - 1) for s in served)
@@ -120,6 +159,9 @@ def level(url: str, metrics_port: int | None, concurrency: int, seconds: float, 
     steps = engine.get("batch_steps", {})
     return {
         "concurrency": concurrency,
+        "long_workers": long_workers,
+        "memory_peak": peak,
+        "by_pool": by_pool,
         "chats": len(served),
         "fallback": len(stats) - len(served),
         "errors": len(errors),
@@ -145,7 +187,14 @@ def stack_memory(stack, artifacts: Path, precision: str) -> dict:
     pids = {"tritonserver": stack.triton.pid, "redis-server": stack.redis.pid, **children(stack.triton.pid)}
     mib = {name: (pss_kib(pid) or 0) / 1024 for name, pid in pids.items()}
     model = Manifest.load(artifacts).variant(precision)["bytes"] / 2**20
-    return {"pss_mib": mib, "total_mib": sum(mib.values()), "model_mib": model, "ratio": sum(mib.values()) / model}
+    serving = sum(v for k, v in mib.items() if k != "redis-server")  # Redis holds the sessions' KV: data
+    return {
+        "pss_mib": mib,
+        "total_mib": sum(mib.values()),
+        "model_mib": model,
+        "ratio": sum(mib.values()) / model,
+        "serving_ratio": serving / model,
+    }
 
 
 def bare(artifacts: Path, precision: str, past: int, batches: tuple[int, ...], steps: int = 32) -> dict:
@@ -194,15 +243,47 @@ def markdown(result: dict) -> str:
             f"{100 * r['prefill_share']:.0f}% | {r['chat_p50_ms']:.0f} ms | {r['mean_decode_batch']:.2f} | "
             f"{', '.join(f'{b}: {n}' for b, n in r['batch_steps'].items())} |"
         )
-    for when in ("warm", "loaded"):
-        m = result.get(f"memory_{when}")
-        if m:
+    if result.get("both_pools"):
+        lines += [
+            "",
+            "Both pools: each pool's decode tokens/s alone and with the other busy (short clients + long clients):",
+            "",
+            "| short + long clients | engine_short tokens/s | its decode step (mean batch) | engine_long tokens/s "
+            "| its decode step (mean batch) | passes in flight |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in [x for x in result["levels"] if x["concurrency"] == result["both_pools"][-1]["concurrency"]][-1:] + [
+            *result["both_pools"]
+        ]:
+            cells = []
+            for pool in ("engine_short", "engine_long"):
+                d = r["by_pool"].get(pool, {})
+                cells += [
+                    f"{d.get('decode_tokens_per_s', 0.0):.1f}",
+                    f"{d.get('decode_step_ms', float('nan')):.0f} ms ({d.get('mean_decode_batch', float('nan')):.1f})",
+                ]
+            busy = sum(d.get("decode_s", 0.0) + d.get("prefill_s", 0.0) for d in r["by_pool"].values()) / r["wall_s"]
+            lines.append(f"| {r['concurrency']} + {r.get('long_workers', 0)} | {' | '.join(cells)} | {busy:.2f} |")
+    memory = [("after the first chat", result.get("memory_warm"))]
+    memory += [(f"peak at concurrency {r['concurrency']}", r.get("memory_peak")) for r in result["levels"]]
+    memory += [
+        (f"peak at {r['concurrency']} + {r['long_workers']} long", r.get("memory_peak"))
+        for r in result.get("both_pools", [])
+    ]
+    memory = [(when, m) for when, m in memory if m]
+    if memory:
+        lines += [
+            "",
+            "Memory: PSS of the stack's processes (shared pages counted once) against the "
+            f"{memory[0][1]['model_mib']:.0f} MiB model file; Redis holds the sessions' KV, which grows with "
+            "sessions (its TTL and maxmemory bound it).",
+            "",
+            "| when | tritonserver + chat + pools | with Redis | MiB by process |",
+            "|---|---|---|---|",
+        ]
+        for when, m in memory:
             parts = ", ".join(f"{k} {v:.0f}" for k, v in m["pss_mib"].items())
-            lines.append(
-                f"\nMemory ({'after the first chat' if when == 'warm' else 'after the last level'}): the stack's "
-                f"processes {m['total_mib']:.0f} MiB PSS ({parts}) for a {m['model_mib']:.0f} MiB model file: "
-                f"**{m['ratio']:.2f}x**."
-            )
+            lines.append(f"| {when} | **{m['serving_ratio']:.2f}x** | {m['ratio']:.2f}x | {parts} |")
     if result.get("bare"):
         b = result["bare"]
         lines += ["", f"Bare ONNX Runtime decode loop ({b['threads']} threads, cache from {b['past']} columns):", ""]
@@ -233,6 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=40.0, help="duration of each level")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--bare", action="store_true", help="also time the bare runtime's decode loop at batch 1 and 8")
+    p.add_argument(
+        "--both-pools",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then N clients of long questions (engine_long) alone, and beside the last concurrency level's short "
+        "ones: each pool's decode tokens/s alone and with the other busy",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="SWITCHBOARD_<KEY> for the stack")
     p.add_argument("--out", type=Path, default=paths.BUILD / "scaling")
     args = p.parse_args(argv)
@@ -266,17 +355,19 @@ def main(argv: list[str] | None = None) -> int:
         ChatClient(url, timeout_s=300).chat("hello", stream=False, max_new_tokens=4)  # first-call costs
         if stack is not None:
             result["memory_warm"] = stack_memory(stack, args.artifacts, args.precision)
-        for c in (int(x) for x in args.concurrency.split(",")):
-            r = level(url, metrics_port, c, args.seconds, args.max_new_tokens)
-            result["levels"].append(r)
+        levels = [(int(x), 0) for x in args.concurrency.split(",")]
+        if args.both_pools:
+            levels += [(0, args.both_pools), (levels[-1][0], args.both_pools)]
+        for c, n_long in levels:
+            sample = (lambda: stack_memory(stack, args.artifacts, args.precision)) if stack is not None else None
+            r = level(url, metrics_port, c, args.seconds, args.max_new_tokens, n_long, sample)
+            (result["levels"] if not n_long else result.setdefault("both_pools", [])).append(r)
             print(
-                f"concurrency {c}: {r['chats']} chats, {r['tokens_per_s']:.1f} tokens/s, decode "
+                f"concurrency {c}+{n_long} long: {r['chats']} chats, {r['tokens_per_s']:.1f} tokens/s, decode "
                 f"{r['decode_tokens_per_s']:.1f} tokens/s, mean decode batch {r['mean_decode_batch']:.2f}, "
                 f"errors {r['errors']}",
                 flush=True,
             )
-        if stack is not None:
-            result["memory_loaded"] = stack_memory(stack, args.artifacts, args.precision)
     finally:
         if stack is not None:
             stack.stop()
