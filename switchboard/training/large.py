@@ -2,8 +2,9 @@
 
 494M parameters in Qwen2.5-0.5B's geometry (24 layers, hidden 896, 14 query and 2 KV heads,
 a 151,936-token vocabulary, tied embeddings), random weights and the default model's tokenizer,
-so nothing is downloaded. It answers nonsense; it is there to measure what serving a realistic
-size costs (memory, batching, KV traffic): ``make model-large``, then
+so nothing is downloaded. It answers nonsense (in the tokenizer's vocabulary, so text streams);
+it is there to measure what serving a realistic size costs (memory, batching, KV traffic):
+``make model-large``, then
 ``make serve MODEL=build/large-model``. Its ``switchboard.json`` says the weights are random
 (the export then runs the ONNX-vs-PyTorch parity check but does not gate on agreement) and
 which variants to export by default (FP32 and INT8 dynamic).
@@ -51,6 +52,14 @@ def build(out: Path, tokenizer_from: Path, seed: int = 0) -> int:
     config = Qwen2Config(**GEOMETRY)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
+    # The tokenizer knows only the first ids; the rows past them are zeroed, so their logits are
+    # 0 and the answer's tokens are the tokenizer's (text streams, time to first token can be
+    # measured). The output projection still computes every row: the cost is the real one.
+    from tokenizers import Tokenizer
+
+    known = Tokenizer.from_file(str(tokenizer_from / "tokenizer.json")).get_vocab_size()
+    with torch.no_grad():
+        model.get_input_embeddings().weight[known:] = 0
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     # The default tokenizer's ids all lie inside Qwen2's vocabulary.
@@ -84,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--tokenizer-from {args.tokenizer_from}: no tokenizer.json (run `make model` first)")
     stamp = args.out / ".built"
     want = json.dumps(
-        {"geometry": GEOMETRY, "seed": args.seed, "tokenizer": str(args.tokenizer_from), "export": EXPORT_DEFAULTS}
+        {
+            "geometry": GEOMETRY,
+            "seed": args.seed,
+            "tokenizer": str(args.tokenizer_from),
+            "export": EXPORT_DEFAULTS,
+            "unknown_ids": "zeroed",
+        }
     )
     if stamp.exists() and stamp.read_text() == want:
         print(f"[model-large] {args.out} is up to date")
