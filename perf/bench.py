@@ -4,7 +4,9 @@ One run, the same seeded customer-service traffic against every system on this m
 
   optimized       the committed repository (iteration-level batching, KV reuse from Redis,
                   short/long pools, FP32)
-  optimized-int8  the same with the dynamic INT8 variant (full preset)
+  optimized-int8  the same with the dynamic INT8 variant (full and large presets)
+  optimized-1batch  the same in one batch: one pool, priority 1 without a lane of its own
+                  (large preset: what a compute-bound model on few cores gains by it)
   baseline        the same server configured naively: engine batch 1, FP32, no KV reuse,
                   one pool (every prompt goes to engine_short)
   litserve        the Hugging Face checkpoint in PyTorch behind LitServe with request batching
@@ -71,6 +73,20 @@ SYSTEMS = {
     "optimized-int8": SystemSpec(
         "optimized-int8", "triton", "as optimized, dynamic INT8 weights", {"SWITCHBOARD_PRECISION": "int8-dynamic"}
     ),
+    "optimized-1batch": SystemSpec(
+        "optimized-1batch",
+        "triton",
+        "as optimized, one batch: every prompt to engine_short, priority 1 in the same batch (no lane of its own), "
+        "16 chats generating at once; for a compute-bound model on few cores (docs/benchmarks.md)",
+        {
+            "SWITCHBOARD_PRECISION": "fp32",
+            "SWITCHBOARD_LONG_PROMPT_TOKENS": "1000000",
+            "SWITCHBOARD_PREEMPT_STEPS": "0",
+            "SWITCHBOARD_LANE_THREADS": "1",
+            "SWITCHBOARD_MAX_INFLIGHT": "16",
+            "SWITCHBOARD_MAX_INFLIGHT_RESERVED": "4",
+        },
+    ),
     "baseline": SystemSpec(
         "baseline", "triton", "same server, naive settings: engine batch 1, FP32, no KV reuse, one pool", BASELINE_ENV
     ),
@@ -116,8 +132,8 @@ PRESETS = {
     ),
     # The 0.5B checkpoint (make model-large): one load that saturates every system, FP32 and INT8.
     "large": Preset(
-        ("optimized", "optimized-int8", "baseline", "litserve", "hf"),
-        (0.4,),
+        ("optimized", "optimized-int8", "optimized-1batch", "baseline", "litserve", "hf"),
+        (1.0,),
         60,
         30,
         1,
