@@ -38,3 +38,19 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
     ).save_pretrained(ckpt)
     with pytest.raises(SystemExit, match="unsupported architecture 'bert'.*supported: gpt2, llama, mistral, qwen2"):
         export_main(["--model", str(ckpt), "--out", str(tmp_path / "out")])
+
+
+def test_random_weights_skip_the_gate_but_not_the_parity_check(tokenizer_dir, tmp_path, checkpoint, capfd):
+    """A checkpoint whose switchboard.json says its weights are random (make model-large) exports
+    its own default variants with no accuracy gate; the ONNX-vs-PyTorch check still runs."""
+    import json
+
+    ckpt = checkpoint("qwen2", tokenizer_dir, tmp_path)
+    info = {"name": "random", "random_weights": True, "export": {"precision": "fp32,int8-dynamic", "smooth_alpha": 0}}
+    (ckpt / "switchboard.json").write_text(json.dumps(info))
+    out = tmp_path / "artifacts"
+    assert export_main(["--model", str(ckpt), "--out", str(out), "--bench-batches", ""]) == 0
+    m = Manifest.load(out)
+    assert set(m.variants) == {"fp32", "int8-dynamic"}, "the checkpoint's precisions, no int8-percentile"
+    assert m.parity["ok"] and not m.accuracy, "parity checked, agreement not measured"
+    assert "random weights" in capfd.readouterr().out
