@@ -136,6 +136,17 @@ class SessionStatus(StrEnum):
     SKIPPED = "skipped"  # answered from the FAQ before the session was read
 
 
+class CacheMiss(StrEnum):
+    """Why a turn reused fewer prompt tokens than its session had stored."""
+
+    NONE_STORED = "none_stored"  # nothing stored for this prompt (a first turn, a one-off chat)
+    EVICTED = "evicted"  # stored blocks are gone (evicted, expired, or their write failed)
+    FINGERPRINT_CHANGED = "fingerprint_changed"  # the session was written by another model variant
+    WINDOW_SLID = "window_slid"  # older turns left the prompt, so its start changed
+    REDIS_UNAVAILABLE = "redis_unavailable"
+    DIGEST_FAILED = "digest_failed"  # a block failed its checks: the reused prefix ends before it
+
+
 class FallbackReason(StrEnum):
     QUEUE_FORECAST = "queue_forecast"  # would not get a generation slot in time
     QUEUE_TIMEOUT = "queue_timeout"  # waited out max_queue_wait_s
