@@ -148,7 +148,8 @@ def engine_config(pool: Pool, runtime: str) -> str:
 # Triton's batcher groups arrivals and holds the overflow under the queue policy.
 # Requests from chat arrive over gRPC on this server (switchboard/serving/engine_client.py) with
 # Triton's priority, which orders this queue, and the parameter chat_priority, which the
-# engine's scheduler orders its batch by (Triton keeps `priority` to itself).
+# engine's scheduler orders its batch by (Triton keeps `priority` to itself). The pool owns the
+# KV cache: content-addressed blocks in its own memory, then in Redis (switchboard/kv).
 name: "engine_{pool.name}"
 backend: "python"
 max_batch_size: {pool.max_batch_size}
@@ -156,14 +157,12 @@ model_transaction_policy {{ decoupled: true }}
 
 input [
   {{ name: "input_ids" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }},
-  {{ name: "past_kv" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1, -1 ] optional: true allow_ragged_batch: true }},
   {{ name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }},
   {{ name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true }},
   {{ name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true }}
 ]
 output [
   {{ name: "token_ids" data_type: TYPE_INT32 dims: [ -1 ] }},
-  {{ name: "kv" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1, -1 ] }},
   {{ name: "stats" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
 

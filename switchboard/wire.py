@@ -43,17 +43,16 @@ class Pool:
     """Tensor and parameter names of a generation pool (``engine_short``, ``engine_long``)."""
 
     INPUT_IDS = "input_ids"  # INT32 [tokens]
-    PAST_KV = "past_kv"  # FP32 [layers, 2, heads, reused, dim], optional: KV of the prompt's prefix
     MAX_NEW_TOKENS = "max_new_tokens"
     TEMPERATURE = "temperature"
     TOP_P = "top_p"
     TOKEN_IDS = "token_ids"  # INT32 [n]: generated tokens
-    KV = "kv"  # on the last response, when asked: the KV of prompt + generated[:-1]
     STATS = "stats"  # on the last response: EngineStats as JSON
-    OUTPUTS = (TOKEN_IDS, KV, STATS)
+    OUTPUTS = (TOKEN_IDS, STATS)
     # request parameters
-    FINGERPRINT = "fingerprint"  # the model variant past_kv was written with
-    RETURN_KV = "return_kv"
+    FINGERPRINT = "fingerprint"  # the model variant chat built the prompt for (KV reuse only if the pool's)
+    KV_REUSE = "kv_reuse"  # true: reuse the prompt's stored KV blocks and store the new ones
+    EXPECTED_REUSE = "expected_reuse"  # prompt tokens the session stored KV for (for the miss reason)
     SEED = "seed"
     PING = "ping"  # true: answer at once, before the engine (is the stub alive?)
 
@@ -185,9 +184,13 @@ class EngineStats:
     prefill_ms: float | None = None
     batch_size: int | None = None  # rows in the batch it joined
     engine_ms: float | None = None  # from submission to the last token
+    reused: int = 0  # prompt tokens whose KV came from stored blocks
+    kv_local_blocks: int = 0  # of them, blocks found in the pool's own cache
+    kv_redis_blocks: int = 0  # and blocks read from Redis
+    cache_miss: CacheMiss | None = None  # why fewer than expected_reuse tokens were found
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps({k: _plain(v) for k, v in asdict(self).items()})
 
     @classmethod
     def from_json(cls, blob: bytes | str) -> EngineStats:
@@ -195,6 +198,7 @@ class EngineStats:
         known = {f.name for f in fields(cls)}
         out = cls(**{k: v for k, v in d.items() if k in known})
         out.reason = _enum(FinishReason, out.reason)
+        out.cache_miss = _enum(CacheMiss, out.cache_miss)
         return out
 
 
@@ -203,7 +207,10 @@ class ChatStats:
     """The ``stats`` of a chat's final response; the SDK returns it as the last event."""
 
     prompt_tokens: int = 0
-    reused_tokens: int = 0  # prompt tokens whose KV came from the session's cache
+    reused_tokens: int = 0  # prompt tokens whose KV came from stored blocks (this session's or shared)
+    kv_local_blocks: int = 0  # blocks of them found in the pool's own cache (no KV moved)
+    kv_redis_blocks: int = 0  # blocks of them read from Redis
+    cache_miss: CacheMiss | None = None  # why the prompt reused less than it could have; None: it did not
     generated_tokens: int = 0
     route: Route | None = None  # None: answered from the FAQ
     ttft_ms: float | None = None
@@ -242,6 +249,7 @@ class ChatStats:
         out.route = _enum(Route, out.route)
         out.fallback_reason = _enum(FallbackReason, out.fallback_reason)
         out.session = _enum(SessionStatus, out.session)
+        out.cache_miss = _enum(CacheMiss, out.cache_miss)
         out.finish_reason = _enum(FinishReason, out.finish_reason)
         out.fallback = bool(out.fallback)
         return out

@@ -25,6 +25,17 @@ from redis.retry import Retry
 log = logging.getLogger(__name__)
 
 
+def tls_arguments(url: str, ca_file: str = "", cert_file: str = "", key_file: str = "") -> dict:
+    """redis-py's TLS arguments for ``url``: none for redis://, the files given for rediss://
+    (empty: system CAs, no client certificate); files without rediss:// are a mistake."""
+    tls = {"ssl_ca_certs": ca_file, "ssl_certfile": cert_file, "ssl_keyfile": key_file}
+    if not url.startswith("rediss://"):
+        if any(tls.values()):
+            raise ValueError("redis TLS files are set but the URL is not rediss://")
+        return {}
+    return {k: v for k, v in tls.items() if v}
+
+
 def connect(url: str, timeout_s: float, cluster: bool = False, **kwargs):
     """A redis-py client for ``url`` with bounded calls and no retries (``kwargs``: TLS files)."""
     common = dict(socket_timeout=timeout_s, socket_connect_timeout=timeout_s, **kwargs)
@@ -57,19 +68,25 @@ class RedisBlocks:
                 "KV block store unavailable during %s (%s); going on without it", what, error.__class__.__name__
             )
 
-    def present(self, keys: list[bytes]) -> int | None:
-        """How many of ``keys``, from the first, are stored (None: Redis unavailable)."""
+    def stored(self, keys: list[bytes], what: str = "lookup") -> list[bool] | None:
+        """Whether each of ``keys`` is stored (None: Redis unavailable)."""
         if not keys:
-            return 0
+            return []
         if not self.available():
             return None
         try:
             pipe = self.client.pipeline(transaction=False)
             for k in keys:
                 pipe.exists(self.key(k))
-            found = pipe.execute()
+            return [bool(n) for n in pipe.execute()]
         except redis.RedisError as e:
-            self._failed("lookup", e)
+            self._failed(what, e)
+            return None
+
+    def present(self, keys: list[bytes]) -> int | None:
+        """How many of ``keys``, from the first, are stored (None: Redis unavailable)."""
+        found = self.stored(keys)
+        if found is None:
             return None
         n = 0
         while n < len(found) and found[n]:

@@ -7,17 +7,19 @@ prompt is prefilled. A turn whose blocks are all local moves no KV.
 
 ``store`` returns at once: a finished sequence's new blocks go to the local tier the next time
 anyone looks (``lookup`` takes pending work first, so the session's next turn always finds
-them) and to Redis on a writer thread, which writes only blocks not known to be there, in chain
-order, each one complete and verified on its own: a reader sees a stored prefix, never a block
-that claims more than it holds. The writer's queue is bounded (the oldest work is dropped,
-counted); a Redis failure drops the write, never the chat.
+them) and to Redis on a writer thread, which asks Redis which of the sequence's blocks it lacks
+(one pipelined ``EXISTS`` per block: no bytes for the ones stored, whoever stored them, and a
+block lost to eviction or a restarted Redis is written again) and writes those, in chain order,
+each one complete and verified on its own: a reader sees a stored prefix, never a block that
+claims more than it holds. The writer's queue is bounded (the oldest work is dropped, counted);
+a Redis failure drops the write, never the chat.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +30,6 @@ from switchboard.kv.remote import RedisBlocks
 from switchboard.wire import CacheMiss
 
 log = logging.getLogger(__name__)
-KNOWN_REMOTE = 1 << 17  # block keys remembered as stored in Redis (16 bytes each)
 
 
 @dataclass
@@ -60,8 +61,7 @@ class BlockCache:
         self.fmt, self.root, self.local, self.remote = fmt, root, local, remote
         self.max_pending = max_pending
         self._pending: deque[_Job] = deque()  # local tier not updated yet
-        self._writes: deque[list[tuple[bytes, np.ndarray]]] = deque()  # blocks for Redis, per job
-        self._known_remote: OrderedDict[bytes, None] = OrderedDict()
+        self._writes: deque[list[tuple[bytes, np.ndarray]]] = deque()  # a job's blocks, for Redis
         self._lock = threading.Lock()  # the queues and counters
         self._absorbing = threading.Lock()  # one thread moves pending jobs to the local tier at a time
         self._wake = threading.Condition(self._lock)
@@ -128,7 +128,6 @@ class BlockCache:
                 log.warning("KV block rejected: %s", e)
                 return out, CacheMiss.DIGEST_FAILED
             self.local.put(key, kv, priority)
-            self._remember_remote([key])
             out.append(kv)
         return out, None if present == len(keys) else CacheMiss.EVICTED
 
@@ -156,42 +155,30 @@ class BlockCache:
                     job = self._pending.popleft()
                 B = self.fmt.tokens
                 keys = chain(self.root, job.ids, B)
-                new = []
+                blocks, new = [], 0
                 for i, key in enumerate(keys):
                     block = self.local.get(key, job.priority, count=False)
                     if block is None:
                         block = np.ascontiguousarray(job.kv[:, :, :, i * B : (i + 1) * B])
                         self.local.put(key, block, job.priority)
-                    if not self._is_remote(key):
-                        new.append((key, block))
+                        new += 1
+                    blocks.append((key, block))
                 with self._lock:
-                    self.counts["stored_blocks"] += len(new)
-                    if self.remote is None or not new:
+                    self.counts["stored_blocks"] += new
+                    if self.remote is None or not blocks:
                         self._done(1)
                         continue
                     if len(self._writes) >= self.max_pending:
                         self._writes.popleft()
                         self._done(1)
                         self.counts["writes_dropped"] += 1
-                    self._writes.append(new)
+                    self._writes.append(blocks)
                     self._wake.notify_all()
 
     def _done(self, n: int) -> None:  # holding self._lock
         self._outstanding -= n
         if self._outstanding <= 0:
             self._wake.notify_all()
-
-    def _is_remote(self, key: bytes) -> bool:
-        with self._lock:
-            return key in self._known_remote
-
-    def _remember_remote(self, keys: list[bytes]) -> None:
-        with self._lock:
-            for key in keys:
-                self._known_remote[key] = None
-                self._known_remote.move_to_end(key)
-            while len(self._known_remote) > KNOWN_REMOTE:
-                self._known_remote.popitem(last=False)
 
     def _writer(self) -> None:
         while True:
@@ -205,10 +192,11 @@ class BlockCache:
                 batch = self._writes.popleft() if self._writes else None
             if batch is None:
                 continue
-            batch = [(k, a) for k, a in batch if not self._is_remote(k)]
-            ok = self.remote.put([(k, self.fmt.encode(k, a)) for k, a in batch])
+            stored = self.remote.stored([k for k, _ in batch], "write")
+            ok = stored is not None
             if ok:
-                self._remember_remote([k for k, _ in batch])
+                missing = [(k, a) for (k, a), there in zip(batch, stored) if not there]
+                ok = self.remote.put([(k, self.fmt.encode(k, a)) for k, a in missing])
             with self._lock:
                 self.counts["writes_ok" if ok else "writes_failed"] += 1
                 self._done(1)

@@ -40,8 +40,8 @@ class Generation:
     top_p: float
     priority: int
     seed: int | None = None
-    past: np.ndarray | None = None  # KV of the prompt's first tokens, [layers, 2, heads, tokens, dim]
-    return_kv: bool = False
+    kv_reuse: bool = False  # the pool reuses the prompt's stored KV blocks and stores the new ones
+    expected_reuse: int = 0  # prompt tokens the session's earlier turns stored KV for
 
 
 class PoolStreams:
@@ -55,7 +55,7 @@ class PoolStreams:
         self.first_token_s, self.stall_s = first_token_s, stall_s
 
     def generate(self, pool: str, gen: Generation) -> Iterator[dict]:
-        """The pool's responses as dicts (``token_ids``: list, ``kv``: array, ``stats``: EngineStats),
+        """The pool's responses as dicts (``token_ids``: list, ``stats``: EngineStats),
         each within its deadline; raises ``EngineError`` / ``EngineTimeout``."""
         inputs = {
             Pool.INPUT_IDS: np.asarray([gen.prompt_ids], np.int32),
@@ -63,12 +63,11 @@ class PoolStreams:
             Pool.TEMPERATURE: np.asarray([[gen.temperature]], np.float32),
             Pool.TOP_P: np.asarray([[gen.top_p]], np.float32),
         }
-        if gen.past is not None:
-            inputs[Pool.PAST_KV] = gen.past[None]
         parameters = {
             PRIORITY_PARAMETER: gen.priority,
             Pool.FINGERPRINT: self.fingerprint,
-            Pool.RETURN_KV: gen.return_kv,
+            Pool.KV_REUSE: gen.kv_reuse,
+            Pool.EXPECTED_REUSE: gen.expected_reuse,
         }
         if gen.seed is not None:
             parameters[Pool.SEED] = gen.seed
@@ -89,8 +88,6 @@ class PoolStreams:
                 for name, array in response.items():
                     if name == Pool.TOKEN_IDS:
                         merged.setdefault(name, []).extend(array.reshape(-1).tolist())
-                    elif name == Pool.KV:
-                        merged[name] = array.reshape(array.shape[-5:])
                     elif name == Pool.STATS:
                         merged[name] = EngineStats.from_json(array.reshape(-1)[0])
             yield merged

@@ -27,6 +27,7 @@ class Conversation:
 
     messages: list[dict] = field(default_factory=list)  # user/assistant turns in the window
     tokens: list[int] = field(default_factory=list)  # ids of system + messages as the model saw them
+    kv_tokens: int = 0  # tokens[:kv_tokens] had their KV computed (and stored as blocks by the pool)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class PromptBuilder:
     def after_answer(prompt: Prompt, answer_ids: list[int], answer_text: str, end_id: int) -> Conversation:
         """The conversation to store once the model answered ``prompt``."""
         tokens = prompt.ids + answer_ids
+        kv_tokens = len(tokens) - 1  # the last generated token was sampled, never fed back
         if not answer_ids or answer_ids[-1] != end_id:
             tokens.append(end_id)  # stopped by length: close the turn the way the template does
-        return Conversation([*prompt.messages, {"role": "assistant", "content": answer_text}], tokens)
+        return Conversation([*prompt.messages, {"role": "assistant", "content": answer_text}], tokens, kv_tokens)

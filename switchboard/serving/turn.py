@@ -1,6 +1,8 @@
-"""One chat turn, without Triton: load the session, build the prompt, reuse the cached KV of the
-longest common prefix, route by length, stream the pool's tokens as text, store the session,
-end with ``stats``; or answer from the FAQ when no pool can.
+"""One chat turn, without Triton: load the session, build the prompt, route by length, stream the
+pool's tokens as text, store the conversation, end with ``stats``; or answer from the FAQ when
+no pool can. The pool reuses the prompt's stored KV blocks itself (switchboard/kv): this side
+deals in messages and token ids, tells the pool how much the session stored, and reports what
+was reused and, when less than it could have been, why (``cache_miss``).
 
 The Triton glue (``switchboard.triton.chat_model``) parses the request, admits it, and gives
 the turn a ``Sink`` that sends responses; tests give it fakes for the session store, the pools
@@ -14,19 +16,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-import numpy as np
-
 from switchboard.serving.detok import IncrementalDetokenizer
 from switchboard.serving.engine_client import stub_dead
 from switchboard.serving.fallback import FaqFallback
-from switchboard.serving.kvcodec import KVEntry
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import EngineError, EngineTimeout, Generation
-from switchboard.serving.prompt import PromptBuilder, PromptTooLong
+from switchboard.serving.prompt import Prompt, PromptBuilder, PromptTooLong
 from switchboard.serving.request import ChatRequest, RequestError
 from switchboard.serving.router import Router
 from switchboard.serving.session import Lookup, longest_common_prefix
-from switchboard.wire import ChatStats, EngineStats, FallbackReason, FinishReason, Pool, SessionStatus
+from switchboard.wire import CacheMiss, ChatStats, EngineStats, FallbackReason, FinishReason, Pool, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
 
@@ -44,9 +43,9 @@ class Sink(Protocol):
 
 
 class Sessions(Protocol):
-    def load(self, session_id: str, want_kv: bool = True) -> Lookup: ...
+    def load(self, session_id: str) -> Lookup: ...
 
-    def save(self, session_id: str, conversation, kv: KVEntry | None) -> bool: ...
+    def save(self, session_id: str, conversation) -> bool: ...
 
 
 class Pools(Protocol):
@@ -78,16 +77,13 @@ class ChatTurn:
         """Serve ``chat``, started at ``t0`` (``clock``). Raises ``RequestError`` (the prompt does
         not fit), ``EngineError`` (no pool answered and there is no FAQ, or a pool failed after
         text was sent) or ``Cancelled``; otherwise ``sink.final`` was called."""
-        lookup = self.sessions.load(chat.session_id, want_kv=self.kv_reuse) if chat.session_id else Lookup()
+        lookup = self.sessions.load(chat.session_id) if chat.session_id else Lookup()
         try:
             prompt = self.prompts.build(lookup.conversation, chat.text, chat.max_new_tokens)
         except PromptTooLong as e:
             raise RequestError(str(e)) from None
-        reused, past = 0, None
-        if lookup.kv is not None:
-            reused = min(longest_common_prefix(lookup.kv.tokens, prompt.ids), len(prompt.ids) - 1)
-            if reused:
-                past = np.ascontiguousarray(lookup.kv.kv[:, :, :, :reused])
+        stored = lookup.conversation.kv_tokens if lookup.conversation else 0
+        expected = min(longest_common_prefix(lookup.conversation.tokens, prompt.ids), stored) if stored else 0
         gen = Generation(
             prompt.ids,
             prompt.max_new_tokens,
@@ -95,15 +91,15 @@ class ChatTurn:
             chat.top_p,
             chat.priority,
             chat.seed,
-            past,
-            return_kv=bool(chat.session_id and self.kv_reuse),
+            kv_reuse=self.kv_reuse,
+            expected_reuse=expected,
         )
         session_status = lookup.status if chat.session_id else SessionStatus.NONE
         _, preferred = self.router.route(len(prompt.ids))
 
         detok = IncrementalDetokenizer(self.decode)
         generated: list[int] = []
-        ttft_ms, cache, engine_stats = None, None, EngineStats()
+        ttft_ms, engine_stats = None, EngineStats()
         # A pool that fails before anything was sent is retried on the other pool (both serve
         # every length); when both fail or time out, the customer gets the FAQ answer.
         for attempt, pool in enumerate(self.health.order(preferred, self.router.other(preferred))):
@@ -118,7 +114,6 @@ class ChatTurn:
                         if delta:
                             ttft_ms = ttft_ms if ttft_ms is not None else (self.clock() - t0) * 1000
                             sink.text(delta, chat.priority)
-                    cache = response.get(Pool.KV, cache)
                     engine_stats = response.get(Pool.STATS, engine_stats)
                 break
             except EngineError as e:
@@ -136,16 +131,15 @@ class ChatTurn:
         tail = detok.flush()
 
         if chat.session_id:
-            conversation = self.prompts.after_answer(prompt, generated, detok.text, self.end_of_turn_id)
-            entry = None
-            if cache is not None:
-                covered = prompt.ids + generated[:-1]
-                if cache.shape[3] == len(covered):
-                    entry = KVEntry(covered, cache)
-            self.sessions.save(chat.session_id, conversation, entry)
+            self.sessions.save(
+                chat.session_id, self.prompts.after_answer(prompt, generated, detok.text, self.end_of_turn_id)
+            )
         stats = ChatStats(
             prompt_tokens=len(prompt.ids),
-            reused_tokens=reused,
+            reused_tokens=engine_stats.reused,
+            kv_local_blocks=engine_stats.kv_local_blocks,
+            kv_redis_blocks=engine_stats.kv_redis_blocks,
+            cache_miss=self.cache_miss(lookup, prompt, stored, expected, engine_stats),
             generated_tokens=len(generated),
             route=self.router.name(pool),
             ttft_ms=round(ttft_ms, 2) if ttft_ms is not None else None,
@@ -159,6 +153,24 @@ class ChatTurn:
             priority=chat.priority,
         )
         sink.final(stats, tail, chat.priority)
+
+    def cache_miss(
+        self, lookup: Lookup, prompt: Prompt, stored: int, expected: int, engine: EngineStats
+    ) -> CacheMiss | None:
+        """Why the prompt reused less than it could have (None: it reused all it could)."""
+        if not self.kv_reuse:
+            return None
+        if engine.cache_miss is not None:  # stored blocks not found or not usable (the pool knows)
+            return engine.cache_miss
+        if lookup.status == SessionStatus.UNAVAILABLE:
+            return CacheMiss.REDIS_UNAVAILABLE
+        if lookup.other_model:
+            return CacheMiss.FINGERPRINT_CHANGED
+        if stored and expected < stored and prompt.dropped_turns:
+            return CacheMiss.WINDOW_SLID
+        if engine.reused == 0:
+            return CacheMiss.NONE_STORED
+        return None
 
     def answer_from_faq(
         self,

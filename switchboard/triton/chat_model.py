@@ -96,11 +96,12 @@ class TritonPythonModel:
             ttl_s=cfg.session_ttl_s,
             timeout_s=cfg.redis_timeout_s,
             secret=cfg.session_secret.encode(),
+            cluster=cfg.redis_cluster,
             tls_ca_file=cfg.redis_tls_ca_file,
             tls_cert_file=cfg.redis_tls_cert_file,
             tls_key_file=cfg.redis_tls_key_file,
         )
-        self.sessions = SessionStore(store, self.fingerprint, self.manifest.kv_shape, np.dtype(self.manifest.kv_dtype))
+        self.sessions = SessionStore(store, self.fingerprint)
 
     def _setup_pools(self, cfg: ChatConfig) -> None:
         # The pools are reached over gRPC on this server (switchboard/serving/engine_client.py says why).

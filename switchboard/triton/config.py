@@ -62,7 +62,35 @@ class _Config:
 
 
 @dataclass(frozen=True)
-class ChatConfig(_Config):
+class _RedisConfig(_Config):
+    """Redis, shared by ``chat`` (conversations) and the pools (KV blocks)."""
+
+    redis_url: str = setting(
+        "redis://127.0.0.1:6379/0", "sessions and KV blocks (rediss:// for TLS; with redis_cluster, any node)"
+    )
+    redis_cluster: bool = setting(False, "redis_url is a Redis Cluster node (every key's slot from its hash tag)")
+    session_ttl_s: int = setting(3600, "a session (and a KV block) expires this long after its last use", 1)
+    redis_timeout_s: float = setting(
+        0.25, "bound on each Redis call; a slow Redis means an answer without reuse", 0.001, 30.0
+    )
+    session_secret: str = setting(
+        "", "key of the sessions' and KV blocks' integrity digests (empty: a digest without a key)"
+    )
+    redis_tls_ca_file: str = setting(
+        "", "with a rediss:// redis_url: the CA that signs Redis's certificate (empty: system CAs)"
+    )
+    redis_tls_cert_file: str = setting("", "client certificate, where Redis requires one")
+    redis_tls_key_file: str = setting("", "the client certificate's key")
+
+    def redis_tls(self) -> dict:
+        """redis-py's TLS arguments (none for redis://; TLS files without rediss:// fail)."""
+        from switchboard.kv.remote import tls_arguments
+
+        return tls_arguments(self.redis_url, self.redis_tls_ca_file, self.redis_tls_cert_file, self.redis_tls_key_file)
+
+
+@dataclass(frozen=True)
+class ChatConfig(_RedisConfig):
     """``chat``: sessions, routing, admission, fallback."""
 
     engine_url: str = setting(
@@ -70,18 +98,9 @@ class ChatConfig(_Config):
         "this server's gRPC endpoint, where chat streams from the pools (not BLS: "
         "switchboard/serving/engine_client.py says why); `make serve` and the tests set it to their port",
     )
-    redis_url: str = setting("redis://127.0.0.1:6379/0", "the session store (rediss:// for TLS)")
-    session_ttl_s: int = setting(3600, "a session expires this long after its last turn", 1)
-    redis_timeout_s: float = setting(
-        0.25, "bound on each Redis call; a slow Redis means an answer without reuse", 0.001, 30.0
+    kv_reuse: bool = setting(
+        True, "the pools reuse stored KV blocks for the prompt's stored prefix and store the new ones"
     )
-    session_secret: str = setting("", "key of the sessions' integrity digests (empty: a digest without a key)")
-    redis_tls_ca_file: str = setting(
-        "", "with a rediss:// redis_url: the CA that signs Redis's certificate (empty: system CAs)"
-    )
-    redis_tls_cert_file: str = setting("", "client certificate, where Redis requires one")
-    redis_tls_key_file: str = setting("", "the client certificate's key")
-    kv_reuse: bool = setting(True, "reuse a session's cached KV for the common prefix of its next prompt")
     max_turns: int = setting(6, "user turns kept in the prompt (older ones are dropped first)", 1, 64)
     system_prompt: str = setting("", "the system prompt (empty: the one in the model's manifest)")
     long_prompt_tokens: int = setting(160, "prompts longer than this go to the long pool", 1)
@@ -139,7 +158,7 @@ class ChatConfig(_Config):
 
 
 @dataclass(frozen=True)
-class EngineConfig(_Config):
+class EngineConfig(_RedisConfig):
     """``engine_short`` / ``engine_long``: one generation pool each."""
 
     max_batch: int = setting(8, "rows of the running batch (iteration-level batching)", 1, 256)
@@ -203,6 +222,18 @@ class EngineConfig(_Config):
         "memory-mapped by both pools so the machine holds one copy; empty: build/cache/weights in the "
         "checkout, 'off': each pool prepares its own private copy",
     )
+    kv_block_tokens: int = setting(16, "tokens per KV block (the unit of reuse, lookup and storage)", 1, 4096)
+    kv_local_mb: int = setting(
+        256,
+        "the pool's own KV block cache (MiB; least recently used first, priority 1's kept longest; 0: Redis only)",
+        0,
+        1 << 20,
+    )
+    kv_storage: str = setting(
+        "native", "KV blocks in Redis: native (the runtime's dtype, lossless), float16 or int8 (smaller, lossy)"
+    )
+    kv_zstd: bool = setting(False, "zstd-compress KV blocks in Redis")
+    kv_redis: bool = setting(True, "share KV blocks through Redis (false: the pool's own cache only)")
     precision: str = setting("fp32", "the exported variant the pool runs")
     runtime: str = setting(
         "onnxruntime", "onnxruntime, torch[:cpu|cuda] (needs checkpoint), or triton:<model> (a native backend over BLS)"

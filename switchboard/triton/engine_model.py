@@ -1,10 +1,11 @@
 """Triton glue for a generation pool (``engine_short``, ``engine_long``).
 
-Requests come from ``chat`` over gRPC (switchboard/serving/engine_client.py): prompt ids, the cached
-KV of the prompt's prefix, sampling settings, and (as request parameters) the priority and the
-model fingerprint the cache was written with. ``execute`` hands them to the engine's scheduler
-and returns; the engine thread queues each row's tokens and a sender thread streams them,
-priority 1 first, then a final response with the KV cache and stats.
+Requests come from ``chat`` over gRPC (switchboard/serving/engine_client.py): prompt ids,
+sampling settings, and (as request parameters) the priority and whether to reuse KV. The pool
+owns the KV: ``execute`` finds the prompt's stored prefix in its block cache (its own memory,
+then Redis; switchboard/kv), hands the request to the engine's scheduler and returns; the
+engine thread queues each row's tokens and a sender thread streams them, priority 1 first, then
+a final response with stats, after which the sequence's new KV blocks are stored.
 When the engine's own queue is full, ``execute`` waits, so the overflow stays in Triton's
 queue where the pool's queue policy (timeouts, maximum size) applies.
 """
@@ -21,9 +22,11 @@ from switchboard.artifact.manifest import Manifest
 from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
 from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
 from switchboard.engine.stream import Outbox, TokenStream
+from switchboard.kv.model import block_cache
+from switchboard.kv.tiers import BlockCache, Reuse
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import EngineConfig
-from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, EngineStats, FinishReason, Pool
+from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, CacheMiss, EngineStats, FinishReason, Pool
 
 log = logging.getLogger("switchboard.engine")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -36,6 +39,10 @@ class _Sink:
     def __init__(self, request, sender, priority: int, outbox: Outbox, stream: TokenStream, watch: _CancelWatch):
         self.request, self.sender, self.priority, self.outbox, self.stream = request, sender, priority, outbox, stream
         self.watch, self.watched = watch, False
+        # With KV reuse: where the new blocks go once the final response is out, and what was reused.
+        self.blocks: BlockCache | None = None
+        self.prompt: list[int] = []
+        self.reuse = Reuse()
         self.broken = False  # a send failed (sender thread)
         self.cancel_seen = False  # the client cancelled (CancelWatch)
         # Guards `done`: Triton 2.51 segfaults in is_cancelled() on a request whose final
@@ -70,9 +77,10 @@ class _Sink:
             send_error(self.sender, f"generation failed: {final.__class__.__name__}")
         else:
             self.sender.send(self._final(final, ids), flags=FINAL)
+            if self.blocks is not None and final.cache is not None:  # after the answer, never before
+                self.blocks.store(self.prompt + final.tokens[:-1], final.cache, self.priority)
 
-    @staticmethod
-    def _final(result: GenerationResult, ids: list[int]):
+    def _final(self, result: GenerationResult, ids: list[int]):
         stats = EngineStats(
             reason=result.reason,
             generated=len(result.tokens),
@@ -80,12 +88,14 @@ class _Sink:
             prefill_ms=round(result.prefill_ms, 2),
             batch_size=result.batch_size_at_admission,
             engine_ms=round(result.engine_ms, 2),
+            reused=self.reuse.tokens,
+            kv_local_blocks=self.reuse.local_blocks,
+            kv_redis_blocks=self.reuse.remote_blocks,
+            cache_miss=self.reuse.miss,
         )
         outputs = [pb_utils.Tensor(Pool.STATS, np.asarray([[stats.to_json().encode()]], np.object_))]
         if ids and result.reason != FinishReason.CANCELLED:
             outputs.append(pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32)))
-        if result.cache is not None:
-            outputs.append(pb_utils.Tensor(Pool.KV, result.cache[None]))
         return pb_utils.InferenceResponse(output_tensors=outputs)
 
 
@@ -172,14 +182,46 @@ _DESCRIPTIONS = {
 }
 
 
+# KV block counters (BlockCache.snapshot keys) -> (metric family, its labels).
+_KV_COUNTERS = {
+    "lookups": ("lookups", {}),
+    "local_hit_blocks": ("hit_blocks", {"tier": "local"}),
+    "remote_hit_blocks": ("hit_blocks", {"tier": "redis"}),
+    "reused_tokens": ("reused_tokens", {}),
+    "stored_blocks": ("stored_blocks", {}),
+    "writes_ok": ("writes", {"outcome": "ok"}),
+    "writes_failed": ("writes", {"outcome": "failed"}),
+    "writes_dropped": ("writes", {"outcome": "dropped"}),
+    "stores_dropped": ("writes", {"outcome": "dropped_before_local"}),
+    "local_evicted": ("evicted_blocks", {"tier": "priority2"}),
+    "local_evicted_vip": ("evicted_blocks", {"tier": "priority1"}),
+    "redis_bytes_read": ("redis_bytes", {"direction": "read"}),
+    "redis_bytes_written": ("redis_bytes", {"direction": "written"}),
+    "redis_failures": ("redis_failures", {}),
+    **{f"miss_{m.value}": ("misses", {"reason": m.value}) for m in CacheMiss},
+}
+_KV_DESCRIPTIONS = {
+    "lookups": "prompts looked up in the KV block cache",
+    "hit_blocks": "KV blocks reused, by the tier they came from",
+    "reused_tokens": "prompt tokens whose KV came from stored blocks",
+    "stored_blocks": "new KV blocks stored",
+    "writes": "block writes to Redis, by outcome",
+    "evicted_blocks": "blocks evicted from the pool's own cache, by the priority they were kept for",
+    "redis_bytes": "KV block bytes moved to and from Redis",
+    "redis_failures": "Redis calls that failed (the pool then goes on without Redis for a while)",
+    "misses": "prompts that reused fewer tokens than their session stored, by reason",
+}
+
+
 class EngineMetrics:
     """The engine's counters as Triton custom metrics on the metrics port (Prometheus text),
     next to Triton's own: ``switchboard_engine_<counter>_total{model=...}``, decode steps per
-    batch size and the waiting/running gauges. A thread copies them once per ``interval``."""
+    batch size and the waiting/running gauges; the KV block cache's as ``switchboard_kv_*``.
+    A thread copies them once per ``interval``."""
 
-    def __init__(self, model: str, engine: Engine, interval: float = 1.0):
+    def __init__(self, model: str, engine: Engine, blocks: BlockCache | None = None, interval: float = 1.0):
         F = pb_utils.MetricFamily
-        self.model, self.engine, self.interval = model, engine, interval
+        self.model, self.engine, self.blocks, self.interval = model, engine, blocks, interval
         self._families = {
             k: F(name=f"switchboard_engine_{k}_total", description=d, kind=F.COUNTER) for k, d in _DESCRIPTIONS.items()
         }
@@ -195,6 +237,21 @@ class EngineMetrics:
         )
         self._waiting = self._families["waiting"].Metric(labels={"model": model})
         self._running = self._families["running"].Metric(labels={"model": model})
+        self._families.update(
+            {
+                f"kv_{k}": F(name=f"switchboard_kv_{k}_total", description=d, kind=F.COUNTER)
+                for k, d in _KV_DESCRIPTIONS.items()
+            }
+        )
+        self._families["kv_local_bytes"] = F(
+            name="switchboard_kv_local_bytes", description="bytes of KV blocks in the pool's own cache", kind=F.GAUGE
+        )
+        self._kv = {
+            key: self._families[f"kv_{family}"].Metric(labels={"model": model, **labels})
+            for key, (family, labels) in _KV_COUNTERS.items()
+        }
+        self._kv_bytes = self._families["kv_local_bytes"].Metric(labels={"model": model})
+        self._kv_last: dict = {}
         self._batch: dict[int, object] = {}
         self._last: dict = {}
         self._last_sizes: dict = {}
@@ -226,6 +283,14 @@ class EngineMetrics:
         self._last, self._last_sizes = stats, sizes
         self._waiting.set(float(waiting))
         self._running.set(float(running))
+        if self.blocks is not None:
+            kv = self.blocks.snapshot()
+            for key, metric in self._kv.items():
+                delta = kv.get(key, 0) - self._kv_last.get(key, 0)
+                if delta > 0:
+                    metric.increment(float(delta))
+            self._kv_last = kv
+            self._kv_bytes.set(float(kv.get("local_bytes", 0)))
 
     def close(self) -> None:
         self._stop.set()
@@ -233,7 +298,8 @@ class EngineMetrics:
         # Metrics before their families (the backend requires this order).
         self._counters.clear()
         self._batch.clear()
-        self._waiting = self._running = None
+        self._kv.clear()
+        self._waiting = self._running = self._kv_bytes = None
         self._families.clear()
 
 
@@ -273,6 +339,7 @@ class TritonPythonModel:
                 f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
                 "expected onnxruntime, torch[:cpu|cuda] or triton:<model>"
             )
+        self.blocks = self._block_cache(cfg, version, precision)
         self.engine = Engine(
             decoder,
             max_batch=cfg.max_batch,
@@ -292,7 +359,7 @@ class TritonPythonModel:
         self.watch = _CancelWatch(self.name, self.cancel_poll_s)
         self.sender = _Sender(self.name, self.watch)
         self.engine.start()
-        self.metrics = EngineMetrics(self.name, self.engine)
+        self.metrics = EngineMetrics(self.name, self.engine, self.blocks)
         log.info(
             "%s ready: %s %s, max batch %d, %d threads",
             self.name,
@@ -301,6 +368,28 @@ class TritonPythonModel:
             cfg.max_batch,
             threads,
         )
+
+    def _block_cache(self, cfg: EngineConfig, version, precision: str) -> BlockCache:
+        """The pool's KV blocks: its own memory first, then Redis shared by every replica."""
+        try:
+            return block_cache(
+                self.manifest,
+                version,
+                precision,
+                tokens=cfg.kv_block_tokens,
+                local_mb=cfg.kv_local_mb,
+                storage=cfg.kv_storage,
+                zstd=cfg.kv_zstd,
+                secret=cfg.session_secret.encode(),
+                redis_url=cfg.redis_url if cfg.kv_redis else None,
+                redis_cluster=cfg.redis_cluster,
+                redis_timeout_s=cfg.redis_timeout_s,
+                redis_tls=cfg.redis_tls(),
+                ttl_s=cfg.session_ttl_s,
+                name=self.name,
+            )
+        except ValueError as e:
+            raise ValueError(f"{self.name}/config.pbtxt: {e}") from None
 
     def execute(self, requests):
         for request in requests:
@@ -321,6 +410,7 @@ class TritonPythonModel:
             except ValueError as e:
                 send_error(sender, f"{self.name}: {e}", "INVALID_ARG")
                 continue
+            reuse = self._reuse(req, params)
             while not self.engine.wait_for_room(timeout=1.0):
                 if request.is_cancelled():
                     break
@@ -328,8 +418,23 @@ class TritonPythonModel:
                 send_error(sender, "cancelled", "CANCELLED")
                 continue
             stream = TokenStream(0.0 if req.priority <= 1 else self.stream_interval_s)
-            self.engine.submit(req, _Sink(request, sender, req.priority, self.sender.outbox, stream, self.watch))
+            sink = _Sink(request, sender, req.priority, self.sender.outbox, stream, self.watch)
+            if reuse is not None:
+                sink.blocks, sink.prompt, sink.reuse = self.blocks, req.prompt, reuse
+            self.engine.submit(req, sink)
         return None
+
+    def _reuse(self, req: GenerationRequest, params: dict) -> Reuse | None:
+        """With ``kv_reuse`` (and chat's prompt built for this pool's model): the stored prefix of
+        the prompt into ``req``, and the sequence's KV kept for its blocks when it finishes."""
+        if not params.get(Pool.KV_REUSE) or params.get(Pool.FINGERPRINT) != self.fingerprint:
+            return None
+        expected = params.get(Pool.EXPECTED_REUSE, 0)
+        reuse = self.blocks.lookup(req.prompt, req.priority, expected if isinstance(expected, int) else 0)
+        if reuse.tokens:
+            req.reused, req.past = reuse.tokens, reuse.past
+        req.return_cache = True
+        return reuse
 
     def _parse(self, request, params: dict) -> GenerationRequest:
         ids = input_array(request, Pool.INPUT_IDS)
@@ -338,12 +443,6 @@ class TritonPythonModel:
         prompt = ids.reshape(-1).astype(np.int64).tolist()
         if any(t < 0 or t >= self.manifest.vocab_size for t in prompt):
             raise ValueError("input_ids: token id out of range")
-        reused, past = 0, input_array(request, Pool.PAST_KV)
-        if past is not None and past.size:
-            if params.get(Pool.FINGERPRINT) != self.fingerprint:
-                raise ValueError("past_kv was written by another model variant")
-            past = past.reshape(past.shape[-5:])
-            reused = int(past.shape[3])
 
         def scalar(name, default, kind):
             a = input_array(request, name)
@@ -351,15 +450,12 @@ class TritonPythonModel:
 
         return GenerationRequest(
             prompt=prompt,
-            reused=reused,
-            past=past,
             max_new_tokens=scalar(Pool.MAX_NEW_TOKENS, 64, int),
             temperature=scalar(Pool.TEMPERATURE, 0.0, float),
             top_p=scalar(Pool.TOP_P, 1.0, float),
             # chat_priority: from chat over gRPC, where Triton keeps `priority` for its own queue.
             priority=int(params.get(PRIORITY_PARAMETER, params.get("priority", PRIORITY_DEFAULT))),
             seed=params.get(Pool.SEED),
-            return_cache=bool(params.get(Pool.RETURN_KV, False)) and params.get(Pool.FINGERPRINT) == self.fingerprint,
         )
 
     def finalize(self):
@@ -367,3 +463,4 @@ class TritonPythonModel:
         self.engine.stop()
         self.sender.close()
         self.watch.close()
+        self.blocks.close()

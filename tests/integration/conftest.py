@@ -24,6 +24,18 @@ def stack(artifacts, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def replica(stack, tmp_path_factory):
+    """A second Switchboard server sharing the first one's Redis (its own pools, its own local
+    KV blocks): what a session sees when it moves to another replica."""
+    ports = Ports.free()
+    ports.redis = stack.ports.redis
+    s = Stack(ports, run_dir=tmp_path_factory.mktemp("replica"))
+    s.start_triton()
+    yield s
+    s.stop_triton()
+
+
+@pytest.fixture(scope="session")
 def client(stack) -> ChatClient:
     return ChatClient(stack.grpc_url, timeout_s=120)
 

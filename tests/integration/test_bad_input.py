@@ -5,6 +5,7 @@ stays READY, and a session chatting in between is unaffected."""
 from __future__ import annotations
 
 import queue
+import re
 
 import numpy as np
 import pytest
@@ -171,7 +172,8 @@ def test_crafted_session_ids_get_their_own_session(client, redis_client, bystand
     assert reply.stats.raw["session"] == "miss", "a crafted id must not reach another session's entry"
     key = session_key("sb", sid)
     assert redis_client.exists(f"{key}:conv") == 1
-    assert all(len(k.split(b":")[1]) == 64 for k in redis_client.keys("sb:*"))
+    keys = redis_client.keys("sb:*")
+    assert all(re.fullmatch(rb"sb:\{[0-9a-f]{64}\}:conv|sb:kvb:\{[0-9a-f]{32}\}", k) for k in keys), keys[:5]
 
 
 def test_triton_priority_out_of_range_is_served_at_the_default_level(stack):

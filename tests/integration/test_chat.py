@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from switchboard.client import ChatStats
 from switchboard.client.sdk import error_of
 from switchboard.serving.session import session_key
+from tests.integration.kvtools import pool_generate
 
 
 def collect(client, text, **kw) -> tuple[list[str], ChatStats]:
@@ -61,22 +62,28 @@ def test_both_pools_map_one_prepared_copy_of_the_weights(stack):
     assert "/cache/weights/" in next(iter(mapped["engine_short"]))
 
 
-def test_second_turn_reuses_the_first_turns_kv_and_matches_a_cold_cache(client, redis_client):
+def test_second_turn_reuses_the_first_turns_kv_and_matches_a_cold_cache(stack, client, redis_client):
     turns = ["Where is my order?", "Can I change the delivery address?"]
     _, s1 = collect(client, turns[0], session_id="reuse-warm")
-    warm, s2 = collect(client, turns[1], session_id="reuse-warm")
-    assert s1.reused_tokens == 0 and s1.raw["session"] == "miss"
+    _, s2 = collect(client, turns[1], session_id="reuse-warm")
+    assert s1.raw["session"] == "miss" and s1.reused_tokens < s1.prompt_tokens  # at most the system prompt
     assert 0 < s1.raw["engine_ms"] < s1.raw["total_ms"], "the pool's time is part of the chat's"
     assert s2.reused_tokens > s1.prompt_tokens, "turn 2 should reuse turn 1's prompt and answer"
+    assert s2.raw["kv_local_blocks"] * 16 == s2.reused_tokens and s2.raw["kv_redis_blocks"] == 0  # no KV moved
+    assert s2.raw["cache_miss"] is None and s2.generated_tokens > 0
 
-    # The same conversation, with the KV entry removed before turn 2: full prefill.
-    collect(client, turns[0], session_id="reuse-cold")
-    assert redis_client.delete(session_key("sb", "reuse-cold") + ":kv") == 1
-    cold, s2_cold = collect(client, turns[1], session_id="reuse-cold")
-    assert s2_cold.reused_tokens == 0
-    assert s2_cold.prompt_tokens == s2.prompt_tokens
-    assert "".join(warm) == "".join(cold)
-    assert s2.generated_tokens > 0
+    # The same prompt straight to a pool, nothing reused: the same greedy tokens.
+    stored = conversation(redis_client, "reuse-warm")["tokens"]
+    prompt, answer = stored[: s2.prompt_tokens], stored[s2.prompt_tokens :][: s2.generated_tokens]
+    assert pool_generate(stack.grpc_url, "engine_short", prompt, s2.generated_tokens) == answer
+
+
+def test_identical_prefixes_are_shared_across_sessions(client):
+    text = "Do you ship to Hong Kong, and how long does it take?"
+    _, first = collect(client, text, session_id="shared-a")
+    _, second = collect(client, text, session_id="shared-b")  # a new session, the same first prompt
+    assert second.raw["session"] == "miss" and second.prompt_tokens == first.prompt_tokens
+    assert second.reused_tokens == (first.prompt_tokens - 1) // 16 * 16 > first.reused_tokens
 
 
 def test_streamed_deltas_join_to_the_stored_answer(client, redis_client):
@@ -212,7 +219,7 @@ def test_chat_without_redis_answers_without_reuse(stack, client):
     try:
         deltas, stats = collect(client, "Can I change the delivery address?", session_id="no-redis")
         assert "".join(deltas).strip()
-        assert stats.reused_tokens == 0 and stats.raw["session"] == "unavailable"
+        assert stats.raw["session"] == "unavailable" and stats.raw["cache_miss"] == "redis_unavailable"
     finally:
         stack.start_redis()
     time.sleep(2.5)  # the store retries Redis after its back-off

@@ -1,5 +1,6 @@
 """The switchboard-chat CLI, as the README shows it, against the real server."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,8 @@ def test_interactive_session_reuses_the_cache_on_the_second_turn(stack):
     assert proc.returncode == 0, proc.stderr
     stats = [line for line in proc.stderr.splitlines() if line.startswith("[")]
     assert len(stats) == 2
-    assert "reused 0," in stats[0] and "reused 0," not in stats[1]
+    reused = [int(re.search(r"reused (\d+),", line).group(1)) for line in stats]
+    assert reused[1] > reused[0]  # turn 1 may reuse the shared system prompt's blocks, turn 2 also turn 1
 
 
 def test_bad_input_is_reported_not_crashed(stack):

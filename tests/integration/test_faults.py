@@ -18,6 +18,7 @@ from switchboard.client import ChatClient, ChatError
 from switchboard.ops.launch import Ports, Stack, children
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.session import session_key
+from tests.integration.kvtools import session_blocks
 
 
 def ask(client, text, **kw):
@@ -81,54 +82,84 @@ def test_paused_redis_costs_a_bounded_lookup_not_the_chat(stack, client, redis_c
     assert elapsed < 2.0, f"a 3 s Redis pause cost the chat {elapsed:.2f} s (lookup timeout is 0.25 s)"
 
 
-def _kv_key(sid):
-    return session_key("sb", sid) + ":kv"
-
-
 def _conv_key(sid):
     return session_key("sb", sid) + ":conv"
 
 
-def _flip_fingerprint(blob: bytes) -> bytes:
-    return blob.replace(b'fingerprint\\":\\"', b'fingerprint\\":\\"x', 1)
-
-
 TAMPER = {
-    "kv-truncated": (_kv_key, lambda b: b[: len(b) // 2]),
-    "kv-bit-flip": (_kv_key, lambda b: b[:-1] + bytes([b[-1] ^ 0x40])),
-    "kv-foreign-model": (_kv_key, _flip_fingerprint),
-    "kv-pickle": (_kv_key, lambda b: b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94."),
-    "conv-tokens-edited": (_conv_key, lambda b: b.replace(b'"tokens":[', b'"tokens":[7,', 1)),
-    "conv-foreign-model": (_conv_key, lambda b: b.replace(b'"fingerprint":"', b'"fingerprint":"x', 1)),
-    "conv-garbage": (_conv_key, lambda b: b"\x00\xff not json"),
+    "conv-tokens-edited": lambda b: b.replace(b'"tokens":[', b'"tokens":[7,', 1),
+    "conv-foreign-model": lambda b: b.replace(b'"fingerprint":"', b'"fingerprint":"x', 1),
+    "conv-garbage": lambda b: b"\x00\xff not json",
+    "conv-pickle": lambda b: b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94.",
 }
 
 
 @pytest.mark.parametrize("case", sorted(TAMPER))
-def test_tampered_cache_entries_are_rejected_and_recomputed(client, redis_client, case):
-    which, mangle = TAMPER[case]
+def test_tampered_conversation_entries_are_rejected_and_recomputed(client, redis_client, case):
     sid = f"tamper-{case}"
     ask(client, "Where is my order?", session_id=sid)
-    key = which(sid)
+    key = _conv_key(sid)
     blob = redis_client.get(key)
     assert blob, key
-    redis_client.set(key, mangle(blob), keepttl=True)
+    redis_client.set(key, TAMPER[case](blob), keepttl=True)
     r = ask(client, "Can I change the delivery address?", session_id=sid)
-    assert r.stats.raw["session"] == "rejected"
-    assert r.stats.reused_tokens == 0 and r.stats.generated_tokens > 0
+    fresh = ask(client, "Can I change the delivery address?")
+    assert r.stats.raw["session"] == "rejected" and r.stats.generated_tokens > 0
+    assert r.stats.prompt_tokens == fresh.stats.prompt_tokens  # no history: the entry was not used
 
 
-def test_a_valid_entry_of_another_conversation_is_only_used_for_the_shared_prefix(client, redis_client):
-    ask(client, "Where is my order?", session_id="donor")
-    ask(client, "How do I return a damaged item?", session_id="victim")
-    ask(client, "How do I return a damaged item?", session_id="victim-cold")
-    redis_client.set(_kv_key("victim"), redis_client.get(_kv_key("donor")), keepttl=True)
-    redis_client.delete(_kv_key("victim-cold"))
-    warm = ask(client, "Can I change the delivery address?", session_id="victim")
-    cold = ask(client, "Can I change the delivery address?", session_id="victim-cold")
-    assert cold.stats.reused_tokens == 0
-    assert warm.stats.reused_tokens < cold.stats.prompt_tokens // 2, "only the shared system prefix may match"
-    assert warm.text == cold.text
+def _stored(redis_client, stack, sid: str) -> list[str]:
+    """The session's block keys once the pool's writer has stored them all (it writes after the answer)."""
+    keys = session_blocks(redis_client, stack.repository, sid)
+    deadline = time.monotonic() + 10
+    while redis_client.exists(*keys) < len(keys):
+        assert time.monotonic() < deadline, "the pool did not store the turn's blocks in Redis"
+        time.sleep(0.05)
+    return keys
+
+
+def test_a_session_moved_to_another_replica_reuses_the_blocks_the_first_one_stored(
+    stack, replica, client, redis_client
+):
+    turns = ["I want to return my shoes, they are size 42.", "Can I get a refund instead?"]
+    first = ask(client, turns[0], session_id="moved")
+    _stored(redis_client, stack, "moved")
+    moved = ask(ChatClient(replica.grpc_url, timeout_s=60), turns[1], session_id="moved")
+    ask(client, turns[0], session_id="moved-twin")
+    stayed = ask(client, turns[1], session_id="moved-twin")
+    assert moved.stats.raw["session"] == "hit" and moved.stats.reused_tokens > first.stats.prompt_tokens
+    assert moved.stats.raw["kv_redis_blocks"] > 0 and moved.stats.raw["cache_miss"] is None
+    assert stayed.stats.raw["kv_redis_blocks"] == 0  # its own replica had every block
+    assert moved.text == stayed.text
+
+
+BLOCK_DAMAGE = {
+    "truncated": lambda blob, other: blob[: len(blob) // 2],
+    "bit-flip": lambda blob, other: blob[:-1] + bytes([blob[-1] ^ 0x40]),
+    "another-blocks-bytes": lambda blob, other: other,
+    "pickle": lambda blob, other: b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94.",
+}
+
+
+@pytest.mark.parametrize("case", [*sorted(BLOCK_DAMAGE), "deleted"])
+def test_a_bad_or_missing_block_ends_the_reused_prefix_before_it(stack, replica, client, redis_client, case):
+    """Turn 1 on one replica, its last block damaged in Redis, turn 2 on the other: the blocks
+    before it are reused, the damaged one never is, and the answer is the undamaged twin's."""
+    turns = [f"Where is my order? It is order {case}.", "Can I change the delivery address?"]
+    ask(client, turns[0], session_id=f"block-{case}")
+    keys = _stored(redis_client, stack, f"block-{case}")
+    assert len(keys) >= 2
+    if case == "deleted":
+        redis_client.delete(keys[-1])
+    else:
+        damaged = BLOCK_DAMAGE[case](redis_client.get(keys[-1]), redis_client.get(keys[0]))
+        redis_client.set(keys[-1], damaged, keepttl=True)
+    r = ask(ChatClient(replica.grpc_url, timeout_s=60), turns[1], session_id=f"block-{case}")
+    ask(client, turns[0], session_id=f"block-twin-{case}")
+    twin = ask(client, turns[1], session_id=f"block-twin-{case}")
+    assert r.stats.reused_tokens == 16 * (len(keys) - 1)
+    assert r.stats.raw["cache_miss"] == ("evicted" if case == "deleted" else "digest_failed")
+    assert r.text == twin.text
 
 
 # -- a second stack with small limits: overload and killed stubs ----------------------------

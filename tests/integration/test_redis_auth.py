@@ -6,9 +6,9 @@ import shutil
 import subprocess
 import time
 
-import numpy as np
 import pytest
 
+from switchboard.kv.remote import RedisBlocks, connect, tls_arguments
 from switchboard.ops.launch import free_port, port_open
 from switchboard.serving.prompt import Conversation
 from switchboard.serving.session import SessionStore, StoreConfig
@@ -39,11 +39,10 @@ def acl_redis(tmp_path_factory):
             ">s3cret-pw",
             "~sb:*",
             "+get",
-            "+mget",
+            "+getex",
+            "+exists",
             "+set",
             "+del",
-            "+multi",
-            "+exec",
             "+ping",
         ],
         stdout=open(tmp_path_factory.mktemp("acl") / "redis.log", "wb"),
@@ -59,15 +58,21 @@ def acl_redis(tmp_path_factory):
 
 
 def store(url):
-    return SessionStore(StoreConfig(url=url, secret=b"k"), "fp", (1, 2, 1, 4), np.float32)
+    return SessionStore(StoreConfig(url=url, secret=b"k"), "fp")
+
+
+def blocks(url, **tls):
+    return RedisBlocks(connect(url, 0.5, **tls), retry_after_s=0.0)
 
 
 def test_acl_user_with_password_reads_and_writes(acl_redis):
     s = store(f"redis://switchboard:s3cret-pw@127.0.0.1:{acl_redis}/0")
-    assert s.save("alice", Conversation([{"role": "user", "content": "hi"}], [1, 2]), None)
+    assert s.save("alice", Conversation([{"role": "user", "content": "hi"}], [1, 2]))
     got = s.load("alice")
     assert got.status == "hit" and got.conversation.tokens == [1, 2]
     s.close()
+    kv = blocks(f"redis://switchboard:s3cret-pw@127.0.0.1:{acl_redis}/0")
+    assert kv.put([(b"k" * 16, b"block")]) and kv.get([b"k" * 16]) == [b"block"]
 
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:{port}/0", "redis://switchboard:wrong@127.0.0.1:{port}/0"])
@@ -75,6 +80,8 @@ def test_without_the_right_credentials_the_store_is_unavailable_not_fatal(acl_re
     s = store(url.format(port=acl_redis))
     assert s.load("alice").status == "unavailable"
     s.close()
+    kv = blocks(url.format(port=acl_redis))
+    assert kv.put([(b"k" * 16, b"block")]) is False and kv.get([b"k" * 16]) is None
 
 
 @pytest.fixture(scope="module")
@@ -143,15 +150,13 @@ def tls_redis(tmp_path_factory):
 
 def test_tls_with_the_servers_ca_reads_and_writes(tls_redis):
     port, cert = tls_redis
-    s = SessionStore(
-        StoreConfig(url=f"rediss://127.0.0.1:{port}/0", secret=b"k", tls_ca_file=str(cert)),
-        "fp",
-        (1, 2, 1, 4),
-        np.float32,
-    )
-    assert s.save("alice", Conversation([{"role": "user", "content": "hi"}], [1, 2]), None)
+    s = SessionStore(StoreConfig(url=f"rediss://127.0.0.1:{port}/0", secret=b"k", tls_ca_file=str(cert)), "fp")
+    assert s.save("alice", Conversation([{"role": "user", "content": "hi"}], [1, 2]))
     assert s.load("alice").status == "hit"
     s.close()
+    url = f"rediss://127.0.0.1:{port}/0"
+    kv = blocks(url, **tls_arguments(url, ca_file=str(cert)))
+    assert kv.put([(b"k" * 16, b"block")]) and kv.get([b"k" * 16]) == [b"block"]
 
 
 @pytest.mark.parametrize("scheme", ["rediss", "redis"])

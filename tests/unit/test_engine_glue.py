@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 from switchboard.engine.scheduler import Engine
+from switchboard.kv.blocks import BlockFormat, model_root
+from switchboard.kv.local import LocalBlocks
+from switchboard.kv.tiers import BlockCache
 from switchboard.wire import EngineStats, FinishReason
 from tests.unit.pb_stub import FINAL, Tensor, forget, stub_glue
 from tests.unit.test_scheduler import ScriptedDecoder
@@ -54,6 +57,8 @@ def pool(glue):
     model.name, model.fingerprint = "engine_short", "fp-1"
     model.manifest = SimpleNamespace(vocab_size=64)
     model.engine = Engine(ScriptedDecoder(), max_batch=4, max_waiting=8, stop_ids={63})
+    fmt = BlockFormat(layers=2, kv_heads=1, head_dim=2, tokens=2)
+    model.blocks = BlockCache(fmt, model_root("fp-1", "", 2, "native"), LocalBlocks(1 << 20))
     model.stream_interval_s = 0.0
     model.watch = glue._CancelWatch("engine_short", 0.01)
     model.sender = glue._Sender("engine_short", model.watch)
@@ -77,21 +82,40 @@ def _error(sender):
     return response.error
 
 
-def test_a_generation_streams_its_tokens_then_the_kv_and_stats(pool):
-    past = np.zeros((1, 2, 2, 1, 2, 2), np.float32)  # [1, layers, 2, heads, reused, dim]
-    request = Request(
-        {"input_ids": [[1, 2, 3, 10]], "past_kv": past, "max_new_tokens": [[3]]},
-        {"chat_priority": 1, "fingerprint": "fp-1", "return_kv": True},
-    )
+def _generate(pool, prompt, parameters):
+    request = Request({"input_ids": [prompt], "max_new_tokens": [[3]]}, parameters)
     pool.execute([request])
     _wait(request.sender)
     *streamed, (final, flags) = request.sender.sent
     tokens = [t for r, _ in streamed for t in r.outputs["token_ids"].reshape(-1)]
     tokens += final.outputs.get("token_ids", np.zeros((1, 0))).reshape(-1).tolist()
-    assert tokens == [11, 12, 13] and flags == FINAL
-    stats = EngineStats.from_json(final.outputs["stats"][0][0])
+    assert flags == FINAL and set(final.outputs) <= {"token_ids", "stats"}  # no KV leaves the pool
+    return tokens, EngineStats.from_json(final.outputs["stats"][0][0])
+
+
+def test_a_generation_streams_its_tokens_then_its_stats(pool):
+    tokens, stats = _generate(pool, [1, 2, 3, 10], {"chat_priority": 1})
+    assert tokens == [11, 12, 13]
     assert stats.reason is FinishReason.LENGTH and stats.generated == 3 and stats.batch_size == 1
-    assert final.outputs["kv"].shape == (1, 2, 2, 1, 6, 2), "prompt + generated but the last"
+    assert stats.reused == 0 and pool.blocks.snapshot().get("lookups", 0) == 0  # not asked to reuse
+
+
+def test_the_next_turn_reuses_the_blocks_the_first_stored(pool):
+    reuse = {"fingerprint": "fp-1", "kv_reuse": True}
+    tokens, stats = _generate(pool, [1, 2, 3, 10], reuse)
+    assert tokens == [11, 12, 13] and stats.reused == 0
+    assert pool.blocks.flush()
+    # prompt + generated but the last (6 tokens) = 3 blocks of 2; the next prompt extends them
+    tokens, stats = _generate(pool, [1, 2, 3, 10, 11, 12, 13, 20], {**reuse, "expected_reuse": 6})
+    assert tokens == [21, 22, 23]
+    assert stats.reused == 6 and stats.kv_local_blocks == 3 and stats.cache_miss is None
+    _, stats = _generate(pool, [1, 2, 3, 10, 11, 12, 13, 20], {"fingerprint": "fp-other", "kv_reuse": True})
+    assert stats.reused == 0  # a prompt built for another model variant reuses nothing
+
+
+def test_a_shortfall_against_what_the_session_stored_has_a_reason(pool):
+    _, stats = _generate(pool, [5, 6, 7, 8, 9], {"fingerprint": "fp-1", "kv_reuse": True, "expected_reuse": 4})
+    assert stats.reused == 0 and stats.cache_miss == "evicted"
 
 
 @pytest.mark.parametrize(
@@ -99,8 +123,7 @@ def test_a_generation_streams_its_tokens_then_the_kv_and_stats(pool):
     [
         ({}, {}, "input_ids is required"),
         ({"input_ids": [[1, 99]]}, {}, "token id out of range"),
-        ({"input_ids": [[1, 2]], "past_kv": np.zeros((1, 2, 2, 1, 1, 2))}, {"fingerprint": "other"}, "another model"),
-        ({"input_ids": [[1, 2]], "past_kv": np.zeros((1, 2, 2, 1, 2, 2))}, {"fingerprint": "fp-1"}, "reused=2"),
+        ({"input_ids": [[]]}, {}, "empty prompt"),
     ],
 )
 def test_bad_requests_are_invalid_arg_naming_what_is_wrong(pool, inputs, parameters, message):

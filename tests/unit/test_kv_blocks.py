@@ -317,3 +317,13 @@ def test_a_store_with_the_wrong_shape_is_ignored():
     cache = BlockCache(FMT, ROOT, LocalBlocks(1 << 20))
     cache.store(list(range(8)), kv_for(list(range(7))), 2)
     assert cache.lookup(list(range(9)), 2).tokens == 0
+
+
+def test_a_block_lost_from_redis_is_written_again():
+    cache, fake = tiers()
+    ids = PROMPT + [7, 8]
+    cache.store(ids, kv_for(ids), 2)
+    assert cache.flush() and len(fake.data) == 3
+    fake.data.clear()  # a restarted Redis, or eviction
+    cache.store(ids + [1, 2, 3, 4], kv_for(ids + [1, 2, 3, 4]), 2)
+    assert cache.flush() and len(fake.data) == 4

@@ -16,9 +16,11 @@ ALLOWED = {
     "switchboard.nice": set(),
     "switchboard.console": {"switchboard.paths"},
     "switchboard.artifact": LEAVES,
-    "switchboard.serving": LEAVES | {"switchboard.artifact"},
+    "switchboard.kv": LEAVES | {"switchboard.artifact"},
+    "switchboard.serving": LEAVES | {"switchboard.artifact", "switchboard.kv"},
     "switchboard.engine": LEAVES | {"switchboard.artifact"},
-    "switchboard.triton": LEAVES | {"switchboard.artifact", "switchboard.serving", "switchboard.engine"},
+    "switchboard.triton": LEAVES
+    | {"switchboard.artifact", "switchboard.serving", "switchboard.engine", "switchboard.kv"},
     "switchboard.client": {"switchboard.wire"},
 }
 FOLDERS = {
@@ -69,4 +71,4 @@ def test_imports_point_one_way(module, path):
 
 def test_every_folder_of_the_package_is_a_layer_of_the_layout():
     packages = {p.name for p in (ROOT / "switchboard").iterdir() if (p / "__init__.py").is_file()}
-    assert packages == {"artifact", "serving", "engine", "triton", "ops", "training"}
+    assert packages == {"artifact", "kv", "serving", "engine", "triton", "ops", "training"}

@@ -10,7 +10,7 @@ import pytest
 
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import EngineError, EngineTimeout, Generation, PoolStreams
-from switchboard.wire import EngineStats, FinishReason
+from switchboard.wire import CacheMiss, EngineStats, FinishReason
 
 
 class Stream:
@@ -46,34 +46,37 @@ def _tokens(*ids):
     return {"token_ids": np.asarray([list(ids)], np.int32)}
 
 
-GEN = Generation([1, 2, 3], 8, 0.0, 1.0, priority=1, seed=7, return_kv=True)
+GEN = Generation([1, 2, 3], 8, 0.0, 1.0, priority=1, seed=7, kv_reuse=True, expected_reuse=2)
 
 
 def _streams(stream, first_token_s=2.0, stall_s=2.0, health=None):
     return PoolStreams(Engines(stream), health or PoolHealth(), "fp-1", first_token_s, stall_s)
 
 
-def test_the_request_carries_priority_fingerprint_seed_and_the_first_token_deadline():
+def test_the_request_carries_priority_fingerprint_seed_reuse_and_the_first_token_deadline():
     streams = _streams(Stream([_tokens(5)]))
     assert list(streams.generate("engine_short", GEN)) == [{"token_ids": [5]}]
     [request] = streams.engines.requests
     params = request.parameters
     assert request.model_name == "engine_short" and params["priority"].uint64_param == 1
     assert params["chat_priority"].int64_param == 1 and params["fingerprint"].string_param == "fp-1"
-    assert params["seed"].int64_param == 7 and params["return_kv"].bool_param is True
+    assert params["seed"].int64_param == 7 and params["kv_reuse"].bool_param is True
+    assert params["expected_reuse"].int64_param == 2 and [i.name for i in request.inputs] == [
+        "input_ids",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+    ]
     assert params["timeout"].int64_param == 2_000_000
 
 
-def test_responses_are_parsed_into_tokens_kv_and_stats():
-    kv = np.zeros((1, 1, 2, 2, 1, 3, 4), np.float32)
-    stats = {"reason": "stop", "batch_size": 2, "new_in_a_later_version": 1}
-    final = {"kv": kv, "stats": np.asarray([json.dumps(stats).encode()], np.object_), **_tokens(9)}
+def test_responses_are_parsed_into_tokens_and_stats():
+    stats = {"reason": "stop", "batch_size": 2, "reused": 16, "cache_miss": "evicted", "new_in_a_later_version": 1}
+    final = {"stats": np.asarray([json.dumps(stats).encode()], np.object_), **_tokens(9)}
     out = list(_streams(Stream([_tokens(5, 6), final])).generate("engine_short", GEN))
     tokens = [t for o in out for t in o.get("token_ids", [])]
-    assert (
-        tokens == [5, 6, 9]
-        and out[-1]["kv"].shape == (2, 2, 1, 3, 4)
-        and out[-1]["stats"] == EngineStats(FinishReason.STOP, batch_size=2)
+    assert tokens == [5, 6, 9] and out[-1]["stats"] == EngineStats(
+        FinishReason.STOP, batch_size=2, reused=16, cache_miss=CacheMiss.EVICTED
     )
 
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from switchboard.serving.fallback import Answer
-from switchboard.serving.kvcodec import KVEntry
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import EngineError, EngineTimeout
 from switchboard.serving.prompt import Conversation, Prompt, PromptTooLong
@@ -16,7 +14,7 @@ from switchboard.serving.request import ChatRequest, RequestError
 from switchboard.serving.router import Router
 from switchboard.serving.session import Lookup
 from switchboard.serving.turn import Cancelled, ChatTurn
-from switchboard.wire import EngineStats, FallbackReason, SessionStatus
+from switchboard.wire import CacheMiss, EngineStats, FallbackReason, SessionStatus
 
 EOT = 99
 DEAD = "Failed for execute the inference request. Model 'engine_short' is not ready: Stub process is not healthy."
@@ -37,7 +35,8 @@ class Prompts:
 
     @staticmethod
     def after_answer(prompt, answer_ids, answer_text, end_id):
-        return Conversation([*prompt.messages, {"role": "assistant", "content": answer_text}], prompt.ids + answer_ids)
+        tokens = prompt.ids + answer_ids
+        return Conversation([*prompt.messages, {"role": "assistant", "content": answer_text}], tokens, len(tokens) - 1)
 
 
 class Sessions:
@@ -45,12 +44,12 @@ class Sessions:
         self.lookup = lookup or Lookup()
         self.loads, self.saved = [], []
 
-    def load(self, session_id, want_kv=True):
-        self.loads.append((session_id, want_kv))
+    def load(self, session_id):
+        self.loads.append(session_id)
         return self.lookup
 
-    def save(self, session_id, conversation, kv):
-        self.saved.append((session_id, conversation, kv))
+    def save(self, session_id, conversation):
+        self.saved.append((session_id, conversation))
         return True
 
 
@@ -103,10 +102,8 @@ class Clock:
         return self.now
 
 
-def _answer(ids, kv=None, stats=None):
+def _answer(ids, stats=None):
     out = {"token_ids": ids}
-    if kv is not None:
-        out["kv"] = kv
     if stats is not None:
         out["stats"] = stats
     return out
@@ -156,57 +153,61 @@ def test_a_one_off_chat_streams_text_and_ends_with_its_stats():
     assert stats["finish_reason"] == "stop" and stats["batch_size"] == 3 and stats["engine_queue_ms"] == 1.5
     assert stats["ttft_ms"] == 10.0 and stats["total_ms"] > stats["ttft_ms"]
     gen = pools.calls[0][1]
-    assert gen.past is None and gen.return_kv is False and gen.priority == 2
+    assert gen.kv_reuse is True and gen.expected_reuse == 0 and gen.priority == 2  # blocks shared across chats
+    assert stats["cache_miss"] == "none_stored"  # nothing was found
 
 
-def test_a_session_hit_reuses_the_common_prefix_and_stores_the_new_kv():
-    history = Conversation([{"role": "user", "content": "x"}], [5, 6, 7, 8])
-    cached = np.arange(2 * 2 * 1 * 4 * 3, dtype=np.float32).reshape(2, 2, 1, 4, 3)
-    sessions = Sessions(Lookup(history, KVEntry([5, 6, 7, 8], cached), "hit"))
-    prompt_len = 4 + len("ok")
-    new_kv = np.zeros((2, 2, 1, prompt_len + 2, 3), np.float32)  # prompt + all generated but the last
-    pools = Pools(engine_short=[_answer([0, 1]), _answer([EOT], kv=new_kv, stats=ENGINE_STATS)])
+def test_a_session_hit_tells_the_pool_what_it_stored_and_reports_what_was_reused():
+    history = Conversation([{"role": "user", "content": "x"}], [5, 6, 7, 8, EOT], kv_tokens=4)
+    sessions = Sessions(Lookup(history, SessionStatus.HIT))
+    reused = EngineStats("stop", 3, reused=4, kv_local_blocks=1)
+    pools = Pools(engine_short=[_answer([0, 1]), _answer([EOT], stats=reused)])
     sink = _run(_turn(sessions, pools), _chat("ok", session_id="s1"))
     gen = pools.calls[0][1]
-    assert gen.return_kv is True and gen.past.shape[3] == 4
-    np.testing.assert_array_equal(gen.past, cached)
-    assert sink.stats["reused_tokens"] == 4 and sink.stats["session"] == "hit"
-    [(sid, conversation, entry)] = sessions.saved
+    assert gen.kv_reuse is True and gen.expected_reuse == 4  # the common prefix, as far as KV was computed
+    stats = sink.stats
+    assert stats["reused_tokens"] == 4 and stats["kv_local_blocks"] == 1 and stats["session"] == "hit"
+    assert stats["cache_miss"] is None
+    [(sid, conversation)] = sessions.saved
     assert sid == "s1" and conversation.tokens == gen.prompt_ids + [0, 1, EOT]
-    assert entry.tokens == gen.prompt_ids + [0, 1] and entry.kv is new_kv
+    assert conversation.kv_tokens == len(gen.prompt_ids) + 2  # no KV for the last token
 
 
-def test_reuse_leaves_at_least_one_prompt_token_to_compute():
-    history = Conversation([], [5, 6, 7])
-    sessions = Sessions(Lookup(history, KVEntry([5, 6, 7, 1, 2, 3], np.zeros((1, 2, 1, 6, 2))), "hit"))
-    turn = _turn(sessions, Pools(engine_short=[_answer([EOT])]))
-    turn.prompts.build = lambda history, text, max_new: Prompt([5, 6, 7], [], max_new)  # all of it cached
+def test_the_pools_miss_reason_is_the_turns():
+    history = Conversation([], [5, 6, 7, 8], kv_tokens=4)
+    evicted = EngineStats("stop", 1, cache_miss=CacheMiss.EVICTED)
+    pools = Pools(engine_short=[_answer([EOT], stats=evicted)])
+    sink = _run(_turn(Sessions(Lookup(history, SessionStatus.HIT)), pools), _chat(session_id="s"))
+    assert sink.stats["cache_miss"] == "evicted" and sink.stats["reused_tokens"] == 0
+
+
+def test_a_slid_window_and_another_model_say_so():
+    history = Conversation([], [5, 6, 7, 8], kv_tokens=4)
+    turn = _turn(Sessions(Lookup(history, SessionStatus.HIT)), Pools(engine_short=[_answer([EOT])]))
+    turn.prompts.build = lambda h, text, max_new: Prompt([5, 9, 9], [], max_new, dropped_turns=1)
     sink = _run(turn, _chat(session_id="s"))
-    assert sink.stats["reused_tokens"] == 2
+    assert sink.stats["cache_miss"] == "window_slid" and turn.pools.calls[0][1].expected_reuse == 1
 
-
-def test_kv_that_does_not_cover_the_turn_is_not_stored():
-    pools = Pools(engine_short=[_answer([0, EOT], kv=np.zeros((1, 2, 1, 3, 2)))])
-    sessions = Sessions()
-    _run(_turn(sessions, pools), _chat(session_id="s"))
-    [(_, _, entry)] = sessions.saved
-    assert entry is None  # the conversation is stored, its KV is not
+    other = Lookup(Conversation([{"role": "user", "content": "x"}]), SessionStatus.HIT, other_model=True)
+    sink = _run(_turn(Sessions(other), Pools(engine_short=[_answer([EOT])])), _chat(session_id="s"))
+    assert sink.stats["cache_miss"] == "fingerprint_changed"
 
 
 @pytest.mark.parametrize("status", ["miss", "rejected", "unavailable"])
-def test_a_session_without_usable_kv_is_computed_from_scratch_and_says_why(status):
+def test_a_session_without_a_usable_entry_is_computed_from_scratch_and_says_why(status):
     pools = Pools(engine_short=[_answer([0, EOT])])
-    sessions = Sessions(Lookup(None, None, status))
+    sessions = Sessions(Lookup(None, status))
     sink = _run(_turn(sessions, pools), _chat(session_id="s"))
     assert sink.stats["session"] == status and sink.stats["reused_tokens"] == 0
-    assert pools.calls[0][1].past is None and len(sessions.saved) == 1
+    assert pools.calls[0][1].expected_reuse == 0 and len(sessions.saved) == 1
+    assert sink.stats["cache_miss"] == ("redis_unavailable" if status == "unavailable" else "none_stored")
 
 
-def test_kv_reuse_off_neither_reads_nor_asks_for_kv():
+def test_kv_reuse_off_does_not_ask_the_pool_for_it():
     pools = Pools(engine_short=[_answer([0, EOT])])
     sessions = Sessions()
-    _run(_turn(sessions, pools, kv_reuse=False), _chat(session_id="s"))
-    assert sessions.loads == [("s", False)] and pools.calls[0][1].return_kv is False
+    sink = _run(_turn(sessions, pools, kv_reuse=False), _chat(session_id="s"))
+    assert sessions.loads == ["s"] and pools.calls[0][1].kv_reuse is False and sink.stats["cache_miss"] is None
 
 
 def test_long_prompts_go_to_the_long_pool():
@@ -279,7 +280,8 @@ def test_the_shed_path_answers_from_the_faq_with_its_reason():
     assert stats.fallback_reason is FallbackReason.QUEUE_TIMEOUT and stats.session is SessionStatus.SKIPPED
     assert stats.priority == priority == 1 and text == "See My Orders." and stats.total_ms == 10.0
     assert json.loads(stats.to_json()) == {
-        "prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0, "route": None, "ttft_ms": None,
+        "prompt_tokens": 0, "reused_tokens": 0, "kv_local_blocks": 0, "kv_redis_blocks": 0, "cache_miss": None,
+        "generated_tokens": 0, "route": None, "ttft_ms": None,
         "total_ms": 10.0, "fallback": True, "fallback_reason": "queue_timeout", "faq_id": "order-status",
         "session": "skipped", "dropped_turns": 0, "finish_reason": "fallback", "engine_queue_ms": None,
         "engine_ms": None, "batch_size": None, "priority": 1,
