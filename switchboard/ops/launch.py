@@ -110,7 +110,7 @@ class Stack:
                 "--maxmemory",
                 "512mb",
                 "--maxmemory-policy",
-                "volatile-lru",
+                "volatile-ttl",  # KV blocks (shorter TTL) before conversations: docs/kv-cache.md
             ],
             stdout=open(self.run_dir / f"redis-{self.ports.redis}.log", "ab"),
             stderr=subprocess.STDOUT,

@@ -233,6 +233,12 @@ class EngineConfig(_RedisConfig):
         "native", "KV blocks in Redis: native (the runtime's dtype, lossless), float16 or int8 (smaller, lossy)"
     )
     kv_zstd: bool = setting(False, "zstd-compress KV blocks in Redis")
+    kv_block_ttl_s: int = setting(
+        1800,
+        "a KV block in Redis expires this long after its last use; shorter than session_ttl_s, so under "
+        "maxmemory-policy volatile-ttl blocks are evicted before the conversations they belong to",
+        1,
+    )
     kv_redis: bool = setting(True, "share KV blocks through Redis (false: the pool's own cache only)")
     precision: str = setting("fp32", "the exported variant the pool runs")
     runtime: str = setting(

@@ -385,7 +385,7 @@ class TritonPythonModel:
                 redis_cluster=cfg.redis_cluster,
                 redis_timeout_s=cfg.redis_timeout_s,
                 redis_tls=cfg.redis_tls(),
-                ttl_s=cfg.session_ttl_s,
+                ttl_s=cfg.kv_block_ttl_s,
                 name=self.name,
             )
         except ValueError as e:

@@ -226,3 +226,24 @@ def test_chat_without_redis_answers_without_reuse(stack, client):
     collect(client, "Where is my order?", session_id="redis-back")
     _, stats = collect(client, "Can I change the delivery address?", session_id="redis-back")
     assert stats.reused_tokens > 0
+
+
+def test_kv_block_metrics_count_hits_by_tier_and_misses_by_reason(stack, client):
+    from switchboard.perf.bench import scrape
+
+    def kv(name, **labels):
+        key = (name, tuple(sorted({"model": "engine_short", **labels}.items())))
+        return scrape(stack.ports.metrics).get(key, 0.0)
+
+    before = kv("switchboard_kv_hit_blocks_total", tier="local"), kv("switchboard_kv_lookups_total")
+    collect(client, "Where is my order? metrics", session_id="kv-metrics")
+    _, s2 = collect(client, "Can I change the delivery address?", session_id="kv-metrics")
+    deadline = time.monotonic() + 5  # the pool publishes its counters once a second
+    while kv("switchboard_kv_lookups_total") < before[1] + 2:
+        assert time.monotonic() < deadline, "switchboard_kv_lookups_total did not count the two turns"
+        time.sleep(0.2)
+    assert kv("switchboard_kv_hit_blocks_total", tier="local") >= before[0] + s2.reused_tokens // 16
+    assert kv("switchboard_kv_redis_bytes_total", direction="written") > 0
+    assert ("switchboard_kv_misses_total", (("model", "engine_short"), ("reason", "evicted"))) in scrape(
+        stack.ports.metrics
+    )  # every reason is exported, at 0 until it happens
