@@ -11,6 +11,7 @@ REPO      ?= model_repository
 # gate, those that fail left out with the reason; a list (PRECISION=fp32,int8-dynamic) ships
 # exactly those variants or fails, naming the variant and the metric.
 PRECISION ?= default
+REPLICAS  ?= 1
 export HTTP_PORT ?= 8000
 export GRPC_PORT ?= 8001
 export METRICS_PORT ?= 8002
@@ -24,7 +25,7 @@ MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
-	@echo "  variables: MODEL=path/to/hf-checkpoint PRECISION=$(PRECISION) HTTP_PORT GRPC_PORT METRICS_PORT REDIS_PORT"
+	@echo "  variables: MODEL=path/to/hf-checkpoint PRECISION=$(PRECISION) REPLICAS=$(REPLICAS) HTTP_PORT GRPC_PORT METRICS_PORT REDIS_PORT"
 
 setup: ## venv, pinned packages, tritonserver + Python backend, perf_analyzer, redis-server
 	@bash scripts/setup.sh
@@ -42,8 +43,8 @@ model-large: model ## a Qwen2.5-0.5B-shaped checkpoint, random weights, default 
 export: model ## export MODEL (default: the built default model) to ONNX + INT8 and install it into the repository
 	@$(PY) -m switchboard.export --model $(MODEL_DIR) --out $(ARTIFACTS) --precision $(PRECISION) --install $(REPO)
 
-serve: export ## start redis-server and tritonserver in the background (ports 8000/8001/8002, Redis 6379)
-	@$(PY) -m switchboard.ops.launch up --repository $(REPO)
+serve: export ## start redis-server and tritonserver in the background (ports 8000/8001/8002, Redis 6379); REPLICAS=2: two behind HAProxy on 8001
+	@$(PY) -m switchboard.ops.launch up --repository $(REPO) --replicas $(REPLICAS)
 
 stop: ## stop what `make serve` started
 	@$(PY) -m switchboard.ops.launch down

@@ -13,6 +13,7 @@ import itertools
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
 
@@ -22,7 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
-from switchboard.wire import PRIORITY_PARAMETER, Chat, ChatStats, Pool, channel_args, untag
+from switchboard.wire import PRIORITY_PARAMETER, SESSION_HEADER, Chat, ChatStats, Pool, channel_args, untag
 
 _ids = itertools.count()
 
@@ -171,8 +172,22 @@ class ChatClient:
 
     def _events(self, text, session_id, priority, max_new_tokens, temperature, top_p, seed):
         request = stream_request(self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed)
+        # Behind a balancer (switchboard.ops.balancer) a chat that got nothing from a replica that
+        # died or could not be reached is sent again: the balancer has another one. Once text
+        # arrived, a broken stream is the caller's error (the answer would start over).
+        for attempt in range(1 + RETRIES_BEFORE_ANSWER):
+            try:
+                yield from self._attempt(request, session_headers(session_id))
+                return
+            except _NothingReceived as e:
+                if attempt == RETRIES_BEFORE_ANSWER:
+                    raise e.error from None
+                time.sleep(RETRY_AFTER_S)
+
+    def _attempt(self, request: dict, headers: dict | None):
         responses: queue.Queue = queue.Queue()
         done = threading.Event()
+        received = False
 
         def callback(result, error):
             responses.put((result, error))
@@ -182,12 +197,13 @@ class ChatClient:
             # Not the `triton_grpc_error` header: streams it ends with an error status can crash
             # Triton 2.51 (docs/reliability.md); the code comes in the message instead.
             try:
-                client.start_stream(callback=callback)
+                client.start_stream(callback=callback, headers=headers)
                 client.async_stream_infer(**request)
             except InferenceServerException as e:  # no stream: the server is down or unreachable
                 done.set()
                 code = error_of(e)[0] or "UNAVAILABLE"
-                raise ChatError(f"could not send to {self.url}: {e.message()}", code) from None
+                error = ChatError(f"could not send to {self.url}: {e.message()}", code)
+                raise (_NothingReceived(error) if code == "UNAVAILABLE" else error) from None
             while not done.is_set():
                 try:
                     result, error = responses.get(timeout=self.timeout_s)
@@ -195,7 +211,11 @@ class ChatClient:
                     raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
                 if error is not None:
                     done.set()  # an error response is the request's last
+                    if not received and transport_unavailable(error):
+                        code, message = error_of(error)
+                        raise _NothingReceived(ChatError(message, code))
                 delta, stats = parse_response(result, error)
+                received = True
                 if delta:
                     yield delta
                 if stats is not None:
@@ -203,6 +223,33 @@ class ChatClient:
                     yield stats
         finally:
             close_stream(client, cancel=not done.is_set())
+
+
+class _NothingReceived(Exception):
+    """A chat that failed before anything came back, in a way another replica could answer."""
+
+    def __init__(self, error: ChatError):
+        super().__init__(str(error))
+        self.error = error
+
+
+RETRIES_BEFORE_ANSWER = 1
+RETRY_AFTER_S = 0.5  # the balancer takes a dead replica out after two failed checks 0.5 s apart
+
+
+def session_headers(session_id) -> dict | None:
+    """The header the balancer hashes to keep a session on one replica (switchboard.ops.balancer)."""
+    if session_id is None:
+        return None
+    sid = session_id.decode("utf-8", "replace") if isinstance(session_id, bytes) else session_id
+    return {SESSION_HEADER: sid.encode("ascii", "backslashreplace").decode("ascii")[:256]}
+
+
+def transport_unavailable(error) -> bool:
+    """The call failed on its way (connection refused or reset, a balancer without a replica),
+    not a refusal the server wrote: those carry a tag (``[UNAVAILABLE] ...``)."""
+    code, _ = untag(error.message() if hasattr(error, "message") else str(error))
+    return code is None and (error.status() or "").endswith("UNAVAILABLE")
 
 
 class AsyncChatClient:
@@ -267,7 +314,7 @@ class AsyncChatClient:
             yield request
             await answered.wait()  # our half of the stream stays open until the answer is complete
 
-        responses = self._client.stream_infer(requests())
+        responses = self._client.stream_infer(requests(), headers=session_headers(session_id))
         done = False
         try:
             while not done:

@@ -3,8 +3,10 @@
 ``up`` starts a private redis-server and tritonserver (the pytriton build, Python backend)
 in the background under ``switchboard.ops.supervisor`` (which restarts tritonserver when it dies or
 stops answering), waits until every model is READY and records the supervisor's pid under the
-run directory; ``down`` stops exactly what ``up`` started. The same ``Stack`` class starts
-servers on free ports for the integration tests.
+run directory; ``down`` stops exactly what ``up`` started. ``up --replicas N`` starts N
+tritonservers sharing one Redis, each under its own supervisor on ports 100 + 10 * i above the
+given ones, and Debian's HAProxy on the gRPC port in front of them (switchboard.ops.balancer).
+The same ``Stack`` class starts servers on free ports for the integration tests.
 """
 
 from __future__ import annotations
@@ -329,14 +331,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=300, help="how long `up` waits for the models (default 300)")
     p.add_argument("--probe-interval-s", type=float, default=5.0, help="seconds between the supervisor's probes")
     p.add_argument("--probe-failures", type=int, default=3, help="failed probes in a row before a restart")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=int(os.environ.get("REPLICAS", 1)),
+        help="tritonservers sharing one Redis behind HAProxy on the gRPC port (default 1: no balancer)",
+    )
     args = p.parse_args(argv)
     run = args.run_dir
     pidfile, state_file = _pidfile(run, "supervisor"), run / "supervisor.json"
     if args.action == "down":
-        stopped = _kill_pid(pidfile, timeout=90)
-        print("stopped: " + ("supervisor, tritonserver, redis-server" if stopped else "nothing was running"))
+        stopped = [name for name, path in _pidfiles(run) if _kill_pid(path, timeout=90)]
+        (run / "replicas.json").unlink(missing_ok=True)
+        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         return 0
     if args.action == "status":
+        if (run / "replicas.json").exists():
+            return _replicas_status(run)
         if not pidfile.exists():
             print("not started")
             return 1
@@ -346,18 +357,34 @@ def main(argv: list[str] | None = None) -> int:
             f"restarts {state.get('restarts', 0)}, last failure: {state.get('last_failure') or 'none'}"
         )
         return 0
-    if pidfile.exists():
+    if pidfile.exists() or (run / "replicas.json").exists():
         print("already up (make stop first)")
         return 1
-    run.mkdir(parents=True, exist_ok=True)
-    state_file.unlink(missing_ok=True)
-    log_path = run / "supervisor.log"
+    if args.replicas > 1:
+        return _up_replicas(args)
     t0 = time.monotonic()
     print(
         f"[serve] starting redis-server on :{args.redis_port} and tritonserver (HTTP :{args.http_port}, "
         f"gRPC :{args.grpc_port}, metrics :{args.metrics_port}) under a supervisor ...",
         flush=True,
     )
+    if not _start_supervisor(args, []):
+        return 1
+    print(
+        f"[serve] ready in {time.monotonic() - t0:.0f} s: gRPC 127.0.0.1:{args.grpc_port}, HTTP http://127.0.0.1:"
+        f"{args.http_port}, metrics http://127.0.0.1:{args.metrics_port}/metrics\n[serve] logs in {run}/ "
+        f"(supervisor.log: probes and restarts); try `make chat`; `make stop` stops everything"
+    )
+    return 0
+
+
+def _start_supervisor(args: argparse.Namespace, extra: list[str]) -> bool:
+    """One tritonserver (and Redis, unless ``--shared-redis`` is in ``extra``) under a supervisor
+    with ``args``'s ports and run directory; True once every model is ready."""
+    run = args.run_dir
+    run.mkdir(parents=True, exist_ok=True)
+    state_file, log_path = run / "supervisor.json", run / "supervisor.log"
+    state_file.unlink(missing_ok=True)
     supervisor = subprocess.Popen(
         [
             sys.executable,
@@ -368,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             str(args.probe_interval_s),
             "--failures",
             str(args.probe_failures),
+            *extra,
         ],
         stdout=open(log_path, "ab"),
         stderr=subprocess.STDOUT,
@@ -380,13 +408,70 @@ def main(argv: list[str] | None = None) -> int:
         _stop(supervisor, timeout=60)
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         print(f"{e}\n" + "\n".join(tail), file=sys.stderr)
-        return 1
-    pidfile.write_text(str(supervisor.pid))
-    print(
-        f"[serve] ready in {time.monotonic() - t0:.0f} s: gRPC 127.0.0.1:{args.grpc_port}, HTTP http://127.0.0.1:"
-        f"{args.http_port}, metrics http://127.0.0.1:{args.metrics_port}/metrics\n[serve] logs in {run}/ "
-        f"(supervisor.log: probes and restarts); try `make chat`; `make stop` stops everything"
+        return False
+    _pidfile(run, "supervisor").write_text(str(supervisor.pid))
+    return True
+
+
+def replica_arguments(args: argparse.Namespace, i: int) -> argparse.Namespace:
+    """Replica ``i``'s ports (100 + 10 * i above the given HTTP, gRPC and metrics ports) and run directory."""
+    offset = 100 + 10 * i
+    return argparse.Namespace(
+        **{
+            **vars(args),
+            "http_port": args.http_port + offset,
+            "grpc_port": args.grpc_port + offset,
+            "metrics_port": args.metrics_port + offset,
+            "run_dir": args.run_dir / f"replica-{i}",
+        }
     )
+
+
+def _up_replicas(args: argparse.Namespace) -> int:
+    from switchboard.ops.balancer import Balancer, Replica
+
+    t0, run = time.monotonic(), args.run_dir
+    run.mkdir(parents=True, exist_ok=True)
+    replicas = []
+    for i in range(args.replicas):
+        r = replica_arguments(args, i)
+        what = f"redis-server on :{args.redis_port} and " if i == 0 else ""
+        print(f"[serve] replica {i}: starting {what}tritonserver (gRPC :{r.grpc_port}) under a supervisor ...")
+        if not _start_supervisor(r, [] if i == 0 else ["--shared-redis"]):
+            for _, path in _pidfiles(run):
+                _kill_pid(path, timeout=90)
+            return 1
+        replicas.append(Replica(f"replica-{i}", r.grpc_port, r.http_port))
+    balancer = Balancer(args.grpc_port, replicas, run, stats_port=args.http_port).start()
+    _pidfile(run, "haproxy").write_text(str(balancer.proc.pid))
+    (run / "replicas.json").write_text(json.dumps([vars(r) for r in replicas]))
+    print(
+        f"[serve] ready in {time.monotonic() - t0:.0f} s: {args.replicas} replicas behind HAProxy on gRPC "
+        f"127.0.0.1:{args.grpc_port} (sessions kept on one replica), its stats on http://127.0.0.1:{args.http_port}/"
+        f"\n[serve] replicas' own ports: {', '.join(str(r.grpc_port) for r in replicas)}; logs in {run}/; "
+        "`make stop` stops everything"
+    )
+    return 0
+
+
+def _pidfiles(run: Path) -> list[tuple[str, Path]]:
+    """What ``down`` stops, balancer first: (name, pid file)."""
+    out = [("haproxy", _pidfile(run, "haproxy"))]
+    out += [(f"{d.name} (supervisor, tritonserver)", _pidfile(d, "supervisor")) for d in sorted(run.glob("replica-*"))]
+    out.append(("supervisor, tritonserver, redis-server", _pidfile(run, "supervisor")))
+    return [(name, path) for name, path in out if path.exists()]
+
+
+def _replicas_status(run: Path) -> int:
+    for r in json.loads((run / "replicas.json").read_text()):
+        state_file = run / r["name"] / "supervisor.json"
+        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        print(
+            f"{r['name']}: gRPC :{r['grpc_port']}, tritonserver pid {state.get('tritonserver_pid')}, "
+            f"restarts {state.get('restarts', 0)}, last failure: {state.get('last_failure') or 'none'}"
+        )
+    haproxy = _pidfile(run, "haproxy")
+    print(f"haproxy: pid {haproxy.read_text().strip() if haproxy.exists() else 'not running'}")
     return 0
 
 

@@ -192,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-s", type=float, default=5.0, help="seconds between probes (default 5)")
     p.add_argument("--failures", type=int, default=3, help="failed probes in a row before a restart (default 3)")
     p.add_argument("--probe-timeout-s", type=float, default=20.0, help="deadline of one probe request (default 20)")
+    p.add_argument(
+        "--shared-redis",
+        action="store_true",
+        help="Redis on --redis-port is another replica's: neither start nor stop it",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.run_dir.mkdir(parents=True, exist_ok=True)
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     state_file.unlink(missing_ok=True)
     log.info("starting redis-server :%d and tritonserver (gRPC :%d)", args.redis_port, args.grpc_port)
     try:
-        stack.start()
+        stack.start_triton() if args.shared_redis else stack.start()
     except BaseException as e:
         log.error("the stack did not start: %s", e)
         return 1
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.run(stop)
     finally:
         log.info("stopping")
-        stack.stop()
+        stack.stop_triton() if args.shared_redis else stack.stop()
         state_file.unlink(missing_ok=True)
     return 0
 

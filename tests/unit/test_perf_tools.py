@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from switchboard.perf.kv import TURNS
+from switchboard.perf.kv import markdown as kv_markdown
 from switchboard.perf.long_prompt import overlapping_gaps
 from switchboard.perf.scaling import _sum_pools
 
@@ -21,3 +23,29 @@ def test_pool_counters_are_summed_as_deltas():
     out = _sum_pools(before, after)
     assert out["prefill_s"] == 1.0 and out["decode_s"] == 2.0 and out["prefill_chunks"] == 3.0
     assert out["batch_steps"] == {8: 4, 7: 2}
+
+
+def _kv_turn(session, turn, written, ttft, text="ok"):
+    return {
+        "session": session, "turn": turn, "prompt_tokens": 40 * turn, "reused": 32 * (turn - 1),
+        "local_blocks": 2 * (turn - 1), "redis_blocks": 0, "cache_miss": None if turn > 1 else "none_stored",
+        "generated": 10, "new_tokens": 40, "ttft_ms": ttft, "written": written, "read": 100, "text": text,
+    }  # fmt: skip
+
+
+def test_the_kv_report_puts_written_bytes_against_the_new_tokens_kv_and_ttft_against_cold():
+    turns = range(1, len(TURNS) + 1)
+    run = {"name": "reuse", "turns": [_kv_turn(0, t, 40 * 1024 * 1.05, 10.0) for t in turns]}
+    cold = {"name": "cold", "turns": [_kv_turn(0, t, 0, 40.0, "other") for t in turns]}
+    for r in (run, cold):
+        r["redis_memory_per_session"] = 1e6
+    fmt = {"bytes": 1024, "of_native": 1.0, "encode_ms": 0.1, "decode_ms": 0.1, "max_abs_error": 0.0}
+    result = {
+        "model": "m", "started": "now", "seconds": 1, "args": "", "sessions": 1, "max_new_tokens": 8,
+        "kv_bytes_per_token": 1024, "runs": [run, cold], "formats": {"native": fmt},
+    }  # fmt: skip
+    report = kv_markdown(result)
+    assert "| 2 | 80 | 32 (2.0 / 0.0) | 0.04 MB | 0.04 MB | 1.05x |" in report
+    assert "| 10 ms | 40 ms | 0.25x |" in report
+    assert "| cold |" in report and "| 0/4 |" in report  # cold's answers differ from the native ones here
+    assert "reuse: none_stored 1; cold: none_stored 1" in report

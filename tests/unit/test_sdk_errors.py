@@ -27,3 +27,23 @@ def test_the_models_tag_names_the_code_and_an_untagged_unknown_error_has_none():
         parse_response(None, InferenceServerException("[INVALID_ARG] text: required"))
     assert e.value.code == "INVALID_ARGUMENT" and "text: required" in str(e.value)
     assert error_of(InferenceServerException("inference input 'text' data-type is 'INT32'"))[0] is None
+
+
+def test_only_a_call_that_failed_on_its_way_is_worth_sending_to_another_replica():
+    from switchboard.client.sdk import transport_unavailable
+
+    assert transport_unavailable(InferenceServerException("Socket closed", status="StatusCode.UNAVAILABLE"))
+    # the server answered: overloaded is its word, not a lost connection
+    assert not transport_unavailable(
+        InferenceServerException("[UNAVAILABLE] overloaded", status="StatusCode.UNAVAILABLE")
+    )
+    assert not transport_unavailable(InferenceServerException("boom", status="StatusCode.INTERNAL"))
+
+
+def test_a_session_travels_as_the_header_the_balancer_hashes():
+    from switchboard.client.sdk import session_headers
+    from switchboard.wire import SESSION_HEADER
+
+    assert session_headers(None) is None
+    assert session_headers("用户-1") == {SESSION_HEADER: "\\u7528\\u6237-1"}  # ASCII, as HTTP/2 headers must be
+    assert len(session_headers("x" * 1000)[SESSION_HEADER]) == 256
