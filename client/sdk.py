@@ -9,6 +9,7 @@ scheduler (Python models in Triton 2.51 cannot read Triton's priority).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import os
 import queue
@@ -238,11 +239,13 @@ RETRY_AFTER_S = 0.5  # the balancer takes a dead replica out after two failed ch
 
 
 def session_headers(session_id) -> dict | None:
-    """The header the balancer hashes to keep a session on one replica (switchboard.ops.balancer)."""
+    """The header the balancer hashes to keep a session on one replica (switchboard.ops.balancer):
+    a digest of the session id, so any id (newlines, any script, any length) makes a valid HTTP/2
+    header and the id itself stays out of the balancer's logs."""
     if session_id is None:
         return None
-    sid = session_id.decode("utf-8", "replace") if isinstance(session_id, bytes) else session_id
-    return {SESSION_HEADER: sid.encode("ascii", "backslashreplace").decode("ascii")[:256]}
+    raw = session_id if isinstance(session_id, bytes) else session_id.encode("utf-8", "surrogatepass")
+    return {SESSION_HEADER: hashlib.sha256(raw).hexdigest()[:32]}
 
 
 def transport_unavailable(error) -> bool:

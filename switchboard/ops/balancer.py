@@ -1,7 +1,7 @@
 """HAProxy (Debian's) in front of several Switchboard replicas: one gRPC address for clients.
 
 gRPC is HTTP/2 end to end (``proto h2`` on both sides). Session affinity: the SDK sends a
-chat's session id as the ``x-session-id`` header and HAProxy picks the replica by a consistent
+digest of a chat's session id as the ``x-session-id`` header and HAProxy picks the replica by a consistent
 hash of it, so a session's turns land where its KV blocks are local; chats without a session id
 go round robin. Each replica is health-checked on its HTTP port (``/v2/health/ready``) every
 half second: a replica that dies is out within about a second, its sessions move to the others

@@ -95,7 +95,7 @@ class ChatTurn:
             expected_reuse=expected,
         )
         session_status = lookup.status if chat.session_id else SessionStatus.NONE
-        _, preferred = self.router.route(len(prompt.ids))
+        _, preferred = self.router.route(len(prompt.ids) - expected)
 
         detok = IncrementalDetokenizer(self.decode)
         generated: list[int] = []

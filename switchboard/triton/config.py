@@ -103,7 +103,9 @@ class ChatConfig(_RedisConfig):
     )
     max_turns: int = setting(6, "user turns kept in the prompt (older ones are dropped first)", 1, 64)
     system_prompt: str = setting("", "the system prompt (empty: the one in the model's manifest)")
-    long_prompt_tokens: int = setting(160, "prompts longer than this go to the long pool", 1)
+    long_prompt_tokens: int = setting(
+        160, "prompts with more tokens than this to compute (past what the session stored) go to the long pool", 1
+    )
     short_pool: str = setting("engine_short", "the pool for short prompts")
     long_pool: str = setting("engine_long", "the pool for long prompts")
     max_inflight: int = setting(64, "chats generating at once; the others wait in chat's admission queue", 1, 1024)

@@ -45,5 +45,6 @@ def test_a_session_travels_as_the_header_the_balancer_hashes():
     from switchboard.wire import SESSION_HEADER
 
     assert session_headers(None) is None
-    assert session_headers("用户-1") == {SESSION_HEADER: "\\u7528\\u6237-1"}  # ASCII, as HTTP/2 headers must be
-    assert len(session_headers("x" * 1000)[SESSION_HEADER]) == 256
+    values = [session_headers(sid)[SESSION_HEADER] for sid in ("用户-1", "line\nbreak", "x" * 1000, "a", b"a")]
+    assert all(len(v) == 32 and all(c in "0123456789abcdef" for c in v) for v in values)  # valid in any HTTP/2 header
+    assert values[3] == values[4] and len(set(values[:4])) == 4

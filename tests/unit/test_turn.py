@@ -307,3 +307,10 @@ def test_stop_tokens_are_counted_but_not_shown():
     pools = Pools(engine_short=[_answer([0, EOT])])
     sink = _run(_turn(pools=pools), _chat())
     assert sink.reply == "a" and sink.stats["generated_tokens"] == 2
+
+
+def test_a_long_prompt_mostly_stored_stays_in_the_short_pool_where_its_blocks_are():
+    history = Conversation([], list(range(10)), kv_tokens=9)  # 9 stored: 3 + len("ok") = 12 tokens, 3 to compute
+    pools = Pools(engine_short=[_answer([EOT])])
+    sink = _run(_turn(Sessions(Lookup(history, SessionStatus.HIT)), pools), _chat("ok", session_id="s"))
+    assert pools.calls[0][0] == "engine_short" and sink.stats["route"] == "short"  # Router(8): 12 tokens is long
