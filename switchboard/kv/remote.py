@@ -44,44 +44,64 @@ def connect(url: str, timeout_s: float, cluster: bool = False, **kwargs):
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), health_check_interval=0, **common)
 
 
-class RedisBlocks:
-    def __init__(self, client, prefix: str = "sb", ttl_s: int = 3600, retry_after_s: float = 2.0):
-        self.client, self.prefix, self.ttl_s, self.retry_after_s = client, prefix, ttl_s, retry_after_s
+class Outage:
+    """After a failed Redis call, stay away for ``retry_after_s``: a dead Redis costs one timeout,
+    not one per request. Logs the first failure of each outage."""
+
+    def __init__(self, what: str, retry_after_s: float):
+        self.what, self.retry_after_s = what, retry_after_s
         self._lock = threading.Lock()
         self._down_until = 0.0
+        self.failures = 0
+
+    def available(self) -> bool:
+        with self._lock:
+            return time.monotonic() >= self._down_until
+
+    def failed(self, during: str, error: Exception) -> None:
+        with self._lock:
+            first = time.monotonic() >= self._down_until
+            self._down_until = time.monotonic() + self.retry_after_s
+            self.failures += 1
+        if first:
+            log.warning("%s unavailable during %s (%s); going on without it", self.what, during, type(error).__name__)
+
+
+class RedisBlocks:
+    def __init__(self, client, prefix: str = "sb", ttl_s: int = 3600, retry_after_s: float = 2.0):
+        self.client, self.prefix, self.ttl_s = client, prefix, ttl_s
+        self.outage = Outage("KV block store", retry_after_s)
+        self._lock = threading.Lock()
         self.counts: Counter = Counter()  # blocks_read, bytes_read, blocks_written, bytes_written, failures
 
     def key(self, key: bytes) -> str:
         return f"{self.prefix}:kvb:{{{key.hex()}}}"
 
     def available(self) -> bool:
-        with self._lock:
-            return time.monotonic() >= self._down_until
+        return self.outage.available()
 
-    def _failed(self, what: str, error: Exception) -> None:
-        with self._lock:
-            first = time.monotonic() >= self._down_until
-            self._down_until = time.monotonic() + self.retry_after_s
-            self.counts["failures"] += 1
-        if first:
-            log.warning(
-                "KV block store unavailable during %s (%s); going on without it", what, error.__class__.__name__
-            )
-
-    def stored(self, keys: list[bytes], what: str = "lookup") -> list[bool] | None:
-        """Whether each of ``keys`` is stored (None: Redis unavailable)."""
-        if not keys:
-            return []
-        if not self.available():
+    def _pipelined(self, during: str, keys: list, command) -> list | None:
+        """``command(pipe, key)`` for each of ``keys`` in one round trip of single-key commands
+        (any Redis Cluster slots); the replies, or None if Redis is unavailable."""
+        if not self.outage.available():
             return None
         try:
             pipe = self.client.pipeline(transaction=False)
             for k in keys:
-                pipe.exists(self.key(k))
-            return [bool(n) for n in pipe.execute()]
+                command(pipe, k)
+            return pipe.execute()
         except redis.RedisError as e:
-            self._failed(what, e)
+            self.outage.failed(during, e)
+            with self._lock:
+                self.counts["failures"] += 1
             return None
+
+    def stored(self, keys: list[bytes], during: str = "lookup") -> list[bool] | None:
+        """Whether each of ``keys`` is stored (None: Redis unavailable)."""
+        if not keys:
+            return []
+        found = self._pipelined(during, keys, lambda pipe, k: pipe.exists(self.key(k)))
+        return None if found is None else [bool(n) for n in found]
 
     def present(self, keys: list[bytes]) -> int | None:
         """How many of ``keys``, from the first, are stored (None: Redis unavailable)."""
@@ -97,20 +117,12 @@ class RedisBlocks:
         """The stored bytes of ``keys`` (None for a missing one), or None if Redis is unavailable."""
         if not keys:
             return []
-        if not self.available():
-            return None
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for k in keys:
-                pipe.getex(self.key(k), ex=self.ttl_s)
-            blobs = pipe.execute()
-        except redis.RedisError as e:
-            self._failed("read", e)
-            return None
-        got = [b for b in blobs if b is not None]
-        with self._lock:
-            self.counts["blocks_read"] += len(got)
-            self.counts["bytes_read"] += sum(len(b) for b in got)
+        blobs = self._pipelined("read", keys, lambda pipe, k: pipe.getex(self.key(k), ex=self.ttl_s))
+        if blobs is not None:
+            got = [b for b in blobs if b is not None]
+            with self._lock:
+                self.counts["blocks_read"] += len(got)
+                self.counts["bytes_read"] += sum(len(b) for b in got)
         return blobs
 
     def put(self, items: list[tuple[bytes, bytes]]) -> bool:
@@ -118,15 +130,10 @@ class RedisBlocks:
         a reader uses the stored prefix of a chain, block by verified block)."""
         if not items:
             return True
-        if not self.available():
-            return False
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for k, blob in items:
-                pipe.set(self.key(k), blob, ex=self.ttl_s)
-            pipe.execute()
-        except redis.RedisError as e:
-            self._failed("write", e)
+        if (
+            self._pipelined("write", items, lambda pipe, item: pipe.set(self.key(item[0]), item[1], ex=self.ttl_s))
+            is None
+        ):
             return False
         with self._lock:
             self.counts["blocks_written"] += len(items)

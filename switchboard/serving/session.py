@@ -19,13 +19,11 @@ import hashlib
 import hmac
 import json
 import logging
-import threading
-import time
 from dataclasses import dataclass
 
 import redis
 
-from switchboard.kv.remote import connect, tls_arguments
+from switchboard.kv.remote import Outage, connect, tls_arguments
 from switchboard.serving.prompt import Conversation
 from switchboard.wire import SessionStatus
 
@@ -67,33 +65,19 @@ class SessionStore:
         self.config = config
         self.fingerprint = fingerprint
         self._redis = connect(config.url, config.timeout_s, config.cluster, **config.connection_kwargs())
-        self._lock = threading.Lock()
-        self._down_until = 0.0
+        self.outage = Outage("session store", config.retry_after_s)
 
     def close(self) -> None:
         self._redis.close()
 
-    def _available(self) -> bool:
-        with self._lock:
-            return time.monotonic() >= self._down_until
-
-    def _failed(self, what: str, error: Exception) -> None:
-        with self._lock:
-            first = time.monotonic() >= self._down_until
-            self._down_until = time.monotonic() + self.config.retry_after_s
-        if first:
-            log.warning(
-                "session store unavailable during %s (%s); chats go on without reuse", what, error.__class__.__name__
-            )
-
     def load(self, session_id: str) -> Lookup:
-        if not self._available():
+        if not self.outage.available():
             return Lookup(status=SessionStatus.UNAVAILABLE)
         key = session_key(self.config.prefix, session_id)
         try:
             raw = self._redis.get(f"{key}:conv")
         except redis.RedisError as e:
-            self._failed("lookup", e)
+            self.outage.failed("lookup", e)
             return Lookup(status=SessionStatus.UNAVAILABLE)
         if raw is None:
             return Lookup()
@@ -107,7 +91,7 @@ class SessionStore:
         return Lookup(conversation, SessionStatus.HIT)
 
     def save(self, session_id: str, conversation: Conversation) -> bool:
-        if not self._available():
+        if not self.outage.available():
             return False
         key = session_key(self.config.prefix, session_id)
         body = {
@@ -121,7 +105,7 @@ class SessionStore:
             self._redis.set(f"{key}:conv", blob, ex=self.config.ttl_s)
             return True
         except redis.RedisError as e:
-            self._failed("write-back", e)
+            self.outage.failed("write-back", e)
             return False
 
     def _conv_digest(self, body: dict) -> str:
