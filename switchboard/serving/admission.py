@@ -104,6 +104,11 @@ class Admission:
         self._thread = threading.Thread(target=self._loop, name="chat-admission", daemon=True)
         self._thread.start()
 
+    def snapshot(self) -> dict:
+        """The counts so far, and how many chats wait for a slot and hold one now."""
+        with self._cv:
+            return {**self.counts, "waiting": len(self._heap), "running": self._inflight}
+
     def submit(self, job, priority: int) -> None:
         with self._cv:
             if not self._would_time_out(priority):

@@ -25,6 +25,7 @@ from switchboard.serving.admission import Admission
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.fallback import FaqFallback
 from switchboard.serving.gate import PriorityGate, send_rank
+from switchboard.serving.metrics import ChatMetrics
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import EngineError, PoolStreams
 from switchboard.serving.prompt import PromptBuilder
@@ -32,6 +33,7 @@ from switchboard.serving.request import ChatRequest, Limits, RequestError, parse
 from switchboard.serving.router import Router
 from switchboard.serving.session import SessionStore, StoreConfig
 from switchboard.serving.turn import Cancelled, ChatTurn
+from switchboard.triton.chat_metrics import ChatMetricsPublisher
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import ChatConfig
 from switchboard.wire import Chat, ChatStats, FallbackReason, SessionStatus
@@ -49,10 +51,11 @@ class _Job:
 
 
 class TritonSink:
-    """A turn's responses through the decoupled response sender, each through the send gate."""
+    """A turn's responses through the decoupled response sender, each through the send gate;
+    the final one's stats counted in ``metrics``."""
 
-    def __init__(self, sender, gate: PriorityGate):
-        self.sender, self.gate = sender, gate
+    def __init__(self, sender, gate: PriorityGate, metrics: ChatMetrics):
+        self.sender, self.gate, self.metrics = sender, gate, metrics
 
     def text(self, delta: str, priority: int) -> None:
         out = pb_utils.Tensor(Chat.TEXT_OUTPUT, np.asarray([[delta.encode("utf-8")]], np.object_))
@@ -67,6 +70,7 @@ class TritonSink:
         ]
         with self.gate(send_rank(priority, final=True)):
             self.sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
+        self.metrics.chat(stats)
 
 
 class TritonPythonModel:
@@ -80,6 +84,7 @@ class TritonPythonModel:
         self._setup_fallback(cfg, version)
         self._setup_turn(cfg)
         self._setup_admission(cfg)
+        self.publisher = ChatMetricsPublisher(self.metrics, self.admission)
 
     # -- initialize, step by step -----------------------------------------------------------
     def _load_model(self, version, cfg: ChatConfig) -> None:
@@ -146,6 +151,7 @@ class TritonPythonModel:
     def _setup_admission(self, cfg: ChatConfig) -> None:
         # Every response goes out through the gate, priority 1 first (PriorityGate, send_rank say why).
         self.gate = PriorityGate()
+        self.metrics = ChatMetrics()
         self.admission = Admission(
             max_inflight=cfg.max_inflight,
             reserved=cfg.max_inflight_reserved,
@@ -167,9 +173,11 @@ class TritonPythonModel:
                 chat = parse_chat_request(inputs, request_parameters(request), self.limits)
             except RequestError as e:
                 send_error(sender, str(e), "INVALID_ARG")
+                self.metrics.failed("invalid")
                 continue
             if chat.priority > 1 and not self._wait_for_room(request):
                 send_error(sender, "cancelled by the client", "CANCELLED")
+                self.metrics.failed("cancelled")
                 continue
             self.admission.submit(_Job(request, sender, chat, time.perf_counter()), chat.priority)
         return None
@@ -189,27 +197,33 @@ class TritonPythonModel:
             if request.is_cancelled():
                 raise Cancelled()
             cancelled = CancelPoll(request.is_cancelled, self.cancel_poll_s)
-            self.turn.run(job.chat, TritonSink(sender, self.gate), cancelled, job.t0)
+            self.turn.run(job.chat, TritonSink(sender, self.gate, self.metrics), cancelled, job.t0)
         except RequestError as e:
             send_error(sender, str(e), "INVALID_ARG")
+            self.metrics.failed("invalid")
         except EngineError as e:
             send_error(sender, str(e), "UNAVAILABLE")
+            self.metrics.failed("unavailable")
         except Cancelled:
             send_error(sender, "cancelled by the client", "CANCELLED")
+            self.metrics.failed("cancelled")
         except Exception:
             log.exception("chat failed")
             send_error(sender, "internal error")
+            self.metrics.failed("error")
 
     def _shed(self, job: _Job, reason: str) -> None:
         """No generation slot in time: answer from the FAQ. Not asked whether the client left
         (a round trip per answer, the FAQ's rate under a burst): a gone client drops the answer."""
         if self.faq is None:
             send_error(job.sender, f"overloaded ({reason}); try again later", "UNAVAILABLE")
+            self.metrics.failed("unavailable")
         else:
-            sink = TritonSink(job.sender, self.gate)
+            sink = TritonSink(job.sender, self.gate, self.metrics)
             self.turn.answer_from_faq(job.chat, sink, job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
 
     def finalize(self):
         self.admission.close()
+        self.publisher.close()
         self.sessions.close()
         self.engines.close()

@@ -247,3 +247,41 @@ def test_kv_block_metrics_count_hits_by_tier_and_misses_by_reason(stack, client)
     assert ("switchboard_kv_misses_total", (("model", "engine_short"), ("reason", "evicted"))) in scrape(
         stack.ports.metrics
     )  # every reason is exported, at 0 until it happens
+
+
+def test_chat_metrics_count_real_chats_by_outcome_priority_and_route(stack, client, raw):
+    from switchboard.perf.bench import scrape
+
+    def value(name, **labels):
+        return scrape(stack.ports.metrics).get((name, tuple(sorted(labels.items()))), 0.0)
+
+    generated = ("switchboard_chat_requests_total", {"outcome": "generated"})
+    ttft = ("switchboard_chat_time_to_first_token_seconds", {"priority": "1", "route": "short"})
+    time.sleep(1.2)  # earlier tests' chats published first
+    before = {
+        "generated": value(generated[0], **generated[1]),
+        "invalid": value("switchboard_chat_requests_total", outcome="invalid"),
+        "ttft_count": value(ttft[0] + "_count", **ttft[1]),
+        "ttft_sum": value(ttft[0] + "_sum", **ttft[1]),
+        "miss": value("switchboard_chat_sessions_total", status="miss"),
+        "tokens": value("switchboard_chat_generated_tokens_total", priority="1"),
+    }
+    _, vip = collect(client, "Where is my order?", priority=1)
+    _, session = collect(client, "Where is my order? metrics", session_id="chat-metrics")
+    _, error = raw({"text": (np.asarray([[b""]], np.object_), "BYTES")})
+    assert error is not None
+    deadline = time.monotonic() + 5  # published once a second
+    while value(generated[0], **generated[1]) < before["generated"] + 2:
+        assert time.monotonic() < deadline, "switchboard_chat_requests_total did not count the chats"
+        time.sleep(0.2)
+    time.sleep(1.2)  # one more publication: nothing else arrives
+    assert value(generated[0], **generated[1]) == before["generated"] + 2
+    assert value("switchboard_chat_requests_total", outcome="invalid") == before["invalid"] + 1
+    assert value(ttft[0] + "_count", **ttft[1]) == before["ttft_count"] + 1
+    assert abs(value(ttft[0] + "_sum", **ttft[1]) - before["ttft_sum"] - vip.ttft_ms / 1000) < 1e-4
+    assert value("switchboard_chat_sessions_total", status="miss") == before["miss"] + 1
+    assert value("switchboard_chat_generated_tokens_total", priority="1") == before["tokens"] + vip.generated_tokens
+    metrics = scrape(stack.ports.metrics)
+    assert ("switchboard_chat_admission_waiting", ()) in metrics
+    assert ("switchboard_chat_fallbacks_total", (("reason", "engine_timeout"),)) in metrics  # at zero from the start
+    assert session.raw["session"] == "miss"

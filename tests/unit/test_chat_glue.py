@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from switchboard.serving.gate import PriorityGate
+from switchboard.serving.metrics import ChatMetrics
 from switchboard.serving.pool_stream import EngineError
 from switchboard.serving.request import ChatRequest, Limits, RequestError
 from switchboard.serving.turn import Cancelled
@@ -81,7 +82,13 @@ def _model(glue, turn, faq=True):
     model.limits, model.turn, model.gate, model.cancel_poll_s = Limits(), turn, PriorityGate(), 0.05
     model.faq = object() if faq else None
     model.admission = Admission(model._serve)
+    model.metrics = ChatMetrics()
     return model
+
+
+def _counted(model) -> dict:
+    counts, _ = model.metrics.drain()
+    return {labels[0][1]: n for (name, labels), n in counts.items() if name == "requests_total"}
 
 
 def _error(sender):
@@ -99,6 +106,7 @@ def test_a_chat_streams_text_then_a_final_response_with_stats(glue):
     assert final.outputs["text_output"][0][0] == b"!" and f2 == FINAL
     stats = json.loads(final.outputs["stats"][0][0])
     assert stats["generated_tokens"] == 2 and stats["priority"] == 1 and stats["route"] == "short"
+    assert _counted(model) == {"generated": 1}
 
 
 def test_bad_input_is_invalid_arg_naming_the_field_and_never_reaches_the_turn(glue):
@@ -108,23 +116,25 @@ def test_bad_input_is_invalid_arg_naming_the_field_and_never_reaches_the_turn(gl
     model.execute([request])
     error = _error(request.sender)
     assert error.code == "INVALID_ARG" and error.message == "[INVALID_ARG] text: required input is missing"
-    assert turn.ran == []
+    assert turn.ran == [] and _counted(model) == {"invalid": 1}
 
 
 @pytest.mark.parametrize(
-    "outcome,code,message",
+    "outcome,code,message,counted",
     [
-        (RequestError("prompt: too long"), "INVALID_ARG", "prompt: too long"),
-        (EngineError("engine_short: died"), "UNAVAILABLE", "engine_short: died"),
-        (Cancelled(), "CANCELLED", "cancelled by the client"),
-        (KeyError("secret detail"), "INTERNAL", "internal error"),
+        (RequestError("prompt: too long"), "INVALID_ARG", "prompt: too long", "invalid"),
+        (EngineError("engine_short: died"), "UNAVAILABLE", "engine_short: died", "unavailable"),
+        (Cancelled(), "CANCELLED", "cancelled by the client", "cancelled"),
+        (KeyError("secret detail"), "INTERNAL", "internal error", "error"),
     ],
 )
-def test_each_failure_of_a_turn_ends_the_stream_with_its_code(glue, outcome, code, message):
+def test_each_failure_of_a_turn_ends_the_stream_with_its_code(glue, outcome, code, message, counted):
     request = Request("hi")
-    _model(glue, Turn(outcome)).execute([request])
+    model = _model(glue, Turn(outcome))
+    model.execute([request])
     error = _error(request.sender)
     assert error.code == code and error.message == f"[{code}] {message}"  # no traceback, no detail
+    assert _counted(model) == {counted: 1}
 
 
 def test_a_chat_whose_client_left_before_its_slot_is_not_run(glue):

@@ -1,0 +1,108 @@
+"""``chat``'s metrics, counted in the process: what each finished chat adds (``ChatMetrics``).
+
+Publishing them costs a round trip to the server per update in Triton's Python backend, so the
+chat path only records here (a lock and a few dictionary updates); the glue
+(switchboard/triton/chat_metrics.py) publishes what accumulated once a second on Triton's
+metrics port. Names and units follow Prometheus' conventions (seconds, ``_total``); the list is
+in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from switchboard.wire import ChatStats
+
+PREFIX = "switchboard_chat_"
+# Seconds. The seeds' alert thresholds (800 ms time to first token, 1.5 s) are bucket bounds.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0)
+
+# name -> (kind, help, label names, buckets)
+METRICS = {
+    "time_to_first_token_seconds": (
+        "histogram",
+        "from the request's arrival at chat to its first text, answered chats and FAQ answers",
+        ("priority", "route"),
+        LATENCY_BUCKETS,
+    ),
+    "inter_token_seconds": (
+        "histogram",
+        "a generated answer's mean time between tokens (after the first)",
+        ("priority", "route"),
+        ITL_BUCKETS,
+    ),
+    "duration_seconds": (
+        "histogram",
+        "from the request's arrival to its final response",
+        ("priority", "route"),
+        LATENCY_BUCKETS,
+    ),
+    "requests_total": (
+        "counter",
+        "chats by outcome: generated, fallback (FAQ answer), invalid, unavailable, cancelled, error",
+        ("outcome",),
+        None,
+    ),
+    "fallbacks_total": ("counter", "FAQ answers by reason", ("reason",), None),
+    "sessions_total": (
+        "counter",
+        "chats by session status (none, miss, hit, rejected, unavailable, skipped)",
+        ("status",),
+        None,
+    ),
+    "cache_misses_total": (
+        "counter",
+        "chats that reused less KV than their session stored, by reason",
+        ("reason",),
+        None,
+    ),
+    "generated_tokens_total": ("counter", "tokens generated for answered chats", ("priority",), None),
+}
+
+
+def _route(stats: ChatStats) -> str:
+    return str(stats.route) if stats.route is not None else "faq"
+
+
+class ChatMetrics:
+    """What finished chats add up to since the last ``drain``."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: Counter = Counter()  # (name, labels) -> increment
+        self._observed: list[tuple[str, tuple, float]] = []  # (name, labels, value)
+
+    def chat(self, stats: ChatStats) -> None:
+        """A chat's final response was sent with ``stats``."""
+        where = (("priority", str(stats.priority)), ("route", _route(stats)))
+        with self._lock:
+            self._counts["requests_total", (("outcome", "fallback" if stats.fallback else "generated"),)] += 1
+            if stats.fallback and stats.fallback_reason is not None:
+                self._counts["fallbacks_total", (("reason", str(stats.fallback_reason)),)] += 1
+            self._counts["sessions_total", (("status", str(stats.session)),)] += 1
+            if stats.cache_miss is not None:
+                self._counts["cache_misses_total", (("reason", str(stats.cache_miss)),)] += 1
+            if stats.generated_tokens:
+                self._counts["generated_tokens_total", (("priority", str(stats.priority)),)] += stats.generated_tokens
+            first = stats.ttft_ms if stats.ttft_ms is not None else stats.total_ms if stats.fallback else None
+            if first is not None:
+                self._observed.append(("time_to_first_token_seconds", where, first / 1000))
+            if stats.total_ms is not None:
+                self._observed.append(("duration_seconds", where, stats.total_ms / 1000))
+            if stats.ttft_ms is not None and stats.total_ms is not None and stats.generated_tokens > 1:
+                gap = (stats.total_ms - stats.ttft_ms) / 1000 / (stats.generated_tokens - 1)
+                self._observed.append(("inter_token_seconds", where, gap))
+
+    def failed(self, outcome: str) -> None:
+        """A chat that ended with an error: ``invalid``, ``unavailable``, ``cancelled`` or ``error``."""
+        with self._lock:
+            self._counts["requests_total", (("outcome", outcome),)] += 1
+
+    def drain(self) -> tuple[Counter, list[tuple[str, tuple, float]]]:
+        """(counter increments, histogram observations) since the last call."""
+        with self._lock:
+            counts, observed = self._counts, self._observed
+            self._counts, self._observed = Counter(), []
+        return counts, observed

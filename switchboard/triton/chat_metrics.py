@@ -1,0 +1,109 @@
+"""``chat``'s metrics on Triton's metrics port: what ``ChatMetrics`` (switchboard/serving/metrics.py)
+accumulated, and the admission queue, published once a second by a thread of their own (each
+update is a round trip to the server). Every series a dashboard or an alert names exists from
+the start, at zero."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+from switchboard.serving.admission import Admission
+from switchboard.serving.metrics import METRICS, PREFIX, ChatMetrics
+from switchboard.wire import CacheMiss, FallbackReason, Route, SessionStatus
+
+log = logging.getLogger("switchboard.chat")
+_SHEDS = {"shed_timeout": "queue_timeout", "shed_full": "queue_full", "shed_forecast": "queue_forecast"}
+# The label values known in advance: their series are created at load, at zero.
+_KNOWN = {
+    "priority": ("1", "2"),
+    "route": (*(r.value for r in Route), "faq"),
+    "outcome": ("generated", "fallback", "invalid", "unavailable", "cancelled", "error"),
+    "reason": None,  # per family below
+    "status": tuple(s.value for s in SessionStatus),
+}
+_REASONS = {
+    "fallbacks_total": tuple(r.value for r in FallbackReason),
+    "cache_misses_total": tuple(m.value for m in CacheMiss),
+}
+
+
+class ChatMetricsPublisher:
+    def __init__(self, metrics: ChatMetrics, admission: Admission, interval: float = 1.0):
+        F = pb_utils.MetricFamily
+        self.metrics, self.admission, self.interval = metrics, admission, interval
+        self._families = {
+            name: F(name=PREFIX + name, description=doc, kind=F.HISTOGRAM if kind == "histogram" else F.COUNTER)
+            for name, (kind, doc, _, _) in METRICS.items()
+        }
+        self._families["sheds_total"] = F(
+            name=PREFIX + "sheds_total",
+            description="chats the admission queue answered without a generation slot, by reason",
+            kind=F.COUNTER,
+        )
+        for gauge, doc in (
+            ("admission_waiting", "chats waiting in chat's admission queue for a generation slot"),
+            ("admission_running", "chats holding a generation slot"),
+        ):
+            self._families[gauge] = F(name=PREFIX + gauge, description=doc, kind=F.GAUGE)
+        self._series: dict[tuple[str, tuple], object] = {}
+        for name, (_, _, labels, _) in METRICS.items():
+            for values in self._combinations(name, labels):
+                self._metric(name, tuple(zip(labels, values)))
+        for reason in _SHEDS.values():
+            self._metric("sheds_total", (("reason", reason),))
+        self._waiting = self._families["admission_waiting"].Metric(labels={})
+        self._running = self._families["admission_running"].Metric(labels={})
+        self._last_sheds: dict = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chat-metrics", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _combinations(name: str, labels: tuple) -> list[tuple]:
+        out = [()]
+        for label in labels:
+            values = _REASONS.get(name, ()) if label == "reason" else _KNOWN[label]
+            out = [(*o, v) for o in out for v in values]
+        return out
+
+    def _metric(self, name: str, labels: tuple):
+        series = self._series.get((name, labels))
+        if series is None:
+            buckets = METRICS[name][3] if name in METRICS else None
+            kwargs = {"buckets": list(buckets)} if buckets else {}
+            series = self._families[name].Metric(labels=dict(labels), **kwargs)
+            self._series[name, labels] = series
+        return series
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.publish()
+            except Exception:  # metrics must never take the model down
+                log.exception("publishing chat metrics failed")
+
+    def publish(self) -> None:
+        counts, observed = self.metrics.drain()
+        for (name, labels), n in counts.items():
+            self._metric(name, labels).increment(float(n))
+        for name, labels, value in observed:
+            self._metric(name, labels).observe(value)
+        state = self.admission.snapshot()
+        for key, reason in _SHEDS.items():
+            delta = state[key] - self._last_sheds.get(key, 0)
+            if delta > 0:
+                self._metric("sheds_total", (("reason", reason),)).increment(float(delta))
+        self._last_sheds = state
+        self._waiting.set(float(state["waiting"]))
+        self._running.set(float(state["running"]))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.interval)
+        # Metrics before their families (the backend requires this order).
+        self._series.clear()
+        self._waiting = self._running = None
+        self._families.clear()
