@@ -21,7 +21,7 @@ PYTEST_ARGS ?= -q
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model model-large bench-large export serve stop status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-large bench-large export serve stop monitor status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -46,8 +46,12 @@ export: model ## export MODEL (default: the built default model) to ONNX + INT8 
 serve: export ## start redis-server and tritonserver in the background (ports 8000/8001/8002, Redis 6379); REPLICAS=2: two behind HAProxy on 8001
 	@$(PY) -m switchboard.ops.launch up --repository $(REPO) --replicas $(REPLICAS)
 
-stop: ## stop what `make serve` started
+stop: ## stop what `make serve` (and `make monitor`) started
+	@$(PY) -m switchboard.ops.monitor down >/dev/null
 	@$(PY) -m switchboard.ops.launch down
+
+monitor: setup ## Prometheus (:9090, monitoring/alerts.yml) and Alertmanager (:9093) against `make serve`
+	@$(PY) -m switchboard.ops.monitor up
 
 status: ## what `make serve` started
 	@$(PY) -m switchboard.ops.launch status

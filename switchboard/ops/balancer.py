@@ -25,6 +25,7 @@ class Replica:
     name: str
     grpc_port: int
     http_port: int
+    metrics_port: int | None = None
 
 
 def haproxy_config(port: int, replicas: list[Replica], stats_port: int | None = None, host: str = "127.0.0.1") -> str:

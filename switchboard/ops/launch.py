@@ -441,7 +441,7 @@ def _up_replicas(args: argparse.Namespace) -> int:
             for _, path in _pidfiles(run):
                 _kill_pid(path, timeout=90)
             return 1
-        replicas.append(Replica(f"replica-{i}", r.grpc_port, r.http_port))
+        replicas.append(Replica(f"replica-{i}", r.grpc_port, r.http_port, r.metrics_port))
     balancer = Balancer(args.grpc_port, replicas, run, stats_port=args.http_port).start()
     _pidfile(run, "haproxy").write_text(str(balancer.proc.pid))
     (run / "replicas.json").write_text(json.dumps([vars(r) for r in replicas]))

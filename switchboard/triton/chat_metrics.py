@@ -12,6 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from switchboard.serving.admission import Admission
 from switchboard.serving.metrics import METRICS, PREFIX, ChatMetrics
+from switchboard.serving.pool_health import PoolHealth
 from switchboard.wire import CacheMiss, FallbackReason, Route, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
@@ -31,9 +32,11 @@ _REASONS = {
 
 
 class ChatMetricsPublisher:
-    def __init__(self, metrics: ChatMetrics, admission: Admission, interval: float = 1.0):
+    def __init__(
+        self, metrics: ChatMetrics, admission: Admission, health: PoolHealth, pools: tuple, interval: float = 1.0
+    ):
         F = pb_utils.MetricFamily
-        self.metrics, self.admission, self.interval = metrics, admission, interval
+        self.metrics, self.admission, self.health, self.interval = metrics, admission, health, interval
         self._families = {
             name: F(name=PREFIX + name, description=doc, kind=F.HISTOGRAM if kind == "histogram" else F.COUNTER)
             for name, (kind, doc, _, _) in METRICS.items()
@@ -48,6 +51,12 @@ class ChatMetricsPublisher:
             ("admission_running", "chats holding a generation slot"),
         ):
             self._families[gauge] = F(name=PREFIX + gauge, description=doc, kind=F.GAUGE)
+        self._families["pool_up"] = F(
+            name=PREFIX + "pool_up",
+            description="1 while chat routes to the pool, 0 while it routes around it (its stub died)",
+            kind=F.GAUGE,
+        )
+        self._pools = {pool: self._families["pool_up"].Metric(labels={"pool": pool}) for pool in pools}
         self._series: dict[tuple[str, tuple], object] = {}
         for name, (_, _, labels, _) in METRICS.items():
             for values in self._combinations(name, labels):
@@ -99,11 +108,14 @@ class ChatMetricsPublisher:
         self._last_sheds = state
         self._waiting.set(float(state["waiting"]))
         self._running.set(float(state["running"]))
+        for pool, gauge in self._pools.items():
+            gauge.set(1.0 if self.health.up(pool) else 0.0)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2 * self.interval)
         # Metrics before their families (the backend requires this order).
         self._series.clear()
+        self._pools.clear()
         self._waiting = self._running = None
         self._families.clear()

@@ -84,7 +84,9 @@ class TritonPythonModel:
         self._setup_fallback(cfg, version)
         self._setup_turn(cfg)
         self._setup_admission(cfg)
-        self.publisher = ChatMetricsPublisher(self.metrics, self.admission)
+        self.publisher = ChatMetricsPublisher(
+            self.metrics, self.admission, self.pool_health, (cfg.short_pool, cfg.long_pool)
+        )
 
     # -- initialize, step by step -----------------------------------------------------------
     def _load_model(self, version, cfg: ChatConfig) -> None:

@@ -1,0 +1,167 @@
+"""Prometheus and Alertmanager (Debian's) against a running Switchboard:
+``python -m switchboard.ops.monitor up|down``.
+
+``up`` writes a Prometheus configuration that scrapes the server's metrics port (every
+replica's with ``make serve REPLICAS=N``) every 5 s and evaluates monitoring/alerts.yml, and
+starts Prometheus (:9090) and Alertmanager (:9093) in the background with their data under the
+run directory; ``down`` stops them. ``Monitor`` does the same on free ports for the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from switchboard import paths
+
+MONITORING = paths.ROOT / "monitoring"
+
+
+def binary(name: str) -> str:
+    found = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    if found is None:
+        raise SystemExit(
+            f"{name} is not installed: `make setup` installs Debian's prometheus and prometheus-alertmanager"
+        )
+    return found
+
+
+def prometheus_config(targets: list[str], alertmanager: str | None, interval_s: float = 5.0) -> str:
+    lines = [
+        "# Rendered by switchboard.ops.monitor.",
+        "global:",
+        f"  scrape_interval: {interval_s:g}s",
+        f"  evaluation_interval: {interval_s:g}s",
+        "rule_files:",
+        f"  - {MONITORING / 'alerts.yml'}",
+    ]
+    if alertmanager:
+        lines += ["alerting:", "  alertmanagers:", f"    - static_configs: [{{targets: ['{alertmanager}']}}]"]
+    lines += [
+        "scrape_configs:",
+        "  - job_name: switchboard",
+        f"    static_configs: [{{targets: [{', '.join(repr(t) for t in targets)}]}}]",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class Monitor:
+    """Prometheus (and Alertmanager unless ``alertmanager_port`` is None) scraping ``targets``."""
+
+    def __init__(
+        self,
+        targets: list[str],
+        run_dir: Path,
+        prometheus_port: int = 9090,
+        alertmanager_port: int | None = 9093,
+        interval_s: float = 5.0,
+    ):
+        self.targets, self.run_dir, self.interval_s = targets, run_dir, interval_s
+        self.prometheus_port, self.alertmanager_port = prometheus_port, alertmanager_port
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    def start(self) -> Monitor:
+        from switchboard.ops.launch import _wait, port_open
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        am = f"127.0.0.1:{self.alertmanager_port}" if self.alertmanager_port else None
+        config = self.run_dir / "prometheus.yml"
+        config.write_text(prometheus_config(self.targets, am, self.interval_s))
+        check = subprocess.run([binary("promtool"), "check", "config", str(config)], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"promtool refused {config}: {check.stdout}{check.stderr}")
+        commands = {
+            "prometheus": [
+                binary("prometheus"),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.run_dir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+            ]
+        }
+        if am:
+            commands["alertmanager"] = [
+                binary("prometheus-alertmanager"),
+                f"--config.file={MONITORING / 'alertmanager.yml'}",
+                f"--storage.path={self.run_dir / 'alertmanager-data'}",
+                f"--web.listen-address={am}",
+                "--cluster.listen-address=",
+            ]
+        for name, cmd in commands.items():
+            self.procs[name] = subprocess.Popen(
+                cmd,
+                stdout=open(self.run_dir / f"{name}.log", "ab"),
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        _wait(lambda: port_open(self.prometheus_port), 30, "prometheus", self.procs["prometheus"])
+        if am:
+            _wait(lambda: port_open(self.alertmanager_port), 30, "alertmanager", self.procs["alertmanager"])
+        return self
+
+    def query(self, expr: str) -> list[dict]:
+        """The instant vector ``expr`` evaluates to now (Prometheus' HTTP API)."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as r:
+            body = json.load(r)
+        if body.get("status") != "success":
+            raise RuntimeError(f"{expr}: {body}")
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        from switchboard.ops.launch import _stop
+
+        for proc in self.procs.values():
+            _stop(proc)
+        self.procs.clear()
+
+
+def targets(args: argparse.Namespace) -> list[str]:
+    """The metrics ports of what `make serve` started: every replica's, or the one server's."""
+    replicas = args.run_dir / "replicas.json"
+    if replicas.exists():
+        return [f"127.0.0.1:{r['metrics_port']}" for r in json.loads(replicas.read_text())]
+    return [f"127.0.0.1:{args.metrics_port}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.ops.monitor", description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=["up", "down"])
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    p.add_argument("--prometheus-port", type=int, default=int(os.environ.get("PROMETHEUS_PORT", 9090)))
+    p.add_argument("--alertmanager-port", type=int, default=int(os.environ.get("ALERTMANAGER_PORT", 9093)))
+    p.add_argument("--run-dir", type=Path, default=paths.RUN)
+    args = p.parse_args(argv)
+    from switchboard.ops.launch import _kill_pid, _pidfile
+
+    run = args.run_dir / "monitor"
+    if args.action == "down":
+        stopped = [n for n in ("prometheus", "alertmanager") if _kill_pid(_pidfile(run, n), timeout=30)]
+        print("stopped: " + (", ".join(stopped) if stopped else "no monitoring was running"))
+        return 0
+    if _pidfile(run, "prometheus").exists():
+        print("monitoring already up (make stop first)")
+        return 1
+    monitor = Monitor(targets(args), run, args.prometheus_port, args.alertmanager_port).start()
+    for name, proc in monitor.procs.items():
+        _pidfile(run, name).write_text(str(proc.pid))
+    print(
+        f"[monitor] Prometheus http://127.0.0.1:{args.prometheus_port} scraping {', '.join(monitor.targets)} "
+        f"with monitoring/alerts.yml; Alertmanager http://127.0.0.1:{args.alertmanager_port}; logs in {run}/"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
