@@ -16,6 +16,7 @@ import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatClient, ChatError
 from switchboard.ops.launch import Ports, Stack, children
+from switchboard.perf.bench import scrape
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.session import session_key
 from tests.integration.kvtools import session_blocks
@@ -272,7 +273,12 @@ def test_killed_engine_stub_errors_or_falls_back_never_hangs_then_recovers(tight
     assert all(r.text.strip() for r in replies)
     assert replies[-1].stats.route == "long" and not replies[-1].stats.fallback
     with grpcclient.InferenceServerClient(tight.grpc_url) as c:
-        assert c.is_server_ready()
+        assert c.is_server_ready()  # Triton 2.51 still says ready: chat's gauge is what tells (SwitchboardPoolDown)
+    deadline = time.monotonic() + 5
+    while scrape(tight.ports.metrics).get(("switchboard_chat_pool_up", (("pool", "engine_short"),))) != 0.0:
+        assert time.monotonic() < deadline, "switchboard_chat_pool_up{pool=engine_short} did not go to 0"
+        time.sleep(0.2)
+    assert scrape(tight.ports.metrics)[("switchboard_chat_pool_up", (("pool", "engine_long"),))] == 1.0
 
 
 def test_killed_chat_stub_gives_errors_not_hangs(tight):
