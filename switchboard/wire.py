@@ -156,6 +156,7 @@ class FallbackReason(StrEnum):
     SHUTTING_DOWN = "shutting_down"
     ENGINE_TIMEOUT = "engine_timeout"  # a pool sent nothing in time
     ENGINE_ERROR = "engine_error"  # both pools failed
+    LATENCY_BREAKER = "latency_breaker"  # priority 2 while recent P99 time to first token is over its bound
 
 
 class Route(StrEnum):

@@ -78,9 +78,11 @@ class Admission:
         reserved: int = 0,
         forecast: bool = True,
         shed_nice: int = 0,
+        breaker: Callable[[], bool] | None = None,
     ):
         self.max_inflight, self.max_pending, self.max_wait_s = max_inflight, max_pending, max_wait_s
         self.forecast = forecast
+        self.breaker = breaker  # open: priority 2 is answered from the FAQ at once (serving/breaker.py)
         # Slots only priority 1 may take: a VIP arriving while every slot is busy would
         # otherwise wait for some chat to finish.
         self.reserved = max(0, min(reserved, max_inflight - 1))
@@ -100,7 +102,7 @@ class Admission:
             thread_name_prefix="chat-shed",
             initializer=lambda: lower_this_thread(shed_nice, "the FAQ answer threads"),
         )
-        self.counts = {"admitted": 0, "shed_timeout": 0, "shed_full": 0, "shed_forecast": 0}  # guarded by _cv
+        self.counts = {"admitted": 0, "shed_timeout": 0, "shed_full": 0, "shed_forecast": 0, "shed_breaker": 0}
         self._thread = threading.Thread(target=self._loop, name="chat-admission", daemon=True)
         self._thread.start()
 
@@ -110,6 +112,12 @@ class Admission:
             return {**self.counts, "waiting": len(self._heap), "running": self._inflight}
 
     def submit(self, job, priority: int) -> None:
+        if priority > 1 and self.breaker is not None and self.breaker():
+            with self._cv:
+                self.counts["shed_breaker"] += 1
+                self._shedding += 1
+            self._shedders.submit(self._shed_one, job, FallbackReason.LATENCY_BREAKER)
+            return
         with self._cv:
             if not self._would_time_out(priority):
                 heapq.heappush(self._heap, _Pending(priority, next(self._seq), self._clock() + self.max_wait_s, job))

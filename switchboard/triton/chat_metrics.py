@@ -16,7 +16,12 @@ from switchboard.serving.pool_health import PoolHealth
 from switchboard.wire import CacheMiss, FallbackReason, Route, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
-_SHEDS = {"shed_timeout": "queue_timeout", "shed_full": "queue_full", "shed_forecast": "queue_forecast"}
+_SHEDS = {
+    "shed_timeout": "queue_timeout",
+    "shed_full": "queue_full",
+    "shed_forecast": "queue_forecast",
+    "shed_breaker": "latency_breaker",
+}
 # The label values known in advance: their series are created at load, at zero.
 _KNOWN = {
     "priority": ("1", "2"),

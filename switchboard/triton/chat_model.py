@@ -22,6 +22,7 @@ from switchboard.artifact.manifest import Manifest
 from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.engine.stream import CancelPoll
 from switchboard.serving.admission import Admission
+from switchboard.serving.breaker import LatencyBreaker
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.fallback import FaqFallback
 from switchboard.serving.gate import PriorityGate, send_rank
@@ -52,10 +53,10 @@ class _Job:
 
 class TritonSink:
     """A turn's responses through the decoupled response sender, each through the send gate;
-    the final one's stats counted in ``metrics``."""
+    the final one's stats handed to ``finished`` (metrics, the latency breaker)."""
 
-    def __init__(self, sender, gate: PriorityGate, metrics: ChatMetrics):
-        self.sender, self.gate, self.metrics = sender, gate, metrics
+    def __init__(self, sender, gate: PriorityGate, finished):
+        self.sender, self.gate, self.finished = sender, gate, finished
 
     def text(self, delta: str, priority: int) -> None:
         out = pb_utils.Tensor(Chat.TEXT_OUTPUT, np.asarray([[delta.encode("utf-8")]], np.object_))
@@ -70,7 +71,7 @@ class TritonSink:
         ]
         with self.gate(send_rank(priority, final=True)):
             self.sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
-        self.metrics.chat(stats)
+        self.finished(stats)
 
 
 class TritonPythonModel:
@@ -154,6 +155,9 @@ class TritonPythonModel:
         # Every response goes out through the gate, priority 1 first (PriorityGate, send_rank say why).
         self.gate = PriorityGate()
         self.metrics = ChatMetrics()
+        self.breaker = None
+        if cfg.breaker_ttft_p99_s > 0:
+            self.breaker = LatencyBreaker(cfg.breaker_ttft_p99_s, cfg.breaker_window_s, cfg.breaker_min_samples)
         self.admission = Admission(
             max_inflight=cfg.max_inflight,
             reserved=cfg.max_inflight_reserved,
@@ -164,6 +168,7 @@ class TritonPythonModel:
             shed_workers=cfg.shed_workers,
             forecast=cfg.shed_on_forecast,
             shed_nice=cfg.shed_nice,
+            breaker=self.breaker.is_open if self.breaker else None,
         )
 
     # -- requests -------------------------------------------------------------------------
@@ -199,7 +204,7 @@ class TritonPythonModel:
             if request.is_cancelled():
                 raise Cancelled()
             cancelled = CancelPoll(request.is_cancelled, self.cancel_poll_s)
-            self.turn.run(job.chat, TritonSink(sender, self.gate, self.metrics), cancelled, job.t0)
+            self.turn.run(job.chat, TritonSink(sender, self.gate, self._finished), cancelled, job.t0)
         except RequestError as e:
             send_error(sender, str(e), "INVALID_ARG")
             self.metrics.failed("invalid")
@@ -221,8 +226,14 @@ class TritonPythonModel:
             send_error(job.sender, f"overloaded ({reason}); try again later", "UNAVAILABLE")
             self.metrics.failed("unavailable")
         else:
-            sink = TritonSink(job.sender, self.gate, self.metrics)
+            sink = TritonSink(job.sender, self.gate, self._finished)
             self.turn.answer_from_faq(job.chat, sink, job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
+
+    def _finished(self, stats: ChatStats) -> None:
+        """A chat's final response went out: count it; a generated answer's wait feeds the breaker."""
+        self.metrics.chat(stats)
+        if self.breaker is not None and not stats.fallback and stats.ttft_ms is not None:
+            self.breaker.observe(stats.ttft_ms / 1000)
 
     def finalize(self):
         self.admission.close()

@@ -122,6 +122,15 @@ class ChatConfig(_RedisConfig):
         "a priority-2 chat that would wait out max_queue_wait_s (the chats ahead of it, at the rate slots "
         "free up) gets the FAQ answer on arrival, or as soon as the forecast, made again every 0.1 s, says so",
     )
+    breaker_ttft_p99_s: float = setting(
+        0.0,
+        "latency circuit breaker: while the P99 time to first token of the last breaker_window_s is over this, "
+        "new priority-2 chats get the FAQ answer at once (0: off; seed 001 used 1.5)",
+        0.0,
+        600.0,
+    )
+    breaker_window_s: float = setting(30.0, "the breaker's window of recent chats", 1.0, 3600.0)
+    breaker_min_samples: int = setting(20, "the breaker judges only a window of at least this many chats", 1, 100000)
     shed_workers: int = setting(
         8, "threads answering from the FAQ; each answer is a round trip to the server (docs/reliability.md)", 1, 256
     )

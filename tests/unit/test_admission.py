@@ -419,3 +419,21 @@ def test_faq_answers_run_on_lowered_threads_chats_on_the_servers():
         a.close()
     lowered = min(own + 5, 19)
     assert seen == {"p1": own, "p2": own, "holder": own, "shed": lowered}
+
+
+def test_an_open_latency_breaker_answers_priority_two_from_the_faq_at_once_never_priority_one():
+    r = Recorder()
+    r.release.set()
+    open_ = [True]
+    a = Admission(max_inflight=4, max_pending=100, max_wait_s=30, run=r.run, shed=r.on_shed, breaker=lambda: open_[0])
+    try:
+        a.submit("p2-shed", 2)
+        a.submit("vip", 1)
+        assert wait_until(lambda: len(r.shed) == 1 and len(r.started) == 1)
+        assert r.shed == [("p2-shed", "latency_breaker")] and r.started == ["vip"]
+        open_[0] = False  # recovered: priority 2 is admitted again
+        a.submit("p2-ok", 2)
+        assert wait_until(lambda: "p2-ok" in r.started)
+        assert a.snapshot()["shed_breaker"] == 1
+    finally:
+        a.close()

@@ -82,7 +82,7 @@ def _model(glue, turn, faq=True):
     model.limits, model.turn, model.gate, model.cancel_poll_s = Limits(), turn, PriorityGate(), 0.05
     model.faq = object() if faq else None
     model.admission = Admission(model._serve)
-    model.metrics = ChatMetrics()
+    model.metrics, model.breaker = ChatMetrics(), None
     return model
 
 
