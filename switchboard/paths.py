@@ -15,3 +15,4 @@ BUILD = ROOT / "build"
 LOGS = BUILD / "logs"  # one log per build step (switchboard.console)
 RUN = BUILD / "run"  # pid files and logs of the stack `make serve` starts
 ARTIFACTS = BUILD / "artifacts"
+K8S = ROOT / "deploy" / "k8s"  # Kubernetes manifests (docs/kubernetes.md)

@@ -7,6 +7,11 @@ So the supervisor probes with real requests every few seconds (one priority-1 ch
 token from each engine pool directly) and restarts tritonserver when it has exited or failed
 ``failures`` probes in a row. redis-server keeps running across restarts: sessions survive.
 
+After each (re)start the first round is a warm-up: the same probe with a few generated tokens,
+sent at once. The supervisor calls itself ready only once it has answered and no probe has
+failed since; with ``--probe-port`` it serves that on ``READINESS_PATH`` and its own health on
+``LIVENESS_PATH`` for an orchestrator (deploy/k8s, docs/kubernetes.md).
+
 ``python -m switchboard.ops.launch up`` runs the stack under this supervisor in the background;
 ``python -m switchboard.ops.supervisor --help`` runs it in the foreground.
 """
@@ -14,6 +19,7 @@ token from each engine pool directly) and restarts tritonserver when it has exit
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
 import logging
 import os
@@ -22,7 +28,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +38,9 @@ log = logging.getLogger("switchboard.ops.supervisor")
 
 POOLS = ("engine_short", "engine_long")
 PROBE_TEXT = "Where is my order?"
+WARM_UP_TOKENS = 8  # past the first token: the warm-up runs decode steps too
+LIVENESS_PATH = "/livez"
+READINESS_PATH = "/readyz"
 
 
 def _pool_request(url: str, model: str, timeout_s: float, ping_every_s: float = 1.0) -> str | None:
@@ -82,7 +91,7 @@ def _pool_request(url: str, model: str, timeout_s: float, ping_every_s: float = 
             pass
 
 
-def probe(url: str, timeout_s: float = 20.0) -> str | None:
+def probe(url: str, timeout_s: float = 20.0, max_new_tokens: int = 1) -> str | None:
     """One token from each pool, then a priority-1 chat of one token; the first failure or None.
     An FAQ answer because a pool failed counts as a failure; one because of load does not.
     Pools first: once Triton has seen a stub die, the pool refuses at once ("not healthy"), where
@@ -96,7 +105,7 @@ def probe(url: str, timeout_s: float = 20.0) -> str | None:
             return failure
     try:
         reply = ChatClient(url, timeout_s=timeout_s, private_connection=True).chat(
-            PROBE_TEXT, stream=False, priority=1, max_new_tokens=1
+            PROBE_TEXT, stream=False, priority=1, max_new_tokens=max_new_tokens
         )
     except ChatError as e:
         if e.code == "UNAVAILABLE" and str(e).startswith("overloaded"):
@@ -123,6 +132,32 @@ class Supervisor:
     restarts: int = 0
     last_failure: str | None = None
     restarted_at: float | None = None  # time.monotonic() when the last restart was ready
+    # The first round after each (re)start (None: ``probe``); ready only once it has answered.
+    warm_up: Callable[[], str | None] | None = None
+    warmed: bool = False
+    restart_failing_since: float | None = None  # time.monotonic() of the first failed restart in a row
+    heartbeat: float = field(default_factory=time.monotonic)  # the last round's end
+    give_up_after_s: float = 300.0  # restarts failing this long: not live (the container restarts)
+    stuck_after_s: float = 600.0  # no round this long (more than a start, 180 s, plus a probe): not live
+
+    def why_not_ready(self) -> str | None:
+        """None while tritonserver runs, has answered its warm-up and no probe failed since."""
+        proc = self.stack.triton
+        if proc is None or proc.poll() is not None:
+            return "tritonserver is not running"
+        if not self.warmed:
+            return "warming up" if self.failures == 0 else f"warm-up failed: {self.last_failure}"
+        return f"probe failed: {self.last_failure}" if self.failures else None
+
+    def why_not_live(self, now: float | None = None) -> str | None:
+        """None unless the supervisor cannot bring tritonserver back (restarts failing for
+        ``give_up_after_s``) or its rounds stopped: then the container should be restarted."""
+        now = time.monotonic() if now is None else now
+        if self.restart_failing_since is not None and now - self.restart_failing_since > self.give_up_after_s:
+            return f"restarts failing for {now - self.restart_failing_since:.0f} s: {self.last_failure}"
+        if now - self.heartbeat > self.stuck_after_s:
+            return f"no probe round for {now - self.heartbeat:.0f} s"
+        return None
 
     def check(self) -> str | None:
         """One round: why tritonserver must restart now, or None."""
@@ -131,14 +166,18 @@ class Supervisor:
             return "tritonserver is not running"
         if proc.poll() is not None:
             return f"tritonserver exited with code {proc.returncode}"
-        failure = self.probe()
+        warming = not self.warmed
+        failure = (self.warm_up or self.probe)() if warming else self.probe()
         self.probes += 1
         if failure is None:
             self.failures = 0
+            if warming:
+                self.warmed = True
+                log.info("warm-up answered: ready")
             return None
         self.failures += 1
-        self.last_failure = failure
-        log.warning("probe failed (%d of %d): %s", self.failures, self.failures_to_restart, failure)
+        self.last_failure = f"warm-up: {failure}" if warming else failure
+        log.warning("probe failed (%d of %d): %s", self.failures, self.failures_to_restart, self.last_failure)
         if proc.poll() is not None:
             return f"tritonserver exited with code {proc.returncode}"
         return failure if self.failures >= self.failures_to_restart else None
@@ -147,23 +186,29 @@ class Supervisor:
         self.restarts += 1
         self.last_failure = reason
         log.error("restarting tritonserver (restart %d): %s", self.restarts, reason)
+        self.warmed, self.failures = False, 0
         self.stack.restart_triton()
-        self.failures = 0
         self.restarted_at = time.monotonic()
         log.info("tritonserver ready again (pid %d)", self.stack.triton.pid)
 
     def run(self, stop: threading.Event) -> None:
-        backoff = 0.0
+        backoff, wait = 0.0, 0.0  # the first round, the warm-up, at once
         self.write_state()
-        while not stop.wait(self.interval_s + backoff):
+        while not stop.wait(wait):
+            wait = self.interval_s
             reason = self.check()
             if reason is not None:
                 try:
                     self.restart(reason)
-                    backoff = 0.0
+                    backoff, wait = 0.0, 0.0  # warm the new server up at once
+                    self.restart_failing_since = None
                 except Exception as e:  # the next round tries again, waiting longer each time
                     backoff = min(60.0, max(2.0, backoff * 2))
-                    log.error("restart failed (next try in %.0f s): %s", self.interval_s + backoff, e)
+                    wait = self.interval_s + backoff
+                    if self.restart_failing_since is None:
+                        self.restart_failing_since = time.monotonic()
+                    log.error("restart failed (next try in %.0f s): %s", wait, e)
+            self.heartbeat = time.monotonic()
             self.write_state()
 
     def write_state(self) -> None:
@@ -177,6 +222,7 @@ class Supervisor:
             "restarts": self.restarts,
             "failures": self.failures,
             "last_failure": self.last_failure,
+            "ready": self.why_not_ready() is None,
             "checked_at": time.time(),
         }
         tmp = self.state_file.with_suffix(".tmp")
@@ -184,8 +230,41 @@ class Supervisor:
         tmp.replace(self.state_file)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from switchboard.ops.launch import add_stack_arguments, stack_from_arguments
+class ProbeServer:
+    """``LIVENESS_PATH`` and ``READINESS_PATH`` over HTTP on a thread of their own: 200 when
+    ``why_not_live`` / ``why_not_ready`` give None, else 503; the body is the reason as JSON."""
+
+    def __init__(self, address: str, port: int, why_not_live: Callable, why_not_ready: Callable):
+        checks = {LIVENESS_PATH: why_not_live, READINESS_PATH: why_not_ready}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                check = checks.get(self.path.split("?")[0])
+                reason = check() if check else "not found"
+                body = json.dumps({"ok": reason is None, "reason": reason}).encode()
+                self.send_response(404 if check is None else 200 if reason is None else 503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # kubelet asks every few seconds: not worth a line
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((address, port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="probe-server", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (also what deploy/k8s runs in each pod; tests/unit/test_k8s_manifests.py parses it)."""
+    from switchboard.ops.launch import add_stack_arguments
 
     p = argparse.ArgumentParser(prog="python -m switchboard.ops.supervisor", description=__doc__.split("\n\n")[0])
     add_stack_arguments(p)
@@ -197,29 +276,61 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="Redis on --redis-port is another replica's: neither start nor stop it",
     )
-    args = p.parse_args(argv)
+    p.add_argument("--redis-url", help="Redis elsewhere (e.g. redis://redis:6379/0): implies --shared-redis")
+    p.add_argument(
+        "--probe-port",
+        type=int,
+        default=int(os.environ.get("PROBE_PORT", 0)),
+        help=f"serve {LIVENESS_PATH} and {READINESS_PATH} on this port (default 0: not served)",
+    )
+    p.add_argument("--probe-address", default="0.0.0.0", help="address of --probe-port (default 0.0.0.0)")
+    p.add_argument(
+        "--warm-up-timeout-s", type=float, default=60.0, help="deadline of the warm-up requests (default 60)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from switchboard.ops.launch import stack_from_arguments
+
+    args = parser().parse_args(argv)
+    args.shared_redis = args.shared_redis or bool(args.redis_url)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.run_dir.mkdir(parents=True, exist_ok=True)
     stack = stack_from_arguments(args)
+    if args.redis_url:
+        stack.env["SWITCHBOARD_REDIS_URL"] = args.redis_url
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     state_file = args.run_dir / "supervisor.json"
     state_file.unlink(missing_ok=True)
+    supervisor = Supervisor(
+        stack, lambda: probe(stack.grpc_url, args.probe_timeout_s), args.interval_s, args.failures, state_file
+    )
+    supervisor.warm_up = lambda: probe(stack.grpc_url, args.warm_up_timeout_s, WARM_UP_TOKENS)
+    endpoints = None
+    if args.probe_port:  # up before the slow start: live while loading, not ready
+        endpoints = ProbeServer(
+            args.probe_address,
+            args.probe_port,
+            supervisor.why_not_live,
+            lambda: "stopping" if stop.is_set() else supervisor.why_not_ready(),
+        )
+        log.info("probes: http://%s:%d%s and %s", args.probe_address, endpoints.port, LIVENESS_PATH, READINESS_PATH)
     log.info("starting redis-server :%d and tritonserver (gRPC :%d)", args.redis_port, args.grpc_port)
     try:
         stack.start_triton() if args.shared_redis else stack.start()
     except BaseException as e:
         log.error("the stack did not start: %s", e)
         return 1
-    supervisor = Supervisor(
-        stack, lambda: probe(stack.grpc_url, args.probe_timeout_s), args.interval_s, args.failures, state_file
-    )
-    log.info("serving: gRPC %s; probing every %.0f s", stack.grpc_url, args.interval_s)
+    log.info("serving: gRPC %s; warming up, then probing every %.0f s", stack.grpc_url, args.interval_s)
     try:
         supervisor.run(stop)
     finally:
         log.info("stopping")
+        if endpoints is not None:
+            endpoints.stop()
         stack.stop_triton() if args.shared_redis else stack.stop()
         state_file.unlink(missing_ok=True)
     return 0

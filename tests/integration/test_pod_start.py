@@ -1,0 +1,139 @@
+"""A Switchboard pod's start on this machine: the container's command from deploy/k8s (the
+supervisor with its probe port, Redis elsewhere) on free ports. Not ready until the warm-up chat
+has answered; the series the HPA scales on are on the metrics port; SIGTERM stops it cleanly.
+And `python -m switchboard.perf.cold_start` measures such a start."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import types
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+from switchboard import paths
+from switchboard.client import ChatClient
+from switchboard.ops.launch import Ports, Stack, _alive, free_port
+from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH
+from switchboard.perf.cold_start import container_args
+
+
+def _get(port: int, path: str) -> tuple[int | None, dict | None]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    except OSError:
+        return None, None
+
+
+@pytest.fixture(scope="module")
+def pod(artifacts, tmp_path_factory):
+    run = tmp_path_factory.mktemp("pod")
+    ports, probe_port = Ports.free(), free_port()
+    redis = Stack(ports, run_dir=run)
+    redis.start_redis()
+    args = container_args() + [
+        f"--redis-url={redis.redis_url}",
+        f"--http-port={ports.http}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-port={ports.metrics}",
+        f"--probe-port={probe_port}",
+        "--probe-address=127.0.0.1",
+        f"--repository={paths.MODEL_REPOSITORY}",
+        f"--run-dir={run}",
+    ]
+    log = run / "supervisor.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "switchboard.ops.supervisor", *args],
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    answers = []  # every /readyz answer until the first 200
+    deadline = time.monotonic() + 300
+    while not answers or answers[-1][0] != 200:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"not ready: {answers[-3:]}\n{log.read_text()[-3000:]}"
+        status, body = _get(probe_port, READINESS_PATH)
+        if status is not None:
+            answers.append((status, body))
+        time.sleep(0.05)
+    yield types.SimpleNamespace(proc=proc, ports=ports, probe_port=probe_port, run=run, answers=answers, log=log)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+    redis.stop_redis()
+
+
+def test_the_pod_is_ready_only_after_its_warm_up_answered(pod):
+    assert pod.answers[0][0] == 503, "tritonserver takes seconds to load: the first answer is not ready"
+    reasons = {body["reason"] for status, body in pod.answers if status == 503}
+    assert reasons <= {"warming up", "tritonserver is not running"}, reasons
+    assert "warm-up answered: ready" in pod.log.read_text()
+    state = json.loads((pod.run / "supervisor.json").read_text())
+    assert state["probes"] >= 1 and state["failures"] == 0 and state["ready"] is True, state
+    assert _get(pod.probe_port, LIVENESS_PATH) == (200, {"ok": True, "reason": None})
+    reply = ChatClient(f"127.0.0.1:{pod.ports.grpc}", timeout_s=60).chat(
+        "Where is my order?", session_id="pod-start", stream=False, max_new_tokens=8
+    )
+    assert reply.text and not reply.stats.fallback and reply.stats.session == "miss"
+
+
+def _series(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
+        if m:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def test_the_series_the_hpa_scales_on_are_exported(pod):
+    config = yaml.safe_load(
+        next(yaml.safe_load_all((paths.K8S / "monitoring" / "prometheus-adapter.yaml").read_text()))["data"][
+            "config.yaml"
+        ]
+    )
+    names = [re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", rule["seriesQuery"]).group(0) for rule in config["rules"]]
+    deadline = time.monotonic() + 30  # chat publishes its metrics once a second
+    while True:
+        series = _series(pod.ports.metrics)
+        ttft = [v for k, v in series.items() if k.startswith(names[-1]) and 'le="+Inf"' in k and 'route="short"' in k]
+        if sum(ttft) >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for name in names:
+        assert any(k == name or k.startswith(name + "{") for k in series), name
+    assert sum(ttft) >= 1, "the warm-up's time to first token is in the histogram"
+
+
+def test_sigterm_stops_the_pod_cleanly(pod):
+    triton = json.loads((pod.run / "supervisor.json").read_text())["tritonserver_pid"]
+    pod.proc.send_signal(signal.SIGTERM)
+    assert pod.proc.wait(timeout=90) == 0
+    assert not _alive(triton)
+
+
+def test_the_cold_start_tool_measures_a_start(artifacts, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "switchboard.perf.cold_start", "--runs", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run,) = json.loads((tmp_path / "summary.json").read_text())
+    assert run["triton_ready_s"] <= run["ready_s"] <= run["first_text_s"] <= run["answer_s"], run
+    assert run["fallback"] is False and run["pss_mib"] > 0 and "stop_s" in run
+    assert "/readyz 200 (warm-up answered)" in (tmp_path / "summary.md").read_text()
