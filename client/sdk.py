@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import json
 import os
 import queue
 import threading
@@ -73,9 +74,12 @@ def error_of(e: InferenceServerException) -> tuple[str | None, str]:
     return code, message
 
 
-def stream_request(model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p, seed) -> dict:
+def stream_request(
+    model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p, seed, history=None
+) -> dict:
     """Keyword arguments of tritonclient's ``async_stream_infer`` (and the dict its asyncio
-    client's ``stream_infer`` reads) for one chat."""
+    client's ``stream_infer`` reads) for one chat. ``history``: the conversation before ``text``
+    (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``) for a stateless chat."""
 
     def tensor(name, value, dtype, triton_type):
         t = grpcclient.InferInput(name, [1, 1], triton_type)
@@ -93,6 +97,9 @@ def stream_request(model: str, text, session_id, priority: int, max_new_tokens, 
         inputs.append(tensor(Chat.TEMPERATURE, temperature, np.float32, "FP32"))
     if top_p is not None:
         inputs.append(tensor(Chat.TOP_P, top_p, np.float32, "FP32"))
+    if history is not None:
+        blob = json.dumps(list(history), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+        inputs.append(tensor(Chat.HISTORY, blob, np.object_, "BYTES"))
     parameters = {PRIORITY_PARAMETER: int(priority)}
     if seed is not None:
         parameters[Pool.SEED] = int(seed)
@@ -157,10 +164,13 @@ class ChatClient:
         temperature: float | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        *,
+        history: list[dict] | None = None,
     ) -> Iterator[str | ChatStats] | ChatReply:
         """``stream=True``: an iterator of text deltas (str) ending with one ``ChatStats``.
-        ``stream=False``: the whole ``ChatReply``. Raises ``ChatError`` on refusal."""
-        events = self._events(text, session_id, priority, max_new_tokens, temperature, top_p, seed)
+        ``stream=False``: the whole ``ChatReply``. Raises ``ChatError`` on refusal.
+        ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller."""
+        events = self._events(text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
         if stream:
             return events
         parts, stats = [], None
@@ -171,8 +181,10 @@ class ChatClient:
                 parts.append(event)
         return ChatReply("".join(parts), stats)
 
-    def _events(self, text, session_id, priority, max_new_tokens, temperature, top_p, seed):
-        request = stream_request(self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed)
+    def _events(self, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history=None):
+        request = stream_request(
+            self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history
+        )
         # Behind a balancer (switchboard.ops.balancer) a chat that got nothing from a replica that
         # died or could not be reached is sent again: the balancer has another one. Once text
         # arrived, a broken stream is the caller's error (the answer would start over).
@@ -280,6 +292,13 @@ class AsyncChatClient:
     async def close(self) -> None:
         await self._client.close()
 
+    async def ready(self) -> bool:
+        """The server and the chat model are ready."""
+        try:
+            return await self._client.is_server_ready() and await self._client.is_model_ready(self.model)
+        except InferenceServerException:
+            return False
+
     async def chat(
         self,
         text: str,
@@ -289,10 +308,13 @@ class AsyncChatClient:
         temperature: float | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        *,
+        history: list[dict] | None = None,
     ) -> ChatReply:
         """The whole answer. Raises ``ChatError`` on refusal."""
         parts, stats = [], None
-        async for event in self.stream(text, session_id, priority, max_new_tokens, temperature, top_p, seed):
+        events = self.stream(text, session_id, priority, max_new_tokens, temperature, top_p, seed, history=history)
+        async for event in events:
             if isinstance(event, ChatStats):
                 stats = event
             else:
@@ -308,9 +330,14 @@ class AsyncChatClient:
         temperature: float | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        *,
+        history: list[dict] | None = None,
     ) -> AsyncIterator[str | ChatStats]:
-        """Text deltas (str) ending with one ``ChatStats``; leaving early cancels the chat."""
-        request = stream_request(self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed)
+        """Text deltas (str) ending with one ``ChatStats``; leaving early cancels the chat.
+        ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller."""
+        request = stream_request(
+            self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history
+        )
         answered = asyncio.Event()
 
         async def requests():

@@ -45,16 +45,18 @@ class PromptBuilder:
         self.max_messages = 2 * max_turns - 1  # the last `max_turns` user turns and answers between
         self.context_window = context_window
 
-    def build(self, history: Conversation | None, text: str, max_new_tokens: int) -> Prompt:
+    def build(self, history: Conversation | None, text: str, max_new_tokens: int, system: str | None = None) -> Prompt:
+        """``system``: the client's system prompt for this chat instead of the server's."""
         history = history or Conversation()
+        head = self.system if system is None else [{"role": "system", "content": system}]
         messages = [*history.messages, {"role": "user", "content": text}]
         dropped = 0
         while len(messages) > self.max_messages:
             messages, dropped = messages[2:], dropped + 1
-        ids = self._encode(messages, history if dropped == 0 else None)
+        ids = self._encode(head + messages, history if dropped == 0 else None)
         while len(ids) + max_new_tokens > self.context_window and len(messages) > 1:
             messages, dropped = messages[2:], dropped + 1
-            ids = self._encode(messages, None)
+            ids = self._encode(head + messages, None)
         room = self.context_window - len(ids)
         if room < 1:
             raise PromptTooLong(
@@ -63,7 +65,7 @@ class PromptBuilder:
         return Prompt(ids, messages, min(max_new_tokens, room), dropped)
 
     def _encode(self, messages: list[dict], history: Conversation | None) -> list[int]:
-        text = self.tok.template.render(self.system + messages, add_generation_prompt=True)
+        text = self.tok.template.render(messages, add_generation_prompt=True)
         if history and history.tokens:
             seen = self.tok.decode(history.tokens, skip_special_tokens=False)
             if text.startswith(seen):

@@ -6,6 +6,7 @@ Everything a client can send is checked here, before any work: the Triton glue t
 
 from __future__ import annotations
 
+import json
 import math
 import unicodedata
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ class Limits:
     default_max_new_tokens: int = 96
     max_new_tokens: int = 512
     priority_levels: int = 2
+    max_history_bytes: int = 131072  # the JSON of ``history``
+    max_history_messages: int = 256
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,10 @@ class ChatRequest:
     top_p: float
     priority: int
     seed: int | None = None
+    # Stateless chats (``history`` instead of ``session_id``): the conversation before ``text``
+    # (user and assistant messages) and the client's system prompt (None: the server's).
+    history: tuple[dict, ...] | None = None
+    system: str | None = None
 
 
 def _one(name: str, array: np.ndarray | None):
@@ -67,6 +74,13 @@ def _utf8(name: str, value, max_bytes: int) -> str:
     if unicodedata.category(text[:1] or "a") == "Cs":
         raise RequestError(f"{name}: not valid UTF-8")
     return text
+
+
+def check_text(name: str, value: str | bytes, max_bytes: int) -> str:
+    """``value`` held to the rules of ``text`` (UTF-8, at most ``max_bytes``, no control
+    characters but tab/CR/LF); ``RequestError`` naming ``name`` otherwise. For front ends
+    (the HTTP gateway) that check what they will send before sending it."""
+    return _utf8(name, value, max_bytes)
 
 
 def _number(name: str, value, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -120,4 +134,43 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
     if PRIORITY_PARAMETER in parameters:
         priority = _int_param(PRIORITY_PARAMETER, parameters[PRIORITY_PARAMETER], 1, limits.priority_levels)
     seed = _int_param("seed", parameters["seed"], 0, 2**32 - 1) if "seed" in parameters else None
-    return ChatRequest(text, session_id, max_new, temperature, top_p, priority, seed)
+    history, system = None, None
+    raw_history = _one(Chat.HISTORY, inputs.get(Chat.HISTORY))
+    if raw_history is not None:
+        if session_id is not None:
+            raise RequestError(
+                "history: send either session_id (the server keeps the conversation) or history, not both"
+            )
+        history, system = parse_history(_utf8("history", raw_history, limits.max_history_bytes), limits)
+    return ChatRequest(text, session_id, max_new, temperature, top_p, priority, seed, history, system)
+
+
+def parse_history(blob: str, limits: Limits) -> tuple[tuple[dict, ...], str | None]:
+    """``history`` (JSON: ``[{"role": ..., "content": ...}, ...]``) as (user and assistant
+    messages, the system prompt or None). A system message may only come first; every content
+    is text held to the rules of ``text``. Parsed as JSON data only, never evaluated."""
+    try:
+        messages = json.loads(blob)
+    except (ValueError, RecursionError) as e:
+        raise RequestError(f"history: not valid JSON ({str(e).split(':')[0]})") from None
+    if not isinstance(messages, list):
+        raise RequestError('history: expected a JSON list of {"role": ..., "content": ...}')
+    if len(messages) > limits.max_history_messages:
+        raise RequestError(f"history: {len(messages)} messages is over the limit of {limits.max_history_messages}")
+    system, out = None, []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise RequestError(f'history[{i}]: expected an object with exactly "role" and "content"')
+        role, content = m["role"], m["content"]
+        if role not in ("system", "user", "assistant"):
+            raise RequestError(f"history[{i}].role: {str(role)[:32]!r} is not system, user or assistant")
+        if not isinstance(content, str):
+            raise RequestError(f"history[{i}].content: expected a string")
+        content = _utf8(f"history[{i}].content", content, limits.max_text_bytes)
+        if role == "system":
+            if i != 0:
+                raise RequestError(f"history[{i}]: a system message may only come first")
+            system = content
+        else:
+            out.append({"role": role, "content": content})
+    return tuple(out), system

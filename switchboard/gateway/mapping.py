@@ -1,0 +1,406 @@
+"""OpenAI Chat Completions onto ``chat``: the request checked and turned into one chat call
+(the last user message as ``text``, everything before it as ``history``), and ``chat``'s
+answer and stats turned into OpenAI's responses and stream chunks. Pure functions and
+dataclasses: no HTTP, no gRPC.
+
+Stateless like OpenAI's API: the client sends the whole conversation every time. ``chat``
+builds the prompt from it with the model's chat template; the pools find the KV of its longest
+stored prefix by content (16-token blocks keyed by the token ids), so turn 2 reuses turn 1's
+prompt and answer without any session, and ``usage.prompt_tokens_details.cached_tokens`` says
+how many prompt tokens that was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from switchboard.gateway.errors import APIError, bad_request
+from switchboard.serving.request import Limits, RequestError, check_text
+from switchboard.wire import ChatStats, FinishReason
+
+LIMITS = Limits()  # chat's own limits on each message (its defaults; chat checks again)
+MAX_MESSAGES = 257  # chat keeps a history of at most 256 messages, plus the new one
+MAX_STOP = 4  # as OpenAI
+MAX_STOP_CHARS = 256
+SEED_MAX = 2**32 - 1
+
+# Accepted with these values only (what clients send by default); anything else is refused by name.
+NEUTRAL = {
+    "n": (1,),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "modalities": (["text"],),
+}
+# Accepted and ignored (hints for OpenAI's own service).
+IGNORED = {
+    "user": str,
+    "safety_identifier": str,
+    "metadata": dict,
+    "store": bool,
+    "service_tier": str,
+    "parallel_tool_calls": bool,
+    "prompt_cache_key": str,
+}
+KNOWN = {
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    *NEUTRAL,
+    *IGNORED,
+}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+@dataclass(frozen=True)
+class CompletionCall:
+    """One chat completion request, checked, as ``chat`` takes it."""
+
+    model: str
+    text: str
+    history: list[dict]  # {"role", "content"}; a system message first when the client sent one
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"  # the field that set it (error messages name it)
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    user: str | None = None
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad_request("request body: not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body: expected a JSON object")
+    return body
+
+
+def _content(i: int, content) -> str:
+    """A message's text: a string, or a list of text parts (joined)."""
+    where = f"messages[{i}].content"
+    if isinstance(content, str):
+        parts = [content]
+    elif isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise bad_request(f'{where}[{j}]: expected an object with a "type"', "messages")
+            if part["type"] != "text":
+                raise bad_request(f"{where}[{j}]: type {part['type'][:32]!r} is not supported (text only)", "messages")
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"{where}[{j}].text: expected a string", "messages")
+            parts.append(part["text"])
+    else:
+        raise bad_request(f"{where}: expected a string or a list of text parts", "messages")
+    text = "".join(parts)
+    try:
+        return check_text(where, text, LIMITS.max_text_bytes)
+    except RequestError as e:
+        raise bad_request(str(e), "messages") from None
+
+
+def parse_messages(messages) -> tuple[str, list[dict]]:
+    """(the last user message, the conversation before it) of OpenAI's ``messages``. System
+    and developer messages may open the conversation (joined into one system prompt); messages
+    in a row from one role are joined, so ``chat`` gets alternating turns."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages: expected a non-empty list of messages", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise bad_request(f"messages: {len(messages)} messages is over the limit of {MAX_MESSAGES}", "messages")
+    system: list[str] = []
+    turns: list[dict] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}]: expected an object", "messages")
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise bad_request(f"messages[{i}].role: required (one of {', '.join(ROLES)})", "messages")
+        if role not in ROLES:
+            raise bad_request(
+                f"messages[{i}].role: {role[:32]!r} is not supported (one of {', '.join(ROLES)}; no tools)", "messages"
+            )
+        for key in m:
+            if key in ("role", "content", "name"):
+                continue
+            if key in ("tool_calls", "function_call", "audio", "refusal") and m[key] is None:
+                continue
+            raise bad_request(f"messages[{i}]: field {key[:32]!r} is not supported", "messages")
+        if "content" not in m or m["content"] is None:
+            raise bad_request(f"messages[{i}].content: required", "messages")
+        content = _content(i, m["content"])
+        role = ROLES[role]
+        if role == "system":
+            if turns:
+                raise bad_request(
+                    f"messages[{i}]: a {m['role']} message after the conversation started is not supported", "messages"
+                )
+            system.append(content)
+        elif turns and turns[-1]["role"] == role:
+            turns[-1]["content"] += "\n\n" + content
+        else:
+            turns.append({"role": role, "content": content})
+    if not turns or turns[-1]["role"] != "user":
+        raise bad_request("messages: the last message must be the user's (role 'user')", "messages")
+    history = ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + turns[:-1]
+    return turns[-1]["content"], history
+
+
+def _optional_number(body: dict, name: str) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_number(v) or not math.isfinite(v):
+        raise bad_request(f"{name}: expected a number", name)
+    return float(v)
+
+
+def _stop(v) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request("stop: expected a string or a list of strings", "stop")
+    if len(stops) > MAX_STOP:
+        raise bad_request(f"stop: {len(stops)} sequences is over the limit of {MAX_STOP}", "stop")
+    if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad_request(f"stop: each sequence must have 1 to {MAX_STOP_CHARS} characters", "stop")
+    return tuple(stops)
+
+
+def parse_request(body: dict, served_model: str) -> CompletionCall:
+    """``body`` (a JSON object) checked against what this gateway serves; ``APIError`` (400, or
+    404 for another model) naming the field otherwise."""
+    for key in body:
+        if key not in KNOWN:
+            raise bad_request(f"Unrecognized request argument supplied: {key[:64]}", key[:64])
+    for key, allowed in NEUTRAL.items():
+        v = body.get(key)
+        if v is not None and not any(v == a and type(v) is type(a) for a in allowed):
+            raise bad_request(f"{key}: {json.dumps(v)[:64]} is not supported", key)
+    for key, kind in IGNORED.items():
+        if body.get(key) is not None and not isinstance(body[key], kind):
+            raise bad_request(f"{key}: expected a {kind.__name__}", key)
+
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model: required (a string)", "model")
+    if model != served_model:
+        raise APIError(
+            404,
+            f"The model {model[:64]!r} does not exist (this gateway serves {served_model!r})",
+            "model",
+            "model_not_found",
+        )
+    text, history = parse_messages(body.get("messages"))
+
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request("stream: expected true or false", "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+        if not isinstance(options, dict) or any(k not in ("include_usage", "include_obfuscation") for k in options):
+            raise bad_request('stream_options: expected {"include_usage": true|false}', "stream_options")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise bad_request("stream_options.include_usage: expected true or false", "stream_options")
+
+    max_tokens, max_param = None, "max_tokens"
+    for name in ("max_tokens", "max_completion_tokens"):
+        v = body.get(name)
+        if v is None:
+            continue
+        if not _is_int(v) or v < 1:
+            raise bad_request(f"{name}: expected an integer of at least 1", name)
+        if max_tokens is not None and v != max_tokens:
+            raise bad_request("max_tokens and max_completion_tokens differ: send one", name)
+        max_tokens, max_param = v, name
+
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed <= SEED_MAX):
+        raise bad_request(f"seed: expected an integer in [0, {SEED_MAX}]", "seed")
+    return CompletionCall(
+        model=model,
+        text=text,
+        history=history,
+        stream=bool(stream),
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        max_tokens_param=max_param,
+        temperature=_optional_number(body, "temperature"),
+        top_p=_optional_number(body, "top_p"),
+        stop=_stop(body.get("stop")),
+        seed=seed,
+        user=body.get("user"),
+    )
+
+
+class StopScanner:
+    """Cuts streamed text at the first of the stop sequences. Holds back the last
+    ``longest - 1`` characters, which could be the start of one, until the next delta."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.pending = ""
+        self.stopped = False
+
+    def feed(self, delta: str) -> str:
+        """The text that can go out now; after a stop sequence, nothing more."""
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return delta
+        self.pending += delta
+        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            out, self.pending, self.stopped = self.pending[:cut], "", True
+            return out
+        if self.hold == 0:
+            out, self.pending = self.pending, ""
+            return out
+        out, self.pending = self.pending[: -self.hold], self.pending[-self.hold :]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = ("" if self.stopped else self.pending), ""
+        return out
+
+
+def finish_reason(stats: ChatStats | None, stopped: bool) -> str:
+    if stopped:
+        return "stop"
+    if stats is not None and stats.finish_reason == FinishReason.LENGTH:
+        return "length"
+    return "stop"  # a stop token, or the FAQ's whole answer (stats.fallback)
+
+
+def usage(stats: ChatStats | None) -> dict:
+    prompt, completion, cached = (
+        (stats.prompt_tokens, stats.generated_tokens, stats.reused_tokens) if stats else (0, 0, 0)
+    )
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+# The stats a client may see with X-Switchboard-Stats (the web page's "stats"): what the answer
+# cost and where it came from, no internals beyond that.
+PUBLIC_STATS = (
+    "prompt_tokens",
+    "reused_tokens",
+    "generated_tokens",
+    "ttft_ms",
+    "total_ms",
+    "route",
+    "fallback",
+    "fallback_reason",
+    "cache_miss",
+    "dropped_turns",
+    "finish_reason",
+    "priority",
+)
+
+
+def public_stats(stats: ChatStats | None) -> dict:
+    d = stats.to_dict() if stats else {}
+    return {k: d[k] for k in PUBLIC_STATS if k in d}
+
+
+@dataclass
+class Completion:
+    """The ids and times one response's chunks share."""
+
+    model: str
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def response(self, text: str, stats: ChatStats | None, stopped: bool, with_stats: bool) -> dict:
+        out = {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "finish_reason": finish_reason(stats, stopped),
+                    "logprobs": None,
+                }
+            ],
+            "usage": usage(stats),
+            "system_fingerprint": None,
+        }
+        if with_stats:
+            out["switchboard"] = public_stats(stats)
+        return out
+
+    def chunk(self, delta: dict, finish: str | None = None, include_usage: bool = False) -> dict:
+        out = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "system_fingerprint": None,
+        }
+        if include_usage:
+            out["usage"] = None  # OpenAI: null on every chunk but the last, which has no choices
+        return out
+
+    def usage_chunk(self, stats: ChatStats | None, with_stats: bool) -> dict:
+        out = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(stats),
+            "system_fingerprint": None,
+        }
+        if with_stats:
+            out["switchboard"] = public_stats(stats)
+        return out
+
+
+def sse(data: dict | str) -> bytes:
+    """One server-sent event."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()

@@ -1,0 +1,496 @@
+"""The OpenAI-compatible gateway against the real stack, through the official ``openai``
+client: answers streamed and not, a stateless two-turn chat whose second turn reuses the
+first's KV (``cached_tokens``), the bad-input catalogue over HTTP (OpenAI's error shape, the
+right status, never a traceback), keys and tiers, overload answers (429, 503 with
+Retry-After), and a client that leaves cancelling its chat in the server."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from tests.integration.gatewaytools import LIVE_KEY, STANDARD_KEY, Gateway
+
+MODEL = "switchboard"
+
+
+@pytest.fixture(scope="module")
+def gateway(stack, tmp_path_factory):
+    g = Gateway(stack.grpc_url, tmp_path_factory.mktemp("gateway"))
+    yield g
+    g.stop()
+    assert "Traceback" not in g.logs(), g.logs()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def oai(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=STANDARD_KEY, max_retries=0, timeout=120)
+
+
+def test_a_whole_answer_with_usage(oai):
+    r = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Where is my order?"}], temperature=0, max_tokens=48
+    )
+    assert r.object == "chat.completion" and r.model == MODEL and r.id.startswith("chatcmpl-")
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content.strip()
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 48
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_a_streamed_answer_is_the_whole_answer_in_pieces_then_usage(oai):
+    messages = [{"role": "user", "content": "我的订单什么时候发货？"}]
+    whole = oai.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=40)
+    chunks = list(
+        oai.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            temperature=0,
+            max_tokens=40,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and any("\u4e00" <= ch <= "\u9fff" for ch in text)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_a_stream_without_usage_has_none(oai):
+    chunks = list(
+        oai.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, stream=True
+        )
+    )
+    assert chunks and all(getattr(c, "usage", None) is None for c in chunks)
+
+
+def test_a_second_turn_sent_whole_reuses_the_first_turns_kv(oai):
+    """Stateless: no session id; the client sends the history, the pools find its prefix's blocks."""
+    messages = [
+        {"role": "system", "content": "You are the order desk of a shop. Order 7731-KX was placed today."},
+        {"role": "user", "content": "Hello, I placed order 7731-KX this morning; where is it now?"},
+    ]
+    first = oai.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=40)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And when will it arrive?"},
+    ]
+    second = oai.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=40)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # At least every whole 16-token block of the first turn's prompt: the history was found by content.
+    assert cached >= first.usage.prompt_tokens // 16 * 16 > 0, (first.usage, second.usage)
+    assert cached < second.usage.prompt_tokens
+    assert second.choices[0].message.content.strip()
+
+
+def test_the_model_list(oai):
+    assert [m.id for m in oai.models.list().data] == [MODEL]
+    assert oai.models.retrieve(MODEL).owned_by == "switchboard"
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("gpt-4o")
+
+
+def test_sampling_parameters_and_stop_are_honoured(oai):
+    messages = [{"role": "user", "content": "How do I return an item?"}]
+    kw = dict(model=MODEL, messages=messages, temperature=0.9, top_p=0.8, seed=7, max_completion_tokens=24)
+    a, b = oai.chat.completions.create(**kw, user="u-1"), oai.chat.completions.create(**kw)
+    assert a.choices[0].message.content == b.choices[0].message.content  # same seed, same sample
+    greedy = oai.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24)
+    text = greedy.choices[0].message.content
+    stop = text.split()[2]  # a word inside the answer
+    cut = oai.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = oai.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=24, stop=stop, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text[: text.index(stop)]
+
+
+# -- the bad-input catalogue over HTTP ---------------------------------------------------------
+HI = [{"role": "user", "content": "Where is my order?"}]
+
+
+def body(**kw):
+    return {"model": MODEL, "messages": HI, **kw}
+
+
+def user(content):
+    return body(messages=[{"role": "user", "content": content}])
+
+
+# (case id, request body (dict, or raw bytes), extra headers, HTTP status, param, what the message must contain)
+BAD = [
+    ("not-json", b"{oops", {}, 400, None, "request body: not valid JSON"),
+    ("json-array", b"[1, 2]", {}, 400, None, "request body: expected a JSON object"),
+    ("unknown-field", body(foo=1), {}, 400, "foo", "Unrecognized request argument supplied: foo"),
+    ("model-missing", {"messages": HI}, {}, 400, "model", "model: required"),
+    ("model-unknown", body(model="gpt-4o"), {}, 404, "model", "'gpt-4o' does not exist"),
+    ("messages-missing", {"model": MODEL}, {}, 400, "messages", "messages: expected a non-empty list"),
+    ("messages-empty", body(messages=[]), {}, 400, "messages", "messages: expected a non-empty list"),
+    ("messages-string", body(messages="hi"), {}, 400, "messages", "messages: expected a non-empty list"),
+    ("message-not-object", body(messages=["hi"]), {}, 400, "messages", "messages[0]: expected an object"),
+    ("role-missing", body(messages=[{"content": "hi"}]), {}, 400, "messages", "messages[0].role: required"),
+    ("role-tool", body(messages=[{"role": "tool", "content": "x"}]), {}, 400, "messages", "'tool' is not supported"),
+    ("content-missing", body(messages=[{"role": "user"}]), {}, 400, "messages", "messages[0].content: required"),
+    ("content-number", user(5), {}, 400, "messages", "messages[0].content: expected a string or a list"),
+    ("content-image", user([{"type": "image_url", "image_url": {"url": "x"}}]), {}, 400, "messages", "text only"),
+    (
+        "tool-calls",
+        body(messages=[{"role": "user", "content": "x", "tool_calls": []}]),
+        {},
+        400,
+        "messages",
+        "field 'tool_calls' is not supported",
+    ),
+    (
+        "last-is-assistant",
+        body(messages=[*HI, {"role": "assistant", "content": "ok"}]),
+        {},
+        400,
+        "messages",
+        "the last message must be the user's",
+    ),
+    (
+        "late-system",
+        body(messages=[*HI, {"role": "system", "content": "x"}]),
+        {},
+        400,
+        "messages",
+        "a system message after the conversation started",
+    ),
+    ("text-empty", user(""), {}, 400, "messages", "the last user message: empty message"),
+    ("text-whitespace", user(" \t\n "), {}, 400, "messages", "the last user message: empty message"),
+    ("text-nul", user("hi\x00there"), {}, 400, "messages", "messages[0].content: contains control character U+0000"),
+    ("text-escape", user("\x1b[31mred"), {}, 400, "messages", "contains control character U+001B"),
+    ("text-del", user("hi\x7f"), {}, 400, "messages", "contains control character U+007F"),
+    (
+        "text-lone-surrogate",
+        b'{"model": "switchboard", "messages": [{"role": "user", "content": "a\\ud800"}]}',
+        {},
+        400,
+        "messages",
+        "messages[0].content: not valid UTF-8",
+    ),
+    (
+        "text-bad-utf8-bytes",
+        b'{"model": "switchboard", "messages": [{"role": "user", "content": "\xc3\x28"}]}',
+        {},
+        400,
+        None,
+        "request body: not valid JSON",
+    ),
+    ("text-over-byte-limit", user("a" * 20000), {}, 400, "messages", "20000 bytes is over the limit"),
+    ("text-beyond-context", user("订单" * 2500), {}, 400, "messages", "messages are too long"),
+    (
+        "history-control-char",
+        body(messages=[{"role": "user", "content": "a\x1b"}, *HI]),
+        {},
+        400,
+        "messages",
+        "messages[0].content: contains control character U+001B",
+    ),
+    ("max-tokens-zero", body(max_tokens=0), {}, 400, "max_tokens", "max_tokens: expected an integer of at least 1"),
+    ("max-tokens-negative", body(max_tokens=-5), {}, 400, "max_tokens", "max_tokens: expected an integer"),
+    ("max-tokens-huge", body(max_tokens=10**9), {}, 400, "max_tokens", "max_tokens: 1000000000 is outside [1, 512]"),
+    (
+        "max-completion-huge",
+        body(max_completion_tokens=600),
+        {},
+        400,
+        "max_completion_tokens",
+        "max_completion_tokens: 600 is outside",
+    ),
+    ("max-tokens-string", body(max_tokens="8"), {}, 400, "max_tokens", "max_tokens: expected an integer"),
+    ("max-tokens-float", body(max_tokens=8.5), {}, 400, "max_tokens", "max_tokens: expected an integer"),
+    ("max-tokens-both-differ", body(max_tokens=8, max_completion_tokens=9), {}, 400, "max_completion_tokens", "differ"),
+    (
+        "temperature-nan",
+        b'{"model": "switchboard", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+        {},
+        400,
+        "temperature",
+        "temperature: expected a number",
+    ),
+    ("temperature-negative", body(temperature=-0.5), {}, 400, "temperature", "temperature: -0.5 is outside"),
+    ("temperature-too-high", body(temperature=2.5), {}, 400, "temperature", "temperature: 2.5 is outside"),
+    ("temperature-string", body(temperature="hot"), {}, 400, "temperature", "temperature: expected a number"),
+    ("temperature-bool", body(temperature=True), {}, 400, "temperature", "temperature: expected a number"),
+    ("top-p-zero", body(top_p=0), {}, 400, "top_p", "top_p: 0.0 is outside (0.0"),
+    ("top-p-over-one", body(top_p=1.5), {}, 400, "top_p", "top_p: 1.5 is outside"),
+    ("seed-negative", body(seed=-1), {}, 400, "seed", "seed: expected an integer in [0, 4294967295]"),
+    ("seed-huge", body(seed=2**70), {}, 400, "seed", "seed: expected an integer"),
+    ("stop-five", body(stop=["a", "b", "c", "d", "e"]), {}, 400, "stop", "stop: 5 sequences is over the limit"),
+    ("stop-empty", body(stop=""), {}, 400, "stop", "stop: each sequence must have 1 to"),
+    ("stop-number", body(stop=5), {}, 400, "stop", "stop: expected a string or a list"),
+    ("n-two", body(n=2), {}, 400, "n", "n: 2 is not supported"),
+    ("stream-string", body(stream="yes"), {}, 400, "stream", "stream: expected true or false"),
+    (
+        "stream-options-without-stream",
+        body(stream_options={"include_usage": True}),
+        {},
+        400,
+        "stream_options",
+        "only allowed when stream is true",
+    ),
+    (
+        "include-usage-string",
+        body(stream=True, stream_options={"include_usage": "yes"}),
+        {},
+        400,
+        "stream_options",
+        "include_usage: expected true or false",
+    ),
+    ("tools", body(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, "tools", "is not supported"),
+    ("logprobs", body(logprobs=True), {}, 400, "logprobs", "logprobs: true is not supported"),
+    ("json-mode", body(response_format={"type": "json_object"}), {}, 400, "response_format", "is not supported"),
+    ("user-number", body(user=5), {}, 400, "user", "user: expected a str"),
+    (
+        "priority-three",
+        body(),
+        {"X-Switchboard-Priority": "3"},
+        400,
+        "X-Switchboard-Priority",
+        "expected 1 (live) or 2",
+    ),
+    ("priority-word", body(), {"X-Switchboard-Priority": "high"}, 400, "X-Switchboard-Priority", "expected 1"),
+    (
+        "priority-above-tier",
+        body(),
+        {"X-Switchboard-Priority": "1"},
+        403,
+        "X-Switchboard-Priority",
+        "tier (standard) allows priority 2 only",
+    ),
+    ("key-missing", body(), {"Authorization": None}, 401, None, "missing API key"),
+    ("key-wrong", body(), {"Authorization": "Bearer sk-not-a-key-0123456789"}, 401, None, "invalid API key"),
+    ("key-not-bearer", body(), {"Authorization": f"Basic {STANDARD_KEY}"}, 401, None, "invalid API key"),
+    ("body-too-large", user("a" * (2 << 20)), {}, 413, None, "over the limit of 1048576"),
+]
+
+
+def post(url: str, payload, headers: dict, path="/v1/chat/completions", method="POST"):
+    """(status, headers, body bytes) of a raw HTTP request (the official client checks types
+    before sending, so malformed bodies go out by hand)."""
+    raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    h = {"Content-Type": "application/json", "Authorization": f"Bearer {STANDARD_KEY}"}
+    h.update(headers)
+    conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=60)
+    try:
+        conn.request(method, path, body=raw if method == "POST" else None, headers={k: v for k, v in h.items() if v})
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("case, payload, headers, status, param, needle", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_gets_openais_error_shape_naming_the_problem(gateway, case, payload, headers, status, param, needle):
+    code, h, raw = post(gateway.url, payload, headers)
+    assert code == status, (case, code, raw[:500])
+    error = json.loads(raw)["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert needle in error["message"], (case, error)
+    assert error["param"] == param, (case, error)
+    assert error["type"] == {401: "invalid_request_error", 403: "permission_error"}.get(code, "invalid_request_error")
+    assert "Traceback" not in error["message"] and 'File "' not in error["message"]
+    if code == 401:
+        assert h.get("www-authenticate") == "Bearer"
+    assert gateway.healthy()
+
+
+def test_the_catalogue_covers_what_the_grpc_catalogue_does():
+    assert len(BAD) >= 50
+
+
+def test_the_official_client_raises_its_own_exceptions(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ""}])
+    assert e.value.status_code == 400 and e.value.param == "messages" and "empty message" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=HI, max_tokens=100000)
+    assert e.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "订单" * 2500}])
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):  # refused before any text: a real status, streaming too
+        list(oai.chat.completions.create(model=MODEL, messages=HI, temperature=3.0, stream=True))
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=oai.base_url, api_key="sk-wrong-wrong-wrong-wrong", max_retries=0).models.list()
+
+
+def test_routes_and_methods_answer_in_the_same_shape(gateway):
+    code, _, raw = post(gateway.url, b"", {}, path="/v1/completions")
+    assert code == 404 and json.loads(raw)["error"]["message"] == "no route '/v1/completions'"
+    code, _, raw = post(gateway.url, b"", {}, method="GET")
+    assert code == 405 and "error" in json.loads(raw)
+
+
+def test_a_live_key_gets_priority_1_by_default_and_may_ask_for_2(gateway):
+    def priority(headers):
+        code, _, raw = post(
+            gateway.url,
+            body(max_tokens=4),
+            {"Authorization": f"Bearer {LIVE_KEY}", "X-Switchboard-Stats": "1", **headers},
+        )
+        assert code == 200, raw
+        return json.loads(raw)["switchboard"]["priority"]
+
+    assert priority({}) == 1
+    assert priority({"X-Switchboard-Priority": "2"}) == 2
+    code, _, raw = post(gateway.url, body(max_tokens=4), {"X-Switchboard-Stats": "1"})
+    assert json.loads(raw)["switchboard"]["priority"] == 2  # a standard key: 2
+
+
+def test_cors_preflight_is_answered_only_for_configured_origins(stack, tmp_path):
+    g = Gateway(stack.grpc_url, tmp_path, "--cors-origins", "https://shop.example")
+    try:
+
+        def preflight(origin):
+            req = urllib.request.Request(
+                f"{g.url}/v1/chat/completions",
+                method="OPTIONS",
+                headers={
+                    "Origin": origin,
+                    "Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": "authorization,content-type,x-switchboard-priority",
+                },
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    return r.status, r.headers.get("access-control-allow-origin")
+            except urllib.error.HTTPError as e:
+                return e.code, e.headers.get("access-control-allow-origin")
+
+        assert preflight("https://shop.example") == (200, "https://shop.example")
+        assert preflight("https://evil.example")[1] is None
+    finally:
+        g.stop()
+
+
+# -- overload ----------------------------------------------------------------------------------
+# The default model answers this at length (all 512 tokens, greedy): about a second of generation
+# to hold a slot or to leave in the middle of.
+LONG = [{"role": "user", "content": "订单" * 100}]
+
+
+def _long_stream(url: str, key: str = STANDARD_KEY):
+    """A streaming chat that goes on, its first chunk read: (connection, response)."""
+    conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=60)
+    payload = body(messages=LONG, max_tokens=512, temperature=0, stream=True)
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps(payload),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    r = conn.getresponse()
+    assert r.status == 200
+    assert r.readline().startswith(b"data: ")
+    return conn, r
+
+
+def test_beyond_its_limit_the_gateway_answers_429_with_retry_after(stack, tmp_path):
+    g = Gateway(stack.grpc_url, tmp_path, "--max-inflight", "1", "--retry-after-s", "2")
+    client = openai.OpenAI(base_url=f"{g.url}/v1", api_key=STANDARD_KEY, max_retries=0, timeout=60)
+    try:
+        conn, _ = _long_stream(g.url)
+        with pytest.raises(openai.RateLimitError) as e:
+            client.chat.completions.create(model=MODEL, messages=HI, max_tokens=4)
+        assert e.value.status_code == 429 and e.value.response.headers["retry-after"] == "2"
+        assert e.value.code == "rate_limit_exceeded" and "too many chats in flight" in e.value.message
+        conn.close()  # the slot comes back when the client leaves
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert client.chat.completions.create(model=MODEL, messages=HI, max_tokens=4).choices
+                break
+            except openai.RateLimitError:
+                assert time.monotonic() < deadline, "the slot of a client that left was not given back"
+                time.sleep(0.2)
+    finally:
+        g.stop()
+
+
+def test_a_server_that_cannot_answer_gives_503_with_retry_after(tmp_path):
+    from switchboard.ops.launch import free_port
+
+    g = Gateway(f"127.0.0.1:{free_port()}", tmp_path)  # nothing listens there
+    try:
+        client = openai.OpenAI(base_url=f"{g.url}/v1", api_key=STANDARD_KEY, max_retries=0, timeout=60)
+        with pytest.raises(openai.InternalServerError) as e:
+            client.chat.completions.create(model=MODEL, messages=HI)
+        assert e.value.status_code == 503 and e.value.response.headers["retry-after"] == "1"
+        assert e.value.body["type"] == "server_error" and "retry later" in e.value.message
+        with pytest.raises(openai.InternalServerError):
+            list(client.chat.completions.create(model=MODEL, messages=HI, stream=True))
+        code, h, _ = post(g.url, b"", {}, path="/readyz", method="GET")
+        assert code == 503 and h["retry-after"] == "1"
+        assert "Traceback" not in g.logs()
+    finally:
+        g.stop()
+
+
+# -- a client that leaves ----------------------------------------------------------------------
+def _cancelled(stack) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.ports.metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    pattern = r'^switchboard_chat_requests_total\{[^}]*outcome="cancelled"[^}]*\} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "whole"])
+def test_a_client_that_leaves_cancels_its_chat(stack, gateway, stream):
+    before = _cancelled(stack)
+    if stream:
+        conn, _ = _long_stream(gateway.url)
+    else:
+        conn = http.client.HTTPConnection(gateway.url.removeprefix("http://"), timeout=60)
+        payload = body(messages=LONG, max_tokens=512, temperature=0)
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps(payload),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {STANDARD_KEY}"},
+        )
+        time.sleep(0.3)  # the chat is generating
+    conn.close()
+    deadline = time.monotonic() + 20
+    while _cancelled(stack) <= before:  # chat publishes its counters once a second
+        assert time.monotonic() < deadline, "the chat was not cancelled"
+        time.sleep(0.25)
+
+
+# -- chat's stateless input under the gateway, over gRPC -----------------------------------------
+def test_chat_takes_the_history_over_grpc_and_refuses_a_bad_one(client, raw):
+    import numpy as np
+
+    history = [{"role": "user", "content": "Where is my order?"}, {"role": "assistant", "content": "In My Orders."}]
+    reply = client.chat("Thanks!", history=history, stream=False, max_new_tokens=8)
+    assert reply.stats.session == "none" and reply.stats.prompt_tokens > 20
+
+    def b(x):
+        return np.asarray([[x]], dtype=np.object_), "BYTES"
+
+    for blob, needle in [
+        (b"[{", "[INVALID_ARG] history: not valid JSON"),
+        (b'[{"role": "tool", "content": "x"}]', "[INVALID_ARG] history[0].role: 'tool' is not"),
+    ]:
+        _, error = raw({"text": b(b"hi"), "history": b(blob)})
+        assert error is not None and error.message().startswith(needle), error
+    _, error = raw({"text": b(b"hi"), "history": b(b"[]"), "session_id": b(b"s")})
+    assert "not both" in error.message()
+    assert client.ready()

@@ -1,0 +1,180 @@
+"""OpenAI's request onto one chat call, chat's refusals onto OpenAI's errors, stop sequences,
+and the response shapes: pure functions, no server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from switchboard.gateway.errors import APIError, from_chat_error
+from switchboard.gateway.mapping import Completion, StopScanner, parse_body, parse_messages, parse_request, usage
+from switchboard.wire import ChatStats, FinishReason
+
+
+def req(**kw):
+    return parse_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}, "m")
+
+
+def test_the_last_user_message_is_the_text_and_the_rest_the_history():
+    text, history = parse_messages(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "developer", "content": "Answer in English."},
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Hi!"},
+            {"role": "user", "content": [{"type": "text", "text": "Where is "}, {"type": "text", "text": "it?"}]},
+            {"role": "user", "content": "Order 42.", "name": "ann"},
+        ]
+    )
+    assert text == "Where is it?\n\nOrder 42."  # a user's messages in a row: one turn
+    assert history == [
+        {"role": "system", "content": "Be brief.\n\nAnswer in English."},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi!"},
+    ]
+
+
+def test_defaults_and_parameters():
+    call = req()
+    assert (call.stream, call.include_usage, call.max_tokens, call.temperature, call.stop, call.seed) == (
+        False,
+        False,
+        None,
+        None,
+        (),
+        None,
+    )
+    call = req(
+        stream=True,
+        stream_options={"include_usage": True},
+        max_completion_tokens=7,
+        temperature=0,
+        top_p=0.5,
+        stop="\n",
+        seed=3,
+        user="u",
+        n=1,
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        logprobs=False,
+        tools=[],
+        response_format={"type": "text"},
+        store=False,
+        metadata={},
+    )
+    assert (
+        call.stream and call.include_usage and call.max_tokens == 7 and call.max_tokens_param == "max_completion_tokens"
+    )
+    assert (call.temperature, call.top_p, call.stop, call.seed, call.user) == (0.0, 0.5, ("\n",), 3, "u")
+    assert req(max_tokens=5, max_completion_tokens=5).max_tokens == 5
+
+
+@pytest.mark.parametrize(
+    "kw, param, needle",
+    [
+        ({"n": True}, "n", "n: true is not supported"),
+        ({"presence_penalty": 0.5}, "presence_penalty", "is not supported"),
+        ({"max_tokens": True}, "max_tokens", "expected an integer"),
+        ({"temperature": float("inf")}, "temperature", "expected a number"),
+        ({"seed": 1.0}, "seed", "expected an integer"),
+        ({"stop": ["a", ""]}, "stop", "1 to 256 characters"),
+        ({"stream_options": {"include_usage": True, "x": 1}, "stream": True}, "stream_options", "expected"),
+        ({"messages": [{"role": "assistant", "content": "x"}]}, "messages", "the last message must be the user's"),
+        ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}, "messages", "'tool_call_id'"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages", "text: expected"),
+    ],
+)
+def test_refusals_name_the_field(kw, param, needle):
+    with pytest.raises(APIError) as e:
+        req(**kw)
+    assert e.value.status == 400 and e.value.param == param and needle in e.value.message, e.value.body()
+
+
+def test_another_model_is_404_and_bodies_must_be_json_objects():
+    with pytest.raises(APIError) as e:
+        parse_request({"model": "gpt-4o", "messages": []}, "m")
+    assert e.value.status == 404 and e.value.code == "model_not_found"
+    for raw in (b"", b"[]", b"\xff", b"[" * 100000):
+        with pytest.raises(APIError) as e:
+            parse_body(raw)
+        assert e.value.status == 400 and e.value.message.startswith("request body:")
+
+
+@pytest.mark.parametrize(
+    "code, message, status, param, text",
+    [
+        ("INVALID_ARGUMENT", "text: empty message", 400, "messages", "the last user message: empty message"),
+        (
+            "INVALID_ARGUMENT",
+            "max_new_tokens: 900 is outside [1, 512]",
+            400,
+            "max_completion_tokens",
+            "max_completion_tokens: 900 is outside [1, 512]",
+        ),
+        ("INVALID_ARGUMENT", "parameter seed: -1 is outside [0, 9]", 400, "seed", "seed: -1 is outside"),
+        (
+            "INVALID_ARGUMENT",
+            "history[2].content: contains control character U+0000",
+            400,
+            "messages",
+            "the messages before the last: contains control",
+        ),
+        (
+            "INVALID_ARGUMENT",
+            "text is too long: the prompt takes 2000 tokens",
+            400,
+            "messages",
+            "messages are too long: the prompt takes 2000 tokens",
+        ),
+        ("UNAVAILABLE", "overloaded (queue_full); try again later", 503, None, "retry later"),
+        ("DEADLINE_EXCEEDED", "no response within 120 s", 504, None, "did not answer in time"),
+        ("INTERNAL", "internal error", 500, None, "the chat service failed: internal error"),
+        (None, "unexpected inference input 'x'", 500, None, "the chat service failed"),
+    ],
+)
+def test_chat_refusals_become_openai_errors(code, message, status, param, text):
+    e = from_chat_error(code, message, 3, "max_completion_tokens")
+    assert (e.status, e.param) == (status, param) and text in e.message, e.body()
+    assert (e.headers.get("Retry-After") == "3") == (status == 503)
+    assert set(e.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_context_overflow_has_openais_code():
+    assert from_chat_error("INVALID_ARGUMENT", "text is too long: x", 1).code == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    "stops, deltas, out, stopped",
+    [
+        ((), ["ab", "cd"], "abcd", False),
+        (("cd",), ["ab", "c", "de"], "ab", True),
+        (("END",), ["xxE", "N", "Dyy"], "xx", True),
+        (("END",), ["xxE", "Nope"], "xxENope", False),
+        (("a", "bc"), ["xb", "ca"], "x", True),
+        (("。",), ["您好", "。再见"], "您好", True),
+    ],
+)
+def test_stop_sequences_cut_the_text_across_deltas(stops, deltas, out, stopped):
+    s = StopScanner(stops)
+    text = "".join(s.feed(d) for d in deltas) + s.flush()
+    assert (text, s.stopped) == (out, stopped)
+
+
+def test_usage_counts_cached_tokens_and_the_shapes():
+    stats = ChatStats(prompt_tokens=70, reused_tokens=64, generated_tokens=9, finish_reason=FinishReason.LENGTH)
+    assert usage(stats) == {
+        "prompt_tokens": 70,
+        "completion_tokens": 9,
+        "total_tokens": 79,
+        "prompt_tokens_details": {"cached_tokens": 64},
+    }
+    c = Completion("m")
+    r = c.response("hi", stats, False, with_stats=True)
+    assert r["choices"][0]["finish_reason"] == "length" and r["switchboard"]["reused_tokens"] == 64
+    assert "engine_queue_ms" not in r["switchboard"]  # internals stay in
+    assert c.response("hi", stats, True, with_stats=False)["choices"][0]["finish_reason"] == "stop"
+    assert "switchboard" not in c.response("hi", stats, False, with_stats=False)
+    chunk = c.chunk({"content": "x"}, include_usage=True)
+    assert chunk["usage"] is None and chunk["id"] == r["id"] and json.dumps(chunk)
+    assert c.usage_chunk(stats, False)["choices"] == []
