@@ -12,20 +12,23 @@ REPO      ?= model_repository
 # exactly those variants or fails, naming the variant and the metric.
 PRECISION ?= default
 REPLICAS  ?= 1
+VARIANT   ?= fp32
+SHARE     ?= 0.1
 export HTTP_PORT ?= 8000
 export GRPC_PORT ?= 8001
 export METRICS_PORT ?= 8002
 export REDIS_PORT ?= 6379
+GATEWAY_PORT ?= 8080
 PYTEST_ARGS ?= -q
 
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model model-large bench-large export serve stop monitor status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-large bench-large export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
-	@echo "  variables: MODEL=path/to/hf-checkpoint PRECISION=$(PRECISION) REPLICAS=$(REPLICAS) HTTP_PORT GRPC_PORT METRICS_PORT REDIS_PORT"
+	@echo "  variables: MODEL=path/to/hf-checkpoint PRECISION=$(PRECISION) REPLICAS=$(REPLICAS) HTTP_PORT GRPC_PORT METRICS_PORT REDIS_PORT GATEWAY_PORT"
 
 setup: ## venv, pinned packages, tritonserver + Python backend, perf_analyzer, redis-server
 	@bash scripts/setup.sh
@@ -43,8 +46,8 @@ model-large: model ## a Qwen2.5-0.5B-shaped checkpoint, random weights, default 
 export: model ## export MODEL (default: the built default model) to ONNX + INT8 and install it into the repository
 	@$(PY) -m switchboard.export --model $(MODEL_DIR) --out $(ARTIFACTS) --precision $(PRECISION) --install $(REPO)
 
-serve: export ## start redis-server and tritonserver in the background (ports 8000/8001/8002, Redis 6379); REPLICAS=2: two behind HAProxy on 8001
-	@$(PY) -m switchboard.ops.launch up --repository $(REPO) --replicas $(REPLICAS)
+serve: export ## start redis-server, tritonserver (ports 8000/8001/8002, Redis 6379) and the HTTP gateway (8080: OpenAI API, web chat) in the background; REPLICAS=2: two behind HAProxy on 8001
+	@$(PY) -m switchboard.ops.launch up --repository $(REPO) --replicas $(REPLICAS) --gateway-port $(GATEWAY_PORT)
 
 stop: ## stop what `make serve` (and `make monitor`) started
 	@$(PY) -m switchboard.ops.monitor down >/dev/null
@@ -52,6 +55,15 @@ stop: ## stop what `make serve` (and `make monitor`) started
 
 monitor: setup ## Prometheus (:9090, monitoring/alerts.yml) and Alertmanager (:9093) against `make serve`
 	@$(PY) -m switchboard.ops.monitor up
+
+dashboard: setup ## regenerate the Grafana dashboard monitoring/grafana/switchboard.json from switchboard/ops/dashboard.py
+	@$(PY) -m switchboard.ops.dashboard write
+
+rollout: setup ## a new model version (ARTIFACTS=dir VARIANT=fp32) to SHARE=0.1 of sessions on the running server, judged, promoted or rolled back
+	@$(PY) -m switchboard.ops.rollout start --artifacts $(ARTIFACTS) --precision $(VARIANT) --share $(SHARE) --repository $(REPO)
+
+rollback: setup ## end a rollout now: every session back on the stable version, the canary unloaded
+	@$(PY) -m switchboard.ops.rollout rollback --repository $(REPO)
 
 status: ## what `make serve` started
 	@$(PY) -m switchboard.ops.launch status

@@ -343,7 +343,27 @@ def install(artifacts: Path, repository: Path) -> None:
             if old.name != "model.py" and old.is_file():
                 old.unlink()
         place_artifacts(artifacts, version, name, "local")
+    _reset_rollout(repository)
     log.info("installed %s into %s", artifacts, ", ".join(f"{repository}/{n}/1" for n in REPO_MODELS))
+
+
+def _reset_rollout(repository: Path) -> None:
+    """Version 1 serves again: what `make rollout` installed (versions 2 and up) is removed
+    and the configs name version 1 only."""
+    from switchboard.ops.rollout import POOLS, Repository
+
+    repo = Repository(repository)
+    if not all((repository / p / "config.pbtxt").is_file() for p in (*POOLS, "chat")):
+        return
+    if repo.served() != [1]:
+        repo.set_served([1])
+    state = repo.chat()
+    if state["stable_version"] != 1 or state["canary_version"]:
+        repo.set_chat(1, 0)
+    for number in repo.installed():
+        if number != 1:
+            log.info("removing model version %d (make rollout's) from %s", number, repository)
+            repo.remove(number)
 
 
 # What a checkpoint's switchboard.json may set under "export" (argument names).

@@ -98,7 +98,8 @@ input [
   { name: "session_id" data_type: TYPE_STRING dims: [ 1 ] optional: true },
   { name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },
   { name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
-  { name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true }
+  { name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+  { name: "history" data_type: TYPE_STRING dims: [ 1 ] optional: true }
 ]
 output [
   { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
@@ -154,6 +155,9 @@ name: "engine_{pool.name}"
 backend: "python"
 max_batch_size: {pool.max_batch_size}
 model_transaction_policy {{ decoupled: true }}
+# The versions served: the stable one and, during a rollout, the canary (`make rollout` rewrites
+# this line, switchboard/ops/rollout.py; chat/config.pbtxt says which version is which).
+version_policy: {{ specific {{ versions: [ 1 ] }} }}
 
 input [
   {{ name: "input_ids" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }},

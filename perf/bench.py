@@ -233,17 +233,21 @@ def gpu_repository(repository: Path, out: Path) -> Path:
     return out
 
 
-def scrape(port: int) -> dict:
-    """Triton's /metrics as {(name, sorted label items): value} for the switchboard_ and nv_ samples."""
+def scrape(port: int, merge: tuple[str, ...] = ("pid", "version")) -> dict:
+    """Triton's /metrics as {(name, sorted label items): value} for the switchboard_ and nv_
+    samples, summed over the ``merge`` labels (which process and which model version published
+    them: docs/metrics.md)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    out = {}
+    out: dict = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name.startswith(("switchboard_", "nv_inference_")):
-                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+                merged = s.name.startswith("switchboard_")
+                key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if not (merged and k in merge))))
+                out[key] = out.get(key, 0.0) + s.value
     return out
 
 

@@ -37,7 +37,11 @@ class Chat:
     MAX_NEW_TOKENS = "max_new_tokens"  # INT32 [1], optional
     TEMPERATURE = "temperature"  # FP32 [1], optional (0: greedy)
     TOP_P = "top_p"  # FP32 [1], optional
-    INPUTS = (TEXT, SESSION_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P)
+    # BYTES [1], optional, instead of session_id: the conversation before ``text`` as the client
+    # keeps it (JSON list of {"role", "content"}; stateless, as OpenAI's API; the pools reuse its
+    # prefix's KV blocks by content, no session needed)
+    HISTORY = "history"
+    INPUTS = (TEXT, SESSION_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, HISTORY)
     TEXT_OUTPUT = "text_output"  # BYTES [1]: a text delta
     STATS = "stats"  # BYTES [1], on the last response: ChatStats as JSON
 
@@ -229,6 +233,7 @@ class ChatStats:
     engine_ms: float | None = None
     batch_size: int | None = None
     priority: int = PRIORITY_DEFAULT
+    model_version: int | None = None  # the pools' model version that served it (a canary's during a rollout)
     extra: dict = field(default_factory=dict, repr=False)  # keys this version does not know
 
     def to_dict(self) -> dict:

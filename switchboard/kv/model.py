@@ -20,7 +20,7 @@ def chat_template(version: Path) -> str:
 def block_cache(
     manifest: Manifest,
     version: Path,
-    precision: str,
+    fingerprint: str,
     *,
     tokens: int,
     local_mb: int,
@@ -45,7 +45,6 @@ def block_cache(
         zstd=zstd,
         secret=secret,
     )
-    fingerprint = manifest.variant(precision)["fingerprint"]
     root = model_root(fingerprint, chat_template(version), tokens, storage + ("+zstd" if zstd else ""))
     remote = None
     if redis_url:

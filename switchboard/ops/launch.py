@@ -41,6 +41,31 @@ def jemalloc(env: dict[str, str]) -> str | None:
     return name if name and name.startswith("libjemalloc.so") else None
 
 
+OPERATOR_HEADER = "switchboard-operator-key"
+
+
+def operator_key(run_dir: Path) -> str:
+    """The key the model-repository API wants in the ``switchboard-operator-key`` header:
+    ``SWITCHBOARD_OPERATOR_KEY`` when set (a Kubernetes Secret), else ``operator.key`` in the run
+    directory, made on first use and readable only by its owner. Whoever can read it can load
+    and unload models; it is also on tritonserver's command line (Triton 2.51 takes it nowhere
+    else), so keep the server's host to the operators (docs/rollout.md)."""
+    if os.environ.get("SWITCHBOARD_OPERATOR_KEY"):
+        return os.environ["SWITCHBOARD_OPERATOR_KEY"]
+    path = Path(run_dir) / "operator.key"
+    if not path.exists():
+        import secrets
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+    key = path.read_text().strip()
+    if not key or any(c in key for c in ",= \t"):
+        raise SystemExit(f"{path}: the operator key must be one word without ',' or '='")
+    return key
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 
@@ -140,6 +165,7 @@ class Stack:
         env["SWITCHBOARD_REDIS_URL"] = self.redis_url
         env["SWITCHBOARD_ENGINE_URL"] = self.grpc_url
         env.update(self.env)
+        key = operator_key(self.run_dir)
         preload = jemalloc(env)
         if preload:
             env["LD_PRELOAD"] = " ".join(filter(None, (preload, env.get("LD_PRELOAD"))))
@@ -155,9 +181,17 @@ class Stack:
             str(self.ports.grpc),
             "--metrics-port",
             str(self.ports.metrics),
-            # Models are loaded at start-up only; no load/unload API at run time.
+            # Every model at start-up; later loads (a new model version: switchboard/ops/rollout.py)
+            # only through the model-repository API, which answers only requests carrying the
+            # operator key (--*-restricted-*: Triton's restricted APIs).
             "--model-control-mode",
-            "none",
+            "explicit",
+            "--load-model",
+            "*",
+            "--http-restricted-api",
+            f"model-repository:{OPERATOR_HEADER}={key}",
+            "--grpc-restricted-protocol",
+            f"model-repository:{OPERATOR_HEADER}={key}",
             "--exit-on-error",
             "true",
             "--strict-readiness",
@@ -225,8 +259,9 @@ def children(pid: int) -> dict[str, int]:
         except (OSError, IndexError, ValueError):
             continue
         for a in args:
-            if a.endswith(b"/1/model.py"):
-                out[Path(a.decode()).parent.parent.name] = int(proc.name)
+            path = Path(a.decode(errors="replace"))
+            if path.name == "model.py" and path.parent.name.isdigit():  # <model>/<version>/model.py
+                out[path.parent.parent.name] = int(proc.name)
     return out
 
 
@@ -337,6 +372,13 @@ def main(argv: list[str] | None = None) -> int:
         default=int(os.environ.get("REPLICAS", 1)),
         help="tritonservers sharing one Redis behind HAProxy on the gRPC port (default 1: no balancer)",
     )
+    p.add_argument(
+        "--gateway-port",
+        type=int,
+        default=0,
+        help="start the HTTP gateway (OpenAI-compatible API, web chat) on this port in front of the gRPC port "
+        "(`make serve`: GATEWAY_PORT, 8080; default 0: none)",
+    )
     args = p.parse_args(argv)
     run = args.run_dir
     pidfile, state_file = _pidfile(run, "supervisor"), run / "supervisor.json"
@@ -368,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         f"gRPC :{args.grpc_port}, metrics :{args.metrics_port}) under a supervisor ...",
         flush=True,
     )
-    if not _start_supervisor(args, []):
+    if not _start_supervisor(args, []) or not _start_gateway(args):
         return 1
     print(
         f"[serve] ready in {time.monotonic() - t0:.0f} s: gRPC 127.0.0.1:{args.grpc_port}, HTTP http://127.0.0.1:"
@@ -413,6 +455,34 @@ def _start_supervisor(args: argparse.Namespace, extra: list[str]) -> bool:
     return True
 
 
+def _start_gateway(args: argparse.Namespace) -> bool:
+    """The HTTP gateway (switchboard.gateway: OpenAI-compatible API, web chat) on
+    ``--gateway-port`` in front of the gRPC port; True once it listens (or with port 0: none)."""
+    if not args.gateway_port:
+        return True
+    if port_open(args.gateway_port):
+        print(f"port {args.gateway_port} is in use: set GATEWAY_PORT (0: no gateway); `make stop` stops the rest")
+        return False
+    log_path = args.run_dir / "gateway.log"
+    cmd = [sys.executable, "-m", "switchboard.gateway", "--port", str(args.gateway_port)]
+    cmd += ["--grpc-url", f"127.0.0.1:{args.grpc_port}"]
+    proc = subprocess.Popen(
+        cmd, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        _wait(lambda: port_open(args.gateway_port), 60, f"the gateway (log: {log_path})", proc)
+    except (RuntimeError, TimeoutError) as e:
+        _stop(proc)
+        print(f"{e}; `make stop` stops the rest", file=sys.stderr)
+        return False
+    _pidfile(args.run_dir, "gateway").write_text(str(proc.pid))
+    print(
+        f"[serve] gateway: OpenAI-compatible API http://127.0.0.1:{args.gateway_port}/v1, web chat "
+        f"http://127.0.0.1:{args.gateway_port}/ (docs/gateway.md)"
+    )
+    return True
+
+
 def replica_arguments(args: argparse.Namespace, i: int) -> argparse.Namespace:
     """Replica ``i``'s ports (100 + 10 * i above the given HTTP, gRPC and metrics ports) and run directory."""
     offset = 100 + 10 * i
@@ -432,6 +502,7 @@ def _up_replicas(args: argparse.Namespace) -> int:
 
     t0, run = time.monotonic(), args.run_dir
     run.mkdir(parents=True, exist_ok=True)
+    os.environ["SWITCHBOARD_OPERATOR_KEY"] = operator_key(run)  # one key for every replica
     replicas = []
     for i in range(args.replicas):
         r = replica_arguments(args, i)
@@ -444,6 +515,8 @@ def _up_replicas(args: argparse.Namespace) -> int:
         replicas.append(Replica(f"replica-{i}", r.grpc_port, r.http_port, r.metrics_port))
     balancer = Balancer(args.grpc_port, replicas, run, stats_port=args.http_port).start()
     _pidfile(run, "haproxy").write_text(str(balancer.proc.pid))
+    if not _start_gateway(args):
+        return 1
     (run / "replicas.json").write_text(json.dumps([vars(r) for r in replicas]))
     print(
         f"[serve] ready in {time.monotonic() - t0:.0f} s: {args.replicas} replicas behind HAProxy on gRPC "
@@ -456,7 +529,7 @@ def _up_replicas(args: argparse.Namespace) -> int:
 
 def _pidfiles(run: Path) -> list[tuple[str, Path]]:
     """What ``down`` stops, balancer first: (name, pid file)."""
-    out = [("haproxy", _pidfile(run, "haproxy"))]
+    out = [("gateway", _pidfile(run, "gateway")), ("haproxy", _pidfile(run, "haproxy"))]
     out += [(f"{d.name} (supervisor, tritonserver)", _pidfile(d, "supervisor")) for d in sorted(run.glob("replica-*"))]
     out.append(("supervisor, tritonserver, redis-server", _pidfile(run, "supervisor")))
     return [(name, path) for name, path in out if path.exists()]

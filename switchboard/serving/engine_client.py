@@ -47,8 +47,10 @@ def build_request(
     parameters: dict | None = None,
     priority: int = 0,
     timeout_us: int = 0,
+    version: int = 0,
 ) -> service_pb2.ModelInferRequest:
-    request = service_pb2.ModelInferRequest(model_name=model)
+    """A request to ``model`` (``version``: that version; 0: the one Triton's policy picks)."""
+    request = service_pb2.ModelInferRequest(model_name=model, model_version=str(version) if version else "")
     for name, value in (parameters or {}).items():
         if name in RESERVED:
             raise ValueError(f"parameter {name!r} is read by Triton itself; pass it as an argument")
@@ -122,13 +124,18 @@ class EngineClient:
         # No `triton_grpc_error` header: errors come as responses (the header can crash 2.51, docs/reliability.md).
         return EngineStream(self._stub.ModelStreamInfer(iter((request,))))
 
-    def ping(self, model: str, timeout_s: float) -> bool | None:
+    def ping(self, model: str, timeout_s: float, version: int = 0) -> bool | None:
         """Whether ``model``'s stub process is alive: True when it answered a ping, False when
         Triton says the stub is dead, None when neither came within ``timeout_s`` (a stub busy
         with backpressure answers late; Triton can leave a request sent as its stub died
         unanswered)."""
         request = build_request(
-            model, {Pool.INPUT_IDS: np.zeros((1, 1), np.int32)}, [Pool.STATS], {Pool.PING: True}, priority=1
+            model,
+            {Pool.INPUT_IDS: np.zeros((1, 1), np.int32)},
+            [Pool.STATS],
+            {Pool.PING: True},
+            priority=1,
+            version=version,
         )
         call = self._stub.ModelStreamInfer(iter((request,)), timeout=timeout_s)
         try:

@@ -24,7 +24,7 @@ METRICS = {
     "time_to_first_token_seconds": (
         "histogram",
         "from the request's arrival at chat to its first text, answered chats and FAQ answers",
-        ("priority", "route"),
+        ("priority", "route", "version"),
         LATENCY_BUCKETS,
     ),
     "inter_token_seconds": (
@@ -36,13 +36,14 @@ METRICS = {
     "duration_seconds": (
         "histogram",
         "from the request's arrival to its final response",
-        ("priority", "route"),
+        ("priority", "route", "version"),
         LATENCY_BUCKETS,
     ),
     "requests_total": (
         "counter",
-        "chats by outcome: generated, fallback (FAQ answer), invalid, unavailable, cancelled, error",
-        ("outcome",),
+        "chats by outcome (generated, fallback: FAQ answer, invalid, unavailable, cancelled, error) and by the "
+        "model version that served them (none: refused before one was chosen)",
+        ("outcome", "version"),
         None,
     ),
     "fallbacks_total": ("counter", "FAQ answers by reason", ("reason",), None),
@@ -66,6 +67,10 @@ def _route(stats: ChatStats) -> str:
     return str(stats.route) if stats.route is not None else "faq"
 
 
+def version_label(version: int | None) -> str:
+    return str(version) if version is not None else "none"
+
+
 class ChatMetrics:
     """What finished chats add up to since the last ``drain``."""
 
@@ -76,9 +81,10 @@ class ChatMetrics:
 
     def chat(self, stats: ChatStats) -> None:
         """A chat's final response was sent with ``stats``."""
-        where = (("priority", str(stats.priority)), ("route", _route(stats)))
+        version = ("version", version_label(stats.model_version))
+        where = (("priority", str(stats.priority)), ("route", _route(stats)), version)
         with self._lock:
-            self._counts["requests_total", (("outcome", "fallback" if stats.fallback else "generated"),)] += 1
+            self._counts["requests_total", (("outcome", "fallback" if stats.fallback else "generated"), version)] += 1
             if stats.fallback and stats.fallback_reason is not None:
                 self._counts["fallbacks_total", (("reason", str(stats.fallback_reason)),)] += 1
             self._counts["sessions_total", (("status", str(stats.session)),)] += 1
@@ -93,12 +99,13 @@ class ChatMetrics:
                 self._observed.append(("duration_seconds", where, stats.total_ms / 1000))
             if stats.ttft_ms is not None and stats.total_ms is not None and stats.generated_tokens > 1:
                 gap = (stats.total_ms - stats.ttft_ms) / 1000 / (stats.generated_tokens - 1)
-                self._observed.append(("inter_token_seconds", where, gap))
+                self._observed.append(("inter_token_seconds", where[:2], gap))
 
-    def failed(self, outcome: str) -> None:
-        """A chat that ended with an error: ``invalid``, ``unavailable``, ``cancelled`` or ``error``."""
+    def failed(self, outcome: str, version: int | None = None) -> None:
+        """A chat that ended with an error: ``invalid``, ``unavailable``, ``cancelled`` or
+        ``error``; ``version``: the model version it was routed to (None: not yet routed)."""
         with self._lock:
-            self._counts["requests_total", (("outcome", outcome),)] += 1
+            self._counts["requests_total", (("outcome", outcome), ("version", version_label(version)))] += 1
 
     def drain(self) -> tuple[Counter, list[tuple[str, tuple, float]]]:
         """(counter increments, histogram observations) since the last call."""

@@ -49,10 +49,17 @@ class PoolStreams:
     response (its queue and the prefill), ``stall_s`` the wait between responses."""
 
     def __init__(
-        self, engines: EngineClient, health: PoolHealth, fingerprint: str, first_token_s: float, stall_s: float
+        self,
+        engines: EngineClient,
+        health: PoolHealth,
+        fingerprint: str,
+        first_token_s: float,
+        stall_s: float,
+        version: int = 0,
     ):
         self.engines, self.health, self.fingerprint = engines, health, fingerprint
         self.first_token_s, self.stall_s = first_token_s, stall_s
+        self.version = version  # the pools' model version these streams go to (0: Triton's choice)
 
     def generate(self, pool: str, gen: Generation) -> Iterator[dict]:
         """The pool's responses as dicts (``token_ids``: list, ``stats``: EngineStats),
@@ -80,6 +87,7 @@ class PoolStreams:
             parameters,
             priority=gen.priority,
             timeout_us=int(self.first_token_s * 1e6),
+            version=self.version,
         )
         # Responses that queued while this chat waited for its turn to send go out as one.
         for responses in self._bounded(pool, self.engines.stream(request)):

@@ -15,6 +15,7 @@ timeout, failures are logged and counted, and after one failure the store stays 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import json
@@ -69,6 +70,13 @@ class SessionStore:
 
     def close(self) -> None:
         self._redis.close()
+
+    def for_model(self, fingerprint: str) -> SessionStore:
+        """This store (same connection, same outage state) for conversations of the model
+        ``fingerprint``: one per model version during a rollout."""
+        view = copy.copy(self)
+        view.fingerprint = fingerprint
+        return view
 
     def load(self, session_id: str) -> Lookup:
         if not self.outage.available():

@@ -21,7 +21,7 @@ from switchboard.serving.engine_client import stub_dead
 from switchboard.serving.fallback import FaqFallback
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import EngineError, EngineTimeout, Generation
-from switchboard.serving.prompt import Prompt, PromptBuilder, PromptTooLong
+from switchboard.serving.prompt import Conversation, Prompt, PromptBuilder, PromptTooLong
 from switchboard.serving.request import ChatRequest, RequestError
 from switchboard.serving.router import Router
 from switchboard.serving.session import Lookup, longest_common_prefix
@@ -66,11 +66,13 @@ class ChatTurn:
         stop_ids: set[int],
         end_of_turn_id: int,
         kv_reuse: bool = True,
+        version: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.prompts, self.sessions, self.router, self.pools = prompts, sessions, router, pools
         self.health, self.faq, self.decode = health, faq, decode
         self.stop_ids, self.end_of_turn_id, self.kv_reuse = stop_ids, end_of_turn_id, kv_reuse
+        self.version = version  # the pools' model version this turn's pools and prompts are for
         self.clock = clock
 
     def run(self, chat: ChatRequest, sink: Sink, cancelled: Callable[[], bool], t0: float) -> None:
@@ -78,8 +80,10 @@ class ChatTurn:
         not fit), ``EngineError`` (no pool answered and there is no FAQ, or a pool failed after
         text was sent) or ``Cancelled``; otherwise ``sink.final`` was called."""
         lookup = self.sessions.load(chat.session_id) if chat.session_id else Lookup()
+        if chat.history is not None:  # stateless: the client's history; its KV is found by content
+            lookup = Lookup(Conversation([dict(m) for m in chat.history]))
         try:
-            prompt = self.prompts.build(lookup.conversation, chat.text, chat.max_new_tokens)
+            prompt = self.prompts.build(lookup.conversation, chat.text, chat.max_new_tokens, chat.system)
         except PromptTooLong as e:
             raise RequestError(str(e)) from None
         stored = lookup.conversation.kv_tokens if lookup.conversation else 0
@@ -151,6 +155,7 @@ class ChatTurn:
             engine_ms=engine_stats.engine_ms,
             batch_size=engine_stats.batch_size,
             priority=chat.priority,
+            model_version=self.version,
         )
         sink.final(stats, tail, chat.priority)
 
@@ -192,5 +197,6 @@ class ChatTurn:
             session=session,
             finish_reason=FinishReason.FALLBACK,
             priority=chat.priority,
+            model_version=self.version,
         )
         sink.final(stats, answer.text, chat.priority)

@@ -6,6 +6,7 @@ the start, at zero."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import triton_python_backend_utils as pb_utils
@@ -38,9 +39,20 @@ _REASONS = {
 
 class ChatMetricsPublisher:
     def __init__(
-        self, metrics: ChatMetrics, admission: Admission, health: PoolHealth, pools: tuple, interval: float = 1.0
+        self,
+        metrics: ChatMetrics,
+        admission: Admission,
+        health: PoolHealth,
+        pools: tuple,
+        versions: tuple[int, ...] = (),
+        interval: float = 1.0,
     ):
         F = pb_utils.MetricFamily
+        self._known = {**_KNOWN, "version": tuple(str(v) for v in versions)}
+        # Every series also carries this process's id: a reload (a rollout step) starts a new chat
+        # beside the old one, and Triton 2.51 shares a series between processes that use the same
+        # labels, dropping it when the first of them unloads.
+        self._pid = (("pid", str(os.getpid())),)
         self.metrics, self.admission, self.health, self.interval = metrics, admission, health, interval
         self._families = {
             name: F(name=PREFIX + name, description=doc, kind=F.HISTOGRAM if kind == "histogram" else F.COUNTER)
@@ -61,25 +73,26 @@ class ChatMetricsPublisher:
             description="1 while chat routes to the pool, 0 while it routes around it (its stub died)",
             kind=F.GAUGE,
         )
-        self._pools = {pool: self._families["pool_up"].Metric(labels={"pool": pool}) for pool in pools}
+        self._pools = {
+            pool: self._families["pool_up"].Metric(labels={"pool": pool, **dict(self._pid)}) for pool in pools
+        }
         self._series: dict[tuple[str, tuple], object] = {}
         for name, (_, _, labels, _) in METRICS.items():
             for values in self._combinations(name, labels):
                 self._metric(name, tuple(zip(labels, values)))
         for reason in _SHEDS.values():
             self._metric("sheds_total", (("reason", reason),))
-        self._waiting = self._families["admission_waiting"].Metric(labels={})
-        self._running = self._families["admission_running"].Metric(labels={})
+        self._waiting = self._families["admission_waiting"].Metric(labels=dict(self._pid))
+        self._running = self._families["admission_running"].Metric(labels=dict(self._pid))
         self._last_sheds: dict = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chat-metrics", daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _combinations(name: str, labels: tuple) -> list[tuple]:
+    def _combinations(self, name: str, labels: tuple) -> list[tuple]:
         out = [()]
         for label in labels:
-            values = _REASONS.get(name, ()) if label == "reason" else _KNOWN[label]
+            values = _REASONS.get(name, ()) if label == "reason" else self._known[label]
             out = [(*o, v) for o in out for v in values]
         return out
 
@@ -88,7 +101,7 @@ class ChatMetricsPublisher:
         if series is None:
             buckets = METRICS[name][3] if name in METRICS else None
             kwargs = {"buckets": list(buckets)} if buckets else {}
-            series = self._families[name].Metric(labels=dict(labels), **kwargs)
+            series = self._families[name].Metric(labels=dict(labels + self._pid), **kwargs)
             self._series[name, labels] = series
         return series
 

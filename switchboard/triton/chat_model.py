@@ -14,15 +14,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from switchboard.artifact.manifest import Manifest
+from switchboard.artifact.manifest import MANIFEST
 from switchboard.artifact.tokenizer import TextTokenizer
+from switchboard.artifact.version import ModelVersion
 from switchboard.engine.stream import CancelPoll
 from switchboard.serving.admission import Admission
 from switchboard.serving.breaker import LatencyBreaker
+from switchboard.serving.canary import VersionPicker, conversation_key
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.fallback import FaqFallback
 from switchboard.serving.gate import PriorityGate, send_rank
@@ -49,6 +52,7 @@ class _Job:
     sender: object
     chat: ChatRequest
     t0: float
+    version: int  # the pools' model version that serves it (VersionPicker)
 
 
 class TritonSink:
@@ -86,16 +90,25 @@ class TritonPythonModel:
         self._setup_turn(cfg)
         self._setup_admission(cfg)
         self.publisher = ChatMetricsPublisher(
-            self.metrics, self.admission, self.pool_health, (cfg.short_pool, cfg.long_pool)
+            self.metrics, self.admission, self.pool_health, (cfg.short_pool, cfg.long_pool), self.picker.versions
         )
 
     # -- initialize, step by step -----------------------------------------------------------
     def _load_model(self, version, cfg: ChatConfig) -> None:
-        self.manifest = Manifest.load(version)
-        self.fingerprint = self.manifest.variant(cfg.precision)["fingerprint"]
-        self.tokenizer = TextTokenizer(version)
-        system_prompt = cfg.system_prompt or self.manifest.system_prompt
-        self.prompts = PromptBuilder(self.tokenizer, system_prompt, cfg.max_turns, self.manifest.context_window)
+        """The pools' model versions chat routes to (the stable one, and a canary during a
+        rollout: switchboard/ops/rollout.py), each read from the short pool's version folder:
+        prompts are built with that version's tokenizer and keyed by its fingerprint."""
+        try:
+            self.picker = VersionPicker(cfg.stable_version, cfg.canary_version, cfg.canary_share)
+        except ValueError as e:
+            raise ValueError(f"chat/config.pbtxt: {e}") from None
+        repository = Path(version).parent.parent
+        self.versions: dict[int, ModelVersion] = {}
+        for n in self.picker.versions:
+            folder = repository / cfg.short_pool / str(n)
+            if not (folder / MANIFEST).is_file():
+                raise FileNotFoundError(f"chat/config.pbtxt: model version {n} is not installed ({folder})")
+            self.versions[n] = ModelVersion.load(folder, cfg.precision)
         self.limits = Limits(default_max_new_tokens=cfg.default_max_new_tokens, max_new_tokens=cfg.max_new_tokens_limit)
 
     def _setup_sessions(self, cfg: ChatConfig) -> None:
@@ -109,21 +122,26 @@ class TritonPythonModel:
             tls_cert_file=cfg.redis_tls_cert_file,
             tls_key_file=cfg.redis_tls_key_file,
         )
-        self.sessions = SessionStore(store, self.fingerprint)
+        self.sessions = SessionStore(store, self.versions[self.picker.stable].fingerprint)
 
     def _setup_pools(self, cfg: ChatConfig) -> None:
         # The pools are reached over gRPC on this server (switchboard/serving/engine_client.py says why).
         self.engines = EngineClient(cfg.engine_url)
         self.router = Router(cfg.long_prompt_tokens, cfg.short_pool, cfg.long_pool)
+        # Per version: a canary whose stub died is routed around without touching the stable one.
         # A stream quiet for pool_probe_after_s makes chat ping its pool (PoolHealth says why).
-        self.pool_health = PoolHealth(
-            cfg.pool_retry_after_s,
-            ping=lambda pool: self.engines.ping(pool, max(2.0, cfg.pool_probe_after_s)),
-            probe_after_s=cfg.pool_probe_after_s,
-        )
-        self.pools = PoolStreams(
-            self.engines, self.pool_health, self.fingerprint, cfg.engine_first_token_s, cfg.engine_stall_s
-        )
+        self.health: dict[int, PoolHealth] = {}
+        self.pools: dict[int, PoolStreams] = {}
+        for n, model in self.versions.items():
+            self.health[n] = PoolHealth(
+                cfg.pool_retry_after_s,
+                ping=lambda pool, n=n: self.engines.ping(pool, max(2.0, cfg.pool_probe_after_s), version=n),
+                probe_after_s=cfg.pool_probe_after_s,
+            )
+            self.pools[n] = PoolStreams(
+                self.engines, self.health[n], model.fingerprint, cfg.engine_first_token_s, cfg.engine_stall_s, n
+            )
+        self.pool_health = self.health[self.picker.stable]
         self.cancel_poll_s = cfg.cancel_poll_ms / 1000
 
     def _setup_fallback(self, cfg: ChatConfig, version) -> None:
@@ -138,18 +156,23 @@ class TritonPythonModel:
             self.faq = FaqFallback.from_file(path)
 
     def _setup_turn(self, cfg: ChatConfig) -> None:
-        self.turn = ChatTurn(
-            prompts=self.prompts,
-            sessions=self.sessions,
-            router=self.router,
-            pools=self.pools,
-            health=self.pool_health,
-            faq=self.faq,
-            decode=self.tokenizer.decode,
-            stop_ids=set(self.manifest.eos_token_ids),
-            end_of_turn_id=self.manifest.end_of_turn_id,
-            kv_reuse=cfg.kv_reuse,
-        )
+        self.turns: dict[int, ChatTurn] = {}
+        for n, model in self.versions.items():
+            tokenizer, manifest = TextTokenizer(model.directory), model.manifest
+            system_prompt = cfg.system_prompt or manifest.system_prompt
+            self.turns[n] = ChatTurn(
+                prompts=PromptBuilder(tokenizer, system_prompt, cfg.max_turns, manifest.context_window),
+                sessions=self.sessions.for_model(model.fingerprint),
+                router=self.router,
+                pools=self.pools[n],
+                health=self.health[n],
+                faq=self.faq,
+                decode=tokenizer.decode,
+                stop_ids=set(manifest.eos_token_ids),
+                end_of_turn_id=manifest.end_of_turn_id,
+                kv_reuse=cfg.kv_reuse,
+                version=n,
+            )
 
     def _setup_admission(self, cfg: ChatConfig) -> None:
         # Every response goes out through the gate, priority 1 first (PriorityGate, send_rank say why).
@@ -186,7 +209,8 @@ class TritonPythonModel:
                 send_error(sender, "cancelled by the client", "CANCELLED")
                 self.metrics.failed("cancelled")
                 continue
-            self.admission.submit(_Job(request, sender, chat, time.perf_counter()), chat.priority)
+            version = self.picker.pick(conversation_key(chat.session_id, chat.history, chat.text))
+            self.admission.submit(_Job(request, sender, chat, time.perf_counter(), version), chat.priority)
         return None
 
     def _wait_for_room(self, request) -> bool:
@@ -204,30 +228,31 @@ class TritonPythonModel:
             if request.is_cancelled():
                 raise Cancelled()
             cancelled = CancelPoll(request.is_cancelled, self.cancel_poll_s)
-            self.turn.run(job.chat, TritonSink(sender, self.gate, self._finished), cancelled, job.t0)
+            self.turns[job.version].run(job.chat, TritonSink(sender, self.gate, self._finished), cancelled, job.t0)
         except RequestError as e:
             send_error(sender, str(e), "INVALID_ARG")
-            self.metrics.failed("invalid")
+            self.metrics.failed("invalid", job.version)
         except EngineError as e:
             send_error(sender, str(e), "UNAVAILABLE")
-            self.metrics.failed("unavailable")
+            self.metrics.failed("unavailable", job.version)
         except Cancelled:
             send_error(sender, "cancelled by the client", "CANCELLED")
-            self.metrics.failed("cancelled")
+            self.metrics.failed("cancelled", job.version)
         except Exception:
             log.exception("chat failed")
             send_error(sender, "internal error")
-            self.metrics.failed("error")
+            self.metrics.failed("error", job.version)
 
     def _shed(self, job: _Job, reason: str) -> None:
         """No generation slot in time: answer from the FAQ. Not asked whether the client left
         (a round trip per answer, the FAQ's rate under a burst): a gone client drops the answer."""
         if self.faq is None:
             send_error(job.sender, f"overloaded ({reason}); try again later", "UNAVAILABLE")
-            self.metrics.failed("unavailable")
+            self.metrics.failed("unavailable", job.version)
         else:
             sink = TritonSink(job.sender, self.gate, self._finished)
-            self.turn.answer_from_faq(job.chat, sink, job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
+            turn = self.turns[job.version]
+            turn.answer_from_faq(job.chat, sink, job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
 
     def _finished(self, stats: ChatStats) -> None:
         """A chat's final response went out: count it; a generated answer's wait feeds the breaker."""

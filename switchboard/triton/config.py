@@ -108,6 +108,15 @@ class ChatConfig(_RedisConfig):
     )
     short_pool: str = setting("engine_short", "the pool for short prompts")
     long_pool: str = setting("engine_long", "the pool for long prompts")
+    stable_version: int = setting(
+        1, "the pools' model version that serves every chat but the canary's share (`make rollout` sets it)", 1
+    )
+    canary_version: int = setting(
+        0, "a new version of the pools' model on trial with canary_share of the sessions (0: none)", 0
+    )
+    canary_share: float = setting(
+        0.1, "the share of sessions (by a hash of the session id: sticky) served by canary_version", 0.0, 1.0
+    )
     max_inflight: int = setting(64, "chats generating at once; the others wait in chat's admission queue", 1, 1024)
     max_inflight_reserved: int = setting(16, "of max_inflight, the slots only priority 1 may take", 0, 1024)
     max_pending: int = setting(

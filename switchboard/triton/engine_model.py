@@ -13,12 +13,13 @@ queue where the pool's queue policy (timeouts, maximum size) applies.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from switchboard.artifact.manifest import Manifest
+from switchboard.artifact.version import ModelVersion
 from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
 from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
 from switchboard.engine.stream import Outbox, TokenStream
@@ -219,13 +220,19 @@ class EngineMetrics:
     batch size and the waiting/running gauges; the KV block cache's as ``switchboard_kv_*``.
     A thread copies them once per ``interval``."""
 
-    def __init__(self, model: str, engine: Engine, blocks: BlockCache | None = None, interval: float = 1.0):
+    def __init__(
+        self, model: str, version: int, engine: Engine, blocks: BlockCache | None = None, interval: float = 1.0
+    ):
         F = pb_utils.MetricFamily
         self.model, self.engine, self.blocks, self.interval = model, engine, blocks, interval
+        # Two versions of a pool serve side by side during a rollout, and a reload starts a new
+        # instance beside the old one: each has its own series (Triton 2.51 shares a series
+        # between processes that use the same labels and drops it when the first one unloads).
+        self.labels = {"model": model, "version": str(version), "pid": str(os.getpid())}
         self._families = {
             k: F(name=f"switchboard_engine_{k}_total", description=d, kind=F.COUNTER) for k, d in _DESCRIPTIONS.items()
         }
-        self._counters = {k: f.Metric(labels={"model": model}) for k, f in self._families.items()}
+        self._counters = {k: f.Metric(labels=self.labels) for k, f in self._families.items()}
         self._families["batch"] = F(
             name="switchboard_engine_batch_steps_total", description="decode steps by batch size", kind=F.COUNTER
         )
@@ -235,8 +242,8 @@ class EngineMetrics:
         self._families["running"] = F(
             name="switchboard_engine_running", description="sequences in the running batch", kind=F.GAUGE
         )
-        self._waiting = self._families["waiting"].Metric(labels={"model": model})
-        self._running = self._families["running"].Metric(labels={"model": model})
+        self._waiting = self._families["waiting"].Metric(labels=self.labels)
+        self._running = self._families["running"].Metric(labels=self.labels)
         self._families.update(
             {
                 f"kv_{k}": F(name=f"switchboard_kv_{k}_total", description=d, kind=F.COUNTER)
@@ -247,10 +254,10 @@ class EngineMetrics:
             name="switchboard_kv_local_bytes", description="bytes of KV blocks in the pool's own cache", kind=F.GAUGE
         )
         self._kv = {
-            key: self._families[f"kv_{family}"].Metric(labels={"model": model, **labels})
+            key: self._families[f"kv_{family}"].Metric(labels={**self.labels, **labels})
             for key, (family, labels) in _KV_COUNTERS.items()
         }
-        self._kv_bytes = self._families["kv_local_bytes"].Metric(labels={"model": model})
+        self._kv_bytes = self._families["kv_local_bytes"].Metric(labels=self.labels)
         self._kv_last: dict = {}
         self._batch: dict[int, object] = {}
         self._last: dict = {}
@@ -276,9 +283,7 @@ class EngineMetrics:
             delta = steps - self._last_sizes.get(size, 0)
             if delta > 0:
                 if size not in self._batch:
-                    self._batch[size] = self._families["batch"].Metric(
-                        labels={"model": self.model, "batch_size": str(size)}
-                    )
+                    self._batch[size] = self._families["batch"].Metric(labels={**self.labels, "batch_size": str(size)})
                 self._batch[size].increment(float(delta))
         self._last, self._last_sizes = stats, sizes
         self._waiting.set(float(waiting))
@@ -309,9 +314,12 @@ class TritonPythonModel:
         require_decoupled(config)
         self.name = config["name"]
         cfg = EngineConfig.load(config, f"{self.name}/config.pbtxt")
-        self.manifest = Manifest.load(version)
-        precision, runtime = cfg.precision, cfg.runtime
-        self.fingerprint = self.manifest.variant(precision)["fingerprint"]
+        # The version's weights are checked against its manifest before it serves: a modified
+        # file fails this load, and the version already serving goes on (switchboard/ops/rollout.py).
+        self.version = ModelVersion.load(version, cfg.precision)
+        self.version.verify()
+        self.manifest, precision, runtime = self.version.manifest, self.version.precision, cfg.runtime
+        self.fingerprint = self.version.fingerprint
         threads = cfg.threads or auto_threads(self.manifest.variant(precision).get("bytes", 0))
         if runtime == "onnxruntime":
             decoder = OnnxDecoder(
@@ -339,7 +347,7 @@ class TritonPythonModel:
                 f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
                 "expected onnxruntime, torch[:cpu|cuda] or triton:<model>"
             )
-        self.blocks = self._block_cache(cfg, version, precision)
+        self.blocks = self._block_cache(cfg, version)
         self.engine = Engine(
             decoder,
             max_batch=cfg.max_batch,
@@ -359,23 +367,24 @@ class TritonPythonModel:
         self.watch = _CancelWatch(self.name, self.cancel_poll_s)
         self.sender = _Sender(self.name, self.watch)
         self.engine.start()
-        self.metrics = EngineMetrics(self.name, self.engine, self.blocks)
+        self.metrics = EngineMetrics(self.name, self.version.number, self.engine, self.blocks)
         log.info(
-            "%s ready: %s %s, max batch %d, %d threads",
+            "%s version %d ready: %s %s, max batch %d, %d threads",
             self.name,
+            self.version.number,
             self.manifest.name,
             precision,
             cfg.max_batch,
             threads,
         )
 
-    def _block_cache(self, cfg: EngineConfig, version, precision: str) -> BlockCache:
+    def _block_cache(self, cfg: EngineConfig, version) -> BlockCache:
         """The pool's KV blocks: its own memory first, then Redis shared by every replica."""
         try:
             return block_cache(
                 self.manifest,
                 version,
-                precision,
+                self.fingerprint,
                 tokens=cfg.kv_block_tokens,
                 local_mb=cfg.kv_local_mb,
                 storage=cfg.kv_storage,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from switchboard.artifact.manifest import Manifest
+from switchboard.artifact.version import ModelVersion
 from switchboard.kv.blocks import chain, model_root
 from switchboard.kv.model import chat_template
 from switchboard.serving.engine_client import EngineClient
@@ -20,7 +20,7 @@ def session_blocks(redis_client, repository: Path, session_id: str) -> list[str]
     the pools do: from the conversation's token ids and the model's chain root."""
     conv = json.loads(redis_client.get(session_key("sb", session_id) + ":conv"))
     version = repository / "engine_short" / "1"
-    root = model_root(Manifest.load(version).variant("fp32")["fingerprint"], chat_template(version), 16, "native")
+    root = model_root(ModelVersion.load(version, "fp32").fingerprint, chat_template(version), 16, "native")
     return [f"sb:kvb:{{{k.hex()}}}" for k in chain(root, conv["tokens"][: conv["kv_tokens"]], 16)]
 
 

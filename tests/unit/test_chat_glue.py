@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from switchboard.serving.canary import VersionPicker
 from switchboard.serving.gate import PriorityGate
 from switchboard.serving.metrics import ChatMetrics
 from switchboard.serving.pool_stream import EngineError
@@ -79,7 +80,8 @@ class Turn:
 
 def _model(glue, turn, faq=True):
     model = glue.TritonPythonModel()
-    model.limits, model.turn, model.gate, model.cancel_poll_s = Limits(), turn, PriorityGate(), 0.05
+    model.limits, model.gate, model.cancel_poll_s = Limits(), PriorityGate(), 0.05
+    model.picker, model.turns = VersionPicker(1), {1: turn}
     model.faq = object() if faq else None
     model.admission = Admission(model._serve)
     model.metrics, model.breaker = ChatMetrics(), None
@@ -147,10 +149,10 @@ def test_a_chat_whose_client_left_before_its_slot_is_not_run(glue):
 def test_a_shed_chat_gets_the_faq_or_unavailable_without_one(glue):
     model = _model(glue, Turn())
     request = Request("hi")
-    model._shed(glue._Job(request, request.sender, CHAT, 0.0), "queue_timeout")
+    model._shed(glue._Job(request, request.sender, CHAT, 0.0, 1), "queue_timeout")
     [(response, flags)] = request.sender.sent
     stats = json.loads(response.outputs["stats"][0][0])
     assert flags == FINAL and stats["fallback_reason"] == "queue_timeout" and stats["session"] == "skipped"
     request = Request("hi")
-    _model(glue, Turn(), faq=False)._shed(glue._Job(request, request.sender, CHAT, 0.0), "queue_full")
+    _model(glue, Turn(), faq=False)._shed(glue._Job(request, request.sender, CHAT, 0.0, 1), "queue_full")
     assert _error(request.sender).code == "UNAVAILABLE"

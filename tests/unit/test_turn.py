@@ -27,7 +27,7 @@ def decode(ids):
 class Prompts:
     """Prompt ids: the history's tokens, then one id per character of the new message."""
 
-    def build(self, history, text, max_new_tokens):
+    def build(self, history, text, max_new_tokens, system=None):
         if text == "too long":
             raise PromptTooLong("prompt: 900 tokens do not fit the context window")
         head = list(history.tokens) if history else [1, 2, 3]
@@ -184,7 +184,7 @@ def test_the_pools_miss_reason_is_the_turns():
 def test_a_slid_window_and_another_model_say_so():
     history = Conversation([], [5, 6, 7, 8], kv_tokens=4)
     turn = _turn(Sessions(Lookup(history, SessionStatus.HIT)), Pools(engine_short=[_answer([EOT])]))
-    turn.prompts.build = lambda h, text, max_new: Prompt([5, 9, 9], [], max_new, dropped_turns=1)
+    turn.prompts.build = lambda h, text, max_new, system=None: Prompt([5, 9, 9], [], max_new, dropped_turns=1)
     sink = _run(turn, _chat(session_id="s"))
     assert sink.stats["cache_miss"] == "window_slid" and turn.pools.calls[0][1].expected_reuse == 1
 
@@ -284,7 +284,7 @@ def test_the_shed_path_answers_from_the_faq_with_its_reason():
         "generated_tokens": 0, "route": None, "ttft_ms": None,
         "total_ms": 10.0, "fallback": True, "fallback_reason": "queue_timeout", "faq_id": "order-status",
         "session": "skipped", "dropped_turns": 0, "finish_reason": "fallback", "engine_queue_ms": None,
-        "engine_ms": None, "batch_size": None, "priority": 1,
+        "engine_ms": None, "batch_size": None, "priority": 1, "model_version": None,
     }  # fmt: skip
 
 
