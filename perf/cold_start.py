@@ -48,6 +48,21 @@ def container_args(manifest: Path = paths.K8S / "switchboard.yaml", container: s
     raise SystemExit(f"{manifest}: no Deployment with a container {container!r}")
 
 
+def pod_command(ports: Ports, probe_port: int, redis_url: str, repository: Path, run_dir: Path) -> list[str]:
+    """The container's command (the supervisor with the Deployment's arguments) on these ports."""
+    args = container_args() + [
+        f"--redis-url={redis_url}",
+        f"--http-port={ports.http}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-port={ports.metrics}",
+        f"--probe-port={probe_port}",
+        "--probe-address=127.0.0.1",
+        f"--repository={repository}",
+        f"--run-dir={run_dir}",
+    ]
+    return [sys.executable, "-m", "switchboard.ops.supervisor", *args]
+
+
 def _status(url: str) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=1) as r:
@@ -62,21 +77,11 @@ def one_run(repository: Path, run_dir: Path, question: str, max_new_tokens: int,
     ports, probe_port = Ports.free(), free_port()
     redis = Stack(ports, repository, run_dir)
     redis.start_redis()
-    args = container_args() + [
-        f"--redis-url={redis.redis_url}",
-        f"--http-port={ports.http}",
-        f"--grpc-port={ports.grpc}",
-        f"--metrics-port={ports.metrics}",
-        f"--probe-port={probe_port}",
-        "--probe-address=127.0.0.1",
-        f"--repository={repository}",
-        f"--run-dir={run_dir}",
-    ]
     log_path = run_dir / "supervisor.log"
     out: dict = {}
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "switchboard.ops.supervisor", *args],
+        pod_command(ports, probe_port, redis.redis_url, repository, run_dir),
         stdout=open(log_path, "ab"),
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

@@ -22,7 +22,7 @@ from switchboard import paths
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, _alive, free_port
 from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH
-from switchboard.perf.cold_start import container_args
+from switchboard.perf.cold_start import pod_command
 
 
 def _get(port: int, path: str) -> tuple[int | None, dict | None]:
@@ -41,19 +41,9 @@ def pod(artifacts, tmp_path_factory):
     ports, probe_port = Ports.free(), free_port()
     redis = Stack(ports, run_dir=run)
     redis.start_redis()
-    args = container_args() + [
-        f"--redis-url={redis.redis_url}",
-        f"--http-port={ports.http}",
-        f"--grpc-port={ports.grpc}",
-        f"--metrics-port={ports.metrics}",
-        f"--probe-port={probe_port}",
-        "--probe-address=127.0.0.1",
-        f"--repository={paths.MODEL_REPOSITORY}",
-        f"--run-dir={run}",
-    ]
     log = run / "supervisor.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "switchboard.ops.supervisor", *args],
+        pod_command(ports, probe_port, redis.redis_url, paths.MODEL_REPOSITORY, run),
         stdout=open(log, "ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
