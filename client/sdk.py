@@ -349,8 +349,9 @@ class AsyncChatClient:
         try:
             while not done:
                 try:
-                    result, error = await asyncio.wait_for(responses.__anext__(), self.timeout_s)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(self.timeout_s):  # no task per response, unlike wait_for
+                        result, error = await responses.__anext__()
+                except TimeoutError:
                     raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
                 except StopAsyncIteration:
                     raise ChatError(
