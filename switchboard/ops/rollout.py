@@ -287,7 +287,7 @@ class Margins:
 
 @dataclass(frozen=True)
 class Verdict:
-    action: str  # "rollback", "promote" or "wait"
+    action: str  # "rollback", "promote" or "wait" ("ended": the trial ended by another command)
     reason: str
 
 
@@ -411,6 +411,10 @@ class Rollout:
         t0 = time.monotonic()
         while True:
             time.sleep(interval_s)
+            if self.repo.chat()["canary_version"] != int(canary):  # promoted or rolled back meanwhile
+                verdict = Verdict("ended", f"version {canary} is no longer on trial (ended by another command)")
+                self.record("watch_ended", version=int(canary))
+                return verdict
             now = self._stats()
             # Per series since the start (a chat process that unloaded meanwhile drops out; a new
             # one counts from zero), summed per version.

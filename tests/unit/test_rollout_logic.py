@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from switchboard.artifact.version import ChecksumError, ModelVersion, verify_var
 from switchboard.ops.rollout import (
     Margins,
     Repository,
+    Rollout,
     RolloutError,
     VersionStats,
     histogram_quantile,
@@ -163,3 +166,24 @@ def test_a_version_file_names_the_precision_it_serves(tmp_path):
     (d / "version.json").write_text("[1]")
     with pytest.raises(ValueError, match="version.json"):
         ModelVersion.load(d, "fp32")
+
+
+class _QuietServer:
+    def scrape(self) -> str:
+        return ""
+
+    def load(self, model: str, key: str) -> None:
+        pass
+
+
+def test_a_watch_ends_when_the_trial_was_ended_by_another_command(repo, tmp_path):
+    repo.set_chat(1, 2, 0.5)
+    rollout = Rollout(repo.path, [_QuietServer()], "key", tmp_path / "run", log=lambda line: None)
+    done = []
+    watcher = threading.Thread(target=lambda: done.append(rollout.watch(Margins(), 300, 0.05)))
+    watcher.start()
+    time.sleep(0.2)
+    assert not done  # no canary chats yet: it waits
+    repo.set_chat(1, 0)  # `make rollback` from another shell
+    watcher.join(5)
+    assert done and done[0].action == "ended"
