@@ -6,6 +6,13 @@ The graph returns the logits of each row's last position only ([B, 1, V]): that 
 engine samples from, and a 400-token prefill at a 152k vocabulary would otherwise make a
 243 MB tensor. Rows are right-aligned (switchboard/engine/batch.py), so the last position is
 every row's last real token.
+
+Grouped-query attention is exported as ``grouped_attention``: each KV head's query heads are
+stacked as rows of one matrix product with the cache, instead of the stock path's copy of every
+KV head per query head (``repeat_kv``: an Expand and a Transpose of the whole cache per layer
+and step). At 0.5B (14 query heads, 2 KV heads) that copy was half of a decode step at batch 8
+(docs/benchmarks.md); the arithmetic is the same, and the parity check compares the graph
+with the stock PyTorch model.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SUPPORTED = {"llama", "qwen2", "mistral", "gpt2"}
+GROUPED = "switchboard_grouped"  # the attention implementation the graph is traced with
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,37 @@ def geometry(config) -> Geometry:
         vocab_size=config.vocab_size,
         context_window=context,
     )
+
+
+def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Attention for ``query`` [B, H, Q, D] over ``key``/``value`` [B, G, K, D] with H = G * R:
+    query head h reads KV head h // R (as ``repeat_kv``), here by viewing the queries as
+    [B, G, R * Q, D] so each KV head is used once, never copied. ``attention_mask`` is additive,
+    [B, 1, Q, K]. Returns [B, Q, H, D] and no weights, like the stock implementations."""
+    b, h, q, d = query.shape
+    g = key.shape[1]
+    r = h // g
+    scores = torch.matmul(query.reshape(b, g, r * q, d), key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        k = scores.shape[-1]
+        scores = (scores.view(b, g, r, q, k) + attention_mask[:, :, None]).view(b, g, r * q, k)
+    weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, value).view(b, h, q, d)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_grouped() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(GROUPED, grouped_attention)
+    AttentionMaskInterface.register(GROUPED, eager_mask)  # additive float mask, [B, 1, Q, K]
+
+
+def _uses_grouped_query_attention(model) -> bool:
+    cfg = model.config
+    kv = getattr(cfg, "num_key_value_heads", None)
+    return cfg.model_type != "gpt2" and kv is not None and kv < cfg.num_attention_heads
 
 
 class DecoderWrapper(torch.nn.Module):
@@ -90,6 +129,10 @@ def io_names(num_layers: int) -> tuple[list[str], list[str]]:
 def export(model, geo: Geometry, path: Path) -> Path:
     """Export ``model`` (eval mode, fp32) to ``path``; large models get external data."""
     wrapper = DecoderWrapper(model, geo.num_layers).eval()
+    stock = model.config._attn_implementation
+    if _uses_grouped_query_attention(model):
+        _register_grouped()
+        model.set_attn_implementation(GROUPED)
     batch, new, past_len = 2, 3, 4
     # A few new tokens on top of a short past: a one-token sample trips dynamo on is_causal.
     sample = [
@@ -106,16 +149,19 @@ def export(model, geo: Geometry, path: Path) -> Path:
     inputs, outputs = io_names(geo.num_layers)
     large = sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
-        program = torch.onnx.export(
-            wrapper,
-            tuple(sample),
-            input_names=inputs,
-            output_names=outputs,
-            dynamic_shapes=dynamic,
-            dynamo=True,
-            optimize=True,
-            external_data=large,
-        )
+    try:
+        with torch.no_grad():
+            program = torch.onnx.export(
+                wrapper,
+                tuple(sample),
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_shapes=dynamic,
+                dynamo=True,
+                optimize=True,
+                external_data=large,
+            )
+    finally:  # the parity check and the accuracy gate run the stock model
+        model.set_attn_implementation(stock)
     program.save(str(path), external_data=large)
     return path

@@ -54,3 +54,25 @@ def test_random_weights_skip_the_gate_but_not_the_parity_check(tokenizer_dir, tm
     assert set(m.variants) == {"fp32", "int8-dynamic"}, "the checkpoint's precisions, no int8-percentile"
     assert m.parity["ok"] and not m.accuracy, "parity checked, agreement not measured"
     assert "random weights" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("groups,heads,q", [(2, 14, 1), (2, 4, 5), (4, 4, 3)])
+def test_grouped_attention_is_the_stock_attention_without_copying_the_cache(groups, heads, q):
+    """The exported attention equals transformers' eager attention (``repeat_kv``), masked
+    positions included."""
+    import torch
+    from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward
+
+    from switchboard.export.onnx_export import grouped_attention
+
+    torch.manual_seed(0)
+    b, k, d = 3, 7, 16
+    query, key, value = torch.randn(b, heads, q, d), torch.randn(b, groups, k, d), torch.randn(b, groups, k, d)
+    mask = torch.zeros(b, 1, q, k)
+    mask[1, :, :, :3] = torch.finfo(torch.float32).min  # a left-padded row
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = heads // groups, False
+    ours, none = grouped_attention(module, query, key, value, mask, scaling=d**-0.5)
+    stock, _ = eager_attention_forward(module, query, key, value, mask, scaling=d**-0.5)
+    assert none is None and ours.shape == stock.shape == (b, q, heads, d)
+    torch.testing.assert_close(ours, stock, rtol=1e-5, atol=1e-6)
