@@ -27,12 +27,9 @@ import onnxruntime as ort
 
 from switchboard import paths
 from switchboard.artifact.manifest import Manifest
+from switchboard.engine.sizing import MANY_THREADS_FROM_BYTES
 
 log = logging.getLogger(__name__)
-
-# Below this a model is small enough that Python and the server, not the runtime, take the
-# cores: one intra-op thread serves it best (docs/benchmarks.md).
-MANY_THREADS_FROM_BYTES = 256 << 20
 
 
 def usable_cores() -> int:

@@ -23,6 +23,12 @@ prompt's prefill (a 400-token prompt is ~2 s at 0.5B on CPU). It is the "total l
 batch" of seed 001's batching fix, applied to prompt tokens. Budget 0 prefills whole prompts
 at admission, before any decode step.
 
+In one shared lane (``preempt_steps`` 0) priority 1 may take ``priority_overflow`` rows past
+``max_batch``, so a VIP arriving at a full batch of priority 2 starts at the next step. That is
+the arrangement for a compute-bound model (a large one on the CPU): every extra batch there
+streams all the weights once more per step, so a lane of its own makes priority 1's small batch
+cost nearly a full step (docs/benchmarks.md).
+
 Priority 1 has its own lane when ``preempt_steps`` > 0. While it has work its iterations come
 first, and priority 2's lane gets one iteration after every ``preempt_steps`` of them, so
 priority 2 is slowed, never starved. A priority-1 token then costs a step at priority 1's own
@@ -179,6 +185,7 @@ class Engine:
         stop_ids: set[int],
         priority_slots: int = 0,
         preempt_steps: int = 0,
+        priority_overflow: int = 0,
         lane_threads: int = 1,
         normal_nice: int = 19,
         hold_back_ms: float = 0.0,
@@ -191,6 +198,10 @@ class Engine:
         # a VIP arriving at a full batch would wait for a whole answer to finish.
         self.priority_slots = max(0, min(priority_slots, max_batch - 1))
         self.max_waiting = max_waiting
+        # In one shared lane, rows beyond max_batch that only priority 1 may take: a VIP starts at
+        # the next step without keeping a row from priority 2 (a step at max_batch + 1 rows costs
+        # little more than at max_batch on a compute-bound model).
+        self.priority_overflow = max(0, priority_overflow) if not preempt_steps else 0
         self.stop_ids = frozenset(stop_ids)
         self.context_window = m.context_window
         self._shape = (m.num_layers, m.num_kv_heads, m.head_dim)
@@ -273,10 +284,13 @@ class Engine:
         batch up to ``max_batch`` whatever priority 2 holds, so several VIPs at once never wait
         for priority-2 answers to finish (they did at 5% priority 1 in a 5x burst: P95 up to
         110 ms in the engine's queue with one reserved row, docs/reliability.md).
-        In one shared lane priority 1 may fill all ``max_batch`` rows."""
+        In one shared lane priority 1 may fill all ``max_batch`` rows and ``priority_overflow`` more."""
         if lane is self._urgent:
             return len(lane.running) + len(lane.prefilling) + admitting < self.max_batch
-        limit = self.max_batch if lane.waiting[0][0] <= 1 else self.max_batch - self.priority_slots
+        if lane.waiting[0][0] <= 1:
+            limit = self.max_batch + self.priority_overflow
+        else:
+            limit = self.max_batch - self.priority_slots
         return self._rows < limit
 
     def _ready(self, lane: _Lane) -> bool:

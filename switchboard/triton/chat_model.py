@@ -22,6 +22,7 @@ import triton_python_backend_utils as pb_utils
 from switchboard.artifact.manifest import MANIFEST
 from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.artifact.version import ModelVersion
+from switchboard.engine.sizing import compute_bound
 from switchboard.engine.stream import CancelPoll
 from switchboard.serving.admission import Admission
 from switchboard.serving.breaker import LatencyBreaker
@@ -39,7 +40,7 @@ from switchboard.serving.session import SessionStore, StoreConfig
 from switchboard.serving.turn import Cancelled, ChatTurn
 from switchboard.triton.chat_metrics import ChatMetricsPublisher
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
-from switchboard.triton.config import ChatConfig
+from switchboard.triton.config import ChatConfig, admission_slots, pool_config
 from switchboard.wire import Chat, ChatStats, FallbackReason, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
@@ -181,9 +182,10 @@ class TritonPythonModel:
         self.breaker = None
         if cfg.breaker_ttft_p99_s > 0:
             self.breaker = LatencyBreaker(cfg.breaker_ttft_p99_s, cfg.breaker_window_s, cfg.breaker_min_samples)
+        inflight, reserved = self._admission_slots(cfg)
         self.admission = Admission(
-            max_inflight=cfg.max_inflight,
-            reserved=cfg.max_inflight_reserved,
+            max_inflight=inflight,
+            reserved=reserved,
             max_pending=cfg.max_pending,
             max_wait_s=cfg.max_queue_wait_s,
             run=self._serve,
@@ -193,6 +195,20 @@ class TritonPythonModel:
             shed_nice=cfg.shed_nice,
             breaker=self.breaker.is_open if self.breaker else None,
         )
+
+    def _admission_slots(self, cfg: ChatConfig) -> tuple[int, int]:
+        """max_inflight and its reserved slots; automatic ones from the model's size and the
+        pools' rows (their config.pbtxt beside this model's)."""
+        stable = self.versions[self.picker.stable]
+        pools = {}
+        if not cfg.max_inflight:
+            repository = Path(stable.directory).parent.parent
+            pools = {name: pool_config(repository, name) for name in (cfg.short_pool, cfg.long_pool)}
+        runtime = next(iter(pools.values())).runtime if pools else "onnxruntime"
+        heavy = compute_bound(stable.variant.get("bytes", 0), runtime)
+        inflight, reserved = admission_slots(cfg, heavy, sum(p.max_batch for p in pools.values()))
+        log.info("admission: %d chats generating at once, %d of them for priority 1 only", inflight, reserved)
+        return inflight, reserved
 
     # -- requests -------------------------------------------------------------------------
     def execute(self, requests):

@@ -117,8 +117,18 @@ class ChatConfig(_RedisConfig):
     canary_share: float = setting(
         0.1, "the share of sessions (by a hash of the session id: sticky) served by canary_version", 0.0, 1.0
     )
-    max_inflight: int = setting(64, "chats generating at once; the others wait in chat's admission queue", 1, 1024)
-    max_inflight_reserved: int = setting(16, "of max_inflight, the slots only priority 1 may take", 0, 1024)
+    max_inflight: int = setting(
+        0,
+        "chats generating at once; the others wait in chat's admission queue. 0: automatic, 64 for a model "
+        "under 256 MB; for a compute-bound one (256 MB or more on the CPU) the pools' rows (max_batch) and a "
+        "third more, since a chat beyond that waits in a pool, where it is not forecast and answered from the "
+        "FAQ at once but held until engine_first_token_s",
+        0,
+        1024,
+    )
+    max_inflight_reserved: int = setting(
+        -1, "of max_inflight, the slots only priority 1 may take (-1: a quarter of max_inflight)", -1, 1024
+    )
     max_pending: int = setting(
         1024,
         "chats waiting for a slot or for their FAQ answer; beyond it priority 2 waits in Triton's queue",
@@ -177,6 +187,28 @@ class ChatConfig(_RedisConfig):
     precision: str = setting("fp32", "the exported variant whose fingerprint keys the sessions (as the pools')")
 
 
+def pool_config(repository: Path, pool: str) -> "EngineConfig":
+    """A pool's settings as its own load reads them: ``<repository>/<pool>/config.pbtxt`` and the
+    environment's overrides. A missing or bad file is an error naming it."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    path = Path(repository) / pool / "config.pbtxt"
+    try:
+        message = text_format.Parse(path.read_text(encoding="utf-8"), model_config_pb2.ModelConfig())
+    except (OSError, text_format.ParseError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    config = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    return EngineConfig.load(config, f"{pool}/config.pbtxt")
+
+
+def admission_slots(cfg: "ChatConfig", compute_bound: bool, pool_rows: int) -> tuple[int, int]:
+    """chat's ``max_inflight`` and ``max_inflight_reserved`` with their automatic values resolved."""
+    inflight = cfg.max_inflight or (pool_rows + -(-pool_rows // 3) if compute_bound else 64)
+    reserved = cfg.max_inflight_reserved if cfg.max_inflight_reserved >= 0 else inflight // 4
+    return inflight, min(reserved, inflight - 1)
+
+
 @dataclass(frozen=True)
 class EngineConfig(_RedisConfig):
     """``engine_short`` / ``engine_long``: one generation pool each."""
@@ -197,6 +229,18 @@ class EngineConfig(_RedisConfig):
         "step after every preempt_steps of priority 1's",
         0,
         1 << 20,
+    )
+    priority_lane: str = setting(
+        "auto",
+        "on: priority 1 decodes in a batch of its own (preempt_steps, lane_threads); off: one batch for all "
+        "priorities, priority 1 taking priority_overflow_rows past max_batch; auto: off for a compute-bound "
+        "model (256 MB or more on the CPU, where every batch streams all the weights), on otherwise",
+    )
+    priority_overflow_rows: int = setting(
+        2,
+        "with one shared batch, rows past max_batch only priority 1 may take, so a VIP starts at the next step",
+        0,
+        256,
     )
     lane_threads: int = setting(
         2,
@@ -265,6 +309,14 @@ class EngineConfig(_RedisConfig):
         "onnxruntime", "onnxruntime, torch[:cpu|cuda] (needs checkpoint), or triton:<model> (a native backend over BLS)"
     )
     checkpoint: str = setting("", "with runtime torch: the Hugging Face checkpoint the repository was exported from")
+
+    def own_priority_lane(self, compute_bound: bool) -> bool:
+        """Whether priority 1 decodes in a batch of its own (``priority_lane``); a value other
+        than auto, on or off is a ValueError naming the parameter."""
+        mode = self.priority_lane.strip().lower()
+        if mode not in ("auto", "on", "off"):
+            raise ValueError(f"parameter 'priority_lane' = {self.priority_lane!r}: expected auto, on or off")
+        return mode == "on" or (mode == "auto" and not compute_bound)
 
 
 def reference() -> str:

@@ -22,6 +22,7 @@ import triton_python_backend_utils as pb_utils
 from switchboard.artifact.version import ModelVersion
 from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
 from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
+from switchboard.engine.sizing import compute_bound
 from switchboard.engine.stream import Outbox, TokenStream
 from switchboard.kv.model import block_cache
 from switchboard.kv.tiers import BlockCache, Reuse
@@ -348,12 +349,17 @@ class TritonPythonModel:
                 "expected onnxruntime, torch[:cpu|cuda] or triton:<model>"
             )
         self.blocks = self._block_cache(cfg, version)
+        try:
+            lane = cfg.own_priority_lane(compute_bound(self.manifest.variant(precision).get("bytes", 0), runtime))
+        except ValueError as e:
+            raise ValueError(f"{self.name}/config.pbtxt: {e}") from None
         self.engine = Engine(
             decoder,
             max_batch=cfg.max_batch,
             max_waiting=cfg.max_waiting,
             priority_slots=cfg.priority_slots,
-            preempt_steps=cfg.preempt_steps,
+            preempt_steps=cfg.preempt_steps if lane else 0,
+            priority_overflow=cfg.priority_overflow_rows,
             lane_threads=cfg.lane_threads,
             normal_nice=cfg.normal_nice,
             hold_back_ms=cfg.hold_back_ms,
@@ -369,12 +375,13 @@ class TritonPythonModel:
         self.engine.start()
         self.metrics = EngineMetrics(self.name, self.version.number, self.engine, self.blocks)
         log.info(
-            "%s version %d ready: %s %s, max batch %d, %d threads",
+            "%s version %d ready: %s %s, max batch %d, priority 1 %s, %d threads",
             self.name,
             self.version.number,
             self.manifest.name,
             precision,
             cfg.max_batch,
+            "in a batch of its own" if self.engine.preempt_steps else "in the shared batch",
             threads,
         )
 

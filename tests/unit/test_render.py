@@ -59,7 +59,7 @@ def test_priority_and_queue_policies():
     assert chat.model_transaction_policy.decoupled and chat.max_batch_size == 1
     assert chat.dynamic_batching.priority_levels == 2 and chat.dynamic_batching.default_priority_level == 2
     assert chat.dynamic_batching.priority_queue_policy[1].max_queue_size == 128
-    for pool, batch in (("short", "8"), ("long", "4")):
+    for pool, batch in (("short", "16"), ("long", "8")):
         cfg = parse(ROOT / f"model_repository/engine_{pool}/config.pbtxt")
         db = cfg.dynamic_batching
         assert db.priority_levels == 2 and db.default_queue_policy.max_queue_size > 0
@@ -109,4 +109,20 @@ def test_every_rendered_parameter_is_a_typed_setting_with_its_default():
     assert ChatConfig.load({"parameters": {k: {"string_value": v} for k, v in chat.items()}}, "chat") == ChatConfig()
     short = params(parse(ROOT / "model_repository/engine_short/config.pbtxt"))
     loaded = EngineConfig.load({"parameters": {k: {"string_value": v} for k, v in short.items()}}, "engine_short")
-    assert loaded == EngineConfig(max_batch=8)
+    assert loaded == EngineConfig(max_batch=16)
+
+
+def test_chat_reads_the_pools_rows_from_their_config_and_sizes_its_admission(monkeypatch, tmp_path):
+    from switchboard.triton.config import ChatConfig, admission_slots, pool_config
+
+    repo = ROOT / "model_repository"
+    assert pool_config(repo, "engine_short").max_batch + pool_config(repo, "engine_long").max_batch == 24
+    monkeypatch.setenv("SWITCHBOARD_MAX_BATCH", "1")  # the pools' own override applies
+    assert pool_config(repo, "engine_short").max_batch == 1
+    with pytest.raises(ValueError, match="engine_gone/config.pbtxt"):
+        pool_config(tmp_path, "engine_gone")
+    auto = ChatConfig()
+    assert admission_slots(auto, compute_bound=False, pool_rows=24) == (64, 16), "the default model: as before"
+    assert admission_slots(auto, compute_bound=True, pool_rows=24) == (32, 8), "a compute-bound one: rows + a third"
+    assert admission_slots(auto, compute_bound=True, pool_rows=2) == (3, 0)
+    assert admission_slots(ChatConfig(max_inflight=16, max_inflight_reserved=4), True, 24) == (16, 4), "explicit"

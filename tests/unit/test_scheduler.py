@@ -189,6 +189,25 @@ def test_a_reserved_slot_lets_priority_one_start_while_priority_two_fills_the_ba
     assert all(s.result is None for s in background), "the VIP finished before any priority-2 answer"
 
 
+def test_in_one_shared_batch_priority_one_takes_an_overflow_row_past_a_full_batch():
+    e = engine(max_batch=3, priority_overflow=1)
+    background = submit(e, [Sink() for _ in range(5)], max_new=40)
+    for _ in range(3):
+        e.step()
+    assert e.running() == 3 and e.waiting() == 2, "priority 2 fills max_batch, not the overflow row"
+    vips = submit(e, [Sink(), Sink()], max_new=4, priority=1)
+    e.step()
+    assert e.running() == 4 and e.waiting() == 3, "one VIP starts at the next step, the second waits for a row"
+    e.batch_sizes.clear()
+    drain(e, vips[:1])
+    assert max(e.batch_sizes) == 4, "the VIP decodes in the same batch as priority 2"
+    assert all(s.result is None for s in background)
+
+
+def test_overflow_rows_are_off_when_priority_one_has_its_own_lane():
+    assert engine(max_batch=3, priority_overflow=2, preempt_steps=4).priority_overflow == 0
+
+
 def test_priority_one_decodes_in_its_own_batch_while_priority_two_slows_but_advances():
     e = engine(max_batch=4, priority_slots=1, preempt_steps=2)
     background = submit(e, [Sink() for _ in range(3)], max_new=60)
