@@ -5,10 +5,9 @@ One run, the same seeded customer-service traffic against every system on this m
   optimized       the committed repository (iteration-level batching, KV reuse from Redis,
                   short/long pools, FP32)
   optimized-int8  the same with the dynamic INT8 variant (full and large presets)
-  optimized-1batch  the same in one batch: one pool, priority 1 without a lane of its own
-                  (large preset: what a compute-bound model on few cores gains by it)
   baseline        the same server configured naively: engine batch 1, FP32, no KV reuse,
-                  one pool (every prompt goes to engine_short)
+                  one pool (every prompt goes to engine_short), chat admitting 64 chats
+  baseline-sized  the same with chat's admission sized from the pools' rows (large preset)
   litserve        the Hugging Face checkpoint in PyTorch behind LitServe with request batching
   hf              the same checkpoint behind a plain HTTP endpoint running ``generate``
 
@@ -49,6 +48,11 @@ BASELINE_ENV = {
     "SWITCHBOARD_KV_REUSE": "false",  # every turn prefills its whole prompt
     "SWITCHBOARD_LONG_PROMPT_TOKENS": "1000000",  # one pool: everything goes to engine_short
     "SWITCHBOARD_PRECISION": "fp32",
+    "SWITCHBOARD_PRIORITY_OVERFLOW_ROWS": "0",  # batch 1 means one row, priority 1 included
+    # chat's admission as every earlier baseline ran (fixed, not sized from the pools' rows):
+    # the batch-1 server of before this project's tuning. baseline-sized has the sizing.
+    "SWITCHBOARD_MAX_INFLIGHT": "64",
+    "SWITCHBOARD_MAX_INFLIGHT_RESERVED": "16",
 }
 
 
@@ -67,28 +71,20 @@ SYSTEMS = {
         "optimized",
         "triton",
         "Switchboard as committed: iteration-level batching "
-        "(short pool 8, long pool 4), KV reuse from Redis, length routing, FP32",
+        "(short pool 16, long pool 8), KV reuse from Redis, length routing, FP32",
         {"SWITCHBOARD_PRECISION": "fp32"},
     ),
     "optimized-int8": SystemSpec(
         "optimized-int8", "triton", "as optimized, dynamic INT8 weights", {"SWITCHBOARD_PRECISION": "int8-dynamic"}
     ),
-    "optimized-1batch": SystemSpec(
-        "optimized-1batch",
-        "triton",
-        "as optimized, one batch: every prompt to engine_short, priority 1 in the same batch (no lane of its own), "
-        "16 chats generating at once; for a compute-bound model on few cores (docs/benchmarks.md)",
-        {
-            "SWITCHBOARD_PRECISION": "fp32",
-            "SWITCHBOARD_LONG_PROMPT_TOKENS": "1000000",
-            "SWITCHBOARD_PREEMPT_STEPS": "0",
-            "SWITCHBOARD_LANE_THREADS": "1",
-            "SWITCHBOARD_MAX_INFLIGHT": "16",
-            "SWITCHBOARD_MAX_INFLIGHT_RESERVED": "4",
-        },
-    ),
     "baseline": SystemSpec(
         "baseline", "triton", "same server, naive settings: engine batch 1, FP32, no KV reuse, one pool", BASELINE_ENV
+    ),
+    "baseline-sized": SystemSpec(
+        "baseline-sized",
+        "triton",
+        "as baseline, with chat's admission sized from the pools' rows (max_inflight auto: 3 chats at 0.5B)",
+        {k: v for k, v in BASELINE_ENV.items() if not k.startswith("SWITCHBOARD_MAX_INFLIGHT")},
     ),
     "litserve": SystemSpec(
         "litserve",
@@ -132,7 +128,7 @@ PRESETS = {
     ),
     # The 0.5B checkpoint (make model-large): one load that saturates every system, FP32 and INT8.
     "large": Preset(
-        ("optimized", "optimized-int8", "optimized-1batch", "baseline", "litserve", "hf"),
+        ("optimized", "optimized-int8", "baseline", "baseline-sized", "litserve", "hf"),
         (1.0,),
         60,
         30,

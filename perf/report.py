@@ -22,7 +22,7 @@ from switchboard.perf.driver import ABANDONED, REJECTED
 COLORS = {
     "optimized": "tab:green",
     "optimized-int8": "tab:olive",
-    "optimized-1batch": "tab:cyan",
+    "baseline-sized": "tab:cyan",
     "baseline": "tab:red",
     "litserve": "tab:blue",
     "hf": "tab:purple",
