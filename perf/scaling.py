@@ -87,6 +87,29 @@ def _sum_pools(before: dict, after: dict) -> dict:
     return out
 
 
+STEADY_FROM_S = 5.0  # the steady window starts this long after the clients
+
+
+def steady_window(metrics_port: int, t0: float, stop_at: float, out: dict) -> None:
+    """Decode tokens/s between ``t0 + STEADY_FROM_S`` and ``stop_at`` (when the clients stop
+    starting chats), from the engines' counters: the served rate at a full load, without the
+    first chats' ramp or the last ones' drain at shrinking batches, which the bare loop (a
+    constant batch) does not have. Fills ``out``."""
+    time.sleep(max(0.0, t0 + STEADY_FROM_S - time.monotonic()))
+    a, ta = engine_counters(metrics_port), time.monotonic()
+    time.sleep(max(0.0, stop_at - time.monotonic()))
+    b, tb = engine_counters(metrics_port), time.monotonic()
+    d = _sum_pools(a, b)
+    rows = sum(int(size) * n for size, n in d["batch_steps"].items())
+    steps = sum(d["batch_steps"].values())
+    seconds = tb - ta
+    out.update(
+        seconds=seconds,
+        decode_tokens_per_s=rows / max(seconds - d["prefill_s"], 1e-9),
+        mean_decode_batch=rows / steps if steps else float("nan"),
+    )
+
+
 def level(
     url: str,
     metrics_port: int | None,
@@ -128,6 +151,10 @@ def level(
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(concurrency + long_workers)]
     for t in threads:
         t.start()
+    window: dict = {}  # the engines' counters in the steady window (not the ramp, not the drain)
+    if metrics_port:
+        watcher = threading.Thread(target=steady_window, args=(metrics_port, t0, stop_at, window), daemon=True)
+        watcher.start()
     peak = None
     while memory is not None and any(t.is_alive() for t in threads):
         sample = memory()
@@ -152,6 +179,8 @@ def level(
             "decode_step_ms": 1000 * one["decode_s"] / steps if steps else float("nan"),
             "mean_decode_batch": rows / steps if steps else float("nan"),
         }
+    if metrics_port:
+        watcher.join()
     served = [s for s in stats if s and not s.fallback]
     tokens = sum(s.generated_tokens for s in served)
     decode_tokens = sum(max(0, s.generated_tokens - 1) for s in served)
@@ -172,6 +201,7 @@ def level(
         "prefill_share": prefill_s / wall,
         "chat_p50_ms": float(np.median([s.total_ms for s in served if s.total_ms is not None] or [np.nan])),
         "prompt_tokens_mean": float(np.mean([s.prompt_tokens for s in served] or [np.nan])),
+        "steady": window,
         "batch_steps": {int(k): int(v) for k, v in sorted(steps.items())},
         "mean_decode_batch": sum(int(b) * n for b, n in steps.items()) / max(1, sum(steps.values())),
         "engine": engine,
@@ -233,14 +263,16 @@ def markdown(result: dict) -> str:
         f"`{result['command']}`, {result['started']}; one-off chats, {result['max_new_tokens']}-token answers, "
         f"{result['seconds']:g} s per level.",
         "",
-        "| concurrency | chats | tokens/s | decode tokens/s | prefill share | chat P50 | mean decode batch | "
-        "decode steps by batch size |",
-        "|---|---|---|---|---|---|---|---|",
+        "| concurrency | chats | tokens/s | decode tokens/s | steady decode tokens/s (batch) | prefill share | "
+        "chat P50 | mean decode batch | decode steps by batch size |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["levels"]:
+        w = r.get("steady") or {}
+        steady = f"{w['decode_tokens_per_s']:.1f} ({w['mean_decode_batch']:.2f})" if w else "-"
         lines.append(
             f"| {r['concurrency']} | {r['chats']} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
-            f"{100 * r['prefill_share']:.0f}% | {r['chat_p50_ms']:.0f} ms | {r['mean_decode_batch']:.2f} | "
+            f"{steady} | {100 * r['prefill_share']:.0f}% | {r['chat_p50_ms']:.0f} ms | {r['mean_decode_batch']:.2f} | "
             f"{', '.join(f'{b}: {n}' for b, n in r['batch_steps'].items())} |"
         )
     if result.get("both_pools"):
@@ -291,16 +323,26 @@ def markdown(result: dict) -> str:
             if key.startswith("batch_"):
                 lines.append(f"- batch {key[6:]}: {v['step_ms']:.0f} ms per step, {v['tokens_per_s']:.1f} tokens/s")
         levels = {r["concurrency"]: r for r in result["levels"]}
+
+        def steady(c: int) -> float:
+            return (levels[c].get("steady") or {}).get("decode_tokens_per_s", float("nan"))
+
         if 8 in levels and "batch_8" in b:
             lines.append(
                 f"- served decode at concurrency 8 / bare batch 8: "
-                f"{levels[8]['decode_tokens_per_s'] / b['batch_8']['tokens_per_s']:.2f}"
+                f"{levels[8]['decode_tokens_per_s'] / b['batch_8']['tokens_per_s']:.2f} over the level, "
+                f"{steady(8) / b['batch_8']['tokens_per_s']:.2f} in the steady window"
             )
         if 8 in levels and 1 in levels:
             lines.append(
                 f"- served decode, concurrency 8 / concurrency 1: "
-                f"{levels[8]['decode_tokens_per_s'] / levels[1]['decode_tokens_per_s']:.2f}"
+                f"{levels[8]['decode_tokens_per_s'] / levels[1]['decode_tokens_per_s']:.2f} over the level, "
+                f"{steady(8) / steady(1):.2f} in the steady window"
             )
+        lines.append(
+            f"- the steady window: from {STEADY_FROM_S:g} s after the clients start to when they stop starting "
+            "chats (the level's last chats drain at shrinking batches; the bare loop has no ramp or drain)"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -49,3 +49,24 @@ def test_the_kv_report_puts_written_bytes_against_the_new_tokens_kv_and_ttft_aga
     assert "| 10 ms | 40 ms | 0.25x |" in report
     assert "| cold |" in report and "| 0/4 |" in report  # cold's answers differ from the native ones here
     assert "reuse: none_stored 1; cold: none_stored 1" in report
+
+
+def test_the_steady_window_counts_only_the_decode_steps_between_its_two_scrapes(monkeypatch):
+    import time
+
+    from switchboard.perf import scaling
+
+    snapshots = iter(
+        [
+            {"engine_short": {"prefill_s": 1.0, "decode_s": 5.0, "batch_steps": {8: 10, 2: 7}}},  # ramp before
+            {"engine_short": {"prefill_s": 1.0, "decode_s": 6.0, "batch_steps": {8: 20, 7: 4, 2: 7}}},
+        ]
+    )
+    monkeypatch.setattr(scaling, "engine_counters", lambda port: next(snapshots))
+    monkeypatch.setattr(scaling, "STEADY_FROM_S", 0.0)
+    now = time.monotonic()
+    out: dict = {}
+    scaling.steady_window(1, now, now + 0.2, out)
+    assert 0.15 < out["seconds"] < 1.0
+    assert out["mean_decode_batch"] == (10 * 8 + 4 * 7) / 14, "the ramp's batches of 2 are not in the window"
+    assert abs(out["decode_tokens_per_s"] - 108 / out["seconds"]) < 1e-6
