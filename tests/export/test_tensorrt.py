@@ -29,8 +29,8 @@ MANIFEST = Manifest(
 
 def test_profiles_match_the_routing_pools():
     short, long = (pool_profile(p, MANIFEST) for p in POOLS)
-    assert short.shapes["input_ids"][2] == (8, 160)  # engine batch 8, prompts up to the routing threshold
-    assert long.shapes["input_ids"][2] == (4, 1024)  # engine batch 4, prompts up to the context window
+    assert short.shapes["input_ids"][2] == (16, 160)  # engine batch 16, prompts up to the routing threshold
+    assert long.shapes["input_ids"][2] == (8, 1024)  # engine batch 8, prompts up to the context window
     for prof in (short, long):
         lo, opt, hi = prof.shapes["past_key_values.1.key"]
         assert lo[2] == 0 and hi[2] == 1023 and lo[1] == opt[1] == hi[1] == 2
