@@ -1,5 +1,6 @@
 """The HTTP gateway: OpenAI's Chat Completions API and a web chat page in front of ``chat``,
-which it reaches over gRPC with the SDK (``AsyncChatClient``: one channel, one stream per chat).
+which it reaches over gRPC with the SDK (``AsyncChatClient``: one channel, streams kept open
+between chats).
 
 Routes: ``POST /v1/chat/completions`` (JSON, or server-sent events with ``"stream": true``),
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /healthz`` (the gateway runs),
