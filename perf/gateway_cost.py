@@ -87,7 +87,7 @@ def run_phase(path: str, args, grpc_url: str, gateway_url: str, questions: list[
 
 def summarize(files: list[Path], warmup_s: float, seconds: float) -> dict:
     """Chats that started after the warm-up; throughput over each run's measured window."""
-    ttfts, rates, token_rates, failed = [], [], [], 0
+    ttfts, servers, outside, rates, token_rates, failed = [], [], [], [], [], 0
     for f in files:
         rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
         if not rows:
@@ -98,6 +98,9 @@ def summarize(files: list[Path], warmup_s: float, seconds: float) -> dict:
         ok = [r for r in window if r["ok"]]
         failed += len(window) - len(ok)
         ttfts += [r["ttft_s"] * 1000 for r in ok if r["ttft_s"] is not None]
+        timed = [r for r in ok if r["ttft_s"] is not None and r.get("server_ttft_ms") is not None]
+        servers += [r["server_ttft_ms"] for r in timed]
+        outside += [r["ttft_s"] * 1000 - r["server_ttft_ms"] for r in timed]  # the hops to chat and back
         done = [r for r in rows if r["ok"] and start <= r["end"] <= end]  # finished in the window
         rates.append(len(done) / seconds)
         token_rates.append(sum(r["tokens"] for r in done) / seconds)
@@ -110,9 +113,33 @@ def summarize(files: list[Path], warmup_s: float, seconds: float) -> dict:
         "ttft_p50_ms": statistics.median(ttfts),
         "ttft_p90_ms": q[89],
         "ttft_p99_ms": q[98],
+        "chat_ttft_p50_ms": statistics.median(servers) if servers else None,
+        "outside_chat_p50_ms": statistics.median(outside) if outside else None,
         "chats_per_s": statistics.mean(rates),
         "tokens_per_s": statistics.mean(token_rates),
     }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
+
+
+def _delta(h: dict, g: dict, key: str) -> float | None:
+    return None if h.get(key) is None or g.get(key) is None else h[key] - g[key]
+
+
+def per_round(files: dict[str, list[Path]], warmup_s: float, seconds: float) -> list[dict]:
+    """Each round's gateway cost on its own: how much of the whole run's figure is noise."""
+    out = []
+    for grpc_file, http_file in zip(files["grpc"], files["http"]):
+        g, h = summarize([grpc_file], warmup_s, seconds), summarize([http_file], warmup_s, seconds)
+        out.append(
+            {
+                "ttft_p50_delta_ms": h["ttft_p50_ms"] - g["ttft_p50_ms"],
+                "throughput_ratio": h["chats_per_s"] / g["chats_per_s"],
+            }
+        )
+    return out
 
 
 def report(results: dict, args, extra: str) -> str:
@@ -124,21 +151,41 @@ def report(results: dict, args, extra: str) -> str:
         f"{args.rounds} rounds x {args.seconds:g} s per path (after {args.warmup_s:g} s warm-up), phases alternating"
         f"{extra}",
         "",
-        "| path | chats | failed | TTFT P50 | P90 | P99 | chats/s | tokens/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| path | chats | failed | TTFT P50 | P90 | P99 | in chat P50 | outside chat P50 | chats/s | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, label in (("grpc", "gRPC (SDK) to chat"), ("http", "HTTP gateway, /v1/chat/completions")):
         r = results[name]
         lines.append(
             f"| {label} | {r['chats']} | {r['failed']} | {r['ttft_p50_ms']:.2f} ms | {r['ttft_p90_ms']:.1f} ms | "
-            f"{r['ttft_p99_ms']:.1f} ms | {r['chats_per_s']:.1f} | {r['tokens_per_s']:.0f} |"
+            f"{r['ttft_p99_ms']:.1f} ms | {_ms(r['chat_ttft_p50_ms'])} | {_ms(r['outside_chat_p50_ms'])} | "
+            f"{r['chats_per_s']:.1f} | {r['tokens_per_s']:.0f} |"
         )
+    rounds = results.get("rounds", [])
     lines += [
         "",
         f"gateway cost: median TTFT {delta:+.2f} ms (bound +2 ms: {'met' if delta <= 2 else 'NOT met'}), "
         f"throughput {ratio:.1%} of gRPC (bound 95%: {'met' if ratio >= 0.95 else 'NOT met'})",
     ]
-    results["cost"] = {"ttft_p50_delta_ms": delta, "throughput_ratio": ratio, "met": delta <= 2 and ratio >= 0.95}
+    if rounds:
+        lines.append(
+            "per round: median TTFT "
+            + ", ".join(f"{r['ttft_p50_delta_ms']:+.2f}" for r in rounds)
+            + " ms; throughput "
+            + ", ".join(f"{r['throughput_ratio']:.1%}" for r in rounds)
+        )
+    outside = _delta(h, g, "outside_chat_p50_ms")
+    if outside is not None:
+        lines.append(
+            f"outside chat (client TTFT minus chat's own, per chat): median {outside:+.2f} ms through the gateway; "
+            f"in chat: {_delta(h, g, 'chat_ttft_p50_ms'):+.2f} ms"
+        )
+    results["cost"] = {
+        "ttft_p50_delta_ms": delta,
+        "outside_chat_delta_ms": outside,
+        "throughput_ratio": ratio,
+        "met": delta <= 2 and ratio >= 0.95,
+    }
     return "\n".join(lines) + "\n"
 
 
@@ -180,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1}/{args.rounds}: {path} ...", flush=True)
                 files[path].append(run_phase(path, args, grpc_url, gateway_url, questions, args.out, f"r{r}"))
         results = {path: summarize(fs, args.warmup_s, args.seconds) for path, fs in files.items()}
+        results["rounds"] = per_round(files, args.warmup_s, args.seconds)
         where = " (own stack and gateway on free ports)" if stack and gateway else ""
         text = report(results, args, where)
         (args.out / "report.md").write_text(text)

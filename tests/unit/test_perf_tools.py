@@ -1,7 +1,11 @@
-"""Pure parts of the 0.5B measurement tools: gaps around long prompts, per-pool counters."""
+"""Pure parts of the measurement tools: gaps around long prompts, per-pool counters, the gateway's cost."""
 
 from __future__ import annotations
 
+import argparse
+import json
+
+from switchboard.perf import gateway_cost
 from switchboard.perf.kv import TURNS
 from switchboard.perf.kv import markdown as kv_markdown
 from switchboard.perf.long_prompt import overlapping_gaps
@@ -70,3 +74,46 @@ def test_the_steady_window_counts_only_the_decode_steps_between_its_two_scrapes(
     assert 0.15 < out["seconds"] < 1.0
     assert out["mean_decode_batch"] == (10 * 8 + 4 * 7) / 14, "the ramp's batches of 2 are not in the window"
     assert abs(out["decode_tokens_per_s"] - 108 / out["seconds"]) < 1e-6
+
+
+def _samples(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _chat(path, t0, ttft_ms, server_ms, tokens=10):
+    return {
+        "path": path,
+        "t0": t0,
+        "end": t0 + 0.5,
+        "ttft_s": ttft_ms / 1000,
+        "server_ttft_ms": server_ms,
+        "tokens": tokens,
+        "ok": True,
+    }
+
+
+def test_the_gateway_cost_splits_ttft_into_chats_own_and_the_hops_outside_it(tmp_path):
+    # the gateway's chats: chat itself 1 ms slower (CPU shared with the gateway), hops 0.5 ms longer
+    grpc = _samples(tmp_path / "g", [_chat("grpc", t, 10.0, 8.0) for t in range(20)])
+    http = _samples(tmp_path / "h", [_chat("http", t, 11.5, 9.0) for t in range(20)])
+    g, h = gateway_cost.summarize([grpc], 0, 20), gateway_cost.summarize([http], 0, 20)
+    assert g["chat_ttft_p50_ms"] == 8.0 and g["outside_chat_p50_ms"] == 2.0
+    results = {"grpc": g, "http": h, "rounds": gateway_cost.per_round({"grpc": [grpc], "http": [http]}, 0, 20)}
+    text = gateway_cost.report(
+        results, argparse.Namespace(users=4, max_tokens=48, rounds=1, seconds=20, warmup_s=0), ""
+    )
+    assert results["cost"]["ttft_p50_delta_ms"] == 1.5 and results["cost"]["outside_chat_delta_ms"] == 0.5
+    assert results["cost"]["met"] and "median +0.50 ms through the gateway; in chat: +1.00 ms" in text
+    assert "per round: median TTFT +1.50 ms" in text
+
+
+def test_the_gateway_cost_is_not_met_when_throughput_drops(tmp_path):
+    grpc = _samples(tmp_path / "g", [_chat("grpc", t / 2, 10.0, None) for t in range(40)])
+    http = _samples(tmp_path / "h", [_chat("http", t, 10.5, None) for t in range(20)])  # half the chats
+    results = {p: gateway_cost.summarize([f], 0, 19) for p, f in (("grpc", grpc), ("http", http))}
+    text = gateway_cost.report(
+        results, argparse.Namespace(users=4, max_tokens=48, rounds=1, seconds=19, warmup_s=0), ""
+    )
+    assert not results["cost"]["met"] and results["cost"]["outside_chat_delta_ms"] is None
+    assert "bound 95%: NOT met" in text and "outside chat (" not in text
