@@ -8,8 +8,9 @@ from pathlib import Path
 from switchboard.artifact.manifest import Manifest
 from switchboard.kv.blocks import BlockFormat, model_root
 from switchboard.kv.local import LocalBlocks
-from switchboard.kv.remote import RedisBlocks, connect
+from switchboard.kv.remote import RedisBlocks
 from switchboard.kv.tiers import BlockCache
+from switchboard.redis_conn import connect
 
 
 def chat_template(version: Path) -> str:

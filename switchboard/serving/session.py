@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import redis
 
-from switchboard.kv.remote import Outage, connect, tls_arguments
+from switchboard.redis_conn import Outage, connect, tls_arguments
 from switchboard.serving.prompt import Conversation
 from switchboard.wire import SessionStatus
 

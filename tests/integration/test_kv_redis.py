@@ -13,9 +13,10 @@ import redis
 
 from switchboard.kv.blocks import BlockFormat, model_root
 from switchboard.kv.local import LocalBlocks
-from switchboard.kv.remote import RedisBlocks, connect
+from switchboard.kv.remote import RedisBlocks
 from switchboard.kv.tiers import BlockCache
 from switchboard.ops.launch import free_ports, port_open
+from switchboard.redis_conn import connect
 from switchboard.serving.prompt import Conversation
 from switchboard.serving.session import SessionStore, StoreConfig
 from switchboard.wire import CacheMiss

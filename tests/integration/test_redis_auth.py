@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from switchboard.kv.remote import RedisBlocks, connect, tls_arguments
+from switchboard.kv.remote import RedisBlocks
 from switchboard.ops.launch import free_port, port_open
+from switchboard.redis_conn import connect, tls_arguments
 from switchboard.serving.prompt import Conversation
 from switchboard.serving.session import SessionStore, StoreConfig
 
