@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from switchboard.ops.process import port_open, stop_process, wait_until
 from switchboard.wire import SESSION_HEADER
 
 
@@ -94,8 +95,6 @@ class Balancer:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> "Balancer":
-        from switchboard.ops.launch import _wait, port_open
-
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config = self.run_dir / f"haproxy-{self.port}.cfg"
         config.write_text(haproxy_config(self.port, self.replicas, self.stats_port))
@@ -109,11 +108,9 @@ class Balancer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        _wait(lambda: port_open(self.port), 10, "haproxy", self.proc)
+        wait_until(lambda: port_open(self.port), 10, "haproxy", self.proc)
         return self
 
     def stop(self) -> None:
-        from switchboard.ops.launch import _stop
-
-        _stop(self.proc)
+        stop_process(self.proc)
         self.proc = None

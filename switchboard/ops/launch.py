@@ -17,7 +17,6 @@ import ctypes.util
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from switchboard import paths
+from switchboard.ops.process import kill_pid, pid_file, port_open, stop_process, wait_until
 
 
 def jemalloc(env: dict[str, str]) -> str | None:
@@ -79,12 +79,6 @@ def free_ports(n: int) -> list[int]:
         for s in socks:
             s.bind(("127.0.0.1", 0))
         return [s.getsockname()[1] for s in socks]
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @dataclass
@@ -143,10 +137,10 @@ class Stack:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        _wait(lambda: port_open(self.ports.redis), 10, "redis-server", self.redis)
+        wait_until(lambda: port_open(self.ports.redis), 10, "redis-server", self.redis)
 
     def stop_redis(self) -> None:
-        _stop(self.redis)
+        stop_process(self.redis)
         self.redis = None
 
     def start_triton(self, timeout: float = 180) -> None:
@@ -208,7 +202,7 @@ class Stack:
         self.triton = subprocess.Popen(
             cmd, env=env, stdout=open(self.triton_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True
         )
-        _wait(self.ready, timeout, f"tritonserver (log: {self.triton_log})", self.triton)
+        wait_until(self.ready, timeout, f"tritonserver (log: {self.triton_log})", self.triton)
 
     def ready(self) -> bool:
         try:
@@ -218,7 +212,7 @@ class Stack:
             return False
 
     def stop_triton(self, timeout: float = 30, settled: Callable[[], bool] | None = None) -> None:
-        _stop(self.triton, timeout, settled)
+        stop_process(self.triton, timeout, settled)
         self.triton = None
 
     def restart_triton(self, stop_timeout: float = 10) -> None:
@@ -229,7 +223,7 @@ class Stack:
         proc = self.triton
         self.stop_triton(stop_timeout, settled=lambda: not children(proc.pid))
         ports = (self.ports.http, self.ports.grpc, self.ports.metrics)
-        _wait(lambda: not any(port_open(p) for p in ports), 30, "the old tritonserver's ports", None)
+        wait_until(lambda: not any(port_open(p) for p in ports), 30, "the old tritonserver's ports", None)
         self.start_triton()
 
     def start(self) -> "Stack":
@@ -263,66 +257,6 @@ def children(pid: int) -> dict[str, int]:
             if path.name == "model.py" and path.parent.name.isdigit():  # <model>/<version>/model.py
                 out[path.parent.parent.name] = int(proc.name)
     return out
-
-
-def _wait(check, timeout: float, what: str, proc: subprocess.Popen | None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode}")
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
-
-
-def _stop(proc: subprocess.Popen | None, timeout: float = 10, settled: Callable[[], bool] | None = None) -> None:
-    """Stop a process started in its own session, then anything left in its group: the
-    Python-backend stubs of a tritonserver that crashed outlive it otherwise. ``settled``: what
-    says that the rest of the clean stop can be skipped."""
-    if proc is None:
-        return
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)  # tritonserver shuts down models cleanly on SIGINT
-        deadline = time.monotonic() + timeout
-        while proc.poll() is None and time.monotonic() < deadline and not (settled and settled()):
-            time.sleep(0.1)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _pidfile(run_dir: Path, name: str) -> Path:
-    return run_dir / f"{name}.pid"
-
-
-def _kill_pid(path: Path, timeout: float = 30) -> bool:
-    try:
-        pid = int(path.read_text())
-    except (OSError, ValueError):
-        return False
-    path.unlink(missing_ok=True)
-    try:
-        os.kill(pid, signal.SIGINT)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.2)
-    os.killpg(pid, signal.SIGKILL)
-    return True
-
-
-def _alive(pid: int) -> bool:
-    """Running, and not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def add_stack_arguments(p: argparse.ArgumentParser) -> None:
@@ -381,9 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     run = args.run_dir
-    pidfile, state_file = _pidfile(run, "supervisor"), run / "supervisor.json"
+    pidfile, state_file = pid_file(run, "supervisor"), run / "supervisor.json"
     if args.action == "down":
-        stopped = [name for name, path in _pidfiles(run) if _kill_pid(path, timeout=90)]
+        stopped = [name for name, path in _pidfiles(run) if kill_pid(path, timeout=90)]
         (run / "replicas.json").unlink(missing_ok=True)
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         return 0
@@ -445,13 +379,13 @@ def _start_supervisor(args: argparse.Namespace, extra: list[str]) -> bool:
         start_new_session=True,
     )
     try:
-        _wait(state_file.exists, args.timeout_s, f"the stack (log: {log_path})", supervisor)
+        wait_until(state_file.exists, args.timeout_s, f"the stack (log: {log_path})", supervisor)
     except (RuntimeError, TimeoutError) as e:
-        _stop(supervisor, timeout=60)
+        stop_process(supervisor, timeout=60)
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         print(f"{e}\n" + "\n".join(tail), file=sys.stderr)
         return False
-    _pidfile(run, "supervisor").write_text(str(supervisor.pid))
+    pid_file(run, "supervisor").write_text(str(supervisor.pid))
     return True
 
 
@@ -470,12 +404,12 @@ def _start_gateway(args: argparse.Namespace) -> bool:
         cmd, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )
     try:
-        _wait(lambda: port_open(args.gateway_port), 60, f"the gateway (log: {log_path})", proc)
+        wait_until(lambda: port_open(args.gateway_port), 60, f"the gateway (log: {log_path})", proc)
     except (RuntimeError, TimeoutError) as e:
-        _stop(proc)
+        stop_process(proc)
         print(f"{e}; `make stop` stops the rest", file=sys.stderr)
         return False
-    _pidfile(args.run_dir, "gateway").write_text(str(proc.pid))
+    pid_file(args.run_dir, "gateway").write_text(str(proc.pid))
     print(
         f"[serve] gateway: OpenAI-compatible API http://127.0.0.1:{args.gateway_port}/v1, web chat "
         f"http://127.0.0.1:{args.gateway_port}/ (docs/gateway.md)"
@@ -510,11 +444,11 @@ def _up_replicas(args: argparse.Namespace) -> int:
         print(f"[serve] replica {i}: starting {what}tritonserver (gRPC :{r.grpc_port}) under a supervisor ...")
         if not _start_supervisor(r, [] if i == 0 else ["--shared-redis"]):
             for _, path in _pidfiles(run):
-                _kill_pid(path, timeout=90)
+                kill_pid(path, timeout=90)
             return 1
         replicas.append(Replica(f"replica-{i}", r.grpc_port, r.http_port, r.metrics_port))
     balancer = Balancer(args.grpc_port, replicas, run, stats_port=args.http_port).start()
-    _pidfile(run, "haproxy").write_text(str(balancer.proc.pid))
+    pid_file(run, "haproxy").write_text(str(balancer.proc.pid))
     if not _start_gateway(args):
         return 1
     (run / "replicas.json").write_text(json.dumps([vars(r) for r in replicas]))
@@ -529,9 +463,9 @@ def _up_replicas(args: argparse.Namespace) -> int:
 
 def _pidfiles(run: Path) -> list[tuple[str, Path]]:
     """What ``down`` stops, balancer first: (name, pid file)."""
-    out = [("gateway", _pidfile(run, "gateway")), ("haproxy", _pidfile(run, "haproxy"))]
-    out += [(f"{d.name} (supervisor, tritonserver)", _pidfile(d, "supervisor")) for d in sorted(run.glob("replica-*"))]
-    out.append(("supervisor, tritonserver, redis-server", _pidfile(run, "supervisor")))
+    out = [("gateway", pid_file(run, "gateway")), ("haproxy", pid_file(run, "haproxy"))]
+    out += [(f"{d.name} (supervisor, tritonserver)", pid_file(d, "supervisor")) for d in sorted(run.glob("replica-*"))]
+    out.append(("supervisor, tritonserver, redis-server", pid_file(run, "supervisor")))
     return [(name, path) for name, path in out if path.exists()]
 
 
@@ -543,7 +477,7 @@ def _replicas_status(run: Path) -> int:
             f"{r['name']}: gRPC :{r['grpc_port']}, tritonserver pid {state.get('tritonserver_pid')}, "
             f"restarts {state.get('restarts', 0)}, last failure: {state.get('last_failure') or 'none'}"
         )
-    haproxy = _pidfile(run, "haproxy")
+    haproxy = pid_file(run, "haproxy")
     print(f"haproxy: pid {haproxy.read_text().strip() if haproxy.exists() else 'not running'}")
     return 0
 

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.ops.process import kill_pid, pid_file, port_open, stop_process, wait_until
 
 MONITORING = paths.ROOT / "monitoring"
 
@@ -72,8 +73,6 @@ class Monitor:
         return f"http://127.0.0.1:{self.prometheus_port}"
 
     def start(self) -> Monitor:
-        from switchboard.ops.launch import _wait, port_open
-
         self.run_dir.mkdir(parents=True, exist_ok=True)
         am = f"127.0.0.1:{self.alertmanager_port}" if self.alertmanager_port else None
         config = self.run_dir / "prometheus.yml"
@@ -105,9 +104,9 @@ class Monitor:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        _wait(lambda: port_open(self.prometheus_port), 30, "prometheus", self.procs["prometheus"])
+        wait_until(lambda: port_open(self.prometheus_port), 30, "prometheus", self.procs["prometheus"])
         if am:
-            _wait(lambda: port_open(self.alertmanager_port), 30, "alertmanager", self.procs["alertmanager"])
+            wait_until(lambda: port_open(self.alertmanager_port), 30, "alertmanager", self.procs["alertmanager"])
         return self
 
     def query(self, expr: str) -> list[dict]:
@@ -120,10 +119,8 @@ class Monitor:
         return body["data"]["result"]
 
     def stop(self) -> None:
-        from switchboard.ops.launch import _stop
-
         for proc in self.procs.values():
-            _stop(proc)
+            stop_process(proc)
         self.procs.clear()
 
 
@@ -143,19 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alertmanager-port", type=int, default=int(os.environ.get("ALERTMANAGER_PORT", 9093)))
     p.add_argument("--run-dir", type=Path, default=paths.RUN)
     args = p.parse_args(argv)
-    from switchboard.ops.launch import _kill_pid, _pidfile
-
     run = args.run_dir / "monitor"
     if args.action == "down":
-        stopped = [n for n in ("prometheus", "alertmanager") if _kill_pid(_pidfile(run, n), timeout=30)]
+        stopped = [n for n in ("prometheus", "alertmanager") if kill_pid(pid_file(run, n), timeout=30)]
         print("stopped: " + (", ".join(stopped) if stopped else "no monitoring was running"))
         return 0
-    if _pidfile(run, "prometheus").exists():
+    if pid_file(run, "prometheus").exists():
         print("monitoring already up (make stop first)")
         return 1
     monitor = Monitor(targets(args), run, args.prometheus_port, args.alertmanager_port).start()
     for name, proc in monitor.procs.items():
-        _pidfile(run, name).write_text(str(proc.pid))
+        pid_file(run, name).write_text(str(proc.pid))
     print(
         f"[monitor] Prometheus http://127.0.0.1:{args.prometheus_port} scraping {', '.join(monitor.targets)} "
         f"with monitoring/alerts.yml; Alertmanager http://127.0.0.1:{args.alertmanager_port}; logs in {run}/"

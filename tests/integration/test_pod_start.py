@@ -20,7 +20,8 @@ import yaml
 
 from switchboard import paths
 from switchboard.client import ChatClient
-from switchboard.ops.launch import Ports, Stack, _alive, free_port
+from switchboard.ops.launch import Ports, Stack, free_port
+from switchboard.ops.process import alive
 from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH
 from switchboard.perf.cold_start import pod_command
 
@@ -112,7 +113,7 @@ def test_sigterm_stops_the_pod_cleanly(pod):
     triton = json.loads((pod.run / "supervisor.json").read_text())["tritonserver_pid"]
     pod.proc.send_signal(signal.SIGTERM)
     assert pod.proc.wait(timeout=90) == 0
-    assert not _alive(triton)
+    assert not alive(triton)
 
 
 def test_the_cold_start_tool_measures_a_start(artifacts, tmp_path):

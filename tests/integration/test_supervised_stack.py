@@ -14,7 +14,8 @@ import time
 import pytest
 
 from switchboard.client import ChatClient, ChatError
-from switchboard.ops.launch import Ports, _alive, children
+from switchboard.ops.launch import Ports, children
+from switchboard.ops.process import alive
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def supervised(artifacts, tmp_path_factory):
     down = subprocess.run(launch + ["down", *args], capture_output=True, text=True, timeout=120)
     assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
     time.sleep(0.5)
-    assert not [pid for pid in pids if _alive(pid)], "down must stop the supervisor and tritonserver"
+    assert not [pid for pid in pids if alive(pid)], "down must stop the supervisor and tritonserver"
 
 
 def _state(run) -> dict:

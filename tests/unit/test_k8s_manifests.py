@@ -155,7 +155,7 @@ def _redis_argv(tmp_path, monkeypatch) -> list[str]:
     """The command line Stack.start_redis (make serve's Redis) runs, without running it."""
     seen = []
     monkeypatch.setattr(launch, "port_open", lambda port: False)
-    monkeypatch.setattr(launch, "_wait", lambda *a, **k: None)
+    monkeypatch.setattr(launch, "wait_until", lambda *a, **k: None)
     monkeypatch.setattr(launch.subprocess, "Popen", lambda argv, **kw: seen.append(argv))
     launch.Stack(launch.Ports(redis=6379), run_dir=tmp_path).start_redis()
     return seen[0][1:]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from switchboard.ops.launch import _stop
+from switchboard.ops.process import stop_process
 
 IGNORES_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
 
@@ -19,7 +19,7 @@ def test_a_process_that_ignores_sigint_is_killed_after_the_timeout():
     proc = _start()
     time.sleep(0.3)
     t0 = time.monotonic()
-    _stop(proc, timeout=1.0)
+    stop_process(proc, timeout=1.0)
     assert proc.poll() is not None and 1.0 <= time.monotonic() - t0 < 10
 
 
@@ -27,12 +27,12 @@ def test_settled_ends_the_wait_before_the_timeout():
     proc, asked = _start(), []
     time.sleep(0.3)
     t0 = time.monotonic()
-    _stop(proc, timeout=30, settled=lambda: asked.append(1) or len(asked) >= 3)
+    stop_process(proc, timeout=30, settled=lambda: asked.append(1) or len(asked) >= 3)
     assert proc.poll() is not None and len(asked) == 3 and time.monotonic() - t0 < 10
 
 
 def test_a_process_that_exits_on_sigint_is_not_waited_for():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     time.sleep(0.3)
-    _stop(proc, timeout=30, settled=lambda: False)
+    stop_process(proc, timeout=30, settled=lambda: False)
     assert proc.returncode is not None
