@@ -81,3 +81,91 @@ def test_imports_point_one_way(module, path):
 def test_every_folder_of_the_package_is_a_layer_of_the_layout():
     packages = {p.name for p in (ROOT / "switchboard").iterdir() if (p / "__init__.py").is_file()}
     assert packages == {"artifact", "kv", "serving", "engine", "triton", "ops", "training", "gateway"}
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at module level or inside functions (a lazy
+    import only hides a circle until both modules change together). ``from a import b`` points
+    at ``a.b`` when that is a module."""
+    known = {m for m, _ in MODULES}
+    graph = {}
+    for module, path in MODULES:
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package ``level - 1`` above this one
+                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{parent}.{base}" if base else parent
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            else:
+                continue
+            targets.update(n for n in names if n in known and n != module)
+        graph[module] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+# Circles that predate this check, each through a lazy import in a perf or CLI path; listed so
+# the check stops new ones now. Breaking one fails test_known_cycles_are_still_there: drop it here.
+KNOWN_CYCLES = [
+    # `python -m switchboard.ops.dashboard render` hands over to dashboard_run, which renders
+    # with ops.dashboard's panels.
+    ["switchboard.ops.dashboard", "switchboard.perf.dashboard_run"],
+    # bench copies the repository with scaling.repository_with; scaling scrapes with bench.scrape.
+    ["switchboard.perf.bench", "switchboard.perf.scaling"],
+    # `python -m switchboard.perf.peers litserve` hands over to litserve_peer, built on peers.PeerModel.
+    ["switchboard.perf.litserve_peer", "switchboard.perf.peers"],
+]
+
+
+def test_no_import_cycles():
+    new = [c for c in _cycles(_graph()) if c not in KNOWN_CYCLES]
+    assert not new, f"import circles (module-level or inside functions): {new}"
+
+
+def test_known_cycles_are_still_there():
+    cycles = _cycles(_graph())
+    assert [c for c in KNOWN_CYCLES if c not in cycles] == [], "a listed circle is gone: remove it from KNOWN_CYCLES"
+
+
+def test_the_cycle_check_sees_function_level_imports():
+    graph = {"a": {"b"}, "b": set(), "c": set()}
+    assert _cycles(graph) == []
+    graph["b"].add("a")
+    assert _cycles(graph) == [["a", "b"]]
+    real = _graph()
+    assert "switchboard.ops.balancer" in real["switchboard.ops.launch"]  # imported inside _up_replicas
