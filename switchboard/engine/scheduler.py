@@ -1,10 +1,14 @@
-"""The generation loop: priority admission, iteration-level batching, streaming callbacks.
+"""The generation loop: iteration-level batching on lanes, streaming callbacks.
 
 Each iteration works on one *lane*, a running batch with its own KV cache: it admits waiting
-sequences (lowest priority number first, then arrival order) while there is room
-(priority 2 leaves ``priority_slots`` of ``max_batch`` rows to priority 1) and prefills them
-together on top of their cached prefixes, or else runs one decode step for the lane's rows.
-Finished rows leave between steps. Nothing here knows Triton: results go to a ``Sink``.
+sequences while there is room and prefills them together on top of their cached prefixes, or
+else runs one decode step for the lane's rows. Finished rows leave between steps. Nothing here
+knows Triton: results go to a ``Sink``.
+
+What goes first, which lane a priority uses, whether a row is free and when priority 2 holds
+back are the policy's (switchboard/engine/policy.py): the engine asks it under its lock, passing
+counts, and keeps the mechanics (queues, lock, threads, decoder calls, KV). One shared lane, or
+priority 1 in a lane of its own whose iterations come first (``preempt_steps``).
 
 An iteration is decided (``schedule``: which lane, which sequences join), run (``run``: the
 decoder's one forward pass, behind the small ``Decoder`` protocol) and applied
@@ -23,33 +27,14 @@ prompt's prefill (a 400-token prompt is ~2 s at 0.5B on CPU). It is the "total l
 batch" of seed 001's batching fix, applied to prompt tokens. Budget 0 prefills whole prompts
 at admission, before any decode step.
 
-In one shared lane (``preempt_steps`` 0) priority 1 may take ``priority_overflow`` rows past
-``max_batch``, so a VIP arriving at a full batch of priority 2 starts at the next step. That is
-the arrangement for a compute-bound model (a large one on the CPU): every extra batch there
-streams all the weights once more per step, so a lane of its own makes priority 1's small batch
-cost nearly a full step (docs/benchmarks.md).
-
-Priority 1 has its own lane when ``preempt_steps`` > 0. While it has work its iterations come
-first, and priority 2's lane gets one iteration after every ``preempt_steps`` of them, so
-priority 2 is slowed, never starved. A priority-1 token then costs a step at priority 1's own
-batch size, not one in a full priority-2 batch with priority-2 prefills in between
-(docs/reliability.md, "Priority 1 under a burst", has the figures).
-On its own lane priority 1 fills up to ``max_batch`` rows whatever priority 2 holds (the engine
-then holds at most ``2 * max_batch - priority_slots`` sequences), and its rows count against
-priority 2's. ``preempt_steps`` 0 is one shared lane for all priorities.
-
 With ``lane_threads`` 2 the two lanes run on threads of their own instead of taking turns,
 priority 2's ``normal_nice`` nice levels below the process (Linux, per thread; with ONNX
 Runtime at one intra-op thread the model runs on the calling thread, so this covers priority
 2's model time too). The operating system then gives the CPU to priority 1's lane first, and on
 an idle core the two lanes overlap. A priority-1 token no longer waits for any priority-2
 step, only for the cores the rest of the server leaves it, and priority 2 gets more done
-(docs/reliability.md, "Priority 1 under a burst").
-
-Under an overload (priority 2 backlogged) that is not enough: priority 2's steps still share
-the process's GIL with priority 1's, and its tokens cost sends and relays at the server's
-priority. Then priority 2's lane waits while priority 1 has work, one step per
-``hold_back_ms`` meanwhile (``_hold_back``; figures in docs/reliability.md).
+(docs/reliability.md, "Priority 1 under a burst"). Under an overload priority 2's lane also
+waits while priority 1 has work (``hold_back_ms``; the policy's ``hold_back`` says why).
 """
 
 from __future__ import annotations
@@ -57,6 +42,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import operator
 import threading
 import time
 from collections import Counter
@@ -67,6 +53,7 @@ import numpy as np
 
 from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.engine.decoder import Decoder
+from switchboard.engine.policy import NORMAL, URGENT, Policy, make_policy
 from switchboard.engine.sampling import sample
 from switchboard.nice import lower_this_thread
 from switchboard.wire import FinishReason
@@ -108,10 +95,10 @@ class Sink(Protocol):
 @dataclass
 class _Lane:
     name: str
-    waiting: list[tuple[int, int, "_Sequence"]] = field(default_factory=list)  # heap: priority, arrival order
+    waiting: list[tuple[tuple, int, "_Sequence"]] = field(default_factory=list)  # heap: rank, arrival order
     running: list["_Sequence"] = field(default_factory=list)
     batch: KVBatch | None = None
-    # Admitted (a row taken), prompt not fully prefilled yet: priority, then arrival order.
+    # Admitted (a row taken), prompt not fully prefilled yet: in rank order.
     prefilling: list["_Sequence"] = field(default_factory=list)
     prefilled: bool = False  # the last iteration was a prefill pass (with a budget, a decode step is next)
 
@@ -123,6 +110,7 @@ class _Sequence:
     arrival: float
     rng: np.random.Generator
     order: int  # arrival order
+    rank: tuple  # the policy's sort key: lower goes first
     tokens: list[int] = field(default_factory=list)
     queue_ms: float = 0.0
     prefill_started: float | None = None  # perf_counter() when its first chunk began
@@ -130,8 +118,8 @@ class _Sequence:
     admitted_with: int = 0
     broken: bool = False  # its sink raised: dropped without a result
 
-    def rank(self) -> tuple[int, int]:
-        return self.request.priority, self.order
+
+_by_rank = operator.attrgetter("rank")
 
 
 @dataclass
@@ -190,32 +178,24 @@ class Engine:
         normal_nice: int = 19,
         hold_back_ms: float = 0.0,
         prefill_budget: int = 0,
+        policy: Policy | None = None,
     ):
+        """``policy`` replaces the one ``max_batch``, ``priority_slots``, ``preempt_steps``,
+        ``priority_overflow`` and ``hold_back_ms`` name (``make_policy``)."""
         m = decoder.manifest
         self.decoder = decoder
-        self.max_batch = max_batch
-        # Rows of the running batch that only priority-1 sequences may take: without preemption
-        # a VIP arriving at a full batch would wait for a whole answer to finish.
-        self.priority_slots = max(0, min(priority_slots, max_batch - 1))
+        self.policy = policy or make_policy(max_batch, priority_slots, preempt_steps, priority_overflow, hold_back_ms)
         self.max_waiting = max_waiting
-        # In one shared lane, rows beyond max_batch that only priority 1 may take: a VIP starts at
-        # the next step without keeping a row from priority 2 (a step at max_batch + 1 rows costs
-        # little more than at max_batch on a compute-bound model).
-        self.priority_overflow = max(0, priority_overflow) if not preempt_steps else 0
         self.stop_ids = frozenset(stop_ids)
         self.context_window = m.context_window
         self._shape = (m.num_layers, m.num_kv_heads, m.head_dim)
         self._order = itertools.count()
         self._cv = threading.Condition()  # guards the lanes' waiting heaps and _rows
-        self.preempt_steps = max(0, preempt_steps)
-        self.lane_threads = 2 if self.preempt_steps and lane_threads >= 2 else 1
+        self.lane_threads = 2 if self.policy.priority_lane and lane_threads >= 2 else 1
         self.normal_nice = max(0, min(normal_nice, 19))
-        # With lane threads, while priority 2 is backlogged: its lane waits while priority 1 has
-        # work, stepping at most once per hold_back_s meanwhile (0: never waits).
-        self.hold_back_s = max(0.0, hold_back_ms) / 1000
         self.prefill_budget = max(0, prefill_budget)  # prompt positions per prefill pass (0: whole prompts)
         self._normal_stepped = 0.0  # when priority 2's lane thread last finished a step
-        self._urgent, self._normal = _Lane("urgent"), _Lane("normal")  # priority 1 (when preempting); the rest
+        self._urgent, self._normal = _Lane(URGENT), _Lane(NORMAL)  # priority 1's own (PriorityLane); the rest
         self._rows = 0  # sequences admitted and not yet retired, both lanes
         self._urgent_streak = 0  # priority-1 iterations in a row
         self._stop = False
@@ -251,8 +231,10 @@ class Engine:
     def submit(self, req: GenerationRequest, sink: Sink) -> None:
         self.validate(req)
         with self._cv:
-            seq = _Sequence(req, sink, time.perf_counter(), np.random.default_rng(req.seed), next(self._order))
-            heapq.heappush(self._lane(req.priority).waiting, (*seq.rank(), seq))
+            order = next(self._order)
+            rank = self.policy.rank(req.priority, order)
+            seq = _Sequence(req, sink, time.perf_counter(), np.random.default_rng(req.seed), order, rank)
+            heapq.heappush(self._lane(req.priority).waiting, (rank, order, seq))
             self._cv.notify_all()
 
     def waiting(self) -> int:
@@ -275,23 +257,17 @@ class Engine:
         return len(self._urgent.waiting) + len(self._normal.waiting)
 
     def _lane(self, priority: int) -> _Lane:
-        return self._urgent if priority <= 1 and self.preempt_steps else self._normal
+        return self._urgent if self.policy.lane(priority) == URGENT else self._normal
 
     def _has_row(self, lane: _Lane, admitting: int = 0) -> bool:
         """Whether the sequence at the head of ``lane`` may take a row (under _cv), ``admitting``
-        more already taken by this admission. Priority 2 fills the engine's rows up to
-        ``max_batch - priority_slots``, counting priority 1's; priority 1's own lane fills its
-        batch up to ``max_batch`` whatever priority 2 holds, so several VIPs at once never wait
-        for priority-2 answers to finish (they did at 5% priority 1 in a 5x burst: P95 up to
-        110 ms in the engine's queue with one reserved row, docs/reliability.md).
-        In one shared lane priority 1 may fill all ``max_batch`` rows and ``priority_overflow`` more."""
-        if lane is self._urgent:
-            return len(lane.running) + len(lane.prefilling) + admitting < self.max_batch
-        if lane.waiting[0][0] <= 1:
-            limit = self.max_batch + self.priority_overflow
-        else:
-            limit = self.max_batch - self.priority_slots
-        return self._rows < limit
+        more already taken by this admission (and counted in _rows)."""
+        return self.policy.may_admit(
+            lane.name,
+            lane.waiting[0][2].request.priority,
+            len(lane.running) + len(lane.prefilling) + admitting,
+            self._rows,
+        )
 
     def _ready(self, lane: _Lane) -> bool:
         """Whether an iteration on ``lane`` has work: rows to decode or prefill, or one to admit (under _cv)."""
@@ -327,7 +303,7 @@ class Engine:
         for lane in (self._urgent, self._normal):
             for seq in lane.running + lane.prefilling + [s for _, _, s in lane.waiting]:
                 seq.sink.on_error(RuntimeError("engine stopped"))
-        self._urgent, self._normal, self._rows = _Lane("urgent"), _Lane("normal"), 0
+        self._urgent, self._normal, self._rows = _Lane(URGENT), _Lane(NORMAL), 0
 
     def _loop(self, lane: _Lane | None, nice: int) -> None:
         """Iterations on ``lane``, or on both lanes in turn (``_turn``) when None."""
@@ -364,24 +340,13 @@ class Engine:
         return not self._stop
 
     def _hold_back(self, lanes: list[_Lane]) -> float:
-        """Seconds priority 2's lane thread should still wait for priority 1 (under _cv), 0 to go.
-
-        Priority 2's steps, though 19 nice levels down, still cost priority 1: they share the
-        process's GIL, and every priority-2 token costs sends and relays at the server's
-        priority (this pool's sender, tritonserver, ``chat``). So when the engine cannot keep up
-        with priority 2 (sequences wait for a row: an overload, whose excess ``chat`` answers
-        from the FAQ) priority 2 waits while priority 1 has work, and takes one step per
-        ``hold_back_s`` meanwhile so it is never starved. Below that load it decodes beside
-        priority 1 on the cores priority 1 leaves.
-        """
-        if (
-            lanes != [self._normal]
-            or not self.hold_back_s
-            or not self._normal.waiting
-            or not (self._urgent.running or self._urgent.prefilling or self._urgent.waiting)
-        ):
+        """Seconds priority 2's own lane thread should still wait for priority 1 (under _cv),
+        0 or less to go (the policy's ``hold_back``); a thread that runs both never waits."""
+        if lanes != [self._normal]:
             return 0.0
-        return self._normal_stepped + self.hold_back_s - time.perf_counter()
+        urgent = self._urgent
+        busy = bool(urgent.running or urgent.prefilling or urgent.waiting)
+        return self.policy.hold_back(len(self._normal.waiting), busy, self._normal_stepped, time.perf_counter())
 
     def _fail(self, seqs: list[_Sequence], error: Exception) -> None:
         """Answer ``seqs`` with ``error`` and free their rows."""
@@ -505,7 +470,7 @@ class Engine:
                 more.append(seq)
         if more:
             lane.prefilling.extend(more)
-            lane.prefilling.sort(key=_Sequence.rank)
+            lane.prefilling.sort(key=_by_rank)
         if not done:
             return
         joined = [plan.chunks[i][0] for i in done]
@@ -519,20 +484,14 @@ class Engine:
         self._emit(joined, output.last_logits[done])
 
     def _turn(self) -> _Lane:
-        """The lane this iteration works on, when one thread runs both."""
-        if not self.preempt_steps:
+        """The lane this iteration works on, when one thread runs both (the policy's ``turn``)."""
+        if not self.policy.priority_lane:
             return self._normal
         with self._cv:
             urgent = self._ready(self._urgent)
             normal = bool(self._normal.running or self._normal.prefilling or self._normal.waiting)
-        if not urgent:  # nothing priority 1 could do this iteration
-            self._urgent_streak = 0
-            return self._normal
-        if self._urgent_streak >= self.preempt_steps and normal:
-            self._urgent_streak = 0
-            return self._normal
-        self._urgent_streak += 1
-        return self._urgent
+        lane, self._urgent_streak = self.policy.turn(urgent, normal, self._urgent_streak)
+        return self._urgent if lane == URGENT else self._normal
 
     def _admit(self, lane: _Lane) -> list[_Sequence]:
         """Waiting sequences that take a row on ``lane`` now; they join its ``prefilling``."""
@@ -547,7 +506,7 @@ class Engine:
         for seq in out:
             seq.queue_ms = (now - seq.arrival) * 1000
         lane.prefilling.extend(out)
-        lane.prefilling.sort(key=_Sequence.rank)
+        lane.prefilling.sort(key=_by_rank)
         return out
 
     def _drop_cancelled(self, seq: _Sequence) -> bool:

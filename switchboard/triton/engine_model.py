@@ -381,7 +381,7 @@ class TritonPythonModel:
             self.manifest.name,
             precision,
             cfg.max_batch,
-            "in a batch of its own" if self.engine.preempt_steps else "in the shared batch",
+            "in a batch of its own" if self.engine.policy.priority_lane else "in the shared batch",
             threads,
         )
 

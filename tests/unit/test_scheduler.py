@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from switchboard.engine.policy import Policy
 from switchboard.engine.scheduler import Engine, GenerationRequest
 
 VOCAB = 64
@@ -176,6 +177,20 @@ def test_priority_one_is_admitted_before_waiting_priority_two():
     assert order == ["p1", "p2-0", "p2-1", "p2-2"]
 
 
+def test_the_engine_asks_its_policy_so_a_new_one_is_one_class():
+    class Fifo(Policy):
+        def rank(self, priority, order):
+            return (order,)
+
+    order: list[str] = []
+    e = Engine(ScriptedDecoder(), max_batch=1, max_waiting=8, stop_ids={STOP}, policy=Fifo(1))
+    sinks = [Sink(order, "p2"), Sink(order, "p1")]
+    for s in sinks:
+        e.submit(GenerationRequest([1, 2], 2, priority=int(s.name[1])), s)
+    drain(e, sinks)
+    assert order == ["p2", "p1"], "arrival order, whatever the priority"
+
+
 def test_a_reserved_slot_lets_priority_one_start_while_priority_two_fills_the_batch():
     e = engine(max_batch=3, priority_slots=1)
     background = submit(e, [Sink() for _ in range(4)], max_new=40)
@@ -205,7 +220,7 @@ def test_in_one_shared_batch_priority_one_takes_an_overflow_row_past_a_full_batc
 
 
 def test_overflow_rows_are_off_when_priority_one_has_its_own_lane():
-    assert engine(max_batch=3, priority_overflow=2, preempt_steps=4).priority_overflow == 0
+    assert engine(max_batch=3, priority_overflow=2, preempt_steps=4).policy.priority_overflow == 0
 
 
 def test_priority_one_decodes_in_its_own_batch_while_priority_two_slows_but_advances():
