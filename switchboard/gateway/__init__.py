@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP API and web chat in front of ``chat`` (``python -m switchboard.gateway``):
-``app`` (routes, streaming), ``mapping`` (OpenAI's request and responses to and from a chat),
-``keys`` (API keys and their priority tiers), ``errors`` (OpenAI's error shape), ``static/``
-(the web page). docs/gateway.md says how to use it."""
+``app`` (the routes), ``routes`` (their handlers), ``streaming`` (an answer, whole or as
+server-sent events), ``mapping`` (OpenAI's request and responses to and from a chat), ``keys``
+(API keys and their priority tiers), ``errors`` (OpenAI's error shape), ``state`` (what the
+handlers share), ``static/`` (the web page). docs/gateway.md says how to use it."""
 
 from switchboard.gateway.app import GatewayConfig, create_app
 

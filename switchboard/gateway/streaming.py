@@ -1,0 +1,110 @@
+"""A chat's events (the SDK's text deltas, then one ``ChatStats``) as OpenAI's answer: whole
+(``collect``) or as server-sent events (``sse_stream`` in a ``ChatStreamResponse``); and the
+watch on the HTTP client, whose leaving cancels the chat (``or_gone``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from switchboard.client.sdk import ChatError
+from switchboard.gateway.errors import APIError, from_chat_error
+from switchboard.gateway.mapping import Completion, CompletionCall, StopScanner, finish_reason, sse
+from switchboard.wire import ChatStats
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected."""
+
+
+class ChatStreamResponse(StreamingResponse):
+    """A streaming response whose ``cleanup`` always runs: the body finished, the client left
+    (Starlette then stops iterating, without closing the iterator), or the body never started."""
+
+    def __init__(self, content, cleanup, **kw):
+        super().__init__(content, **kw)
+        self.cleanup = cleanup
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+            await self.cleanup()
+
+
+async def until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def or_gone(request: Request, awaitable):
+    """``awaitable``'s result, or ``ClientGone`` (and ``awaitable`` cancelled) if the client leaves first."""
+    work = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(until_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if work not in done:
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        raise ClientGone()
+    return work.result()
+
+
+async def next_event(events, call: CompletionCall, retry_after_s: int):
+    """The next event of a chat (text delta or ChatStats), ChatError as APIError; None at the end."""
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:
+        return None
+    except ChatError as e:
+        raise from_chat_error(e.code, str(e), retry_after_s, call.max_tokens_param) from None
+
+
+async def collect(events, first, call: CompletionCall, retry_after_s: int) -> tuple[str, ChatStats | None, bool]:
+    """The whole answer: (text cut at the first stop sequence, stats, whether a stop sequence cut it)."""
+    scanner, parts, event = StopScanner(call.stop), [], first
+    while event is not None and not isinstance(event, ChatStats):
+        parts.append(scanner.feed(event))
+        event = await next_event(events, call, retry_after_s)  # after a stop sequence: on to the stats (usage)
+    parts.append(scanner.flush())
+    return "".join(parts), event, scanner.stopped
+
+
+async def sse_stream(events, first, call: CompletionCall, completion: Completion, with_stats: bool, retry_after_s: int):
+    """The chat as OpenAI's stream: a first chunk with the role, content deltas, a chunk with the
+    finish reason, the usage chunk when asked for (with the stats under ``switchboard`` when
+    asked for too), ``[DONE]``. An error after the first chunk is an ``error`` event (the
+    status line is gone)."""
+    scanner, event, opened, finished = StopScanner(call.stop), first, False, False
+    usage = call.include_usage
+    try:
+        while event is not None and not isinstance(event, ChatStats):
+            text = scanner.feed(event)
+            if not finished and (text or not opened):
+                delta = {"content": text} if opened else {"role": "assistant", "content": text}
+                yield sse(completion.chunk(delta, include_usage=usage))
+                opened = True
+            if scanner.stopped and not finished:
+                finished = True
+                yield sse(completion.chunk({}, "stop", include_usage=usage))
+                if not usage:
+                    break  # nothing more to send: the chat is cancelled (release)
+            event = await next_event(events, call, retry_after_s)  # after a stop sequence: on to the stats (usage)
+        stats = event if isinstance(event, ChatStats) else None
+        if not finished:
+            tail = scanner.flush()
+            if tail:
+                yield sse(completion.chunk({"content": tail}, include_usage=usage))
+            yield sse(completion.chunk({}, finish_reason(stats, False), include_usage=usage))
+        if usage:
+            yield sse(completion.usage_chunk(stats, with_stats))
+    except APIError as e:
+        yield sse(e.body())
+    yield sse("[DONE]")
