@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP API and web chat in front of ``chat`` (``python -m switchboard.gateway``):
 ``app`` (the routes), ``routes`` (their handlers), ``streaming`` (an answer, whole or as
-server-sent events), ``mapping`` (OpenAI's request and responses to and from a chat), ``keys``
-(API keys and their priority tiers), ``errors`` (OpenAI's error shape), ``state`` (what the
-handlers share), ``static/`` (the web page). docs/gateway.md says how to use it."""
+server-sent events), ``server`` (uvicorn's protocol: HTTP/1.0 answers close-delimited),
+``mapping`` (OpenAI's request and responses to and from a chat), ``keys`` (API keys and their
+priority tiers), ``errors`` (OpenAI's error shape), ``state`` (what the handlers share),
+``static/`` (the web page). docs/gateway.md says how to use it."""
 
 from switchboard.gateway.app import GatewayConfig, create_app
 

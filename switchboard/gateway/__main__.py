@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from switchboard.gateway.app import GatewayConfig, create_app
+    from switchboard.gateway.server import HTTP_PROTOCOL
 
     config = GatewayConfig(
         grpc_url=args.grpc_url,
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         create_app(config),
         host=args.host,
         port=args.port,
+        http=HTTP_PROTOCOL,
         log_level=args.log_level,
         access_log=args.access_log,
         server_header=False,

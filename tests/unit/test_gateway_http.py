@@ -1,0 +1,180 @@
+"""The gateway's app on the wire, in front of a fake ``chat``: uvicorn in a thread on a socket of
+its own, with the protocol ``python -m switchboard.gateway`` runs it with. A streamed answer
+to HTTP/1.0 is close-delimited, to HTTP/1.1 chunked."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from switchboard.gateway.app import ROUTES, GatewayConfig, create_app
+from switchboard.gateway.server import HTTP_PROTOCOL
+from switchboard.wire import ChatStats
+
+ANSWER = ["You can ", "track it ", "in My Orders."]
+CHAT = {"model": "switchboard", "messages": [{"role": "user", "content": "Where is my order?"}]}
+
+
+class FakeChat:
+    """``AsyncChatClient``'s face: every chat answers ``ANSWER`` in three deltas, then its stats."""
+
+    def __init__(self):
+        self.chats = 0
+
+    def stream(self, text, session_id=None, priority=2, *args, history=None):
+        self.chats += 1
+        return self._events()
+
+    async def _events(self):
+        for delta in ANSWER:
+            yield delta
+        yield ChatStats(prompt_tokens=12, generated_tokens=7)
+
+    async def ready(self) -> bool:
+        return True
+
+
+@pytest.fixture(scope="module")
+def chat() -> FakeChat:
+    return FakeChat()
+
+
+@pytest.fixture(scope="module")
+def gateway(chat):
+    """(host, port) of the app, served as ``python -m switchboard.gateway`` serves it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(create_app(GatewayConfig(), client=chat), http=HTTP_PROTOCOL, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    yield sock.getsockname()
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+def post(address, content_type: str | None, payload: dict = CHAT):
+    """(status, headers, body) of a chat posted with this Content-Type (None: without one)."""
+    conn = http.client.HTTPConnection(*address, timeout=10)
+    try:
+        headers = {"Content-Type": content_type} if content_type is not None else {}
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(payload).encode(), headers=headers)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def raw_exchange(address, request: bytes) -> bytes:
+    """The bytes the server sends back until it closes the connection."""
+    with socket.create_connection(address, timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while True:
+            try:
+                part = s.recv(65536)
+            except TimeoutError:
+                pytest.fail(f"the answer is over but the connection was not closed: {data!r}")
+            if not part:
+                return data
+            data += part
+
+
+def chat_request(version: str, stream: bool = True) -> bytes:
+    body = json.dumps({**CHAT, "stream": stream}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/{version}\r\nHost: gateway\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def split(response: bytes) -> tuple[str, dict[str, str], bytes]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, body
+
+
+def events(body: bytes) -> list[str]:
+    """The data of each server-sent event; fails on anything that is not one (a chunk size)."""
+    assert body.endswith(b"\n\n"), body[-80:]
+    out = []
+    for event in body.decode().split("\n\n")[:-1]:
+        assert event.startswith("data: "), event
+        out.append(event.removeprefix("data: "))
+    return out
+
+
+def answer_of(data: list[str]) -> str:
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/json", "application/json; charset=utf-8", "Application/JSON;charset=UTF-8"]
+)
+def test_a_chat_declared_json_is_answered(gateway, content_type):
+    status, _, body = post(gateway, content_type)
+    assert status == 200, body
+    assert json.loads(body)["choices"][0]["message"]["content"] == "".join(ANSWER)
+
+
+# -- framing of a streamed answer -------------------------------------------------------------------
+def test_a_streamed_answer_to_http_1_0_is_close_delimited(gateway):
+    status, headers, body = split(raw_exchange(gateway, chat_request("1.0")))
+    assert status.endswith(" 200 OK")
+    assert "transfer-encoding" not in headers and "content-length" not in headers
+    assert headers["connection"] == "close" and headers["content-type"].startswith("text/event-stream")
+    assert answer_of(events(body)) == "".join(ANSWER)  # the events as they are, no chunk sizes
+
+
+def test_a_whole_answer_to_http_1_0_keeps_its_length(gateway):
+    status, headers, body = split(raw_exchange(gateway, chat_request("1.0", stream=False)))
+    assert status.endswith(" 200 OK") and "transfer-encoding" not in headers
+    assert int(headers["content-length"]) == len(body)
+    assert json.loads(body)["choices"][0]["message"]["content"] == "".join(ANSWER)
+
+
+def test_a_streamed_answer_to_http_1_1_is_chunked_on_a_kept_connection(gateway):
+    with socket.create_connection(gateway, timeout=10) as s:
+        for _ in range(2):  # the second answer on the same connection: it was kept alive
+            s.sendall(chat_request("1.1"))
+            data = b""
+            while not data.endswith(b"\r\n0\r\n\r\n"):
+                part = s.recv(65536)
+                assert part, f"the connection closed: {data!r}"
+                data += part
+            status, headers, body = split(data)
+            assert status.endswith(" 200 OK") and headers["transfer-encoding"] == "chunked"
+            assert "connection" not in headers
+            unchunked = b""
+            while True:
+                size, _, body = body.partition(b"\r\n")
+                if int(size, 16) == 0:
+                    break
+                unchunked, body = unchunked + body[: int(size, 16)], body[int(size, 16) + 2 :]
+            assert answer_of(events(unchunked)) == "".join(ANSWER)
+
+
+def test_routes_are_module_level_handlers():
+    for path, handler, methods in ROUTES:
+        assert handler.__qualname__ == handler.__name__, f"{path}: {handler.__qualname__} is not module-level"
+        assert methods and path.startswith("/")
