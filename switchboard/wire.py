@@ -234,6 +234,7 @@ class ChatStats:
     batch_size: int | None = None
     priority: int = PRIORITY_DEFAULT
     model_version: int | None = None  # the pools' model version that served it (a canary's during a rollout)
+    failover_tokens: int = 0  # tokens streamed before a pool failed mid-answer and the other went on (0: none)
     extra: dict = field(default_factory=dict, repr=False)  # keys this version does not know
 
     def to_dict(self) -> dict:

@@ -26,6 +26,10 @@ class PoolHealth:
     ``probe_after_s`` calls ``quiet(pool)``, and one thread at a time per pool asks the pool
     (``ping(pool)``: True alive, False dead, None no answer). Only False counts: a busy pool
     answers late or not at all, and that is not a failure.
+
+    A pool found dead is avoided for ``retry_after_s``, or, with ``ping``, until a ping says it
+    is alive again: while it is down, the chats that route around it ask it at most once per
+    ``probe_after_s`` (the supervisor reloads a dead pool in a few seconds; docs/reliability.md).
     """
 
     def __init__(
@@ -60,9 +64,14 @@ class PoolHealth:
 
     def _probe(self, pool: str) -> None:
         try:
-            if self._ping(pool) is False:
-                log.error("pool %s: a stream went quiet and a ping says its stub process is dead", pool)
+            alive = self._ping(pool)
+            if alive is False:
+                log.error("pool %s: a ping says its stub process is dead", pool)
                 self.failed(pool)
+            elif alive is True and not self.up(pool, ask=False):
+                with self._lock:
+                    self._down.pop(pool, None)
+                log.warning("pool %s answers again: routing to it", pool)
         except Exception:  # noqa: BLE001 - a ping that broke says nothing about the pool
             log.exception("ping %s", pool)
         finally:
@@ -93,9 +102,13 @@ class PoolHealth:
             with self._lock:
                 self._watchers[pool].discard(dead)
 
-    def up(self, pool: str) -> bool:
+    def up(self, pool: str, ask: bool = True) -> bool:
+        """Whether ``pool`` may be used; one that is down is pinged (``ask``), as ``quiet`` does."""
         with self._lock:
-            return self._down.get(pool, 0.0) <= self._clock()
+            down = self._down.get(pool, 0.0) > self._clock()
+        if down and ask:
+            self.quiet(pool)
+        return not down
 
     def order(self, preferred: str, other: str) -> list[str]:
         """Pools to try, healthy first: the preferred one, then the other."""

@@ -11,6 +11,7 @@ and the sink.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -104,11 +105,20 @@ class ChatTurn:
         detok = IncrementalDetokenizer(self.decode)
         generated: list[int] = []
         ttft_ms, engine_stats = None, EngineStats()
+        failover_tokens = 0
         # A pool that fails before anything was sent is retried on the other pool (both serve
-        # every length); when both fail or time out, the customer gets the FAQ answer.
+        # every length); when both fail, or the first times out (the other is as busy), the
+        # customer gets the FAQ answer. A pool that fails after text was sent (its stub died
+        # mid-answer) hands the answer to the other pool, which goes on from the tokens already
+        # streamed: the customer sees one answer, not an error.
         for attempt, pool in enumerate(self.health.order(preferred, self.router.other(preferred))):
+            if generated:
+                if generated[-1] in self.stop_ids or len(generated) >= gen.max_new_tokens:
+                    break  # the first pool had finished; only its final response was lost
+                failover_tokens = len(generated)
+                log.warning("%s goes on from the %d tokens streamed before the other pool failed", pool, len(generated))
             try:
-                for response in self.pools.generate(pool, gen):
+                for response in self.pools.generate(pool, self._resumed(gen, generated)):
                     if cancelled():
                         raise Cancelled()  # nothing is stored for a turn the customer never saw
                     ids = response.get(Pool.TOKEN_IDS)
@@ -121,17 +131,22 @@ class ChatTurn:
                     engine_stats = response.get(Pool.STATS, engine_stats)
                 break
             except EngineError as e:
-                if generated:
-                    raise  # text already streamed: an error, not a second answer
                 log.warning("%s", e)
                 timed_out = isinstance(e, EngineTimeout)
                 if not timed_out and stub_dead(str(e)):
                     self.health.failed(pool)  # the stub died; Triton 2.51 does not restart it
+                if generated:
+                    if attempt == 1:
+                        raise  # both pools failed mid-answer: an error, not a second answer
+                    continue
                 if timed_out or attempt == 1:
                     if self.faq is None:
                         raise
                     reason = FallbackReason.ENGINE_TIMEOUT if timed_out else FallbackReason.ENGINE_ERROR
                     return self.answer_from_faq(chat, sink, t0, reason, session_status, len(prompt.ids))
+        if engine_stats.reason is None and generated:  # finished on the first pool, final response lost
+            done = generated[-1] in self.stop_ids
+            engine_stats = EngineStats(FinishReason.STOP if done else FinishReason.LENGTH, len(generated))
         tail = detok.flush()
 
         if chat.session_id:
@@ -140,7 +155,7 @@ class ChatTurn:
             )
         stats = ChatStats(
             prompt_tokens=len(prompt.ids),
-            reused_tokens=engine_stats.reused,
+            reused_tokens=min(engine_stats.reused, len(prompt.ids)),  # after a failover: of the prompt
             kv_local_blocks=engine_stats.kv_local_blocks,
             kv_redis_blocks=engine_stats.kv_redis_blocks,
             cache_miss=self.cache_miss(lookup, prompt, stored, expected, engine_stats),
@@ -156,8 +171,19 @@ class ChatTurn:
             batch_size=engine_stats.batch_size,
             priority=chat.priority,
             model_version=self.version,
+            failover_tokens=failover_tokens,
         )
         sink.final(stats, tail, chat.priority)
+
+    @staticmethod
+    def _resumed(gen: Generation, generated: list[int]) -> Generation:
+        """``gen`` going on after ``generated``: those tokens join the prompt (the pool finds the
+        prompt's KV by content, so only the new tail is prefilled)."""
+        if not generated:
+            return gen
+        return dataclasses.replace(
+            gen, prompt_ids=gen.prompt_ids + generated, max_new_tokens=gen.max_new_tokens - len(generated)
+        )
 
     def cache_miss(
         self, lookup: Lookup, prompt: Prompt, stored: int, expected: int, engine: EngineStats

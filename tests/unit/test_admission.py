@@ -437,3 +437,19 @@ def test_an_open_latency_breaker_answers_priority_two_from_the_faq_at_once_never
         assert a.snapshot()["shed_breaker"] == 1
     finally:
         a.close()
+
+
+def test_a_pool_found_dead_is_pinged_by_the_chats_routed_around_it_and_back_once_alive():
+    now, alive = [0.0], [False]
+    h = PoolHealth(retry_after_s=30, clock=lambda: now[0], ping=lambda pool: alive[0], probe_after_s=1.0)
+    h.failed("engine_short")
+    assert h.order("engine_short", "engine_long") == ["engine_long", "engine_short"]
+    _pinged(h, "engine_short")
+    now[0] = 1.5  # the supervisor has not reloaded it yet: still dead, still avoided
+    assert not h.up("engine_short")
+    _pinged(h, "engine_short")
+    assert not h.up("engine_short", ask=False)
+    alive[0], now[0] = True, 3.0  # reloaded: the next chat's ping brings it back, long before retry_after_s
+    h.up("engine_short")
+    _pinged(h, "engine_short")
+    assert h.order("engine_short", "engine_long") == ["engine_short", "engine_long"]

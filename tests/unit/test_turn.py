@@ -263,13 +263,37 @@ def test_without_a_faq_the_engine_error_reaches_the_caller():
         _run(_turn(pools=pools, faq=None), _chat())
 
 
-def test_a_pool_failing_after_text_was_sent_is_an_error_not_a_second_answer():
-    pools = Pools(engine_short=[_answer([0, 1]), EngineError("engine_short: died")], engine_long=[_answer([2])])
-    sessions = Sessions()
-    sink = Sink()
+def test_a_pool_failing_after_text_was_sent_hands_the_answer_to_the_other_from_where_it_stopped():
+    pools = Pools(
+        engine_short=[_answer([0, 1]), EngineError(DEAD)], engine_long=[_answer([2]), _answer([EOT], ENGINE_STATS)]
+    )
+    sessions, health = Sessions(), PoolHealth(retry_after_s=30)
+    sink = _run(_turn(sessions, pools, health=health), _chat(session_id="s"))
+    (_, first), (second_pool, second) = pools.calls
+    assert second_pool == "engine_long" and second.prompt_ids == first.prompt_ids + [0, 1]
+    assert second.max_new_tokens == first.max_new_tokens - 2 and not health.up("engine_short")
+    assert sink.reply == "abc" and [d for d, _ in sink.deltas] == ["ab", "c"]  # one answer, nothing repeated
+    stats = sink.stats
+    assert stats["failover_tokens"] == 2 and stats["generated_tokens"] == 4 and stats["route"] == "long"
+    assert stats["prompt_tokens"] == len(first.prompt_ids) and stats["finish_reason"] == "stop"
+    assert sessions.saved[0][1].tokens == first.prompt_ids + [0, 1, 2, EOT]
+
+
+def test_both_pools_failing_mid_answer_is_an_error_not_a_second_answer():
+    pools = Pools(engine_short=[_answer([0, 1]), EngineError("died")], engine_long=[_answer([2]), EngineError("too")])
+    sessions, sink = Sessions(), Sink()
     with pytest.raises(EngineError):
         _turn(sessions, pools).run(_chat(session_id="s"), sink, lambda: False, 0.0)
-    assert [p for p, _ in pools.calls] == ["engine_short"] and sink.finals == [] and sessions.saved == []
+    assert len(pools.calls) == 2 and sink.finals == [] and sessions.saved == []
+
+
+@pytest.mark.parametrize("ids,reason", [([0, EOT], "stop"), (list(range(16)), "length")])
+def test_a_pool_that_failed_after_its_last_token_is_not_asked_to_go_on(ids, reason):
+    pools = Pools(engine_short=[_answer(ids), EngineError(DEAD)], engine_long=[_answer([5])])
+    sink = _run(_turn(pools=pools), _chat())
+    assert [p for p, _ in pools.calls] == ["engine_short"]
+    assert sink.stats["finish_reason"] == reason and sink.stats["generated_tokens"] == len(ids)
+    assert sink.stats["failover_tokens"] == 0
 
 
 def test_the_shed_path_answers_from_the_faq_with_its_reason():
@@ -284,7 +308,7 @@ def test_the_shed_path_answers_from_the_faq_with_its_reason():
         "generated_tokens": 0, "route": None, "ttft_ms": None,
         "total_ms": 10.0, "fallback": True, "fallback_reason": "queue_timeout", "faq_id": "order-status",
         "session": "skipped", "dropped_turns": 0, "finish_reason": "fallback", "engine_queue_ms": None,
-        "engine_ms": None, "batch_size": None, "priority": 1, "model_version": None,
+        "engine_ms": None, "batch_size": None, "priority": 1, "model_version": None, "failover_tokens": 0,
     }  # fmt: skip
 
 

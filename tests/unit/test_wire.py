@@ -11,6 +11,7 @@ SERVED = {  # a generated answer's stats, as the server has always sent them
     "generated_tokens": 12, "route": "short", "ttft_ms": 14.2,
     "total_ms": 40.1, "fallback": False, "session": "hit", "dropped_turns": 0, "finish_reason": "stop",
     "engine_queue_ms": 0.4, "engine_ms": 30.0, "batch_size": 3, "priority": 1, "model_version": 1,
+    "failover_tokens": 0,
 }  # fmt: skip
 
 
