@@ -8,27 +8,31 @@ engine thread queues each row's tokens and a sender thread streams them, priorit
 a final response with stats, after which the sequence's new KV blocks are stored.
 When the engine's own queue is full, ``execute`` waits, so the overflow stays in Triton's
 queue where the pool's queue policy (timeouts, maximum size) applies.
+
+This file only wires: the runtime a pool's settings choose is switchboard/engine/loader.py's,
+the scheduling switchboard/engine/'s, the metrics switchboard/triton/engine_metrics.py's.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from switchboard.artifact.version import ModelVersion
-from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
-from switchboard.engine.scheduler import STAT_KEYS, Engine, GenerationRequest, GenerationResult
+from switchboard.engine.decoder import Decoder
+from switchboard.engine.loader import RuntimeChoice
+from switchboard.engine.scheduler import Engine, GenerationRequest, GenerationResult
 from switchboard.engine.sizing import compute_bound
 from switchboard.engine.stream import Outbox, TokenStream
 from switchboard.kv.model import block_cache
 from switchboard.kv.tiers import BlockCache, Reuse
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import EngineConfig
-from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, CacheMiss, EngineStats, FinishReason, Pool
+from switchboard.triton.engine_metrics import EngineMetricsPublisher
+from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, EngineStats, FinishReason, Pool
 
 log = logging.getLogger("switchboard.engine")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -166,147 +170,11 @@ class _Sender:
         self._thread.join(timeout)
 
 
-_DESCRIPTIONS = {
-    "prefill_batches": "prefill calls (one per admission round)",
-    "prefill_tokens": "prompt tokens prefilled (cached prefixes excluded)",
-    "prefill_padded_tokens": "prefill input positions including left padding",
-    "decode_steps": "decode steps",
-    "decode_columns": "attention-mask positions over all decode steps and rows",
-    "decode_padded_columns": "masked (wasted) attention-mask positions over all decode steps and rows",
-    "finished_stop": "sequences that ended at an end-of-turn token",
-    "finished_length": "sequences that ended at max_new_tokens or the context window",
-    "finished_cancelled": "sequences cancelled by the client",
-    "prefill_chunks": "prefill forward passes (a prompt over prefill_budget takes several)",
-    "prefill_s": "seconds in prefill forward passes",
-    "decode_s": "seconds in decode forward passes",
-    "busy_s": "seconds the engine spent in steps (with lane_threads 2, both lanes' threads: up to 2 a second)",
-    "held_back_s": "seconds priority 2's lane waited for priority 1's work (hold_back_ms)",
-}
+def _native_decoder(model: str, manifest) -> Decoder:
+    """``runtime: triton:<model>``: the graph on a native Triton model, over BLS."""
+    from switchboard.triton.bls_decoder import BlsDecoder  # NVIDIA's container only
 
-
-# KV block counters (BlockCache.snapshot keys) -> (metric family, its labels).
-_KV_COUNTERS = {
-    "lookups": ("lookups", {}),
-    "local_hit_blocks": ("hit_blocks", {"tier": "local"}),
-    "remote_hit_blocks": ("hit_blocks", {"tier": "redis"}),
-    "reused_tokens": ("reused_tokens", {}),
-    "stored_blocks": ("stored_blocks", {}),
-    "writes_ok": ("writes", {"outcome": "ok"}),
-    "writes_failed": ("writes", {"outcome": "failed"}),
-    "writes_dropped": ("writes", {"outcome": "dropped"}),
-    "stores_dropped": ("writes", {"outcome": "dropped_before_local"}),
-    "local_evicted": ("evicted_blocks", {"tier": "priority2"}),
-    "local_evicted_vip": ("evicted_blocks", {"tier": "priority1"}),
-    "redis_bytes_read": ("redis_bytes", {"direction": "read"}),
-    "redis_bytes_written": ("redis_bytes", {"direction": "written"}),
-    "redis_failures": ("redis_failures", {}),
-    **{f"miss_{m.value}": ("misses", {"reason": m.value}) for m in CacheMiss},
-}
-_KV_DESCRIPTIONS = {
-    "lookups": "prompts looked up in the KV block cache",
-    "hit_blocks": "KV blocks reused, by the tier they came from",
-    "reused_tokens": "prompt tokens whose KV came from stored blocks",
-    "stored_blocks": "new KV blocks stored",
-    "writes": "block writes to Redis, by outcome",
-    "evicted_blocks": "blocks evicted from the pool's own cache, by the priority they were kept for",
-    "redis_bytes": "KV block bytes moved to and from Redis",
-    "redis_failures": "Redis calls that failed (the pool then goes on without Redis for a while)",
-    "misses": "prompts that reused fewer tokens than their session stored, by reason",
-}
-
-
-class EngineMetrics:
-    """The engine's counters as Triton custom metrics on the metrics port (Prometheus text),
-    next to Triton's own: ``switchboard_engine_<counter>_total{model=...}``, decode steps per
-    batch size and the waiting/running gauges; the KV block cache's as ``switchboard_kv_*``.
-    A thread copies them once per ``interval``."""
-
-    def __init__(
-        self, model: str, version: int, engine: Engine, blocks: BlockCache | None = None, interval: float = 1.0
-    ):
-        F = pb_utils.MetricFamily
-        self.model, self.engine, self.blocks, self.interval = model, engine, blocks, interval
-        # Two versions of a pool serve side by side during a rollout, and a reload starts a new
-        # instance beside the old one: each has its own series (Triton 2.51 shares a series
-        # between processes that use the same labels and drops it when the first one unloads).
-        self.labels = {"model": model, "version": str(version), "pid": str(os.getpid())}
-        self._families = {
-            k: F(name=f"switchboard_engine_{k}_total", description=d, kind=F.COUNTER) for k, d in _DESCRIPTIONS.items()
-        }
-        self._counters = {k: f.Metric(labels=self.labels) for k, f in self._families.items()}
-        self._families["batch"] = F(
-            name="switchboard_engine_batch_steps_total", description="decode steps by batch size", kind=F.COUNTER
-        )
-        self._families["waiting"] = F(
-            name="switchboard_engine_waiting", description="sequences waiting for a batch slot", kind=F.GAUGE
-        )
-        self._families["running"] = F(
-            name="switchboard_engine_running", description="sequences in the running batch", kind=F.GAUGE
-        )
-        self._waiting = self._families["waiting"].Metric(labels=self.labels)
-        self._running = self._families["running"].Metric(labels=self.labels)
-        self._families.update(
-            {
-                f"kv_{k}": F(name=f"switchboard_kv_{k}_total", description=d, kind=F.COUNTER)
-                for k, d in _KV_DESCRIPTIONS.items()
-            }
-        )
-        self._families["kv_local_bytes"] = F(
-            name="switchboard_kv_local_bytes", description="bytes of KV blocks in the pool's own cache", kind=F.GAUGE
-        )
-        self._kv = {
-            key: self._families[f"kv_{family}"].Metric(labels={**self.labels, **labels})
-            for key, (family, labels) in _KV_COUNTERS.items()
-        }
-        self._kv_bytes = self._families["kv_local_bytes"].Metric(labels=self.labels)
-        self._kv_last: dict = {}
-        self._batch: dict[int, object] = {}
-        self._last: dict = {}
-        self._last_sizes: dict = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="switchboard-metrics", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.publish()
-            except Exception:  # metrics must never take the model down
-                log.exception("publishing engine metrics failed")
-
-    def publish(self) -> None:
-        stats, sizes, waiting, running = self.engine.snapshot()
-        for key in STAT_KEYS:
-            delta = stats.get(key, 0) - self._last.get(key, 0)
-            if delta > 0:
-                self._counters[key].increment(float(delta))
-        for size, steps in sizes.items():
-            delta = steps - self._last_sizes.get(size, 0)
-            if delta > 0:
-                if size not in self._batch:
-                    self._batch[size] = self._families["batch"].Metric(labels={**self.labels, "batch_size": str(size)})
-                self._batch[size].increment(float(delta))
-        self._last, self._last_sizes = stats, sizes
-        self._waiting.set(float(waiting))
-        self._running.set(float(running))
-        if self.blocks is not None:
-            kv = self.blocks.snapshot()
-            for key, metric in self._kv.items():
-                delta = kv.get(key, 0) - self._kv_last.get(key, 0)
-                if delta > 0:
-                    metric.increment(float(delta))
-            self._kv_last = kv
-            self._kv_bytes.set(float(kv.get("local_bytes", 0)))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2 * self.interval)
-        # Metrics before their families (the backend requires this order).
-        self._counters.clear()
-        self._batch.clear()
-        self._kv.clear()
-        self._waiting = self._running = self._kv_bytes = None
-        self._families.clear()
+    return BlsDecoder(model, manifest)
 
 
 class TritonPythonModel:
@@ -315,75 +183,42 @@ class TritonPythonModel:
         require_decoupled(config)
         self.name = config["name"]
         cfg = EngineConfig.load(config, f"{self.name}/config.pbtxt")
-        # The version's weights are checked against its manifest before it serves: a modified
-        # file fails this load, and the version already serving goes on (switchboard/ops/rollout.py).
-        self.version = ModelVersion.load(version, cfg.precision)
-        self.version.verify()
-        self.manifest, precision, runtime = self.version.manifest, self.version.precision, cfg.runtime
-        self.fingerprint = self.version.fingerprint
-        threads = cfg.threads or auto_threads(self.manifest.variant(precision).get("bytes", 0))
-        if runtime == "onnxruntime":
-            decoder = OnnxDecoder(
-                version, self.manifest, precision, threads=threads, weights_cache=weights_cache(cfg.weights_cache)
-            )
-        elif runtime.startswith("triton:"):  # NVIDIA's container: native backend on the GPU
-            from switchboard.triton.bls_decoder import BlsDecoder
-
-            decoder = BlsDecoder(runtime.split(":", 1)[1], self.manifest)
-        elif runtime.split(":", 1)[0] == "torch":  # a GPU without TensorRT: the checkpoint in PyTorch
-            from switchboard.engine.torch_runtime import TorchDecoder
-
-            checkpoint = cfg.checkpoint
-            if not checkpoint:
-                raise ValueError(
-                    f"{self.name}/config.pbtxt: runtime {runtime!r} needs parameter 'checkpoint' "
-                    "(the Hugging Face checkpoint the repository was exported from)"
-                )
-            device = runtime.split(":", 1)[1] if ":" in runtime else "cpu"
-            if device == "cuda" and args.get("model_instance_kind") == "GPU":
-                device = f"cuda:{args['model_instance_device_id']}"
-            decoder = TorchDecoder(checkpoint, self.manifest, device, threads=threads)
-        else:
-            raise ValueError(
-                f"{self.name}/config.pbtxt: parameter 'runtime' = {runtime!r}: "
-                "expected onnxruntime, torch[:cpu|cuda] or triton:<model>"
-            )
+        self._load_version(version, cfg)
+        decoder, runtime = self._load_decoder(version, cfg, args)
         self.blocks = self._block_cache(cfg, version)
-        try:
-            lane = cfg.own_priority_lane(compute_bound(self.manifest.variant(precision).get("bytes", 0), runtime))
-        except ValueError as e:
-            raise ValueError(f"{self.name}/config.pbtxt: {e}") from None
-        self.engine = Engine(
-            decoder,
-            max_batch=cfg.max_batch,
-            max_waiting=cfg.max_waiting,
-            priority_slots=cfg.priority_slots,
-            preempt_steps=cfg.preempt_steps if lane else 0,
-            priority_overflow=cfg.priority_overflow_rows,
-            lane_threads=cfg.lane_threads,
-            normal_nice=cfg.normal_nice,
-            hold_back_ms=cfg.hold_back_ms,
-            prefill_budget=cfg.prefill_budget,
-            stop_ids=set(self.manifest.eos_token_ids),
-        )
-        # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
-        # one send per token (switchboard/engine/stream.py says why).
-        self.stream_interval_s = cfg.stream_interval_ms / 1000
-        self.cancel_poll_s = cfg.cancel_poll_ms / 1000
-        self.watch = _CancelWatch(self.name, self.cancel_poll_s)
-        self.sender = _Sender(self.name, self.watch)
+        self._setup_engine(decoder, cfg)
+        self._setup_responses(cfg)
         self.engine.start()
-        self.metrics = EngineMetrics(self.name, self.version.number, self.engine, self.blocks)
+        self.metrics = EngineMetricsPublisher(self.name, self.version.number, self.engine, self.blocks)
         log.info(
             "%s version %d ready: %s %s, max batch %d, priority 1 %s, %d threads",
             self.name,
             self.version.number,
             self.manifest.name,
-            precision,
+            self.version.precision,
             cfg.max_batch,
             "in a batch of its own" if self.engine.policy.priority_lane else "in the shared batch",
-            threads,
+            runtime.threads,
         )
+
+    # -- initialize, step by step -----------------------------------------------------------
+    def _load_version(self, version, cfg: EngineConfig) -> None:
+        # The version's weights are checked against its manifest before it serves: a modified
+        # file fails this load, and the version already serving goes on (switchboard/ops/rollout.py).
+        self.version = ModelVersion.load(version, cfg.precision)
+        self.version.verify()
+        self.manifest, self.fingerprint = self.version.manifest, self.version.fingerprint
+
+    def _load_decoder(self, version, cfg: EngineConfig, args) -> tuple[Decoder, RuntimeChoice]:
+        """The decoder the pool's ``runtime`` names (switchboard/engine/loader.py)."""
+        try:
+            runtime = RuntimeChoice.parse(
+                cfg.runtime, cfg.threads, cfg.weights_cache, cfg.checkpoint, self.version.variant.get("bytes", 0)
+            )
+        except ValueError as e:
+            raise ValueError(f"{self.name}/config.pbtxt: {e}") from None
+        gpu = args["model_instance_device_id"] if args.get("model_instance_kind") == "GPU" else None
+        return runtime.load(version, self.manifest, self.version.precision, gpu, native=_native_decoder), runtime
 
     def _block_cache(self, cfg: EngineConfig, version) -> BlockCache:
         """The pool's KV blocks: its own memory first, then Redis shared by every replica."""
@@ -407,6 +242,36 @@ class TritonPythonModel:
         except ValueError as e:
             raise ValueError(f"{self.name}/config.pbtxt: {e}") from None
 
+    def _setup_engine(self, decoder: Decoder, cfg: EngineConfig) -> None:
+        """The engine, priority 1 in a lane of its own or in the shared batch (``priority_lane``;
+        switchboard/engine/policy.py)."""
+        try:
+            lane = cfg.own_priority_lane(compute_bound(self.version.variant.get("bytes", 0), cfg.runtime))
+        except ValueError as e:
+            raise ValueError(f"{self.name}/config.pbtxt: {e}") from None
+        self.engine = Engine(
+            decoder,
+            max_batch=cfg.max_batch,
+            max_waiting=cfg.max_waiting,
+            priority_slots=cfg.priority_slots,
+            preempt_steps=cfg.preempt_steps if lane else 0,
+            priority_overflow=cfg.priority_overflow_rows,
+            lane_threads=cfg.lane_threads,
+            normal_nice=cfg.normal_nice,
+            hold_back_ms=cfg.hold_back_ms,
+            prefill_budget=cfg.prefill_budget,
+            stop_ids=set(self.manifest.eos_token_ids),
+        )
+
+    def _setup_responses(self, cfg: EngineConfig) -> None:
+        # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
+        # one send per token (switchboard/engine/stream.py says why).
+        self.stream_interval_s = cfg.stream_interval_ms / 1000
+        self.cancel_poll_s = cfg.cancel_poll_ms / 1000
+        self.watch = _CancelWatch(self.name, self.cancel_poll_s)
+        self.sender = _Sender(self.name, self.watch)
+
+    # -- requests -------------------------------------------------------------------------
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
