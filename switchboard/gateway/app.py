@@ -22,7 +22,8 @@ from switchboard.gateway.state import GatewayConfig, GatewayState, Slots
 
 __all__ = ["GatewayConfig", "ROUTES", "create_app"]
 
-# (path, handler, methods)
+# (path, handler, methods). Only the chat takes a body: JSON, checked by its handler (415 otherwise);
+# a route to come that takes multipart checks its own.
 ROUTES = [
     ("/v1/chat/completions", routes.chat_completions, ["POST"]),  # JSON, or server-sent events with "stream": true
     ("/v1/models", routes.models, ["GET"]),

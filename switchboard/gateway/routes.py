@@ -2,10 +2,10 @@
 configuration, the chats in flight, the SDK client) at ``request.app.state.gateway``; ``app``
 registers them.
 
-A chat request is checked (key, size, fields: ``mapping``) before any chat
-starts; ``chat``'s first answer is awaited before the HTTP status is sent, so a refusal gets its
-status (400, 503...) even when streaming. A client that leaves cancels its chat: the gRPC
-stream is cancelled, and ``chat`` stops the generation at its next check (``cancel_poll_ms``).
+A chat request is checked (content type, key, size, fields: ``mapping``) before any chat starts;
+``chat``'s first answer is awaited before the HTTP status is sent, so a refusal gets its status
+(400, 503...) even when streaming. A client that leaves cancels its chat: the gRPC stream is
+cancelled, and ``chat`` stops the generation at its next check (``cancel_poll_ms``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,21 @@ def state_of(request: Request) -> GatewayState:
 
 
 # -- checks --------------------------------------------------------------------------------------
+def require_json(request: Request) -> None:
+    """415 unless the body is declared JSON. The types a browser may post to any origin without
+    asking it first (a CORS preflight) are text/plain and the two form types: refusing them keeps
+    a web page a user visits from posting chats to a gateway on their machine. Nothing but
+    application/json: the body is OpenAI's request, no other JSON document type (``+json``)."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        raise APIError(415, "Content-Type: missing; send application/json", None, "unsupported_media_type")
+    media_type = declared.partition(";")[0].strip().lower()  # parameters (charset) are allowed
+    if media_type != "application/json":
+        raise APIError(
+            415, f"Content-Type: expected application/json, got {media_type[:64]!r}", None, "unsupported_media_type"
+        )
+
+
 def authenticate(request: Request, keys: KeyTable) -> Caller:
     caller = keys.caller(request.headers.get("authorization"))
     if caller is None:
@@ -84,6 +99,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 # -- routes --------------------------------------------------------------------------------------
 async def chat_completions(request: Request):
+    require_json(request)  # before the key, as 404 and 405: what the route takes, whoever asks
     state = state_of(request)
     config, slots = state.config, state.slots
     caller = authenticate(request, config.keys)

@@ -1,14 +1,16 @@
 """The OpenAI-compatible gateway against the real stack, through the official ``openai``
 client: answers streamed and not, a stateless two-turn chat whose second turn reuses the
 first's KV (``cached_tokens``), the bad-input catalogue over HTTP (OpenAI's error shape, the
-right status, never a traceback), keys and tiers, overload answers (429, 503 with
-Retry-After), and a client that leaves cancelling its chat in the server."""
+right status, never a traceback; 415 unless the body is declared JSON), keys and tiers, the
+framing of streamed answers (chunked to HTTP/1.1, close-delimited to HTTP/1.0), overload answers
+(429, 503 with Retry-After), and a client that leaves cancelling its chat in the server."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import re
+import socket
 import time
 import urllib.request
 
@@ -279,6 +281,17 @@ BAD = [
     ("key-wrong", body(), {"Authorization": "Bearer sk-not-a-key-0123456789"}, 401, None, "invalid API key"),
     ("key-not-bearer", body(), {"Authorization": f"Basic {STANDARD_KEY}"}, 401, None, "invalid API key"),
     ("body-too-large", user("a" * (2 << 20)), {}, 413, None, "over the limit of 1048576"),
+    # what a web page may post to any origin without a CORS preflight: refused
+    ("content-type-text", body(), {"Content-Type": "text/plain"}, 415, None, "expected application/json"),
+    (
+        "content-type-form",
+        body(),
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        415,
+        None,
+        "got 'application/x-www-form-urlencoded'",
+    ),
+    ("content-type-missing", body(), {"Content-Type": None}, 415, None, "Content-Type: missing"),
 ]
 
 
@@ -310,6 +323,13 @@ def test_bad_input_gets_openais_error_shape_naming_the_problem(gateway, case, pa
     if code == 401:
         assert h.get("www-authenticate") == "Bearer"
     assert gateway.healthy()
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8"])
+def test_a_chat_declared_json_is_answered(gateway, content_type):
+    code, _, raw = post(gateway.url, body(max_tokens=4), {"Content-Type": content_type})
+    assert code == 200, raw
+    assert json.loads(raw)["choices"][0]["message"]["content"]
 
 
 def test_the_catalogue_covers_what_the_grpc_catalogue_does():
@@ -379,6 +399,63 @@ def test_cors_preflight_is_answered_only_for_configured_origins(stack, tmp_path)
         assert preflight("https://evil.example")[1] is None
     finally:
         g.stop()
+
+
+# -- framing of a streamed answer -------------------------------------------------------------------
+def _raw_stream(gateway, version: str) -> socket.socket:
+    payload = json.dumps(body(max_tokens=16, stream=True)).encode()
+    s = socket.create_connection(("127.0.0.1", gateway.port), timeout=60)
+    s.sendall(
+        f"POST /v1/chat/completions HTTP/{version}\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {STANDARD_KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    return s
+
+
+def _head(data: bytes) -> tuple[str, dict[str, str], bytes]:
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    return status, {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}, rest
+
+
+def _answer(events: bytes) -> str:
+    """The text of a stream's events; fails on anything that is not an event (a chunk size)."""
+    assert events.endswith(b"data: [DONE]\n\n"), events[-200:]
+    data = events.decode().split("\n\n")[:-2]
+    assert data and all(e.startswith("data: {") for e in data), events[:300]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in data]
+    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+
+
+def test_a_streamed_answer_to_http_1_0_is_close_delimited(gateway):
+    with _raw_stream(gateway, "1.0") as s:
+        data = b""
+        while part := s.recv(65536):  # to the end: the gateway closes the connection
+            data += part
+    status, headers, events = _head(data)
+    assert status.endswith(" 200 OK"), data[:300]
+    assert "transfer-encoding" not in headers and "content-length" not in headers and headers["connection"] == "close"
+    assert events.startswith(b"data: {") and _answer(events).strip()
+
+
+def test_a_streamed_answer_to_http_1_1_is_still_chunked(gateway):
+    with _raw_stream(gateway, "1.1") as s:
+        data = b""
+        while not data.endswith(b"\r\n0\r\n\r\n"):
+            part = s.recv(65536)
+            assert part, data[-300:]
+            data += part
+    status, headers, chunked = _head(data)
+    assert status.endswith(" 200 OK") and headers["transfer-encoding"] == "chunked" and "connection" not in headers
+    events = b""
+    while True:
+        size, _, chunked = chunked.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        events, chunked = events + chunked[:n], chunked[n + 2 :]
+    assert _answer(events).strip()
 
 
 # -- overload ----------------------------------------------------------------------------------

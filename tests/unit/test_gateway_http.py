@@ -1,6 +1,7 @@
 """The gateway's app on the wire, in front of a fake ``chat``: uvicorn in a thread on a socket of
-its own, with the protocol ``python -m switchboard.gateway`` runs it with. A streamed answer
-to HTTP/1.0 is close-delimited, to HTTP/1.1 chunked."""
+its own, with the protocol ``python -m switchboard.gateway`` runs it with. A chat must be
+declared JSON (415 otherwise: a browser posts text/plain and forms across origins without a
+preflight); a streamed answer to HTTP/1.0 is close-delimited, to HTTP/1.1 chunked."""
 
 from __future__ import annotations
 
@@ -128,6 +129,31 @@ def answer_of(data: list[str]) -> str:
     return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
 
 
+# -- 415 unless the body is declared JSON ---------------------------------------------------------
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "text/plain;charset=UTF-8",  # what a page's fetch() or a form sends, no preflight asked
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        None,
+        "",
+        "application/jsonx",
+        "text/json",
+    ],
+)
+def test_a_chat_not_declared_json_is_refused_with_415(gateway, chat, content_type):
+    before = chat.chats
+    status, headers, body = post(gateway, content_type)
+    assert status == 415, body
+    assert headers["content-type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "unsupported_media_type"
+    assert set(error) == {"message", "type", "param", "code"} and "application/json" in error["message"]
+    assert chat.chats == before  # refused before a chat started
+
+
 @pytest.mark.parametrize(
     "content_type", ["application/json", "application/json; charset=utf-8", "Application/JSON;charset=UTF-8"]
 )
@@ -135,6 +161,16 @@ def test_a_chat_declared_json_is_answered(gateway, content_type):
     status, _, body = post(gateway, content_type)
     assert status == 200, body
     assert json.loads(body)["choices"][0]["message"]["content"] == "".join(ANSWER)
+
+
+def test_the_content_type_is_checked_by_the_chat_route_only(gateway):
+    conn = http.client.HTTPConnection(*gateway, timeout=10)
+    try:
+        conn.request("GET", "/v1/models", headers={"Content-Type": "text/plain"})
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["data"][0]["id"] == "switchboard"
+    finally:
+        conn.close()
 
 
 # -- framing of a streamed answer -------------------------------------------------------------------
