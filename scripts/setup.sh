@@ -84,7 +84,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   run "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.switchboard-setup"
-want=$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+want=$(cat requirements.lock pyproject.toml setup.py | sha256sum | cut -c1-16)   # setup.py: the package layout
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing pinned Python packages (requirements.lock; a minute or two on a fresh clone)"
   run "$VENV/bin/pip" install -q --upgrade pip
