@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from switchboard import paths
+from switchboard.ops.model_control import OPERATOR_HEADER
 from switchboard.ops.process import kill_pid, pid_file, port_open, stop_process, wait_until
 
 
@@ -39,9 +40,6 @@ def jemalloc(env: dict[str, str]) -> str | None:
         return None
     name = ctypes.util.find_library("jemalloc")
     return name if name and name.startswith("libjemalloc.so") else None
-
-
-OPERATOR_HEADER = "switchboard-operator-key"
 
 
 def operator_key(run_dir: Path) -> str:

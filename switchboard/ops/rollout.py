@@ -34,7 +34,6 @@ import re
 import shutil
 import sys
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from pathlib import Path
 from switchboard import paths
 from switchboard.artifact.manifest import Manifest
 from switchboard.artifact.version import verify_variant, write_version_info
+from switchboard.ops.model_control import ModelControlError, load_model
 from switchboard.serving.metrics import PREFIX
 
 POOLS = ("engine_short", "engine_long")
@@ -167,22 +167,10 @@ class Server:
     metrics: str
 
     def load(self, model: str, key: str, timeout_s: float = 600) -> None:
-        from switchboard.ops.launch import OPERATOR_HEADER
-
-        request = urllib.request.Request(
-            f"{self.http}/v2/repository/models/{model}/load",
-            data=b"{}",
-            method="POST",
-            headers={OPERATOR_HEADER: key, "Content-Type": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s):
-                return
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:500]
-            raise RolloutError(f"{self.http}: loading {model} failed ({e.code}): {detail}") from None
-        except OSError as e:
-            raise RolloutError(f"{self.http}: loading {model} failed: {e}") from None
+            load_model(self.http, model, key, timeout_s)
+        except ModelControlError as e:
+            raise RolloutError(str(e)) from None
 
     def scrape(self) -> str:
         with urllib.request.urlopen(f"{self.metrics}/metrics", timeout=10) as r:

@@ -37,13 +37,16 @@ import numpy as np
 log = logging.getLogger("switchboard.ops.supervisor")
 
 POOLS = ("engine_short", "engine_long")
+CHAT = "chat"
 PROBE_TEXT = "Where is my order?"
 WARM_UP_TOKENS = 8  # past the first token: the warm-up runs decode steps too
 LIVENESS_PATH = "/livez"
 READINESS_PATH = "/readyz"
 
 
-def _pool_request(url: str, model: str, timeout_s: float, ping_every_s: float = 1.0) -> str | None:
+def _pool_request(
+    url: str, model: str, timeout_s: float, ping_every_s: float = 1.0, version: str | None = None
+) -> str | None:
     """One token from an engine pool over a stream; the failure, or None. While the token has
     not come, the pool is pinged every ``ping_every_s`` on the same stream: a request sent as
     the stub died can go unanswered for good, and the ping sent after it is refused at once
@@ -62,7 +65,7 @@ def _pool_request(url: str, model: str, timeout_s: float, ping_every_s: float = 
     finished = pinged = False  # finished: nothing left open on the stream, it may close cleanly
     try:
         client.start_stream(callback=lambda result, error: got.put((result, error)))
-        client.async_stream_infer(model, [ids, limit], request_id="token")
+        client.async_stream_infer(model, [ids, limit], model_version=version or "", request_id="token")
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -71,7 +74,9 @@ def _pool_request(url: str, model: str, timeout_s: float, ping_every_s: float = 
             except queue.Empty:
                 if left <= ping_every_s:
                     return f"{model}: no answer within {timeout_s:.0f} s"
-                client.async_stream_infer(model, [ids], request_id="ping", parameters={"ping": True}, priority=1)
+                client.async_stream_infer(
+                    model, [ids], model_version=version or "", request_id="ping", parameters={"ping": True}, priority=1
+                )
                 pinged = True
                 continue
             if error is not None:  # the token's or a ping's: either fails the probe
@@ -92,17 +97,28 @@ def _pool_request(url: str, model: str, timeout_s: float, ping_every_s: float = 
 
 
 def probe(url: str, timeout_s: float = 20.0, max_new_tokens: int = 1) -> str | None:
-    """One token from each pool, then a priority-1 chat of one token; the first failure or None.
-    An FAQ answer because a pool failed counts as a failure; one because of load does not.
-    Pools first: once Triton has seen a stub die, the pool refuses at once ("not healthy"), where
-    a chat routed to it can still wait out chat's bound on the pool. (A request sent in the first
-    moments after the kill can still get no answer at all: it costs the whole deadline.)"""
-    from switchboard.client import ChatClient, ChatError
-
-    for pool in POOLS:
-        failure = _pool_request(url, pool, timeout_s)
+    """One token from each pool, then a priority-1 chat of one token; the first failure or None,
+    headed by the model that failed (``model_of``). Pools first: once Triton has seen a stub
+    die, the pool refuses at once ("not healthy"), where a chat routed to it can still wait out
+    chat's bound on the pool. (A request sent in the first moments after the kill can still get
+    no answer at all: it costs the whole deadline.)"""
+    for model in (*POOLS, CHAT):
+        failure = probe_model(url, model, timeout_s, max_new_tokens)
         if failure is not None:
             return failure
+    return None
+
+
+def probe_model(
+    url: str, model: str, timeout_s: float = 20.0, max_new_tokens: int = 1, version: str | None = None
+) -> str | None:
+    """One model's probe: a pool's token (``version``: that version's, else Triton's choice), or
+    ``chat``'s priority-1 chat. An FAQ answer because a pool failed counts as a failure of chat;
+    one because of load does not."""
+    if model != CHAT:
+        return _pool_request(url, model, timeout_s, version=version)
+    from switchboard.client import ChatClient, ChatError
+
     try:
         reply = ChatClient(url, timeout_s=timeout_s, private_connection=True).chat(
             PROBE_TEXT, stream=False, priority=1, max_new_tokens=max_new_tokens
@@ -116,6 +132,31 @@ def probe(url: str, timeout_s: float = 20.0, max_new_tokens: int = 1) -> str | N
     if reply.stats.fallback and reply.stats.raw.get("fallback_reason") == "engine_error":
         return "chat: answered from the FAQ because a pool failed"
     return None
+
+
+def model_of(failure: str) -> str | None:
+    """The model a probe's failure names, or None (the server itself)."""
+    head = failure.split(":", 1)[0]
+    return head if head in (*POOLS, CHAT) else None
+
+
+def stubs(pid: int) -> dict[tuple[str, str], int]:
+    """Python-backend stub processes of a tritonserver, by (model, version)."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        for a in args:
+            path = Path(a.decode(errors="replace"))
+            if path.name == "model.py" and path.parent.name.isdigit():  # <model>/<version>/model.py
+                out[(path.parent.parent.name, path.parent.name)] = int(proc.name)
+    return out
 
 
 @dataclass
@@ -139,6 +180,16 @@ class Supervisor:
     heartbeat: float = field(default_factory=time.monotonic)  # the last round's end
     give_up_after_s: float = 300.0  # restarts failing this long: not live (the container restarts)
     stuck_after_s: float = 600.0  # no round this long (more than a start, 180 s, plus a probe): not live
+    # Repairing one model without a restart (None: restarts only). ``stubs``: the stub processes
+    # now, by (model, version); ``model_probe(model, version)``: that model's probe; ``reload(model)``:
+    # load it again through the model-repository API (raises on failure).
+    stubs: Callable[[], dict] | None = None
+    model_probe: Callable[[str, str | None], str | None] | None = None
+    reload: Callable[[str], None] | None = None
+    watch_s: float = 0.5  # how often the stubs are looked at between rounds
+    reloads: int = 0
+    last_reload: str | None = None
+    known_stubs: dict = field(default_factory=dict)
 
     def why_not_ready(self) -> str | None:
         """None while tritonserver runs, has answered its warm-up and no probe failed since."""
@@ -186,17 +237,71 @@ class Supervisor:
         self.restarts += 1
         self.last_failure = reason
         log.error("restarting tritonserver (restart %d): %s", self.restarts, reason)
-        self.warmed, self.failures = False, 0
+        self.warmed, self.failures, self.known_stubs = False, 0, {}  # none of the old server's
         self.stack.restart_triton()
+        self.known_stubs = self.stubs() if self.stubs is not None else {}  # every model is ready now
         self.restarted_at = time.monotonic()
         log.info("tritonserver ready again (pid %d)", self.stack.triton.pid)
 
+    def watch(self) -> str | None:
+        """Between rounds: a stub that exited since the last look and whose model no longer
+        answers is reloaded at once (``recover``). A stub that exited while its model answers was
+        unloaded on purpose (a rollout's canary). Returns why tritonserver must restart, or None."""
+        proc = self.stack.triton
+        if proc is not None and proc.poll() is not None:
+            return f"tritonserver exited with code {proc.returncode}"
+        if self.stubs is None or proc is None:
+            return None
+        now = self.stubs()
+        gone = [key for key in self.known_stubs if key not in now]
+        self.known_stubs = now
+        for model, version in gone:
+            failure = self.model_probe(model, version)
+            if failure is None:
+                log.info("%s version %s: its stub exited and the model answers (unloaded)", model, version)
+                continue
+            self.last_failure = f"{model} version {version}: its stub exited ({failure})"
+            if not self.recover(model, self.last_failure):
+                return self.last_failure
+        return None
+
+    def recover(self, model: str, reason: str) -> bool:
+        """Reload ``model`` alone (Triton 2.51 never restarts a dead stub, and a server restart
+        takes every model away for seconds); True once it answers its probe again."""
+        if self.reload is None or self.model_probe is None:
+            return False
+        t0 = time.monotonic()
+        log.error("%s; reloading %s alone", reason, model)
+        try:
+            self.reload(model)
+            failure = self.model_probe(model, None)
+        except Exception as e:  # noqa: BLE001 - any failure here means: restart the server
+            failure = str(e)
+        if failure is not None:
+            log.error("reloading %s did not bring it back (%s): restarting tritonserver", model, failure)
+            return False
+        self.reloads += 1
+        self.failures = 0
+        self.last_reload = f"{model} in {time.monotonic() - t0:.1f} s ({reason})"
+        self.known_stubs = self.stubs() if self.stubs is not None else {}
+        log.warning("%s reloaded and answering again %.1f s later", model, time.monotonic() - t0)
+        self.write_state()
+        return True
+
     def run(self, stop: threading.Event) -> None:
         backoff, wait = 0.0, 0.0  # the first round, the warm-up, at once
+        self.known_stubs = self.stubs() if self.stubs is not None else {}  # the server is ready: every model
         self.write_state()
-        while not stop.wait(wait):
+        while True:
+            stopped, reason = self.pause(stop, wait)
+            if stopped:
+                return
             wait = self.interval_s
-            reason = self.check()
+            if reason is None:
+                reason = self.check()
+                model = model_of(reason) if reason is not None else None
+                if model is not None and self.stack.triton.poll() is None and self.recover(model, reason):
+                    reason = None
             if reason is not None:
                 try:
                     self.restart(reason)
@@ -211,6 +316,20 @@ class Supervisor:
             self.heartbeat = time.monotonic()
             self.write_state()
 
+    def pause(self, stop: threading.Event, seconds: float) -> tuple[bool, str | None]:
+        """Wait ``seconds`` between rounds, watching the stubs every ``watch_s`` meanwhile:
+        (stopped, why tritonserver must restart now or None)."""
+        if self.stubs is None:
+            return stop.wait(seconds), None
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if stop.wait(min(self.watch_s, left)):
+                return True, None
+            reason = self.watch()
+            if reason is not None:
+                return False, reason
+        return stop.is_set(), None
+
     def write_state(self) -> None:
         if self.state_file is None:
             return
@@ -220,6 +339,8 @@ class Supervisor:
             "tritonserver_pid": proc.pid if proc is not None else None,
             "probes": self.probes,
             "restarts": self.restarts,
+            "reloads": self.reloads,
+            "last_reload": self.last_reload,
             "failures": self.failures,
             "last_failure": self.last_failure,
             "ready": self.why_not_ready() is None,
@@ -287,11 +408,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--warm-up-timeout-s", type=float, default=60.0, help="deadline of the warm-up requests (default 60)"
     )
+    p.add_argument(
+        "--reload-timeout-s",
+        type=float,
+        default=120.0,
+        help="how long reloading one dead model may take before the server is restarted instead (default 120)",
+    )
+    p.add_argument(
+        "--no-reload",
+        action="store_true",
+        help="repair a dead model by restarting tritonserver, not by reloading the model alone",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from switchboard.ops.launch import stack_from_arguments
+    from switchboard.ops.launch import operator_key, stack_from_arguments
+    from switchboard.ops.model_control import reload_model
 
     args = parser().parse_args(argv)
     args.shared_redis = args.shared_redis or bool(args.redis_url)
@@ -309,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         stack, lambda: probe(stack.grpc_url, args.probe_timeout_s), args.interval_s, args.failures, state_file
     )
     supervisor.warm_up = lambda: probe(stack.grpc_url, args.warm_up_timeout_s, WARM_UP_TOKENS)
+    if not args.no_reload:
+        key, http = operator_key(args.run_dir), f"http://127.0.0.1:{args.http_port}"
+        supervisor.stubs = lambda: stubs(stack.triton.pid)
+        supervisor.model_probe = lambda model, version: probe_model(stack.grpc_url, model, 10.0, version=version)
+        supervisor.reload = lambda model: reload_model(http, model, key, timeout_s=args.reload_timeout_s)
     endpoints = None
     if args.probe_port:  # up before the slow start: live while loading, not ready
         endpoints = ProbeServer(

@@ -1,6 +1,6 @@
 """`python -m switchboard.ops.launch up` on free ports: the supervisor restarts tritonserver when it
-dies (as 2.51 sometimes does when a stub is killed) and when a stub dies under a server that
-stays up (which 2.51 never repairs), and `down` stops everything it started."""
+dies (as 2.51 sometimes does when a stub is killed), reloads a model alone when its stub dies
+under a server that stays up (which 2.51 never repairs), and `down` stops everything it started."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -85,14 +86,67 @@ def test_a_server_that_dies_is_restarted_and_sessions_survive(supervised):
     assert again.stats.raw["session"] == "hit", "Redis keeps running across restarts"
 
 
-def test_a_dead_chat_stub_is_caught_by_the_probe_and_the_server_restarted(supervised):
+def _wait_for_reload(run, reloads: int, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = _state(run)
+        if state["reloads"] >= reloads:
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"no reload {reloads} within {timeout:.0f} s: {_state(run)}")
+
+
+def test_a_dead_chat_stub_is_reloaded_alone_without_restarting_the_server(supervised):
     ports, run = supervised
     client = ChatClient(f"127.0.0.1:{ports.grpc}", timeout_s=60)
     before = _state(run)
     os.kill(children(before["tritonserver_pid"])["chat"], signal.SIGKILL)
-    with pytest.raises(ChatError):  # 2.51 leaves the model READY but every chat fails
-        client.chat("Where is my order?", stream=False, max_new_tokens=8)
-    state = _wait_for_restart(run, before["restarts"] + 1, client)
-    assert state["tritonserver_pid"] != before["tritonserver_pid"]
-    assert "chat" in state["last_failure"], state
+    state = _wait_for_reload(run, before["reloads"] + 1)
+    assert state["tritonserver_pid"] == before["tritonserver_pid"] and state["restarts"] == before["restarts"]
+    assert state["last_reload"].startswith("chat in"), state
     assert client.chat("Where is my order?", stream=False, max_new_tokens=8).stats.generated_tokens > 0
+
+
+def test_a_pool_killed_under_load_costs_no_chat_and_is_reloaded(supervised):
+    """Chats streaming from engine_short when its stub dies go on in engine_long; the chats after
+    it are routed around it until the supervisor has reloaded it, then go to it again."""
+    ports, run = supervised
+    before = _state(run)
+    results, stop = [], threading.Event()
+
+    def chats(n):
+        client = ChatClient(f"127.0.0.1:{ports.grpc}", timeout_s=60)
+        i = 0
+        while not stop.is_set():
+            try:
+                reply = client.chat(f"Where is my order {n}-{i}?", stream=False, max_new_tokens=24)
+                results.append((time.monotonic(), reply.stats))
+            except ChatError as e:
+                results.append((time.monotonic(), e))
+            i += 1
+
+    workers = [threading.Thread(target=chats, args=(n,)) for n in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        os.kill(children(before["tritonserver_pid"])["engine_short"], signal.SIGKILL)
+        state = _wait_for_reload(run, before["reloads"] + 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # back on engine_short once chat's ping finds it alive
+            if any(
+                t > killed_at and not isinstance(s, ChatError) and s.raw.get("route") == "short" for t, s in results
+            ):
+                break
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(60)
+    after = [s for t, s in results if t > killed_at]
+    errors = [s for s in after if isinstance(s, ChatError)]
+    assert not errors, errors[:3]
+    assert state["restarts"] == before["restarts"] and state["last_reload"].startswith("engine_short in"), state
+    routes = [s.raw.get("route") for s in after]
+    assert "long" in routes and "short" in routes[routes.index("long") :], "routed around it, then back to it"

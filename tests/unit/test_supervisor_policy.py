@@ -3,6 +3,7 @@ probes ask, deploy/k8s) with the HTTP endpoints that serve them, on a fake stack
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -244,3 +245,120 @@ def test_the_endpoints_answer_200_or_503_with_the_reason(endpoints):
     state["live"] = "no probe round for 601 s"
     assert _get(port, LIVENESS_PATH)[0] == 503
     assert _get(port, "/v2/health/ready")[0] == 404, "only the two paths"
+
+
+class Repairable:
+    """A supervisor's view of one server's stubs, model probes and reloads, scripted."""
+
+    def __init__(self, reload_works=True):
+        self.now = {("chat", "1"): 10, ("engine_short", "1"): 11, ("engine_long", "1"): 12}
+        self.dead, self.reloaded, self.reload_works = set(), [], reload_works
+
+    def kill(self, model):
+        del self.now[(model, "1")]
+        self.dead.add(model)
+
+    def stubs(self):
+        return dict(self.now)
+
+    def probe(self, model, version):
+        return f"{model}: Stub process '{model}_0_0' is not healthy." if model in self.dead else None
+
+    def reload(self, model):
+        self.reloaded.append(model)
+        if not self.reload_works:
+            raise RuntimeError(f"loading {model} failed (400)")
+        self.dead.discard(model)
+        self.now[(model, "1")] = 20 + len(self.reloaded)
+
+
+def repairable(reload_works=True, **kwargs):
+    stack, calls = FakeStack(), []
+    r = Repairable(reload_works)
+    sup = Supervisor(stack, Script("probe", calls), stubs=r.stubs, model_probe=r.probe, reload=r.reload, **kwargs)
+    sup.warmed = True
+    return stack, sup, r
+
+
+def test_a_stub_that_died_is_reloaded_alone_at_once_and_the_server_keeps_running():
+    stack, sup, r = repairable()
+    assert sup.watch() is None  # the first look learns the stubs
+    r.kill("engine_short")
+    assert sup.watch() is None
+    assert r.reloaded == ["engine_short"] and sup.reloads == 1 and stack.restarted == 0
+    assert "engine_short" in sup.last_reload and sup.known_stubs[("engine_short", "1")] == 21
+    assert sup.watch() is None and r.reloaded == ["engine_short"], "the new stub is known: nothing more to do"
+
+
+def test_a_stub_that_exited_while_its_model_answers_was_unloaded_and_is_left_alone():
+    _, sup, r = repairable()
+    sup.watch()
+    del r.now[("engine_short", "1")]  # a rollout unloaded a version: the model still answers
+    assert sup.watch() is None and r.reloaded == [] and sup.reloads == 0
+
+
+def test_a_reload_that_fails_asks_for_a_restart():
+    stack, sup, r = repairable(reload_works=False)
+    sup.watch()
+    r.kill("chat")
+    reason = sup.watch()
+    assert r.reloaded == ["chat"] and "chat" in reason and sup.reloads == 0
+
+
+def test_a_server_that_exited_is_seen_between_rounds():
+    stack, sup, _ = repairable()
+    stack.triton.returncode = -6  # 2.51 sometimes aborts when a stub is killed
+    assert sup.watch() == "tritonserver exited with code -6"
+
+
+def test_a_probe_failure_naming_a_model_reloads_that_model_before_any_restart():
+    stack, sup, r = repairable(interval_s=0.01, failures_to_restart=1)
+    r.kill("engine_long")
+    stop = threading.Event()
+    answers = iter(["engine_long: no answer within 20 s"])
+
+    def probe():
+        failure = next(answers, None)
+        if failure is None:
+            stop.set()
+        return failure
+
+    sup.probe = probe
+    sup.run(stop)
+    assert r.reloaded == ["engine_long"] and stack.restarted == 0 and sup.reloads == 1
+
+
+def test_the_server_is_restarted_when_a_failure_names_no_model_or_the_reload_fails():
+    for answer, reload_works in (("tritonserver: connection refused", True), ("chat: not healthy", False)):
+        stack, sup, r = repairable(reload_works=reload_works, interval_s=0.01, failures_to_restart=1)
+        r.dead.add("chat")
+        stop = threading.Event()
+        answers = iter([answer])
+
+        def probe(answers=answers, stop=stop):
+            failure = next(answers, None)
+            if failure is None:
+                stop.set()
+            return failure
+
+        sup.probe = probe
+        sup.run(stop)
+        assert stack.restarted == 1 and sup.reloads == 0, answer
+
+
+def test_between_rounds_a_dead_stub_is_reloaded_within_the_watch_interval():
+    stack, sup, r = repairable(interval_s=60.0, watch_s=0.01)
+    stop = threading.Event()
+    runner = threading.Thread(target=sup.run, args=(stop,))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not sup.known_stubs and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r.kill("engine_short")
+        while not r.reloaded and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.reloaded == ["engine_short"] and stack.restarted == 0, "long before the next round (60 s)"
+    finally:
+        stop.set()
+        runner.join(5)
