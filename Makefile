@@ -96,8 +96,8 @@ bench-large: model-large ## the four systems on the 0.5B checkpoint at saturatin
 	@$(PY) -m switchboard.export --model build/large-model --out build/artifacts/large-model --precision fp32,int8-dynamic
 	@$(PY) -m switchboard.perf.bench --preset large $(BENCH_ARGS)
 
-chaos: export ## faults and a 5x overload burst against a private stack (summary in build/chaos/summary.md)
-	@$(PY) -m switchboard.perf.chaos --out build/chaos
+chaos: export ## faults and a 5x overload burst against a private stack; REPLICAS=2: a replica killed mid-burst too (build/chaos/summary.md)
+	@$(PY) -m switchboard.perf.chaos --out build/chaos --replicas $(REPLICAS)
 
 soak: export ## 10 minutes of multi-turn load: memory flat, sessions expire, no errors (build/soak/summary.md)
 	@$(PY) -m switchboard.perf.soak --out build/soak

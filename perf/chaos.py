@@ -1,6 +1,7 @@
 """Faults and overload against a private stack: ``python -m switchboard.perf.chaos``.
 
-Starts redis-server and tritonserver on free ports and runs, in order:
+Starts redis-server and tritonserver on free ports (``--replicas 2``: two tritonservers sharing
+the Redis behind HAProxy, as ``make serve REPLICAS=2``) and runs, in order:
 1. baseline: priority-1 latency of single chats on an idle server;
 2. burst: capacity measured at concurrency 4, then open-loop arrivals at 5x that rate for
    ``--burst-s`` seconds (a ``--vip-share`` of 5% at priority 1), every chat with a 30 s
@@ -9,8 +10,11 @@ Starts redis-server and tritonserver on free ports and runs, in order:
 3. Redis stopped for 5 s under load, then restarted (time until KV reuse resumes);
 4. Redis paused (``CLIENT PAUSE`` 3 s) under load;
 5. the ``engine_short`` stub killed with chats in flight, under ``switchboard.ops.supervisor``
-   (Triton 2.51 never restarts the stub and sometimes aborts): time until chats are generated
-   again.
+   as ``make serve`` runs it (Triton 2.51 never restarts the stub and sometimes aborts): errors,
+   the longest time without a generated answer, and how long the reload took;
+6. with ``--replicas`` 2 or more: a burst at ``--replica-factor`` x capacity, one replica's
+   tritonserver killed (SIGKILL to its process group) a third of the way in, every replica
+   under its supervisor.
 Prints a markdown summary and writes it to ``build/chaos/summary.md``.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import random
 import signal
@@ -29,8 +34,9 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.client import AsyncChatClient, ChatClient
-from switchboard.ops.launch import Ports, Stack, children
-from switchboard.ops.supervisor import Supervisor, probe
+from switchboard.ops.balancer import Balancer, Replica
+from switchboard.ops.launch import Ports, Stack, children, free_port, free_ports
+from switchboard.ops.supervisor import Supervisor, probe, with_reloads
 from switchboard.perf.loadtools import ms, percentile, table, timed_chat, timed_chat_async, write_summary
 from switchboard.training.corpus import load, sample_questions
 
@@ -66,11 +72,19 @@ def finish(stop, threads):
         t.join(120)
 
 
-def burst(url: str, questions, rate: float, seconds: float, vip_share: float):
+def burst(url: str, questions, rate: float, seconds: float, vip_share: float, at=None):
     """Open-loop Poisson arrivals at ``rate`` for ``seconds``, each chat a stream on one asyncio
     channel (a thread per chat cost the generator 8-10 ms of CPU per chat on the server's cores
-    and fell tens of seconds behind schedule)."""
-    return asyncio.run(_burst(url, questions, rate, seconds, vip_share))
+    and fell tens of seconds behind schedule). ``at``: (seconds in, function) run on a thread
+    then (a fault)."""
+    if at is not None:
+        timer = threading.Timer(*at)
+        timer.start()
+    try:
+        return asyncio.run(_burst(url, questions, rate, seconds, vip_share))
+    finally:
+        if at is not None:
+            timer.cancel()
 
 
 async def _burst(url: str, questions, rate: float, seconds: float, vip_share: float):
@@ -81,6 +95,7 @@ async def _burst(url: str, questions, rate: float, seconds: float, vip_share: fl
         started = time.monotonic()
         o = await timed_chat_async(client, questions[i % len(questions)], priority=priority, max_new_tokens=48)
         o.backlog = started - scheduled  # load generator's own delay
+        o.started = started
         results.append(o)
 
     async with AsyncChatClient(url, timeout_s=30) as client:
@@ -125,6 +140,135 @@ def ttft(outcomes) -> str:
     return f"P50 {ms(percentile(values, 50))}, P95 {ms(percentile(values, 95))}"
 
 
+class Private:
+    """The stack under test on free ports: one tritonserver, or ``replicas`` of them sharing one
+    Redis behind HAProxy (what ``make serve REPLICAS=n`` runs)."""
+
+    def __init__(self, replicas: int, run_dir: Path, env: dict[str, str]):
+        first = Ports.free()
+        self.stacks = [Stack(first, run_dir=run_dir / "replica-0", env=env)]
+        for i in range(1, replicas):
+            http, grpc, metrics = free_ports(3)
+            self.stacks.append(
+                Stack(Ports(http, grpc, metrics, first.redis), run_dir=run_dir / f"replica-{i}", env=env)
+            )
+        self.run_dir, self.balancer = run_dir, None
+
+    def start(self) -> None:
+        self.stacks[0].start()
+        for stack in self.stacks[1:]:
+            stack.start_triton()
+        if len(self.stacks) > 1:
+            replicas = [Replica(f"replica-{i}", s.ports.grpc, s.ports.http) for i, s in enumerate(self.stacks)]
+            self.balancer = Balancer(free_port(), replicas, self.run_dir).start()
+
+    @property
+    def url(self) -> str:
+        return self.balancer.url if self.balancer is not None else self.stacks[0].grpc_url
+
+    @property
+    def redis(self) -> Stack:
+        """The stack that runs redis-server."""
+        return self.stacks[0]
+
+    def kill(self) -> None:
+        """Everything, at once: a killed stub blocks a clean shutdown for 30 s."""
+        if self.balancer is not None:
+            self.balancer.stop()
+        for proc in [s.triton for s in self.stacks] + [self.stacks[0].redis]:
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def supervise(stack: Stack, stop: threading.Event) -> Supervisor:
+    """``stack`` under a supervisor as ``make serve`` runs it (dead models reloaded alone), with a
+    probe every second."""
+    supervisor = with_reloads(Supervisor(stack, lambda: probe(stack.grpc_url, 10), interval_s=1, failures_to_restart=2))
+    threading.Thread(target=supervisor.run, args=(stop,), daemon=True).start()
+    return supervisor
+
+
+def longest_gap(done, start: float, end: float) -> float | None:
+    """The longest time within [start, end] without a chat ending in a generated answer."""
+    ends = sorted(t + o.seconds for t, o in done if o.ok and not o.fallback and start <= t + o.seconds <= end)
+    edges = [start, *ends, end]
+    return max(b - a for a, b in zip(edges, edges[1:])) if ends else None
+
+
+def stub_kill(supervisor: Supervisor, client: ChatClient, questions, notes: list[str]) -> tuple[list, bool]:
+    """Scenario 5: ``engine_short``'s stub killed under three closed-loop clients; the table row,
+    and whether no chat failed and answers were generated again within 5 s of the kill."""
+    done, stop, threads = closed_loop(client, questions, 0, 3)
+    time.sleep(2)
+    t_kill = time.monotonic()
+    os.kill(children(supervisor.stack.triton.pid)["engine_short"], signal.SIGKILL)
+    while not supervisor.reloads and not supervisor.restarts and time.monotonic() - t_kill < 120:
+        time.sleep(0.2)
+    repaired = time.monotonic() - t_kill
+    time.sleep(5)  # chats back on engine_short (chat pings it while routing around it)
+    finish(stop, threads)
+    outs = [o for t, o in done if t + o.seconds >= t_kill]  # in flight at the kill, or after it
+    gap = longest_gap(done, t_kill, t_kill + 10)
+    if supervisor.reloads:
+        how = f"reloaded engine_short alone ({supervisor.last_reload})"
+    elif supervisor.restarts:
+        how = f"restarted tritonserver ({supervisor.last_failure})"
+    else:
+        how = "did NOT repair it"
+    gap_text = f"{gap:.2f} s" if gap is not None else "NEVER (no generated answer in 10 s)"
+    notes.append(
+        f"Stub kill: the supervisor {how}, {repaired:.1f} s after the kill; the longest time without a "
+        f"generated answer in the 10 s after it: {gap_text}."
+    )
+    failovers = sum(o.stats.get("failover_tokens", 0) > 0 for o in outs)
+    errors = Counter(o.reason for o in outs if not o.ok)
+    row = [
+        "engine_short stub killed, supervised (chats in flight at the kill or after it)",
+        len(outs),
+        sum(o.ok and not o.fallback for o in outs),
+        sum(o.fallback for o in outs),
+        "-",
+        sum(errors.values()),
+        sum(o.seconds > 30 for o in outs),
+        f"{failovers} went on in engine_long mid-answer; no generated answer for at most {gap_text}; "
+        f"slowest {ms(max((o.seconds for o in outs), default=None))}; errors {dict(errors)}",
+    ]
+    ok = bool(supervisor.reloads) and not supervisor.restarts and gap is not None and gap <= 5 and not errors
+    return row, ok
+
+
+def replica_kill(victim: Supervisor, url: str, questions, rate: float, args) -> tuple[list, bool]:
+    """Scenario 6: a burst at ``rate`` through HAProxy, ``victim``'s tritonserver and stubs
+    killed a third of the way in; the table row, and whether every chat that failed was in flight
+    on the killed replica and the replica came back."""
+    seconds, killed = 30.0, {}
+
+    def kill():
+        killed["at"] = time.monotonic()
+        os.killpg(victim.stack.triton.pid, signal.SIGKILL)
+
+    results, sent = burst(url, questions, rate, seconds, args.vip_share, at=(seconds / 3, kill))
+    t_kill = killed.get("at", math.inf)
+    while victim.restarted_at is None and time.monotonic() - t_kill < 60:
+        time.sleep(0.2)
+    back = victim.restarted_at - t_kill if victim.restarted_at is not None else None
+    # HAProxy takes a replica out after two failed checks 0.5 s apart: a chat that failed after
+    # that was not failed by the kill.
+    failed = [o for o in results if not o.ok]
+    in_flight = [o for o in results if o.started <= t_kill <= o.started + o.seconds]
+    later = [o for o in failed if o.started > t_kill + 2]
+    row = burst_row(
+        f"replica killed in a {args.replica_factor:g}x burst ({rate:.0f}/s, {seconds:.0f} s)", results, sent
+    )
+    row[7] += (
+        f"; {len(in_flight)} chats in flight at the kill, {sum(not o.ok for o in in_flight)} of them failed; "
+        f"{len(later)} failed after the balancer's 2 s; the replica served again "
+        + (f"{back:.1f} s after the kill" if back is not None else "NEVER")
+    )
+    return row, not later and back is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.perf.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--burst-s", type=float, default=30.0, help="length of the 5x burst (default 30)")
@@ -132,18 +276,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--vip-share", type=float, default=0.05, help="share of priority-1 chats in the burst (default 0.05)"
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=int(os.environ.get("REPLICAS", 1)),
+        help="tritonservers behind HAProxy (default 1; 2 or more add the replica kill, scenario 6)",
+    )
+    p.add_argument(
+        "--replica-factor",
+        type=float,
+        default=2.0,
+        help="rate of the burst a replica is killed in, as a multiple of capacity (default 2)",
+    )
     p.add_argument("--out", type=Path, default=paths.BUILD / "chaos")
     args = p.parse_args(argv)
 
     questions = sample_questions(load(), 400, seed=7)
-    stack = Stack(Ports.free(), run_dir=args.out / "run", env={"SWITCHBOARD_SESSION_TTL_S": "600"})
-    log("starting redis-server and tritonserver on free ports ...")
-    stack.start()
-    client = ChatClient(stack.grpc_url, timeout_s=30)
+    private = Private(args.replicas, args.out / "run", env={"SWITCHBOARD_SESSION_TTL_S": "600"})
+    what = f"{args.replicas} tritonservers behind HAProxy" if args.replicas > 1 else "tritonserver"
+    log(f"starting redis-server and {what} on free ports ...")
+    private.start()
+    stack, url = private.redis, private.url
+    client = ChatClient(url, timeout_s=30)
     rows, notes = [], []
     sup_stop = threading.Event()
+    steps = 6 if args.replicas > 1 else 5
     try:
-        log("1/5 baseline: 20 priority-1 chats, one at a time")
+        log(f"1/{steps} baseline: 20 priority-1 chats, one at a time")
         base = [timed_chat(client, questions[i], priority=1, max_new_tokens=48) for i in range(20)]
         base_p50, base_p95 = percentile([o.seconds for o in base], 50), percentile([o.seconds for o in base], 95)
         rows.append(
@@ -159,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
 
-        log("2/5 capacity at concurrency 4 for 8 s")
+        log(f"2/{steps} capacity at concurrency 4 for 8 s")
         done, stop, threads = closed_loop(client, questions, 8, 4)
         time.sleep(8)
         finish(stop, threads)
@@ -173,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         # The reference for priority 1 under the burst: the same priority-1 arrivals without the
         # priority-2 traffic, so the table separates what priority 2 costs priority 1 from what
         # priority 1's own load costs.
-        results, sent = burst(stack.grpc_url, questions, vip_rate, args.burst_s, 1.0)
+        results, sent = burst(url, questions, vip_rate, args.burst_s, 1.0)
         rows.append(burst_row(f"priority 1 alone ({vip_rate:.1f}/s, {args.burst_s:.0f} s)", results, sent))
-        results, sent = burst(stack.grpc_url, questions, rate, args.burst_s, args.vip_share)
+        results, sent = burst(url, questions, rate, args.burst_s, args.vip_share)
         rows.append(
             burst_row(
                 f"burst {args.factor:g}x ({rate:.0f}/s, {args.burst_s:.0f} s, {args.vip_share:.0%} priority 1)",
@@ -189,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{backlog:.1f} s late; latencies are measured from the actual send."
         )
 
-        log("3/5 Redis stopped for 5 s under load")
+        log(f"3/{steps} Redis stopped for 5 s under load")
         done, stop, threads = closed_loop(client, questions, 0, 3, session_prefix="outage")
         time.sleep(2)
         stack.stop_redis()
@@ -221,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
 
-        log("4/5 Redis paused 3 s under load")
+        log(f"4/{steps} Redis paused 3 s under load")
         done, stop, threads = closed_loop(client, questions, 0, 3, session_prefix="paused")
         time.sleep(2)
         import redis as redis_py
@@ -246,58 +405,27 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
 
-        log("5/5 engine_short stub killed with chats in flight, under the supervisor")
-        supervisor = Supervisor(stack, lambda: probe(stack.grpc_url, 10), interval_s=1, failures_to_restart=2)
-        supervised = threading.Thread(target=supervisor.run, args=(sup_stop,), daemon=True)
-        supervised.start()
-        done, stop, threads = closed_loop(client, questions, 0, 3)
-        time.sleep(1)
-        t_kill = time.monotonic()
-        os.kill(children(stack.triton.pid)["engine_short"], signal.SIGKILL)
-        recovered = None
-        while recovered is None and time.monotonic() - t_kill < 120:
-            time.sleep(0.5)
-            if supervisor.restarted_at is not None:
-                back = [
-                    t + o.seconds for t, o in list(done) if t >= supervisor.restarted_at and o.ok and not o.fallback
-                ]
-                recovered = min(back) - t_kill if back else None
-        time.sleep(2)
-        finish(stop, threads)
-        sup_stop.set()
-        supervised.join(60)
-        outs = [o for t, o in done if t >= t_kill]
-        if recovered is not None:
-            notes.append(
-                f"Stub kill: the supervisor restarted tritonserver ({supervisor.last_failure}); chats were "
-                f"generated again {recovered:.1f} s after the kill."
-            )
-        else:
-            notes.append("Stub kill: chats were NOT generated again within 120 s.")
-        rows.append(
-            [
-                "engine_short stub killed, supervised (chats after the kill)",
-                len(outs),
-                sum(o.ok and not o.fallback for o in outs),
-                sum(o.fallback for o in outs),
-                "-",
-                sum(not o.ok for o in outs),
-                sum(o.seconds > 30 for o in outs),
-                f"slowest {ms(max((o.seconds for o in outs), default=None))}; generated again after "
-                + (f"{recovered:.1f} s" if recovered is not None else "NEVER")
-                + f"; errors {dict(Counter(o.reason for o in outs if not o.ok))}",
-            ]
-        )
+        log(f"5/{steps} engine_short stub killed with chats in flight, under the supervisor")
+        supervisors = [supervise(stack, sup_stop)]
+        row, stub_ok = stub_kill(supervisors[0], client, questions, notes)
+        rows.append(row)
+
+        replica_ok = True
+        if args.replicas > 1:
+            log(f"6/{steps} a replica's tritonserver killed in a {args.replica_factor:g}x burst, all supervised")
+            supervisors += [supervise(s, sup_stop) for s in private.stacks[1:]]
+            row, replica_ok = replica_kill(supervisors[-1], url, questions, args.replica_factor * capacity, args)
+            rows.append(row)
     finally:
         sup_stop.set()
-        for proc in (stack.triton, stack.redis):  # a killed stub blocks a clean shutdown for 30 s
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        private.kill()
     body = table(["scenario", "chats", "generated", "FAQ fallback", "refused", "errors", "over 30 s", "notes"], rows)
     body += "\n\n" + "\n".join(f"- {n}" for n in notes)
     write_summary(args.out / "summary.md", "make chaos", body)
-    failed = any(r[5] for r in rows[:-1]) or any(r[6] for r in rows) or "NEVER" in rows[-1][7]
+    # Errors fail the run except where a replica was killed (the chats streaming from it then)
+    # and in the burst rows, which count refusals apart; the stub kill must cost no chat.
+    checked = [r for r in rows if not r[0].startswith(("replica killed", "burst", "priority 1 alone"))]
+    failed = any(r[5] for r in checked) or any(r[6] for r in rows) or not stub_ok or not replica_ok
     return 1 if failed else 0
 
 

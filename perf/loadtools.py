@@ -19,6 +19,7 @@ class Outcome:
     reason: str | None = None  # fallback reason or error code
     stats: dict = field(default_factory=dict)
     backlog: float = 0.0  # how late the load generator started it (chaos burst)
+    started: float = 0.0  # time.monotonic() when it was sent (chaos burst)
 
 
 def timed_chat(client: ChatClient, text: str, **kw) -> Outcome:

@@ -28,7 +28,7 @@ from typing import Callable
 
 from switchboard import paths
 from switchboard.ops.model_control import OPERATOR_HEADER
-from switchboard.ops.process import kill_pid, pid_file, port_open, stop_process, wait_until
+from switchboard.ops.process import kill_pid, pid_file, port_open, stop_process, stubs, wait_until
 
 
 def jemalloc(env: dict[str, str]) -> str | None:
@@ -239,22 +239,8 @@ class Stack:
 
 
 def children(pid: int) -> dict[str, int]:
-    """Python-backend stubs of a tritonserver process, by model name."""
-    out = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid:
-                continue
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        for a in args:
-            path = Path(a.decode(errors="replace"))
-            if path.name == "model.py" and path.parent.name.isdigit():  # <model>/<version>/model.py
-                out[path.parent.parent.name] = int(proc.name)
-    return out
+    """Python-backend stubs of a tritonserver process, by model name (one of each model's versions)."""
+    return {model: stub for (model, _), stub in stubs(pid).items()}
 
 
 def add_stack_arguments(p: argparse.ArgumentParser) -> None:

@@ -84,3 +84,22 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def stubs(pid: int) -> dict[tuple[str, str], int]:
+    """Python-backend stub processes of a tritonserver, by (model, version)."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        for a in args:
+            path = Path(a.decode(errors="replace"))
+            if path.name == "model.py" and path.parent.name.isdigit():  # <model>/<version>/model.py
+                out[(path.parent.parent.name, path.parent.name)] = int(proc.name)
+    return out

@@ -140,25 +140,6 @@ def model_of(failure: str) -> str | None:
     return head if head in (*POOLS, CHAT) else None
 
 
-def stubs(pid: int) -> dict[tuple[str, str], int]:
-    """Python-backend stub processes of a tritonserver, by (model, version)."""
-    out = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid:
-                continue
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        for a in args:
-            path = Path(a.decode(errors="replace"))
-            if path.name == "model.py" and path.parent.name.isdigit():  # <model>/<version>/model.py
-                out[(path.parent.parent.name, path.parent.name)] = int(proc.name)
-    return out
-
-
 @dataclass
 class Supervisor:
     """Restart decisions over a ``Stack`` (switchboard.ops.launch) and a probe."""
@@ -351,6 +332,21 @@ class Supervisor:
         tmp.replace(self.state_file)
 
 
+def with_reloads(supervisor: Supervisor, timeout_s: float = 120.0) -> Supervisor:
+    """``supervisor`` repairing a dead model of its stack (``switchboard.ops.launch.Stack``) by
+    reloading that model alone, through the model-repository API with the stack's operator key."""
+    from switchboard.ops.launch import operator_key
+    from switchboard.ops.model_control import reload_model
+    from switchboard.ops.process import stubs
+
+    stack = supervisor.stack
+    key, http = operator_key(stack.run_dir), f"http://127.0.0.1:{stack.ports.http}"
+    supervisor.stubs = lambda: stubs(stack.triton.pid) if stack.triton is not None else {}
+    supervisor.model_probe = lambda model, version: probe_model(stack.grpc_url, model, 10.0, version=version)
+    supervisor.reload = lambda model: reload_model(http, model, key, timeout_s=timeout_s)
+    return supervisor
+
+
 class ProbeServer:
     """``LIVENESS_PATH`` and ``READINESS_PATH`` over HTTP on a thread of their own: 200 when
     ``why_not_live`` / ``why_not_ready`` give None, else 503; the body is the reason as JSON."""
@@ -423,8 +419,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from switchboard.ops.launch import operator_key, stack_from_arguments
-    from switchboard.ops.model_control import reload_model
+    from switchboard.ops.launch import stack_from_arguments
 
     args = parser().parse_args(argv)
     args.shared_redis = args.shared_redis or bool(args.redis_url)
@@ -443,10 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     supervisor.warm_up = lambda: probe(stack.grpc_url, args.warm_up_timeout_s, WARM_UP_TOKENS)
     if not args.no_reload:
-        key, http = operator_key(args.run_dir), f"http://127.0.0.1:{args.http_port}"
-        supervisor.stubs = lambda: stubs(stack.triton.pid)
-        supervisor.model_probe = lambda model, version: probe_model(stack.grpc_url, model, 10.0, version=version)
-        supervisor.reload = lambda model: reload_model(http, model, key, timeout_s=args.reload_timeout_s)
+        with_reloads(supervisor, args.reload_timeout_s)
     endpoints = None
     if args.probe_port:  # up before the slow start: live while loading, not ready
         endpoints = ProbeServer(
