@@ -32,7 +32,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from switchboard import paths
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.perf import workload as wl
 from switchboard.perf.driver import ABANDONED, TurnRecord, drive, summarize
+from switchboard.perf.servertools import metric_delta, repository_with, scrape
 
 BASELINE_ENV = {
     "SWITCHBOARD_MAX_BATCH": "1",  # engines decode one sequence at a time
@@ -229,42 +229,6 @@ def gpu_repository(repository: Path, out: Path) -> Path:
     return out
 
 
-def scrape(port: int, merge: tuple[str, ...] = ("pid", "version")) -> dict:
-    """Triton's /metrics as {(name, sorted label items): value} for the switchboard_ and nv_
-    samples, summed over the ``merge`` labels (which process and which model version published
-    them: docs/metrics.md)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out: dict = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.startswith(("switchboard_", "nv_inference_")):
-                merged = s.name.startswith("switchboard_")
-                key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if not (merged and k in merge))))
-                out[key] = out.get(key, 0.0) + s.value
-    return out
-
-
-def metric_delta(before: dict, after: dict) -> dict:
-    """Per pool: the engine counters over one run, and decode steps per batch size."""
-    pools: dict = {}
-    for (name, labels), value in after.items():
-        if not name.startswith("switchboard_engine_") or not name.endswith("_total"):
-            continue
-        labels_d = dict(labels)
-        pool = pools.setdefault(labels_d.get("model", "?"), {"batch_steps": {}})
-        delta = value - before.get((name, labels), 0.0)
-        key = name[len("switchboard_engine_") : -len("_total")]
-        if key == "batch_steps":
-            if delta > 0:
-                pool["batch_steps"][int(labels_d["batch_size"])] = int(round(delta))
-        else:
-            pool[key] = delta
-    return pools
-
-
 # -- the bare runtime ---------------------------------------------------------------------------
 def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 0, repeats: int = 20) -> dict:
     """Time ONNX Runtime alone at the shapes the server formed; return its tokens/s for that mix
@@ -375,8 +339,6 @@ def run(args) -> Path:
     (out / "runs").mkdir(exist_ok=True)
     started = time.time()
     if preset.artifacts is not None:
-        from switchboard.perf.scaling import repository_with
-
         if not (preset.artifacts / "manifest.json").exists():
             raise SystemExit(f"{preset.artifacts}: not exported (make bench-large exports it)")
         args.repository = repository_with(preset.artifacts, out / "repository")

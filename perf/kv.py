@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     repository = paths.MODEL_REPOSITORY
     if args.artifacts is not None:
-        from switchboard.perf.scaling import repository_with
+        from switchboard.perf.servertools import repository_with
 
         repository = repository_with(args.artifacts, args.out / "repository")
     manifest = Manifest.load(repository / "engine_short" / "1")

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from switchboard.artifact.manifest import Manifest
     from switchboard.ops.launch import Ports, Stack
-    from switchboard.perf.scaling import repository_with
+    from switchboard.perf.servertools import repository_with
 
     manifest = Manifest.load(args.artifacts)
     vocab = min(manifest.vocab_size, 4096)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import threading
 import time
@@ -30,6 +29,7 @@ import numpy as np
 
 from switchboard import paths
 from switchboard.client import ChatClient, ChatStats
+from switchboard.perf.servertools import metric_delta, repository_with, scrape
 
 QUESTIONS = [
     "我的订单什么时候发货？",
@@ -53,24 +53,7 @@ LONG_QUESTION = (
 )
 
 
-def repository_with(artifacts: Path, out: Path) -> Path:
-    """A copy of the model repository's configs and glue with ``artifacts`` in place (hard links)."""
-    from switchboard.export.render import place_artifacts
-
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(
-        paths.MODEL_REPOSITORY, out, ignore=lambda d, names: [n for n in names if n not in ("config.pbtxt", "model.py")]
-        if Path(d).name == "1" else ["__pycache__"],
-    )  # fmt: skip
-    for version in out.glob("*/1"):
-        place_artifacts(artifacts, version, version.parent.name, "local")
-    return out
-
-
 def engine_counters(metrics_port: int) -> dict:
-    from switchboard.perf.bench import metric_delta, scrape
-
     return metric_delta({}, scrape(metrics_port))
 
 

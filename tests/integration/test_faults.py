@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatClient, ChatError
 from switchboard.ops.launch import Ports, Stack, children
-from switchboard.perf.bench import scrape
+from switchboard.perf.servertools import scrape
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.session import session_key
 from tests.integration.kvtools import session_blocks

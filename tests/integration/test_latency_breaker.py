@@ -10,7 +10,7 @@ import pytest
 
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack
-from switchboard.perf.bench import scrape
+from switchboard.perf.servertools import scrape
 
 
 @pytest.fixture(scope="module")

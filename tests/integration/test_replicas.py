@@ -15,7 +15,7 @@ import redis
 from switchboard.client import ChatClient, ChatError
 from switchboard.ops.balancer import Balancer, Replica
 from switchboard.ops.launch import Ports, Stack, free_ports
-from switchboard.perf.bench import scrape
+from switchboard.perf.servertools import scrape
 from tests.integration.kvtools import session_blocks
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack
-from switchboard.perf.bench import scrape
+from switchboard.perf.servertools import scrape
 
 QUESTIONS = ("Where is my order?", "How do I get a refund?", "我的订单什么时候发货？", "Can I change my address?")
 

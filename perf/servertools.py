@@ -1,0 +1,62 @@
+"""Shared pieces of the perf tools about the server under test: a model repository with other
+artifacts in place, and Triton's /metrics read as numbers (``switchboard.perf.bench``,
+``scaling``, ``kv``, ``long_prompt`` and the integration tests)."""
+
+from __future__ import annotations
+
+import shutil
+import urllib.request
+from pathlib import Path
+
+from switchboard import paths
+
+
+def repository_with(artifacts: Path, out: Path) -> Path:
+    """A copy of the model repository's configs and glue with ``artifacts`` in place (hard links)."""
+    from switchboard.export.render import place_artifacts
+
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(
+        paths.MODEL_REPOSITORY, out, ignore=lambda d, names: [n for n in names if n not in ("config.pbtxt", "model.py")]
+        if Path(d).name == "1" else ["__pycache__"],
+    )  # fmt: skip
+    for version in out.glob("*/1"):
+        place_artifacts(artifacts, version, version.parent.name, "local")
+    return out
+
+
+def scrape(port: int, merge: tuple[str, ...] = ("pid", "version")) -> dict:
+    """Triton's /metrics as {(name, sorted label items): value} for the switchboard_ and nv_
+    samples, summed over the ``merge`` labels (which process and which model version published
+    them: docs/metrics.md)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith(("switchboard_", "nv_inference_")):
+                merged = s.name.startswith("switchboard_")
+                key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if not (merged and k in merge))))
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def metric_delta(before: dict, after: dict) -> dict:
+    """Per pool: the engine counters over one run, and decode steps per batch size."""
+    pools: dict = {}
+    for (name, labels), value in after.items():
+        if not name.startswith("switchboard_engine_") or not name.endswith("_total"):
+            continue
+        labels_d = dict(labels)
+        pool = pools.setdefault(labels_d.get("model", "?"), {"batch_steps": {}})
+        delta = value - before.get((name, labels), 0.0)
+        key = name[len("switchboard_engine_") : -len("_total")]
+        if key == "batch_steps":
+            if delta > 0:
+                pool["batch_steps"][int(labels_d["batch_size"])] = int(round(delta))
+        else:
+            pool[key] = delta
+    return pools
