@@ -7,7 +7,7 @@ from __future__ import annotations
 import litserve as ls
 from fastapi import HTTPException
 
-from switchboard.perf.peers import PeerModel, _line
+from switchboard.perf.peer_model import PeerModel, json_line
 from switchboard.serving.prompt import PromptTooLong
 
 
@@ -38,13 +38,13 @@ class ChatAPI(ls.LitAPI):
                     out.append("")
                     continue
                 text = self.model.delta(job)
-                line = _line({"text": text}) if text else ""
+                line = json_line({"text": text}) if text else ""
                 if job.done:  # its stream ends now, even while the batch goes on
                     ended[i] = True
-                    line += _line({"stats": self.model.finish(job)})
+                    line += json_line({"stats": self.model.finish(job)})
                 out.append(line)
             yield out
-        tail = ["" if e else _line({"stats": self.model.finish(j)}) for j, e in zip(jobs, ended)]
+        tail = ["" if e else json_line({"stats": self.model.finish(j)}) for j, e in zip(jobs, ended)]
         if any(tail):
             yield tail
 

@@ -145,8 +145,6 @@ KNOWN_CYCLES = [
     # `python -m switchboard.ops.dashboard render` hands over to dashboard_run, which renders
     # with ops.dashboard's panels.
     ["switchboard.ops.dashboard", "switchboard.perf.dashboard_run"],
-    # `python -m switchboard.perf.peers litserve` hands over to litserve_peer, built on peers.PeerModel.
-    ["switchboard.perf.litserve_peer", "switchboard.perf.peers"],
 ]
 
 
