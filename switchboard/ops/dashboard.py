@@ -3,17 +3,18 @@
 
 ``write`` renders monitoring/grafana/switchboard.json (``make dashboard``); ``check`` exits 1
 when that file differs from what the code renders (tests/unit/test_dashboard.py does the
-same); ``render`` runs a private stack under real load with Prometheus scraping it and draws
-every panel of the dashboard from Prometheus' answers with matplotlib
-(perf/dashboard_run.py; docs/dashboard.png). Every query reads only series the
-server exports (tests/integration/test_dashboard_queries.py) and a datasource variable picks
-the Prometheus to read, so the file imports into any Grafana.
+same); ``render`` hands over to ``python -m switchboard.perf.dashboard_run``, which runs a
+private stack under real load with Prometheus scraping it and draws every panel of the
+dashboard from Prometheus' answers with matplotlib (docs/dashboard.png). Every query reads
+only series the server exports (tests/integration/test_dashboard_queries.py) and a datasource
+variable picks the Prometheus to read, so the file imports into any Grafana.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -398,9 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args, rest = p.parse_known_args(argv)
     if args.action == "render":
-        from switchboard.perf.dashboard_run import main as render
-
-        return render(rest)
+        # A perf tool built on this module's panels: hand the process over to its command
+        # rather than import it, so the ops layer imports nothing from perf (and Ctrl-C still
+        # reaches the run's own cleanup of its stack and Prometheus).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "switchboard.perf.dashboard_run", *rest])
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     text = render_json()

@@ -4,6 +4,8 @@ issue 26 asks for, and the PromQL reader finds exactly the metric names a query 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -25,6 +27,22 @@ def test_check_tells_a_stale_file_from_a_fresh_one(tmp_path, capsys):
     out.write_text(out.read_text().replace("histogram_quantile(0.99", "histogram_quantile(0.9"))
     assert dashboard.main(["check", "--out", str(out)]) == 1
     assert "make dashboard" in capsys.readouterr().out
+
+
+def test_render_hands_its_command_line_over_to_dashboard_run():
+    """``render`` execs ``python -m switchboard.perf.dashboard_run`` (the ops layer does not
+    import perf): the options, the help and the exit status are that command's."""
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "switchboard.ops.dashboard", "render", *args], capture_output=True, text=True
+        )
+
+    shown = run("--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m switchboard.perf.dashboard_run")
+    assert "--replot" in shown.stdout
+    wrong = run("--no-such-option")
+    assert wrong.returncode == 2 and "switchboard.perf.dashboard_run: error: unrecognized arguments" in wrong.stderr
 
 
 def _reading(metric: str, *words: str) -> list[str]:

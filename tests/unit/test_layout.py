@@ -139,23 +139,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# Circles that predate this check, each through a lazy import in a perf or CLI path; listed so
-# the check stops new ones now. Breaking one fails test_known_cycles_are_still_there: drop it here.
-KNOWN_CYCLES = [
-    # `python -m switchboard.ops.dashboard render` hands over to dashboard_run, which renders
-    # with ops.dashboard's panels.
-    ["switchboard.ops.dashboard", "switchboard.perf.dashboard_run"],
-]
-
-
 def test_no_import_cycles():
-    new = [c for c in _cycles(_graph()) if c not in KNOWN_CYCLES]
-    assert not new, f"import circles (module-level or inside functions): {new}"
-
-
-def test_known_cycles_are_still_there():
     cycles = _cycles(_graph())
-    assert [c for c in KNOWN_CYCLES if c not in cycles] == [], "a listed circle is gone: remove it from KNOWN_CYCLES"
+    assert not cycles, f"import circles (module-level or inside functions): {cycles}"
 
 
 def test_the_cycle_check_sees_function_level_imports():
