@@ -57,3 +57,15 @@ def reload_model(http_url: str, model: str, key: str, timeout_s: float = 600) ->
         raise ModelControlError(f"{http_url}: reading {model}'s config failed: {e}") from None
     config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(time.time_ns())}
     load_model(http_url, model, key, timeout_s, config)
+
+
+def version_ready(http_url: str, model: str, version: str) -> bool:
+    """Whether Triton has ``model``'s ``version`` loaded and READY (a version whose stub died
+    still is, in 2.51); True when the server cannot say, so the caller acts as for a dead stub."""
+    try:
+        with urllib.request.urlopen(f"{http_url}/v2/models/{model}/versions/{version}/ready", timeout=5) as r:
+            return r.status == 200
+    except urllib.error.HTTPError:
+        return False
+    except OSError:
+        return True

@@ -163,9 +163,10 @@ class Supervisor:
     stuck_after_s: float = 600.0  # no round this long (more than a start, 180 s, plus a probe): not live
     # Repairing one model without a restart (None: restarts only). ``stubs``: the stub processes
     # now, by (model, version); ``model_probe(model, version)``: that model's probe; ``reload(model)``:
-    # load it again through the model-repository API (raises on failure).
+    # load it again through the model-repository API (raises on failure); ``loaded``: below.
     stubs: Callable[[], dict] | None = None
     model_probe: Callable[[str, str | None], str | None] | None = None
+    loaded: Callable[[str, str], bool] | None = None  # whether Triton still has (model, version) loaded
     reload: Callable[[str], None] | None = None
     watch_s: float = 0.5  # how often the stubs are looked at between rounds
     reloads: int = 0
@@ -225,9 +226,10 @@ class Supervisor:
         log.info("tritonserver ready again (pid %d)", self.stack.triton.pid)
 
     def watch(self) -> str | None:
-        """Between rounds: a stub that exited since the last look and whose model no longer
-        answers is reloaded at once (``recover``). A stub that exited while its model answers was
-        unloaded on purpose (a rollout's canary). Returns why tritonserver must restart, or None."""
+        """Between rounds: a stub that exited since the last look while its model version is
+        still loaded died (Triton 2.51 keeps it READY) and is reloaded at once (``recover``); one
+        whose version was unloaded (a rollout's canary) is left alone. Returns why tritonserver
+        must restart, or None."""
         proc = self.stack.triton
         if proc is not None and proc.poll() is not None:
             return f"tritonserver exited with code {proc.returncode}"
@@ -237,11 +239,10 @@ class Supervisor:
         gone = [key for key in self.known_stubs if key not in now]
         self.known_stubs = now
         for model, version in gone:
-            failure = self.model_probe(model, version)
-            if failure is None:
-                log.info("%s version %s: its stub exited and the model answers (unloaded)", model, version)
+            if self.loaded is not None and not self.loaded(model, version):
+                log.info("%s version %s: its stub exited as the version was unloaded", model, version)
                 continue
-            self.last_failure = f"{model} version {version}: its stub exited ({failure})"
+            self.last_failure = f"{model} version {version}: its stub process exited"
             if not self.recover(model, self.last_failure):
                 return self.last_failure
         return None
@@ -336,7 +337,7 @@ def with_reloads(supervisor: Supervisor, timeout_s: float = 120.0) -> Supervisor
     """``supervisor`` repairing a dead model of its stack (``switchboard.ops.launch.Stack``) by
     reloading that model alone, through the model-repository API with the stack's operator key."""
     from switchboard.ops.launch import operator_key
-    from switchboard.ops.model_control import reload_model
+    from switchboard.ops.model_control import reload_model, version_ready
     from switchboard.ops.process import stubs
 
     stack = supervisor.stack
@@ -344,6 +345,7 @@ def with_reloads(supervisor: Supervisor, timeout_s: float = 120.0) -> Supervisor
     supervisor.stubs = lambda: stubs(stack.triton.pid) if stack.triton is not None else {}
     supervisor.model_probe = lambda model, version: probe_model(stack.grpc_url, model, 10.0, version=version)
     supervisor.reload = lambda model: reload_model(http, model, key, timeout_s=timeout_s)
+    supervisor.loaded = lambda model, version: version_ready(http, model, version)
     return supervisor
 
 

@@ -253,6 +253,7 @@ class Repairable:
     def __init__(self, reload_works=True):
         self.now = {("chat", "1"): 10, ("engine_short", "1"): 11, ("engine_long", "1"): 12}
         self.dead, self.reloaded, self.reload_works = set(), [], reload_works
+        self.unloaded = set()
 
     def kill(self, model):
         del self.now[(model, "1")]
@@ -260,6 +261,9 @@ class Repairable:
 
     def stubs(self):
         return dict(self.now)
+
+    def loaded(self, model, version):
+        return (model, version) not in self.unloaded
 
     def probe(self, model, version):
         return f"{model}: Stub process '{model}_0_0' is not healthy." if model in self.dead else None
@@ -275,7 +279,9 @@ class Repairable:
 def repairable(reload_works=True, **kwargs):
     stack, calls = FakeStack(), []
     r = Repairable(reload_works)
-    sup = Supervisor(stack, Script("probe", calls), stubs=r.stubs, model_probe=r.probe, reload=r.reload, **kwargs)
+    sup = Supervisor(
+        stack, Script("probe", calls), stubs=r.stubs, model_probe=r.probe, reload=r.reload, loaded=r.loaded, **kwargs
+    )
     sup.warmed = True
     return stack, sup, r
 
@@ -290,10 +296,11 @@ def test_a_stub_that_died_is_reloaded_alone_at_once_and_the_server_keeps_running
     assert sup.watch() is None and r.reloaded == ["engine_short"], "the new stub is known: nothing more to do"
 
 
-def test_a_stub_that_exited_while_its_model_answers_was_unloaded_and_is_left_alone():
+def test_a_stub_that_exited_with_its_version_unloaded_is_left_alone():
     _, sup, r = repairable()
     sup.watch()
-    del r.now[("engine_short", "1")]  # a rollout unloaded a version: the model still answers
+    del r.now[("engine_short", "1")]  # a rollout unloaded the version
+    r.unloaded.add(("engine_short", "1"))
     assert sup.watch() is None and r.reloaded == [] and sup.reloads == 0
 
 
