@@ -151,3 +151,9 @@ def test_the_cycle_check_sees_function_level_imports():
     assert _cycles(graph) == [["a", "b"]]
     real = _graph()
     assert "switchboard.ops.balancer" in real["switchboard.ops.launch"]  # imported inside _up_replicas
+
+
+def test_the_readme_stays_a_front_page():
+    """Detail and measurement history belong in docs/; the README says what it is and how to start."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 12_000, f"README.md is {size} bytes: move detail to docs/"
