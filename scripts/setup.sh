@@ -93,6 +93,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# Commit subjects of at most 72 characters (scripts/hooks/commit-msg), in a checkout whose hooks
+# are not set up otherwise.
+if [ -d .git ] && [ -z "$(git config --get core.hooksPath || true)" ]; then
+  git config core.hooksPath scripts/hooks
+fi
+
 # Triton looks for backends/<name>/ under --backend-directory; the pytriton wheel keeps
 # the Python backend and its per-Python stubs apart, so assemble the directory once.
 run "$VENV/bin/python" -m switchboard.ops.install_backend build/triton/backends
