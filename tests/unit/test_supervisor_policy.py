@@ -318,20 +318,24 @@ def test_a_server_that_exited_is_seen_between_rounds():
     assert sup.watch() == "tritonserver exited with code -6"
 
 
-def test_a_probe_failure_naming_a_model_reloads_that_model_before_any_restart():
-    stack, sup, r = repairable(interval_s=0.01, failures_to_restart=1)
-    r.kill("engine_long")
-    stop = threading.Event()
-    answers = iter(["engine_long: no answer within 20 s"])
+def run_until_answered(sup, *answers):
+    """``sup.run`` with a probe that fails with ``answers`` in turn, then stops the run."""
+    stop, left = threading.Event(), list(answers)
 
     def probe():
-        failure = next(answers, None)
-        if failure is None:
+        if not left:
             stop.set()
-        return failure
+            return None
+        return left.pop(0)
 
     sup.probe = probe
     sup.run(stop)
+
+
+def test_a_probe_failure_naming_a_model_reloads_that_model_before_any_restart():
+    stack, sup, r = repairable(interval_s=0.01, failures_to_restart=1)
+    r.kill("engine_long")
+    run_until_answered(sup, "engine_long: no answer within 20 s")
     assert r.reloaded == ["engine_long"] and stack.restarted == 0 and sup.reloads == 1
 
 
@@ -339,17 +343,7 @@ def test_the_server_is_restarted_when_a_failure_names_no_model_or_the_reload_fai
     for answer, reload_works in (("tritonserver: connection refused", True), ("chat: not healthy", False)):
         stack, sup, r = repairable(reload_works=reload_works, interval_s=0.01, failures_to_restart=1)
         r.dead.add("chat")
-        stop = threading.Event()
-        answers = iter([answer])
-
-        def probe(answers=answers, stop=stop):
-            failure = next(answers, None)
-            if failure is None:
-                stop.set()
-            return failure
-
-        sup.probe = probe
-        sup.run(stop)
+        run_until_answered(sup, answer)
         assert stack.restarted == 1 and sup.reloads == 0, answer
 
 
