@@ -43,11 +43,16 @@ def stub_glue(monkeypatch, module: str):
     """Import ``module`` (a switchboard.triton glue module) against the stub; the caller's
     monkeypatch undoes it."""
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _stub_module())
-    for name in ("switchboard.triton.common", module):
+    for name in _glue_modules(module):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return importlib.import_module(module)
 
 
 def forget(module: str) -> None:
-    for name in ("switchboard.triton.common", module):
+    for name in _glue_modules(module):
         sys.modules.pop(name, None)
+
+
+def _glue_modules(module: str) -> list[str]:
+    """``module`` and the glue modules it may import, each bound to the stub it was imported with."""
+    return sorted({module, *(name for name in sys.modules if name.startswith("switchboard.triton."))})

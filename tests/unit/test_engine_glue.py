@@ -60,8 +60,8 @@ def pool(glue):
     fmt = BlockFormat(layers=2, kv_heads=1, head_dim=2, tokens=2)
     model.blocks = BlockCache(fmt, model_root("fp-1", "", 2, "native"), LocalBlocks(1 << 20))
     model.stream_interval_s = 0.0
-    model.watch = glue._CancelWatch("engine_short", 0.01)
-    model.sender = glue._Sender("engine_short", model.watch)
+    model.watch = glue.CancelWatch("engine_short", 0.01)
+    model.sender = glue.ResponseSender("engine_short", model.watch)
     model.engine.start()
     yield model
     model.engine.stop()

@@ -1,0 +1,155 @@
+"""A generation pool's way back to ``chat``: each sequence's responses (token ids as the engine
+makes them, then a final response with stats, then its new KV blocks stored), one sender thread
+that sends them priority 1 first, and one thread that asks Triton which requests were cancelled.
+The engine loop only queues (``ResponseSink.on_*``); everything that talks to Triton runs here,
+off that loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from switchboard.engine.scheduler import GenerationResult
+from switchboard.engine.stream import Outbox, TokenStream
+from switchboard.kv.tiers import BlockCache, Reuse
+from switchboard.triton.common import send_error
+from switchboard.wire import EngineStats, FinishReason, Pool
+
+log = logging.getLogger("switchboard.engine")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class ResponseSink:
+    """One sequence's way back to ``chat``. The engine loop calls ``on_*`` (they only queue);
+    the sender thread calls ``deliver``."""
+
+    def __init__(self, request, sender, priority: int, outbox: Outbox, stream: TokenStream, watch: CancelWatch):
+        self.request, self.sender, self.priority, self.outbox, self.stream = request, sender, priority, outbox, stream
+        self.watch, self.watched = watch, False
+        # With KV reuse: where the new blocks go once the final response is out, and what was reused.
+        self.blocks: BlockCache | None = None
+        self.prompt: list[int] = []
+        self.reuse = Reuse()
+        self.broken = False  # a send failed (sender thread)
+        self.cancel_seen = False  # the client cancelled (CancelWatch)
+        # Guards `done`: Triton 2.51 segfaults in is_cancelled() on a request whose final
+        # response was sent, so CancelWatch asks only while holding this and not done.
+        self.lock = threading.Lock()
+        self.done = False
+
+    def cancelled(self) -> bool:
+        # Watched from the engine's first question on (admission), so the round trips scale
+        # with the running batch, not with every request waiting behind it.
+        if not self.watched:
+            self.watched = True
+            self.watch.add(self)
+        return self.broken or self.cancel_seen
+
+    def on_tokens(self, ids: list[int]) -> None:
+        ids = self.stream.add(ids)
+        if ids:
+            self.outbox.put(self, self.priority, ids)
+
+    def on_finish(self, result: GenerationResult) -> None:
+        self.outbox.put(self, self.priority, self.stream.rest(), result, end=True)
+
+    def on_error(self, error: Exception) -> None:
+        self.outbox.put(self, self.priority, (), error, end=True)
+
+    def deliver(self, ids: list[int], final, end: bool) -> None:
+        if not end:
+            out = pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32))
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+        elif isinstance(final, Exception):
+            send_error(self.sender, f"generation failed: {final.__class__.__name__}")
+        else:
+            self.sender.send(self._final(final, ids), flags=FINAL)
+            if self.blocks is not None and final.cache is not None:  # after the answer, never before
+                self.blocks.store(self.prompt + final.tokens[:-1], final.cache, self.priority)
+
+    def _final(self, result: GenerationResult, ids: list[int]):
+        stats = EngineStats(
+            reason=result.reason,
+            generated=len(result.tokens),
+            queue_ms=round(result.queue_ms, 2),
+            prefill_ms=round(result.prefill_ms, 2),
+            batch_size=result.batch_size_at_admission,
+            engine_ms=round(result.engine_ms, 2),
+            reused=self.reuse.tokens,
+            kv_local_blocks=self.reuse.local_blocks,
+            kv_redis_blocks=self.reuse.remote_blocks,
+            cache_miss=self.reuse.miss,
+        )
+        outputs = [pb_utils.Tensor(Pool.STATS, np.asarray([[stats.to_json().encode()]], np.object_))]
+        if ids and result.reason != FinishReason.CANCELLED:
+            outputs.append(pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32)))
+        return pb_utils.InferenceResponse(output_tensors=outputs)
+
+
+class CancelWatch:
+    """Asks Triton every ``interval_s`` whether each live request was cancelled, on its own
+    thread: ``is_cancelled`` is a round trip to the server that the engine loop must not wait on."""
+
+    def __init__(self, name: str, interval_s: float):
+        self.interval_s = max(interval_s, 0.001)
+        self._live: set[ResponseSink] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-cancel-watch", daemon=True)
+        self._thread.start()
+
+    def add(self, sink: ResponseSink) -> None:
+        with self._lock:
+            self._live.add(sink)
+
+    def discard(self, sink: ResponseSink) -> None:
+        with self._lock:
+            self._live.discard(sink)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                live = list(self._live)
+            for sink in live:
+                with sink.lock:
+                    if sink.done:
+                        continue
+                    try:
+                        if sink.request.is_cancelled():
+                            sink.cancel_seen = True
+                    except Exception:  # the request is gone: nobody to answer
+                        sink.cancel_seen = True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5 * self.interval_s + 1)
+
+
+class ResponseSender:
+    """The one thread that sends the engine's responses, priority 1 first (Outbox says why)."""
+
+    def __init__(self, name: str, watch: CancelWatch):
+        self.outbox, self.watch = Outbox(), watch
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-sender", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while (item := self.outbox.take()) is not None:
+            sink, ids, final, end = item
+            if end:
+                self.watch.discard(sink)
+                with sink.lock:
+                    sink.done = True
+            try:
+                sink.deliver(ids, final, end)
+            except Exception:  # the client is gone: the engine drops the sequence at its next step
+                log.exception("send failed; dropping the sequence")
+                sink.broken = True
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.outbox.close()
+        self._thread.join(timeout)
