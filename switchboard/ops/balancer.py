@@ -48,6 +48,10 @@ frontend stats
     return f"""# Rendered by switchboard.ops.balancer: gRPC to {len(replicas)} Switchboard replicas.
 global
     maxconn 4096
+    # one client connection carries many chats (the SDK multiplexes its streams on one channel):
+    # at HAProxy's default of 100 streams a connection, the 101st chat waited in the client's
+    # gRPC queue, unseen by chat's admission, which could neither shed nor order it
+    tune.h2.max-concurrent-streams 4096
     log stdout format raw local0 warning
 
 defaults
