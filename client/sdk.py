@@ -398,10 +398,12 @@ class AsyncChatClient:
         )
         headers = session_headers(session_id)
         call = self._take() if headers is None else None
-        reused = call is not None
-        done = False
+        done = retried = False
         try:
-            while True:  # a reused stream that broke while idle: once more on a new one
+            # A stream that failed before the chat's first response (a reused one that broke
+            # while idle; the replica behind a balancer died): once more on a new one. No
+            # response means no token yet, so the turn was neither answered nor stored.
+            while True:
                 if call is None:
                     call = self._stub.ModelStreamInfer(metadata=tuple(headers.items()) if headers else None)
                 try:
@@ -410,9 +412,9 @@ class AsyncChatClient:
                     break
                 except _StaleStream as e:
                     call.cancel()
-                    if not reused:
+                    if retried:
                         raise e.error from None
-                    call, reused = None, False
+                    call, retried = None, True
             while True:
                 delta, stats, done = response_events(message)
                 if delta:

@@ -79,8 +79,9 @@ class FakeChat(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Answers each request of a stream with two deltas and the stats, like ``chat``; text
     "slow" waits between deltas, "bad" gets an error response. Records every stream."""
 
-    def __init__(self):
+    def __init__(self, drops: int = 0):
         self.streams: list[dict] = []
+        self.drops = drops  # text "drop": the first ``drops`` streams end before answering
 
     async def ModelStreamInfer(self, requests, context):
         stream = {"requests": 0, "cancelled": False, "metadata": dict(context.invocation_metadata())}
@@ -92,10 +93,15 @@ class FakeChat(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if text == "bad":
                     yield service_pb2.ModelStreamInferResponse(error_message="[INVALID_ARG] text: bad")
                     continue
+                if text == "drop" and self.drops:  # as when the replica behind a balancer dies
+                    self.drops -= 1
+                    await context.abort(grpc.StatusCode.CANCELLED, "upstream reset")
                 for word in ("Hello", " there"):
                     yield response(word)
                     if text == "slow":
                         await asyncio.sleep(30)
+                    if text == "cut":  # the replica died mid-answer
+                        await context.abort(grpc.StatusCode.CANCELLED, "upstream reset")
                 yield response("", ChatStats(generated_tokens=2))
         except asyncio.CancelledError:
             stream["cancelled"] = True
@@ -238,3 +244,33 @@ def test_an_unreachable_server_is_unavailable():
     with pytest.raises(ChatError) as e:
         asyncio.run(main())
     assert e.value.code == "UNAVAILABLE"
+
+
+def _dropped(drops: int, text: str = "drop"):
+    async def main():
+        fake, port = FakeChat(drops), free_port()
+        server = await serve(fake, port)
+        try:
+            async with AsyncChatClient(f"127.0.0.1:{port}", timeout_s=5) as client:
+                return await answer(client, text), fake.streams
+        except ChatError as e:
+            return e, fake.streams
+        finally:
+            await server.stop(None)
+
+    return asyncio.run(main())
+
+
+def test_a_chat_whose_new_stream_broke_before_any_answer_goes_once_more_on_another():
+    after, streams = _dropped(1)
+    assert after == "Hello there" and len(streams) == 2
+
+
+def test_a_chat_is_sent_at_most_twice():
+    error, streams = _dropped(2)
+    assert isinstance(error, ChatError) and error.code == "CANCELLED" and len(streams) == 2
+
+
+def test_a_stream_that_broke_after_the_first_answer_is_an_error_not_a_second_answer():
+    error, streams = _dropped(0, "cut")
+    assert isinstance(error, ChatError) and error.code == "CANCELLED" and len(streams) == 1
