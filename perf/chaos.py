@@ -262,7 +262,8 @@ def replica_kill(victim: Supervisor, url: str, questions, rate: float, args) -> 
         f"replica killed in a {args.replica_factor:g}x burst ({rate:.0f}/s, {seconds:.0f} s)", results, sent
     )
     row[7] += (
-        f"; {len(in_flight)} chats in flight at the kill, {sum(not o.ok for o in in_flight)} of them failed; "
+        f"; {len(in_flight)} chats in flight at the kill, {sum(not o.ok for o in in_flight)} of them failed "
+        f"{dict(Counter(o.reason for o in in_flight if not o.ok))}; "
         f"{len(later)} failed after the balancer's 2 s; the replica served again "
         + (f"{back:.1f} s after the kill" if back is not None else "NEVER")
     )
