@@ -18,10 +18,7 @@ from collections import Counter
 
 import redis
 
-# tls_arguments is re-exported: switchboard/triton/config.py still imports it from here.
-from switchboard.redis_conn import Outage, tls_arguments
-
-__all__ = ["RedisBlocks", "tls_arguments"]
+from switchboard.redis_conn import Outage
 
 
 class RedisBlocks:

@@ -84,7 +84,7 @@ class _RedisConfig(_Config):
 
     def redis_tls(self) -> dict:
         """redis-py's TLS arguments (none for redis://; TLS files without rediss:// fail)."""
-        from switchboard.kv.remote import tls_arguments
+        from switchboard.redis_conn import tls_arguments
 
         return tls_arguments(self.redis_url, self.redis_tls_ca_file, self.redis_tls_cert_file, self.redis_tls_key_file)
 
