@@ -522,6 +522,12 @@ def test_a_server_that_cannot_answer_gives_503_with_retry_after(tmp_path):
 
 
 # -- a client that leaves ----------------------------------------------------------------------
+def _chat_requests(stack) -> int:
+    """Requests chat's execute has taken (Triton's statistics: counted at once, not once a second)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.ports.http}/v2/models/chat/stats", timeout=10) as r:
+        return sum(m["execution_count"] for m in json.loads(r.read())["model_stats"])
+
+
 def _cancelled(stack) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{stack.ports.metrics}/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -531,7 +537,7 @@ def _cancelled(stack) -> float:
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streaming", "whole"])
 def test_a_client_that_leaves_cancels_its_chat(stack, gateway, stream):
-    before = _cancelled(stack)
+    before, requests = _cancelled(stack), _chat_requests(stack)
     if stream:
         conn, _ = _long_stream(gateway.url)
     else:
@@ -543,7 +549,12 @@ def test_a_client_that_leaves_cancels_its_chat(stack, gateway, stream):
             body=json.dumps(payload),
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {STANDARD_KEY}"},
         )
-        time.sleep(0.3)  # the chat is generating
+        # Leave once chat has the request (Triton counts it as chat's execute runs; the answer
+        # takes ~0.5 s more): a client gone before the gateway sent it cancels nothing in chat.
+        deadline = time.monotonic() + 20
+        while _chat_requests(stack) <= requests:
+            assert time.monotonic() < deadline, "the chat did not start"
+            time.sleep(0.01)
     conn.close()
     deadline = time.monotonic() + 20
     while _cancelled(stack) <= before:  # chat publishes its counters once a second

@@ -107,6 +107,12 @@ def test_a_dead_chat_stub_is_reloaded_alone_without_restarting_the_server(superv
     assert client.chat("Where is my order?", stream=False, max_new_tokens=8).stats.generated_tokens > 0
 
 
+def _back_on_short(results, killed_at: float) -> bool:
+    """Whether a chat ended on engine_long after the kill, and a later one on engine_short again."""
+    routes = [s.raw.get("route") for t, s in results if t > killed_at and not isinstance(s, ChatError)]
+    return "long" in routes and "short" in routes[routes.index("long") :]
+
+
 def test_a_pool_killed_under_load_costs_no_chat_and_is_reloaded(supervised):
     """Chats streaming from engine_short when its stub dies go on in engine_long; the chats after
     it are routed around it until the supervisor has reloaded it, then go to it again."""
@@ -134,12 +140,8 @@ def test_a_pool_killed_under_load_costs_no_chat_and_is_reloaded(supervised):
         os.kill(children(before["tritonserver_pid"])["engine_short"], signal.SIGKILL)
         state = _wait_for_reload(run, before["reloads"] + 1)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # back on engine_short once chat's ping finds it alive
-            if any(
-                t > killed_at and not isinstance(s, ChatError) and s.raw.get("route") == "short" for t, s in results
-            ):
-                break
-            time.sleep(0.2)
+        while time.monotonic() < deadline and not _back_on_short(results, killed_at):
+            time.sleep(0.2)  # chat pings engine_short while routing around it, and returns once it answers
     finally:
         stop.set()
         for w in workers:
@@ -148,5 +150,4 @@ def test_a_pool_killed_under_load_costs_no_chat_and_is_reloaded(supervised):
     errors = [s for s in after if isinstance(s, ChatError)]
     assert not errors, errors[:3]
     assert state["restarts"] == before["restarts"] and state["last_reload"].startswith("engine_short in"), state
-    routes = [s.raw.get("route") for s in after]
-    assert "long" in routes and "short" in routes[routes.index("long") :], "routed around it, then back to it"
+    assert _back_on_short(results, killed_at), "routed around it, then back to it"
