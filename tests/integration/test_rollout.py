@@ -179,10 +179,13 @@ def test_a_healthy_canary_is_promoted_and_then_serves_everyone(private, artifact
     with Load(client) as load:
         time.sleep(2)
         canary = rollout.start(artifacts, "fp32", 0.5)
-        verdict = rollout.watch(Margins(min_chats=5), watch_s=4, interval_s=1)
+        # A P99 over the canary's first handful of chats, on instances just loaded on a busy
+        # 2-core machine, is noise (a clean-clone CI run rolled it back); the latency judge has
+        # its own test above, with the default margins.
+        verdict = rollout.watch(Margins(min_chats=5, ttft_p99_slack_s=0.5), watch_s=4, interval_s=1)
         t_promoted = time.monotonic()
         time.sleep(3)
-    assert verdict.action == "promote" and load.errors == []
+    assert verdict.action == "promote" and load.errors == [], (verdict, load.errors[:3])
     assert rollout.status() == {
         "stable_version": canary,
         "canary_version": 0,
