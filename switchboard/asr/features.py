@@ -1,0 +1,94 @@
+"""Whisper's log-mel features in NumPy, equal to transformers' ``WhisperFeatureExtractor``.
+
+The serving path must not import transformers (the Triton stub loads it in seconds), so the
+mel filter bank and the STFT are computed here; ``tests/unit/test_asr_features.py`` holds them
+to transformers' own within float32 rounding.
+
+Two ways to frame audio:
+- ``frames=None``: the features of the samples as they are (variable-length models, trained
+  on batches padded to their longest item with each item's own floor, the value zero-padded
+  samples get, so a padded item reads as Whisper's window padded with silence);
+- ``frames=N``: the samples zero-padded (or cut) to ``N`` frames first, as pretrained Whisper
+  expects (N = 3,000 for its 30 s window); the same numbers transformers gives.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+SAMPLE_RATE = 16_000
+N_FFT = 400
+HOP = 160
+
+
+def _hz_to_mel(hz):
+    """Slaney's mel scale: linear below 1 kHz, logarithmic above."""
+    hz = np.asarray(hz, dtype=np.float64)
+    mel = 3.0 * hz / 200.0
+    log_region = hz >= 1000.0
+    return np.where(log_region, 15.0 + np.log(np.maximum(hz, 1e-10) / 1000.0) * (27.0 / np.log(6.4)), mel)
+
+
+def _mel_to_hz(mel):
+    mel = np.asarray(mel, dtype=np.float64)
+    hz = 200.0 * mel / 3.0
+    log_region = mel >= 15.0
+    return np.where(log_region, 1000.0 * np.exp(np.log(6.4) / 27.0 * (mel - 15.0)), hz)
+
+
+@lru_cache(maxsize=4)
+def mel_filters(n_mels: int, sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT) -> np.ndarray:
+    """[n_fft // 2 + 1, n_mels] triangular filters, Slaney-normalized (librosa's and Whisper's)."""
+    n_freqs = n_fft // 2 + 1
+    fft_freqs = np.linspace(0, sample_rate // 2, n_freqs)
+    mel_points = np.linspace(_hz_to_mel(0.0), _hz_to_mel(8000.0), n_mels + 2)
+    filter_freqs = _mel_to_hz(mel_points)
+    diff = np.diff(filter_freqs)
+    slopes = filter_freqs[None, :] - fft_freqs[:, None]
+    down = -slopes[:, :-2] / diff[:-1]
+    up = slopes[:, 2:] / diff[1:]
+    bank = np.maximum(0.0, np.minimum(down, up))
+    bank *= (2.0 / (filter_freqs[2 : n_mels + 2] - filter_freqs[:n_mels]))[None, :]
+    return bank.astype(np.float32)
+
+
+@lru_cache(maxsize=1)
+def _window() -> np.ndarray:
+    # periodic Hann, as torch.hann_window and transformers' window_function
+    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float64)
+
+
+def log_mel(samples: np.ndarray, n_mels: int = 80, frames: int | None = None) -> np.ndarray:
+    """[n_mels, frames] features of 16 kHz mono float samples in [-1, 1].
+
+    Without ``frames`` the result has ``len(samples) // HOP`` frames (at least 1)."""
+    samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if frames is not None:
+        want = frames * HOP
+        samples = samples[:want] if len(samples) >= want else np.pad(samples, (0, want - len(samples)))
+    if len(samples) == 0:
+        samples = np.zeros(HOP, dtype=np.float32)
+    pad = N_FFT // 2
+    padded = np.pad(samples.astype(np.float64), (pad, pad), mode="reflect" if len(samples) > pad else "constant")
+    n_frames = 1 + (len(padded) - N_FFT) // HOP
+    strides = (padded.strides[0] * HOP, padded.strides[0])
+    framed = np.lib.stride_tricks.as_strided(padded, shape=(n_frames, N_FFT), strides=strides)
+    spec = np.abs(np.fft.rfft(framed * _window(), n=N_FFT)) ** 2  # [frames, freqs]
+    mel = spec @ mel_filters(n_mels).astype(np.float64)  # [frames, n_mels]
+    log_spec = np.log10(np.maximum(mel, 1e-10)).T[:, :-1]
+    log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
+    return ((log_spec + 4.0) / 4.0).astype(np.float32)
+
+
+def pad_batch(features: list[np.ndarray], frames: int | None = None) -> np.ndarray:
+    """[batch, n_mels, T] from per-item [n_mels, t_i]: T = ``frames`` or the longest t_i; each
+    shorter item padded with its own floor (its minimum: what silence gets after the clamp)."""
+    longest = frames or max(f.shape[1] for f in features)
+    out = np.empty((len(features), features[0].shape[0], longest), dtype=np.float32)
+    for i, f in enumerate(features):
+        n = min(longest, f.shape[1])
+        out[i, :, :n] = f[:, :n]
+        out[i, :, n:] = f.min()
+    return out
