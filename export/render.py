@@ -24,9 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.triton.config import ChatConfig, EngineConfig
+from switchboard.triton.config import AsrConfig, ChatConfig, EngineConfig, VoiceChatConfig
 
 TARGETS = ("local", "ngc-onnxruntime", "ngc-tensorrt")
+# Each model's glue module in switchboard/triton/ (the pools: engine_model).
+GLUE = {"chat": "chat_model", "asr": "asr_model", "voice_chat": "voice_chat_model"}
+SPEECH = ("asr", "voice_chat")
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,85 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 """ + _params(ChatConfig(long_prompt_tokens=LONG_PROMPT_TOKENS).parameters())
 
 
+def asr_config() -> str:
+    return """# The speech recognizer: an exported Whisper (encoder + decoder with a KV cache, ONNX Runtime
+# in-process), batched by audio length (switchboard/asr/service.py, switchboard/triton/asr_model.py).
+# Loaded once its artifacts are installed (`make serve` builds the default recognizer in the
+# background, then loads this model and voice_chat; until then both answer UNAVAILABLE).
+name: "asr"
+backend: "python"
+# Triton's batcher hands execute what arrived; execute decodes nothing itself and returns. The
+# model's own batcher groups the audio by length (parameters below).
+max_batch_size: 8
+model_transaction_policy { decoupled: true }
+
+input [
+  { name: "audio" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "language" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+]
+output [
+  { name: "text" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "result" data_type: TYPE_STRING dims: [ 1 ] }
+]
+
+# Priority 1 = live/VIP, 2 = default, as for chat (the request parameter chat_priority carries it
+# to the model's batcher, which never makes priority 1 wait behind priority 2).
+dynamic_batching {
+  max_queue_delay_microseconds: 0
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy {
+    timeout_action: REJECT
+    default_timeout_microseconds: 30000000
+    allow_timeout_override: true
+    max_queue_size: 256
+  }
+}
+
+instance_group [ { kind: KIND_CPU count: 1 } ]
+
+""" + _params(AsrConfig().parameters())
+
+
+def voice_chat_config() -> str:
+    return """# Voice in, the chat's answer out: the audio through asr, the transcript through chat (with the
+# session's history and priority), both over this server's gRPC (switchboard/triton/voice_chat_model.py).
+name: "voice_chat"
+backend: "python"
+max_batch_size: 1
+model_transaction_policy { decoupled: true }
+
+input [
+  { name: "audio" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "language" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "session_id" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },
+  { name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+  { name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+  { name: "history" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+]
+output [
+  { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "stats" data_type: TYPE_STRING dims: [ 1 ] }
+]
+
+dynamic_batching {
+  max_queue_delay_microseconds: 0
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy {
+    timeout_action: REJECT
+    default_timeout_microseconds: 30000000
+    allow_timeout_override: true
+    max_queue_size: 256
+  }
+}
+
+instance_group [ { kind: KIND_CPU count: 1 } ]
+
+""" + _params(VoiceChatConfig().parameters())
+
+
 def engine_config(pool: Pool, runtime: str) -> str:
     where = (
         "runs the ONNX graph in-process with ONNX Runtime"
@@ -238,7 +320,11 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
     also place the model files (hard links where possible)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")
-    files: dict[str, str] = {"chat/config.pbtxt": chat_config()}
+    files: dict[str, str] = {
+        "chat/config.pbtxt": chat_config(),
+        "asr/config.pbtxt": asr_config(),
+        "voice_chat/config.pbtxt": voice_chat_config(),
+    }
     for pool in POOLS:
         runtime = {
             "local": "onnxruntime",
@@ -265,12 +351,12 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
         version = path.parent / "1"
         version.mkdir(exist_ok=True)
         if not model.startswith("decoder"):
-            glue = "chat_model" if model == "chat" else "engine_model"
+            glue = GLUE.get(model, "engine_model")
             (version / "model.py").write_text(
                 f'"""Triton entry point: the logic lives in switchboard.triton.{glue}."""\n\n'
                 f"from switchboard.triton.{glue} import TritonPythonModel  # noqa: F401\n"
             )
-        if artifacts is not None:
+        if artifacts is not None and model not in SPEECH:  # the recognizer has its own (export/asr.py)
             place_artifacts(artifacts, version, model, target)
     return written
 

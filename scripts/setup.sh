@@ -62,6 +62,7 @@ command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
 command -v promtool >/dev/null || need_apt+=(prometheus)   # make monitor; promtool tests of the alert rules
 command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
 command -v chromium >/dev/null || need_apt+=(chromium)   # the web chat test (Playwright drives the system browser)
+command -v espeak-ng >/dev/null || need_apt+=(espeak-ng)   # speech to train the default recognizer on and to test with
 ldconfig -p | grep -q libb64.so.0d || need_apt+=(libb64-0d)
 ldconfig -p | grep -q libjemalloc.so.2 || need_apt+=(libjemalloc2)   # tritonserver's allocator (launch.py)
 ldconfig -p | grep -q libpython3.11.so.1.0 || need_apt+=(libpython3.11)

@@ -46,6 +46,44 @@ class Chat:
     STATS = "stats"  # BYTES [1], on the last response: ChatStats as JSON
 
 
+class Asr:
+    """Tensor names of the ``asr`` model (model_repository/asr/config.pbtxt)."""
+
+    AUDIO = "audio"  # BYTES [1]: an audio file as uploaded (WAV, FLAC, OGG Vorbis/Opus, ...)
+    LANGUAGE = "language"  # BYTES [1], optional: "en", "zh", ... ("" or absent: detected)
+    INPUTS = (AUDIO, LANGUAGE)
+    TEXT = "text"  # BYTES [1]: a transcript delta
+    RESULT = "result"  # BYTES [1]: "" but on the last response: AsrResult as JSON
+    OUTPUTS = (TEXT, RESULT)
+
+
+class AsrError(StrEnum):
+    """Why an audio file was refused: ``[INVALID_ARG] [code] message`` (the gateway answers
+    TOO_LONG with 413, the others with 400)."""
+
+    EMPTY = "empty"  # 0 bytes
+    NOT_AUDIO = "not_audio"  # not an audio file the server can read
+    UNSUPPORTED = "unsupported"  # an audio container whose codec or sample format is not read
+    TOO_LONG = "too_long"  # over the server's max_audio_s
+    NO_SAMPLES = "no_samples"  # a valid file with 0 samples
+    TRUNCATED = "truncated"  # the header promises more than the file holds
+    BAD_LANGUAGE = "bad_language"  # a language the recognizer does not know
+
+
+class VoiceChat:
+    """Tensor names of ``voice_chat``: audio in, ``chat``'s answer out (model_repository/voice_chat).
+
+    Its inputs are chat's with ``audio`` (and ``language``) in place of ``text``; its outputs are
+    chat's. The first response carries no text and stats ``{"transcript", "language", "asr_ms",
+    "audio_s"}``; the last one's stats are chat's with those under ``"asr"``."""
+
+    AUDIO = Asr.AUDIO
+    LANGUAGE = Asr.LANGUAGE
+    INPUTS = (AUDIO, LANGUAGE) + tuple(name for name in Chat.INPUTS if name != Chat.TEXT)
+    TEXT_OUTPUT = Chat.TEXT_OUTPUT
+    STATS = Chat.STATS
+
+
 class Pool:
     """Tensor and parameter names of a generation pool (``engine_short``, ``engine_long``)."""
 
@@ -235,6 +273,9 @@ class ChatStats:
     priority: int = PRIORITY_DEFAULT
     model_version: int | None = None  # the pools' model version that served it (a canary's during a rollout)
     failover_tokens: int = 0  # tokens streamed before a pool failed mid-answer and the other went on (0: none)
+    # voice_chat only (in the JSON only then): the question's AsrResult.voice() (transcript,
+    # language, asr_ms, audio_s)
+    asr: dict | None = None
     extra: dict = field(default_factory=dict, repr=False)  # keys this version does not know
 
     def to_dict(self) -> dict:
@@ -242,6 +283,8 @@ class ChatStats:
         d = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
         if not self.fallback:
             del d["fallback_reason"], d["faq_id"]
+        if self.asr is None:
+            del d["asr"]
         return {**d, **self.extra}
 
     def to_json(self) -> str:
@@ -267,3 +310,32 @@ class ChatStats:
     @classmethod
     def from_json(cls, blob: bytes | str) -> ChatStats:
         return cls.from_dict(json.loads(blob))
+
+
+@dataclass
+class AsrResult:
+    """The ``result`` of an ``asr`` request's last response."""
+
+    text: str = ""
+    language: str | None = None
+    duration: float = 0.0  # seconds of audio
+    # [{"id", "start", "end", "text"}]: one per chunk the audio was cut into at silences
+    segments: list = field(default_factory=list)
+    asr_ms: float | None = None  # arrival to the last text
+    queue_ms: float | None = None  # arrival to the first batch that took it
+    batch_size: int | None = None  # chunks in the (first) batch it ran in
+    chunks: int = 0  # 0: silence, answered without the model
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, blob: bytes | str) -> AsrResult:
+        d = json.loads(blob)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def voice(self) -> dict:
+        """What ``voice_chat`` reports of the question: its first response's stats, and under
+        ``"asr"`` in its last one's."""
+        return {"transcript": self.text, "language": self.language, "asr_ms": self.asr_ms, "audio_s": self.duration}

@@ -64,6 +64,18 @@ def operator_key(run_dir: Path) -> str:
     return key
 
 
+def loadable(repository: Path) -> list[str]:
+    """The models of ``repository`` that can load now: all but ``asr`` before a recognizer is
+    installed in it (its ``asr.json``), which would fail the start (``--exit-on-error``)."""
+    out = []
+    for config in sorted(Path(repository).glob("*/config.pbtxt")):
+        model = config.parent.name
+        if model == "asr" and not (config.parent / "1" / "asr.json").is_file():
+            continue
+        out.append(model)
+    return out
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 
@@ -173,13 +185,13 @@ class Stack:
             str(self.ports.grpc),
             "--metrics-port",
             str(self.ports.metrics),
-            # Every model at start-up; later loads (a new model version: switchboard/ops/rollout.py)
+            # Every model that can serve at start-up (``loadable``); later loads (the recognizer once
+            # it is built: switchboard/ops/voice.py; a new model version: switchboard/ops/rollout.py)
             # only through the model-repository API, which answers only requests carrying the
             # operator key (--*-restricted-*: Triton's restricted APIs).
             "--model-control-mode",
             "explicit",
-            "--load-model",
-            "*",
+            *[arg for model in loadable(self.repository) for arg in ("--load-model", model)],
             "--http-restricted-api",
             f"model-repository:{OPERATOR_HEADER}={key}",
             "--grpc-restricted-protocol",
@@ -297,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         help="start the HTTP gateway (OpenAI-compatible API, web chat) on this port in front of the gRPC port "
         "(`make serve`: GATEWAY_PORT, 8080; default 0: none)",
     )
+    p.add_argument(
+        "--asr-model",
+        default=os.environ.get("ASR_MODEL") or "",
+        help="the speech recognizer: a Hugging Face Whisper checkpoint (`make serve`: ASR_MODEL; default: the "
+        "embedded one, trained from corpus/ in the background while text chat already serves); 'off': none",
+    )
     args = p.parse_args(argv)
     run = args.run_dir
     pidfile, state_file = pid_file(run, "supervisor"), run / "supervisor.json"
@@ -330,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not _start_supervisor(args, []) or not _start_gateway(args):
         return 1
+    _start_voice(args)
     print(
         f"[serve] ready in {time.monotonic() - t0:.0f} s: gRPC 127.0.0.1:{args.grpc_port}, HTTP http://127.0.0.1:"
         f"{args.http_port}, metrics http://127.0.0.1:{args.metrics_port}/metrics\n[serve] logs in {run}/ "
@@ -401,6 +420,28 @@ def _start_gateway(args: argparse.Namespace) -> bool:
     return True
 
 
+def _start_voice(args: argparse.Namespace) -> None:
+    """The recognizer joins in the background (switchboard/ops/voice.py): built, installed and
+    loaded while text chat already serves."""
+    if args.asr_model == "off":
+        return
+    cmd = [sys.executable, "-m", "switchboard.ops.voice", "join", "--repository", str(args.repository)]
+    cmd += ["--run-dir", str(args.run_dir), "--http-port", str(args.http_port)]
+    if args.asr_model:
+        cmd += ["--model", args.asr_model]
+    log_path = args.run_dir / "voice.log"
+    proc = subprocess.Popen(
+        cmd, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    pid_file(args.run_dir, "voice").write_text(str(proc.pid))
+    ready = "asr" in loadable(args.repository)
+    print(
+        "[serve] voice: "
+        + ("the recognizer is installed; checking it is the one asked for" if ready else "building the recognizer")
+        + f" in the background (log: {log_path}); until it is loaded, speech requests get 503 with Retry-After"
+    )
+
+
 def replica_arguments(args: argparse.Namespace, i: int) -> argparse.Namespace:
     """Replica ``i``'s ports (100 + 10 * i above the given HTTP, gRPC and metrics ports) and run directory."""
     offset = 100 + 10 * i
@@ -436,6 +477,7 @@ def _up_replicas(args: argparse.Namespace) -> int:
     if not _start_gateway(args):
         return 1
     (run / "replicas.json").write_text(json.dumps([vars(r) for r in replicas]))
+    _start_voice(args)
     print(
         f"[serve] ready in {time.monotonic() - t0:.0f} s: {args.replicas} replicas behind HAProxy on gRPC "
         f"127.0.0.1:{args.grpc_port} (sessions kept on one replica), its stats on http://127.0.0.1:{args.http_port}/"
@@ -447,7 +489,8 @@ def _up_replicas(args: argparse.Namespace) -> int:
 
 def _pidfiles(run: Path) -> list[tuple[str, Path]]:
     """What ``down`` stops, balancer first: (name, pid file)."""
-    out = [("gateway", pid_file(run, "gateway")), ("haproxy", pid_file(run, "haproxy"))]
+    out = [("voice build", pid_file(run, "voice")), ("gateway", pid_file(run, "gateway"))]
+    out.append(("haproxy", pid_file(run, "haproxy")))
     out += [(f"{d.name} (supervisor, tritonserver)", pid_file(d, "supervisor")) for d in sorted(run.glob("replica-*"))]
     out.append(("supervisor, tritonserver, redis-server", pid_file(run, "supervisor")))
     return [(name, path) for name, path in out if path.exists()]

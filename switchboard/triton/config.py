@@ -1,5 +1,6 @@
 """The models' configuration, typed, with one set of defaults: the ``parameters`` of
-``chat/config.pbtxt`` and ``engine_*/config.pbtxt``, read once when a model loads.
+``chat/config.pbtxt``, ``engine_*/config.pbtxt``, ``asr/config.pbtxt`` and
+``voice_chat/config.pbtxt``, read once when a model loads.
 
 Each field is a parameter: its default here is what ``export.render`` writes into the
 repository and what applies when the parameter is missing; its doc is the comment above it in
@@ -187,6 +188,52 @@ class ChatConfig(_RedisConfig):
     precision: str = setting("fp32", "the exported variant whose fingerprint keys the sessions (as the pools')")
 
 
+@dataclass(frozen=True)
+class AsrConfig(_Config):
+    """``asr``: the speech recognizer pool (switchboard/asr/service.py)."""
+
+    precision: str = setting("fp32", "the exported variant the pool runs (fp32, int8-dynamic)")
+    batching: str = setting(
+        "length",
+        "length: batches of similar audio lengths under batch_audio_s (seed 001: a short question never waits "
+        "for a long recording); count: first come, first served, max_batch or max_wait_ms (Triton's own "
+        "dynamic batcher's rule, for comparison)",
+    )
+    max_batch: int = setting(8, "chunks of audio decoded together", 1, 64)
+    batch_audio_s: float = setting(60.0, "the most seconds of audio in one batch (a longer chunk runs alone)", 1.0)
+    max_length_ratio: float = setting(
+        2.0, "with batching length: the longest chunk of a batch at most this many times its first's", 1.0
+    )
+    max_wait_ms: float = setting(10.0, "how long a batch waits to fill before it runs", 0.0, 10_000.0)
+    chunk_s: float = setting(
+        15.0, "audio longer than this is cut at silences into chunks of at most this (streamed in order)", 1.0, 30.0
+    )
+    max_audio_s: float = setting(600.0, "longer audio is refused (the gateway answers 413)", 1.0)
+    max_pending_s: float = setting(
+        1800.0, "seconds of audio waiting or being transcribed; beyond it requests are refused UNAVAILABLE", 1.0
+    )
+    workers: int = setting(
+        1, "batches run at once (each on the runtime's threads): 2 lets a short batch overtake a long one", 1, 8
+    )
+    threads: int = setting(0, "ONNX Runtime threads per batch; 0: one per core this process may use", 0, 256)
+    cancel_poll_ms: int = setting(50, "how often a transcription asks whether its client left", 1, 10_000)
+
+
+@dataclass(frozen=True)
+class VoiceChatConfig(_Config):
+    """``voice_chat``: audio in, the transcript through ``asr``, then ``chat``'s streamed answer."""
+
+    engine_url: str = setting(
+        "127.0.0.1:8001",
+        "this server's gRPC endpoint, where voice_chat streams from asr and chat; `make serve` and the tests set "
+        "it to their port",
+    )
+    asr_model: str = setting("asr", "the recognizer")
+    chat_model: str = setting("chat", "the chat that answers the transcript")
+    asr_timeout_s: float = setting(60.0, "the transcript must come within this", 0.1)
+    max_inflight: int = setting(64, "voice chats handled at once; the rest wait in Triton's queue", 1, 4096)
+
+
 def pool_config(repository: Path, pool: str) -> "EngineConfig":
     """A pool's settings as its own load reads them: ``<repository>/<pool>/config.pbtxt`` and the
     environment's overrides. A missing or bad file is an error naming it."""
@@ -329,7 +376,13 @@ def reference() -> str:
         "can be overridden with `SWITCHBOARD_<KEY>` (upper case) in the server's environment; a bad",
         "value fails the model's load naming the file and the parameter.",
     ]
-    for title, cls in (("`chat`", ChatConfig), ("`engine_short`, `engine_long`", EngineConfig)):
+    models = (
+        ("`chat`", ChatConfig),
+        ("`engine_short`, `engine_long`", EngineConfig),
+        ("`asr`", AsrConfig),
+        ("`voice_chat`", VoiceChatConfig),
+    )
+    for title, cls in models:
         lines += [
             "",
             f"## {title}",

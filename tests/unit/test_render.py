@@ -36,12 +36,16 @@ def test_local_rendering_is_the_committed_repository(tmp_path):
     render("local", tmp_path)
     rendered = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert [str(p) for p in rendered] == [
+        "asr/1/model.py",
+        "asr/config.pbtxt",
         "chat/1/model.py",
         "chat/config.pbtxt",
         "engine_long/1/model.py",
         "engine_long/config.pbtxt",
         "engine_short/1/model.py",
         "engine_short/config.pbtxt",
+        "voice_chat/1/model.py",
+        "voice_chat/config.pbtxt",
     ]
     for rel in rendered:
         assert (tmp_path / rel).read_text() == (ROOT / "model_repository" / rel).read_text(), rel

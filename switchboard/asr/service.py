@@ -1,0 +1,296 @@
+"""The ASR pool's work, apart from Triton: decode, cut, batch by length, transcribe, stream.
+
+A request's audio is decoded and cut at silences into chunks on a small thread pool
+(``prep_workers``): a file that cannot be decoded fails there, alone, before any batch sees
+it. Each chunk becomes one item of the batcher (switchboard/asr/batcher.py), which groups
+items of similar length under an audio-seconds budget, so a 2 s question never waits for a
+30 s recording's decoding (seed 001's incident). ``workers`` threads run the batches; each
+streams every row's text as it is decoded. The chunks of one request may run in different
+batches: their text is passed on in order (a later chunk's text waits, buffered, for the
+earlier ones).
+
+A batch that raises is run again one item at a time, so one bad item fails alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from switchboard.asr import audio as audio_mod
+from switchboard.asr import segment
+from switchboard.asr.batcher import Item
+from switchboard.wire import AsrError, AsrResult
+
+log = logging.getLogger("switchboard.asr")
+SAMPLE_RATE = 16_000
+
+
+class AsrRequestError(ValueError):
+    """The request is refused: ``code`` an AsrError, or "unavailable" (the pool is full)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class Sink(Protocol):
+    def delta(self, text: str) -> None: ...
+    def done(self, result: AsrResult) -> None: ...
+    def error(self, error: Exception) -> None: ...
+
+
+@dataclass
+class AsrJob:
+    audio: bytes
+    sink: Sink
+    language: str | None = None
+    priority: int = 2
+    cancelled: Callable[[], bool] = lambda: False
+
+
+@dataclass
+class _Chunk:
+    start: int  # samples
+    end: int
+    features: np.ndarray | None = None
+    text: str = ""
+    done: bool = False
+
+
+@dataclass
+class _Transcription:
+    """One request in flight: its chunks, what of their text went out, its timings."""
+
+    job: AsrJob
+    arrival: float
+    seconds: float = 0.0
+    language: str | None = None
+    chunks: list[_Chunk] = field(default_factory=list)
+    emitted: int = 0  # chunks whose text went out whole; deltas of chunk `emitted` go out live
+    started: float | None = None
+    batch_size: int | None = None
+    failed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Recognizer(Protocol):
+    """What the service needs of a model (switchboard/asr/model.py's AsrModel)."""
+
+    languages: list
+    multilingual: bool
+
+    def features(self, samples: np.ndarray) -> np.ndarray: ...
+    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None): ...
+
+
+class AsrService:
+    def __init__(
+        self,
+        model: Recognizer,
+        batcher,
+        *,
+        max_audio_s: float = 600.0,
+        chunk_s: float = 15.0,
+        max_pending_s: float = 600.0,
+        workers: int = 1,
+        prep_workers: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.model, self.batcher, self.clock = model, batcher, clock
+        self.max_audio_s, self.chunk_s, self.max_pending_s = max_audio_s, chunk_s, max_pending_s
+        self._cond = threading.Condition()
+        self._pending_s = 0.0  # audio seconds decoded and waiting or running
+        self._closed = False
+        self._prep = ThreadPoolExecutor(prep_workers, thread_name_prefix="asr-prep")
+        self._workers = [
+            threading.Thread(target=self._work, name=f"asr-batch-{i}", daemon=True) for i in range(workers)
+        ]
+        for t in self._workers:
+            t.start()
+        self.batches = 0  # batches run (for tests and metrics)
+
+    # -- requests --------------------------------------------------------------------------
+    def submit(self, job: AsrJob) -> None:
+        """Takes the job and returns at once; the sink hears the rest (always ending with
+        done or error)."""
+        state = _Transcription(job, self.clock())
+        self._prep.submit(self._prepare, state)
+
+    def _prepare(self, state: _Transcription) -> None:
+        try:
+            self._check_language(state.job.language)
+            decoded = audio_mod.decode(state.job.audio, self.max_audio_s)
+            state.seconds = decoded.seconds
+            if segment.is_silence(decoded.samples):
+                state.job.sink.done(
+                    AsrResult("", state.job.language, decoded.seconds, [], self._ms(state), 0.0, None, 0)
+                )
+                return
+            ranges = segment.split(decoded.samples, max_s=self.chunk_s, rate=SAMPLE_RATE)
+            state.chunks = [_Chunk(a, b, self.model.features(decoded.samples[a:b])) for a, b in ranges]
+        except audio_mod.AudioError as e:
+            state.job.sink.error(AsrRequestError(e.code, str(e)))
+            return
+        except AsrRequestError as e:
+            state.job.sink.error(e)
+            return
+        except Exception as e:  # a bug, not the caller's file: logged here, INTERNAL to the client
+            log.exception("preparing audio failed")
+            state.job.sink.error(e)
+            return
+        with self._cond:
+            if self._pending_s + state.seconds > self.max_pending_s and self._pending_s > 0:
+                state.job.sink.error(AsrRequestError("unavailable", "the speech recognizer is full; try again later"))
+                return
+            self._pending_s += state.seconds
+            for i, chunk in enumerate(state.chunks):
+                seconds = (chunk.end - chunk.start) / SAMPLE_RATE
+                self.batcher.add(Item((state, i), seconds, state.job.priority, state.arrival))
+            self._cond.notify_all()
+
+    def _check_language(self, language: str | None) -> None:
+        if language is None:
+            return
+        if language not in self.model.languages:
+            known = ", ".join(self.model.languages)
+            raise AsrRequestError(AsrError.BAD_LANGUAGE, f"language {language!r}: this recognizer knows {known}")
+
+    # -- batches ---------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                items = []
+                while not self._closed:
+                    items = self.batcher.take(self.clock())
+                    if items:
+                        break
+                    due = self.batcher.next_due(self.clock())
+                    self._cond.wait(None if due is None else max(0.0, due - self.clock()) + 1e-4)
+                if self._closed:
+                    return
+            self._run(items)
+
+    def _run(self, items: list[Item]) -> None:
+        now = self.clock()
+        for item in items:
+            state, _ = item.key
+            if state.started is None:
+                state.started, state.batch_size = now, len(items)
+        try:
+            self._transcribe(items)
+            self.batches += 1
+        except Exception:
+            if len(items) == 1:
+                log.exception("transcribing failed")
+                self._fail(items[0].key[0], RuntimeError("transcribing failed"))
+                return
+            log.warning("a batch of %d failed; running its items one by one", len(items))
+            for item in items:
+                self._run([item])
+
+    def _transcribe(self, items: list[Item]) -> None:
+        rows = [item.key for item in items]
+        live = [(state, i) for state, i in rows if not state.failed]
+        if not live:
+            return
+        languages = [state.job.language or state.language for state, _ in live]
+
+        def on_delta(row: int, text: str) -> None:
+            self._delta(*live[row], text)
+
+        def cancelled(row: int) -> bool:
+            return live[row][0].job.cancelled()
+
+        results = self.model.transcribe(
+            [state.chunks[i].features for state, i in live], languages, on_delta=on_delta, cancelled=cancelled
+        )
+        for (state, i), result in zip(live, results, strict=True):
+            self._chunk_done(state, i, result)
+
+    def _delta(self, state: _Transcription, i: int, text: str) -> None:
+        with state.lock:
+            chunk = state.chunks[i]
+            chunk.text += text
+            if i == state.emitted and not state.failed:
+                out = text.lstrip() if not "".join(c.text for c in state.chunks[:i]).strip() else text
+                if out:
+                    state.job.sink.delta(out)
+
+    def _chunk_done(self, state: _Transcription, i: int, result) -> None:
+        with state.lock:
+            if state.failed:
+                return
+            chunk = state.chunks[i]
+            chunk.text, chunk.done = result.text, True
+            state.language = state.language or result.language
+            # pass on the text of later chunks that finished while this one ran
+            while state.emitted < len(state.chunks) and state.chunks[state.emitted].done:
+                state.emitted += 1
+                if state.emitted < len(state.chunks):
+                    buffered = state.chunks[state.emitted].text
+                    if buffered:
+                        before = "".join(c.text for c in state.chunks[: state.emitted]).strip()
+                        state.job.sink.delta(buffered if before else buffered.lstrip())
+            finished = state.emitted == len(state.chunks)
+        if finished:
+            self._release(state)
+            state.job.sink.done(self._result(state))
+
+    def _result(self, state: _Transcription) -> AsrResult:
+        segments, start_text = [], ""
+        for n, chunk in enumerate(state.chunks):
+            segments.append(
+                {
+                    "id": n,
+                    "start": round(chunk.start / SAMPLE_RATE, 3),
+                    "end": round(chunk.end / SAMPLE_RATE, 3),
+                    "text": chunk.text.strip(),
+                }
+            )
+            start_text += chunk.text
+        queue_ms = None if state.started is None else (state.started - state.arrival) * 1000
+        return AsrResult(
+            text=start_text.strip(),
+            language=state.job.language or state.language,
+            duration=round(state.seconds, 3),
+            segments=segments,
+            asr_ms=self._ms(state),
+            queue_ms=queue_ms,
+            batch_size=state.batch_size,
+            chunks=len(state.chunks),
+        )
+
+    def _fail(self, state: _Transcription, error: Exception) -> None:
+        with state.lock:
+            if state.failed:
+                return
+            state.failed = True
+        self._release(state)
+        state.job.sink.error(error)
+
+    def _release(self, state: _Transcription) -> None:
+        with self._cond:
+            self._pending_s = max(0.0, self._pending_s - state.seconds)
+
+    def _ms(self, state: _Transcription) -> float:
+        return round((self.clock() - state.arrival) * 1000, 1)
+
+    @property
+    def pending_s(self) -> float:
+        with self._cond:
+            return self._pending_s
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._workers:
+            t.join(timeout=5)
+        self._prep.shutdown(wait=False, cancel_futures=True)

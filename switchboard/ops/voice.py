@@ -1,0 +1,113 @@
+"""Bring the voice channel up on a running stack: ``python -m switchboard.ops.voice join``.
+
+Text chat must not wait for speech: ``make serve`` starts the servers without ``asr`` when no
+recognizer is installed yet, and runs this in the background. It builds the recognizer (the
+embedded default is trained from corpus/ with espeak-ng, cached in build/asr-default-model; or
+``--model`` names any Hugging Face Whisper checkpoint), exports and installs it into the
+repository (switchboard/export/asr.py), then loads ``asr`` on every server of the stack
+through the model-repository API. Until then ``voice_chat`` and the gateway answer
+UNAVAILABLE (503 with Retry-After). Progress goes to ``<run-dir>/voice.log``; ``make status``
+shows the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from switchboard import paths
+from switchboard.ops.launch import operator_key
+from switchboard.ops.model_control import ModelControlError, load_model
+
+DEFAULT_MODEL = paths.BUILD / "asr-default-model"
+STATE = "voice.json"
+
+
+def installed_source(repository: Path) -> str | None:
+    """The checkpoint the installed recognizer was exported from, or None."""
+    manifest = repository / "asr" / "1" / "asr.json"
+    try:
+        return json.loads(manifest.read_text()).get("source")
+    except (OSError, ValueError):
+        return None
+
+
+def servers(run_dir: Path, http_port: int) -> list[str]:
+    """The HTTP URL of every tritonserver of the stack (each replica's, or the one)."""
+    replicas = run_dir / "replicas.json"
+    if replicas.exists():
+        return [f"http://127.0.0.1:{r['http_port']}" for r in json.loads(replicas.read_text())]
+    return [f"http://127.0.0.1:{http_port}"]
+
+
+class Joiner:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.state_path = args.run_dir / STATE
+        self.child: subprocess.Popen | None = None
+
+    def stage(self, name: str, **extra) -> None:
+        state = {"stage": name, "model": str(self.args.model), "at": time.time(), **extra}
+        self.state_path.write_text(json.dumps(state))
+        print(f"[voice] {name}" + (f": {extra}" if extra else ""), flush=True)
+
+    def run(self, cmd: list[str]) -> None:
+        self.child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        if self.child.wait() != 0:
+            raise RuntimeError(f"{' '.join(cmd[2:4])} failed with code {self.child.returncode}")
+        self.child = None
+
+    def join(self) -> int:
+        args, t0 = self.args, time.monotonic()
+        model = Path(args.model)
+        try:
+            if model.resolve() == DEFAULT_MODEL.resolve():
+                self.stage("training the default recognizer")
+                self.run([sys.executable, "-m", "switchboard.training.asr", "--out", str(model)])
+            elif not (model / "config.json").is_file():
+                raise RuntimeError(f"{model}: not a Hugging Face Whisper checkpoint (no config.json)")
+            if installed_source(args.repository) != str(model.resolve()) or args.force:
+                self.stage("exporting")
+                out = paths.BUILD / "artifacts" / "asr" / model.name
+                cmd = [sys.executable, "-m", "switchboard.export.asr", "--model", str(model), "--out", str(out)]
+                cmd += ["--precision", args.precision, "--install", str(args.repository)]
+                self.run(cmd)
+            self.stage("loading")
+            key = operator_key(args.run_dir)
+            for url in servers(args.run_dir, args.http_port):
+                load_model(url, "asr", key)
+        except (RuntimeError, ModelControlError) as e:
+            self.stage("failed", error=str(e))
+            return 1
+        self.stage("ready", seconds=round(time.monotonic() - t0, 1))
+        return 0
+
+    def stop(self, *_):
+        if self.child is not None and self.child.poll() is None:
+            self.child.terminate()
+        raise SystemExit(130)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.ops.voice", description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=["join"])
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Whisper checkpoint (default: the embedded one)")
+    p.add_argument("--precision", default="default", help="variants to export (as `make export`'s PRECISION)")
+    p.add_argument("--repository", type=Path, default=paths.MODEL_REPOSITORY)
+    p.add_argument("--run-dir", type=Path, default=paths.RUN)
+    p.add_argument("--http-port", type=int, default=8000, help="the server's HTTP port (replicas: from the run dir)")
+    p.add_argument("--force", action="store_true", help="export and install again even if it is installed")
+    args = p.parse_args(argv)
+    joiner = Joiner(args)
+    signal.signal(signal.SIGINT, joiner.stop)
+    signal.signal(signal.SIGTERM, joiner.stop)
+    return joiner.join()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

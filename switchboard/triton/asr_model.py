@@ -1,0 +1,142 @@
+"""Triton glue for ``asr``, the speech recognizer pool: audio files in, transcript deltas out.
+
+``execute`` reads each request (the audio file's bytes, a language, the priority) and hands it
+to ``AsrService`` (switchboard/asr/service.py), which decodes it, cuts it at silences, batches
+its chunks by length with other requests' and streams the text; every request ends with one
+final response (``result``: AsrResult as JSON) or an error. Refused audio is INVALID_ARG with
+the reason's code in brackets (``[too_long] ...``: switchboard.wire.AsrError).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from switchboard.asr.batcher import make_batcher
+from switchboard.asr.model import AsrModel
+from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
+from switchboard.engine.stream import CancelPoll
+from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
+from switchboard.triton.config import AsrConfig
+from switchboard.triton.params import ConfigError
+from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Asr, AsrResult
+
+log = logging.getLogger("switchboard.asr")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _text(name: str, value: str) -> pb_utils.Tensor:
+    return pb_utils.Tensor(name, np.asarray([[value.encode("utf-8")]], np.object_))
+
+
+class TritonSink:
+    """One request's responses: text deltas, then the final result or an error."""
+
+    def __init__(self, sender, cancelled):
+        self.sender, self.cancelled = sender, cancelled
+
+    def delta(self, text: str) -> None:
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=[_text(Asr.TEXT, text), _text(Asr.RESULT, "")]))
+
+    def done(self, result: AsrResult) -> None:
+        if self.cancelled():
+            send_error(self.sender, "cancelled by the client", "CANCELLED")
+            return
+        out = [_text(Asr.TEXT, ""), _text(Asr.RESULT, result.to_json())]
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL)
+
+    def error(self, error: Exception) -> None:
+        if isinstance(error, AsrRequestError):
+            if error.code == "unavailable":
+                send_error(self.sender, str(error), "UNAVAILABLE")
+            else:
+                send_error(self.sender, f"[{error.code}] {error}", "INVALID_ARG")
+        else:
+            send_error(self.sender, "internal error")
+
+
+def _language(request) -> str | None:
+    value = input_array(request, Asr.LANGUAGE)
+    if value is None or value.size == 0:
+        return None
+    raw = value.reshape(-1)[0]
+    text = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)).strip().lower()
+    return text or None
+
+
+def _priority(request) -> int:
+    value = request_parameters(request).get(PRIORITY_PARAMETER, PRIORITY_DEFAULT)
+    return value if value in (1, 2) else PRIORITY_DEFAULT
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config, version = load_config(args)
+        require_decoupled(config)
+        cfg = AsrConfig.load(config, "asr/config.pbtxt")
+        self.cfg = cfg
+        self.model = self._load_model(version, cfg)
+        self.service = AsrService(
+            self.model,
+            self._batcher(cfg),
+            max_audio_s=cfg.max_audio_s,
+            chunk_s=cfg.chunk_s,
+            max_pending_s=cfg.max_pending_s,
+            workers=cfg.workers,
+        )
+        log.info(
+            "asr ready: %s %s, %s batching (at most %d chunks, %.0f s of audio), %d worker(s)",
+            self.model.name,
+            cfg.precision,
+            cfg.batching,
+            cfg.max_batch,
+            cfg.batch_audio_s,
+            cfg.workers,
+        )
+
+    def _load_model(self, version, cfg: AsrConfig) -> AsrModel:
+        if not (version / "asr.json").is_file():
+            raise FileNotFoundError(
+                f"asr/config.pbtxt: no recognizer is installed in {version} (`make serve` builds and installs the "
+                "default one; `python -m switchboard.export.asr --install` installs any Whisper checkpoint)"
+            )
+        threads = cfg.threads or len(os.sched_getaffinity(0))
+        return AsrModel.load(version, precision=cfg.precision, threads=threads)
+
+    def _batcher(self, cfg: AsrConfig):
+        wait_s = cfg.max_wait_ms / 1000
+        if cfg.batching == "length":
+            return make_batcher(
+                "length",
+                budget_s=cfg.batch_audio_s,
+                max_batch=cfg.max_batch,
+                max_ratio=cfg.max_length_ratio,
+                max_wait_s=wait_s,
+            )
+        if cfg.batching == "count":
+            return make_batcher("count", max_batch=cfg.max_batch, max_wait_s=wait_s)
+        raise ConfigError(f"asr/config.pbtxt: parameter 'batching' = {cfg.batching!r}: expected length or count")
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            audio = input_array(request, Asr.AUDIO)
+            if audio is None or audio.size != 1 or not isinstance(audio.reshape(-1)[0], bytes):
+                send_error(sender, "audio: expected one audio file as bytes", "INVALID_ARG")
+                continue
+            cancelled = CancelPoll(request.is_cancelled, self.cfg.cancel_poll_ms / 1000)
+            job = AsrJob(
+                audio=audio.reshape(-1)[0],
+                sink=TritonSink(sender, cancelled),
+                language=_language(request),
+                priority=_priority(request),
+                cancelled=cancelled,
+            )
+            self.service.submit(job)
+        return None
+
+    def finalize(self):
+        self.service.close()
