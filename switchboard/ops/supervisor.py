@@ -38,6 +38,7 @@ log = logging.getLogger("switchboard.ops.supervisor")
 
 POOLS = ("engine_short", "engine_long")
 CHAT = "chat"
+SPEECH = ("asr", "voice_chat")  # loaded once a recognizer is built: watched, not probed each round
 PROBE_TEXT = "Where is my order?"
 WARM_UP_TOKENS = 8  # past the first token: the warm-up runs decode steps too
 LIVENESS_PATH = "/livez"
@@ -96,6 +97,32 @@ def _pool_request(
             pass
 
 
+def _speech_request(url: str, model: str, timeout_s: float, version: str | None = None) -> str | None:
+    """A second of silence to ``asr`` or ``voice_chat``: any answer of the model's own (an empty
+    transcript; voice_chat's UNAVAILABLE while asr is not loaded) shows its stub alive."""
+    from switchboard.asr.audio import encode_wav
+    from switchboard.serving.engine_client import EngineClient, EngineStreamError, build_request, stub_dead
+    from switchboard.wire import Asr, untag
+
+    request = build_request(
+        model,
+        {Asr.AUDIO: np.asarray([[encode_wav(np.zeros(16_000, np.float32))]], np.object_)},
+        ["result" if model == "asr" else "stats"],
+        priority=1,
+        version=int(version or 0),
+    )
+    client = EngineClient(url)
+    try:
+        for _ in client.stream(request, timeout_s):
+            return None
+        return f"{model}: no answer"
+    except EngineStreamError as e:
+        status, message = untag(str(e))
+        return f"{model}: {message}" if status is None or stub_dead(message) else None
+    finally:
+        client.close()
+
+
 def probe(url: str, timeout_s: float = 20.0, max_new_tokens: int = 1) -> str | None:
     """One token from each pool, then a priority-1 chat of one token; the first failure or None,
     headed by the model that failed (``model_of``). Pools first: once Triton has seen a stub
@@ -115,6 +142,8 @@ def probe_model(
     """One model's probe: a pool's token (``version``: that version's, else Triton's choice), or
     ``chat``'s priority-1 chat. An FAQ answer because a pool failed counts as a failure of chat;
     one because of load does not."""
+    if model in SPEECH:
+        return _speech_request(url, model, timeout_s, version)
     if model != CHAT:
         return _pool_request(url, model, timeout_s, version=version)
     from switchboard.client import ChatClient, ChatError
@@ -137,7 +166,7 @@ def probe_model(
 def model_of(failure: str) -> str | None:
     """The model a probe's failure names, or None (the server itself)."""
     head = failure.split(":", 1)[0]
-    return head if head in (*POOLS, CHAT) else None
+    return head if head in (*POOLS, CHAT, *SPEECH) else None
 
 
 @dataclass

@@ -119,10 +119,11 @@ class EngineClient:
         self._channel = grpc.insecure_channel(url, options=channel_args())
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
 
-    def stream(self, request: service_pb2.ModelInferRequest) -> EngineStream:
+    def stream(self, request: service_pb2.ModelInferRequest, timeout_s: float | None = None) -> EngineStream:
+        """``timeout_s``: the whole stream's deadline (None: none)."""
         # One request, then the client half-closes: Triton ends the stream after its last response.
         # No `triton_grpc_error` header: errors come as responses (the header can crash 2.51, docs/reliability.md).
-        return EngineStream(self._stub.ModelStreamInfer(iter((request,))))
+        return EngineStream(self._stub.ModelStreamInfer(iter((request,)), timeout=timeout_s))
 
     def ping(self, model: str, timeout_s: float, version: int = 0) -> bool | None:
         """Whether ``model``'s stub process is alive: True when it answered a ping, False when

@@ -91,7 +91,7 @@ class VoiceTurn:
             priority=request.priority,
             timeout_us=int(self.asr_timeout_s * 1e6),
         )
-        stream = self.client.stream(call)
+        stream = self.client.stream(call, self.asr_timeout_s)
         try:
             for outputs in stream:
                 if cancelled():
