@@ -324,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         return 0
     if args.action == "status":
+        _voice_status(run)
         if (run / "replicas.json").exists():
             return _replicas_status(run)
         if not pidfile.exists():
@@ -440,6 +441,16 @@ def _start_voice(args: argparse.Namespace) -> None:
         + ("the recognizer is installed; checking it is the one asked for" if ready else "building the recognizer")
         + f" in the background (log: {log_path}); until it is loaded, speech requests get 503 with Retry-After"
     )
+
+
+def _voice_status(run: Path) -> None:
+    """The recognizer's stage (switchboard/ops/voice.py), if `make serve` started it."""
+    try:
+        state = json.loads((run / "voice.json").read_text())
+    except (OSError, ValueError):
+        return
+    detail = f" ({state['error']})" if state.get("error") else ""
+    print(f"voice: {state['stage']}{detail}, recognizer {state['model']}")
 
 
 def replica_arguments(args: argparse.Namespace, i: int) -> argparse.Namespace:
