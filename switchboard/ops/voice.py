@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 from switchboard import paths
 from switchboard.ops.launch import operator_key
 from switchboard.ops.model_control import ModelControlError, load_model
+from switchboard.ops.process import pid_file
 
 DEFAULT_MODEL = paths.BUILD / "asr-default-model"
 STATE = "voice.json"
@@ -106,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     joiner = Joiner(args)
     signal.signal(signal.SIGINT, joiner.stop)
     signal.signal(signal.SIGTERM, joiner.stop)
-    return joiner.join()
+    try:
+        return joiner.join()
+    finally:  # done: `make stop` has nothing of ours to stop (and must not signal a reused pid)
+        pidfile = pid_file(args.run_dir, "voice")
+        if pidfile.is_file() and pidfile.read_text().strip() == str(os.getpid()):
+            pidfile.unlink()
 
 
 if __name__ == "__main__":
