@@ -1,0 +1,201 @@
+"""Which queued ASR requests run together: batching by audio length, and the count baseline.
+
+Seed 001's incident: audio of very different lengths batched together made the short requests
+wait for the long ones. A Whisper batch costs about as much as its longest item (every row is
+padded to it, and decoding runs until the longest transcript ends), so a 2 s question batched
+with a 30 s voicemail waits for the voicemail. ``LengthBatcher`` keeps lengths in a batch
+within ``max_ratio`` of each other and runs short work first; ``CountBatcher`` is the plain
+count/timeout policy (Triton's dynamic batcher: FIFO, run when full or timed out) the seed-001
+experiment measures it against. ``make_batcher(name)`` picks one by name, so the pool holds
+the policy and never its rules.
+
+Both are pure: no threads, no clock; the caller passes ``now`` (any monotonic seconds, the same
+clock as ``Item.arrival``), calls ``take(now)`` when a worker is free and sleeps until
+``next_due(now)`` otherwise. That keeps every decision testable to the microsecond.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Item:
+    """One queued request: ``seconds`` of audio; ``priority`` 1 is VIP, larger waits; ``arrival``
+    on the caller's clock."""
+
+    key: Any
+    seconds: float
+    priority: int = 2
+    arrival: float = 0.0
+
+
+class _Queue:
+    """What both policies share: the queue, in arrival order (insertion order among ties)."""
+
+    def __init__(self, max_batch: int = 8, max_wait_s: float = 0.01):
+        if max_batch < 1:
+            raise ValueError(f"batcher: max_batch must be at least 1, got {max_batch}")
+        if not max_wait_s >= 0:
+            raise ValueError(f"batcher: max_wait_s must be >= 0, got {max_wait_s}")
+        self.max_batch, self.max_wait_s = max_batch, max_wait_s
+        self._queue: list[tuple[int, Item]] = []  # (sequence, item): items are never compared
+        self._seq = 0
+
+    def add(self, item: Item) -> None:
+        if not (math.isfinite(item.seconds) and item.seconds >= 0):
+            raise ValueError(f"batcher: an item's seconds must be finite and >= 0, got {item.seconds!r}")
+        if not math.isfinite(item.arrival):
+            raise ValueError(f"batcher: an item's arrival must be finite, got {item.arrival!r}")
+        self._queue.append((self._seq, item))
+        self._seq += 1
+
+    def remove(self, key: Any) -> Item | None:
+        """Drop the queued item with ``key`` (a caller that went away); None if not queued."""
+        for i, (_, item) in enumerate(self._queue):
+            if item.key == key:
+                del self._queue[i]
+                return item
+        return None
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def take(self, now: float) -> list[Item]:
+        """The batch to run now, removed from the queue; ``[]`` when none is due yet."""
+        if not self._queue:
+            return []
+        batch, due = self._plan(now)
+        if not batch or due > now:
+            return []
+        taken = {seq for seq, _ in batch}
+        self._queue = [entry for entry in self._queue if entry[0] not in taken]
+        return [item for _, item in batch]
+
+    def next_due(self, now: float) -> float | None:
+        """When ``take`` returns a batch if nothing else arrives: ``now`` or later; None when empty."""
+        if not self._queue:
+            return None
+        return max(now, self._plan(now)[1])
+
+    def _plan(self, now: float) -> tuple[list[tuple[int, Item]], float]:
+        """The batch that would run next and the time it becomes due."""
+        raise NotImplementedError
+
+
+class CountBatcher(_Queue):
+    """The baseline: first come, first served (within a priority, as Triton's dynamic batcher with
+    priority levels), a batch runs when ``max_batch`` items wait or the oldest has waited
+    ``max_wait_s``, whatever their lengths."""
+
+    def _plan(self, now: float) -> tuple[list[tuple[int, Item]], float]:
+        order = sorted(self._queue, key=lambda e: (e[1].priority, e[1].arrival, e[0]))
+        batch = order[: self.max_batch]
+        if len(batch) == self.max_batch:
+            return batch, -math.inf
+        return batch, min(item.arrival for _, item in batch) + self.max_wait_s
+
+
+class LengthBatcher(_Queue):
+    """Batches of similar length under an audio budget, short work first (seed 001's fix).
+
+    Policy, in the order it decides:
+
+    1. The anchor, the item the next batch is built around: from the highest priority present
+       (lowest number: priority 1 never waits behind priority 2), the item that has waited
+       longest if any has waited ``starve_s`` or more (ageing: a long item cannot be passed
+       over forever by a stream of short ones), else the shortest, oldest first among equals
+       (shortest job first: a 2 s question does not wait for a 30 s voicemail that came just
+       before it; the latency it saves is the voicemail's, which hardly notices).
+    2. The batch: the anchor, then other items of its priority, then lower priorities, each
+       group shortest first, taking those that keep the batch's longest within ``max_ratio``
+       of its shortest (a batch costs its longest item: mixing lengths makes the short ones
+       pay for the long), its total audio within ``budget_s`` (what one batch may hold in
+       memory and time) and its size within ``max_batch``. An item longer than the budget
+       runs alone.
+    3. When it runs: at once when it is full (``max_batch`` items, or no item that could still
+       join, one at least its longest / ``max_ratio`` long, would fit the budget), else when
+       the anchor has waited ``max_wait_s`` (so a lone request is not held for company).
+
+    ``starve_s`` (2 s) bounds what shortest-first costs a long item: small against the 30 s of
+    audio such an item carries, and far above ``max_wait_s``, so under a mixed load the short
+    ones still go first.
+    """
+
+    def __init__(
+        self,
+        budget_s: float = 60.0,
+        max_batch: int = 8,
+        max_ratio: float = 2.0,
+        max_wait_s: float = 0.01,
+        starve_s: float = 2.0,
+    ):
+        super().__init__(max_batch, max_wait_s)
+        if not budget_s > 0:
+            raise ValueError(f"batcher: budget_s must be > 0, got {budget_s}")
+        if not max_ratio >= 1:
+            raise ValueError(f"batcher: max_ratio must be >= 1, got {max_ratio}")
+        if not starve_s >= max_wait_s:
+            raise ValueError(f"batcher: starve_s ({starve_s}) must be >= max_wait_s ({max_wait_s})")
+        self.budget_s, self.max_ratio, self.starve_s = budget_s, max_ratio, starve_s
+
+    def _anchor(self, now: float) -> tuple[int, Item]:
+        top = min(item.priority for _, item in self._queue)
+        same = [e for e in self._queue if e[1].priority == top]
+        # arrival + starve_s <= now, not now - arrival >= starve_s: the same sum next_due reports,
+        # so take(next_due(now)) sees the item as starving whatever the rounding
+        starving = [e for e in same if e[1].arrival + self.starve_s <= now]
+        if starving:
+            return min(starving, key=lambda e: (e[1].arrival, e[0]))
+        return min(same, key=lambda e: (e[1].seconds, e[1].arrival, e[0]))
+
+    def _plan(self, now: float) -> tuple[list[tuple[int, Item]], float]:
+        anchor = self._anchor(now)
+        batch, total = [anchor], anchor[1].seconds
+        lo = hi = anchor[1].seconds
+        if total > self.budget_s:
+            return batch, -math.inf
+        others = sorted(
+            (e for e in self._queue if e[0] != anchor[0]),
+            key=lambda e: (e[1].priority, e[1].seconds, e[1].arrival, e[0]),
+        )
+        for entry in others:
+            if len(batch) == self.max_batch:
+                break
+            s = entry[1].seconds
+            if total + s > self.budget_s or max(hi, s) > self.max_ratio * min(lo, s):
+                continue
+            batch.append(entry)
+            total, lo, hi = total + s, min(lo, s), max(hi, s)
+        full = len(batch) == self.max_batch or total + hi / self.max_ratio > self.budget_s
+        due = -math.inf if full else anchor[1].arrival + self.max_wait_s
+        # ageing can change the anchor before that: an item of the anchor's priority reaching
+        # starve_s becomes the anchor and, having waited longer than max_wait_s, is due at once
+        ageing = [
+            e[1].arrival + self.starve_s
+            for e in self._queue
+            if e[1].priority == anchor[1].priority and e[1].arrival + self.starve_s > now
+        ]
+        if ageing:
+            due = min(due, min(ageing))
+        batch.sort(key=lambda e: (e[1].seconds, e[1].arrival, e[0]))
+        return batch, due
+
+
+_BATCHERS = {"length": LengthBatcher, "count": CountBatcher}
+
+
+def make_batcher(name: str, **kw: Any) -> LengthBatcher | CountBatcher:
+    """The batcher called ``name`` ("length" or "count") with its parameters; a ValueError names
+    an unknown batcher or a parameter it does not take."""
+    cls = _BATCHERS.get(name)
+    if cls is None:
+        raise ValueError(f"batcher: unknown batcher {name!r}; choose one of {', '.join(sorted(_BATCHERS))}")
+    params = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    unknown = sorted(set(kw) - params)
+    if unknown:
+        raise ValueError(f"batcher: {name!r} takes {', '.join(sorted(params))}; not {', '.join(unknown)}")
+    return cls(**kw)

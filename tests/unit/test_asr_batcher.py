@@ -1,0 +1,196 @@
+"""switchboard.asr.batcher: length-aware batching keeps short audio away from long audio (seed
+001), within a budget, VIPs first, nothing starved; the count baseline mixes them."""
+
+import math
+import random
+
+import pytest
+
+from switchboard.asr.batcher import CountBatcher, Item, LengthBatcher, make_batcher
+
+
+def keys(batch):
+    return [item.key for item in batch]
+
+
+def filled(batcher, *items):
+    for item in items:
+        batcher.add(item)
+    return batcher
+
+
+def drain(batcher, now=100.0):
+    batches = []
+    while len(batcher):
+        batch = batcher.take(now)
+        assert batch, "a queue past every deadline must yield a batch"
+        batches.append(batch)
+    return batches
+
+
+def test_shorts_and_longs_are_never_mixed_beyond_max_ratio():
+    b = LengthBatcher(budget_s=1000, max_batch=16, max_ratio=2.0)
+    lengths = [2, 30, 2.5, 28, 3, 16, 1, 40, 3.9, 25, 8, 2.1]
+    filled(b, *(Item(i, s, arrival=i * 0.001) for i, s in enumerate(lengths)))
+    batches = drain(b)
+    assert sorted(k for batch in batches for k in keys(batch)) == list(range(len(lengths)))
+    for batch in batches:
+        seconds = [item.seconds for item in batch]
+        assert max(seconds) <= 2.0 * min(seconds)
+        assert seconds == sorted(seconds)  # shortest first within a batch
+
+
+def test_short_work_runs_first():
+    b = filled(LengthBatcher(), Item("long", 30.0, arrival=0.0), Item("short", 2.0, arrival=0.001))
+    assert keys(b.take(1.0)) == ["short"]
+    assert keys(b.take(1.0)) == ["long"]
+
+
+def test_the_budget_is_respected():
+    b = LengthBatcher(budget_s=60.0, max_batch=8, max_ratio=4.0)
+    filled(b, *(Item(i, 25.0, arrival=0.0) for i in range(5)))
+    batches = drain(b)
+    assert [len(batch) for batch in batches] == [2, 2, 1]
+    assert all(sum(item.seconds for item in batch) <= 60.0 for batch in batches)
+
+
+def test_max_batch_is_respected():
+    b = filled(LengthBatcher(max_batch=3), *(Item(i, 2.0) for i in range(7)))
+    assert [len(batch) for batch in drain(b)] == [3, 3, 1]
+
+
+def test_an_item_longer_than_the_budget_runs_alone_and_at_once():
+    b = filled(
+        LengthBatcher(budget_s=60.0, starve_s=5.0), Item("huge", 90.0, arrival=0.0), Item("also", 80.0, arrival=0.0)
+    )
+    assert b.next_due(0.0) == 0.0
+    assert keys(b.take(0.0)) == ["also"]  # the shorter of the two, alone
+    assert keys(b.take(0.0)) == ["huge"]
+
+
+def test_an_item_over_the_budget_never_joins_a_batch():
+    b = filled(LengthBatcher(budget_s=60.0, max_ratio=100.0), Item("a", 1.0), Item("huge", 61.0))
+    assert keys(b.take(10.0)) == ["a"]
+
+
+def test_priority_1_never_waits_behind_priority_2():
+    b = LengthBatcher()
+    filled(b, Item("old", 2.0, priority=2, arrival=0.0), Item("vip", 30.0, priority=1, arrival=0.5))
+    assert keys(b.take(10.0)) == ["vip"]  # longer and younger, but a VIP
+    assert keys(b.take(10.0)) == ["old"]
+
+
+def test_priority_2_fills_room_left_in_a_vip_batch():
+    b = LengthBatcher(max_batch=4)
+    filled(b, Item("vip", 3.0, priority=1), Item("p2", 3.5, priority=2), Item("far", 30.0, priority=2))
+    assert keys(b.take(1.0)) == ["vip", "p2"]
+
+
+def test_ageing_prevents_starvation():
+    b = LengthBatcher(max_wait_s=0.01, starve_s=2.0)
+    b.add(Item("long", 30.0, arrival=0.0))
+    t = 0.0
+    served = []
+    # a steady stream of short questions, each ready before the previous one ran
+    while "long" not in served:
+        t += 0.1
+        b.add(Item(f"s{t:.1f}", 2.0, arrival=t))
+        served += keys(b.take(t + 0.02))
+        assert t < 3.0, "the long item starved"
+    assert 1.95 <= t <= 2.05
+
+
+def test_ageing_within_a_priority_only():
+    b = LengthBatcher(starve_s=1.0)
+    filled(b, Item("p2", 2.0, priority=2, arrival=0.0), Item("vip", 30.0, priority=1, arrival=9.0))
+    assert keys(b.take(9.5)) == ["vip"]
+
+
+def test_a_batch_waits_max_wait_for_company_then_runs():
+    b = LengthBatcher(max_wait_s=0.01)
+    b.add(Item("a", 2.0, arrival=1.0))
+    assert b.take(1.005) == []
+    assert b.next_due(1.005) == pytest.approx(1.01)
+    b.add(Item("b", 2.5, arrival=1.006))
+    assert keys(b.take(1.0101)) == ["a", "b"]
+    assert len(b) == 0 and b.next_due(1.0101) is None
+
+
+def test_a_full_batch_runs_at_once():
+    b = filled(LengthBatcher(max_batch=2), Item("a", 2.0, arrival=1.0), Item("b", 2.0, arrival=1.0))
+    assert b.next_due(1.0) == 1.0
+    assert keys(b.take(1.0)) == ["a", "b"]
+    # full by budget: no item that could still join (>= 20 s, within the ratio of 40 s) fits
+    b = filled(LengthBatcher(budget_s=55.0), Item("c", 40.0, arrival=2.0))
+    assert keys(b.take(2.0)) == ["c"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_next_due_is_exactly_when_take_answers(seed):
+    rng = random.Random(seed)
+    b = LengthBatcher(budget_s=60.0, max_batch=4, max_wait_s=0.05, starve_s=0.5)
+    now = 0.0
+    for i in range(30):
+        b.add(Item(i, rng.choice([1.0, 2.0, 3.0, 15.0, 30.0, 70.0]), rng.choice([1, 2, 2]), now))
+        now += rng.random() * 0.05
+        due = b.next_due(now)
+        assert due >= now
+        if due > now:
+            assert b.take(now) == []
+            assert b.take(math.nextafter(due, -math.inf)) == []
+        assert b.take(due)
+        now = due
+
+
+def test_count_baseline_is_fifo_and_mixes_lengths():
+    b = CountBatcher(max_batch=3, max_wait_s=0.01)
+    filled(b, Item("long", 30.0, arrival=0.0), Item("short", 2.0, arrival=0.001), Item("mid", 9.0, arrival=0.002))
+    assert keys(b.take(0.0)) == ["long", "short", "mid"]  # full: runs at once, lengths mixed
+
+
+def test_count_baseline_times_out_from_the_oldest():
+    b = filled(CountBatcher(max_batch=8, max_wait_s=0.01), Item("a", 2.0, arrival=1.0), Item("b", 30.0, arrival=1.004))
+    assert b.take(1.009) == []
+    assert b.next_due(1.009) == pytest.approx(1.01)
+    assert keys(b.take(1.0101)) == ["a", "b"]
+
+
+def test_count_baseline_serves_priorities_in_order():
+    b = filled(
+        CountBatcher(max_batch=1), Item("p2", 2.0, priority=2, arrival=0.0), Item("vip", 30.0, priority=1, arrival=1.0)
+    )
+    assert keys(b.take(5.0)) == ["vip"]
+
+
+def test_remove_a_queued_item():
+    for b in (LengthBatcher(), CountBatcher()):
+        filled(b, Item("a", 2.0), Item("b", 2.0))
+        assert b.remove("a").key == "a"
+        assert b.remove("a") is None
+        assert len(b) == 1 and keys(b.take(1.0)) == ["b"]
+
+
+def test_bad_items_and_parameters_are_refused():
+    b = LengthBatcher()
+    for bad in (Item("x", -1.0), Item("x", math.nan), Item("x", math.inf), Item("x", 1.0, arrival=math.nan)):
+        with pytest.raises(ValueError, match="batcher"):
+            b.add(bad)
+    assert len(b) == 0
+    for kw in ({"max_batch": 0}, {"budget_s": 0}, {"max_ratio": 0.5}, {"max_wait_s": 1.0, "starve_s": 0.5}):
+        with pytest.raises(ValueError, match="batcher"):
+            LengthBatcher(**kw)
+
+
+def test_make_batcher_by_name():
+    length = make_batcher("length", budget_s=30.0, max_batch=4)
+    assert isinstance(length, LengthBatcher) and length.budget_s == 30.0 and length.max_batch == 4
+    assert isinstance(make_batcher("count", max_batch=2), CountBatcher)
+    with pytest.raises(ValueError, match="length"):
+        make_batcher("fifo")
+    with pytest.raises(ValueError, match="budget_s"):
+        make_batcher("count", budget_s=30.0)
+
+
+def test_empty_batchers_have_nothing_due():
+    for b in (LengthBatcher(), CountBatcher()):
+        assert len(b) == 0 and b.take(0.0) == [] and b.next_due(0.0) is None
