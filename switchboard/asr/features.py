@@ -6,8 +6,8 @@ to transformers' own within float32 rounding.
 
 Two ways to frame audio:
 - ``frames=None``: the features of the samples as they are (variable-length models, trained
-  on batches padded to their longest item with each item's own floor, the value zero-padded
-  samples get, so a padded item reads as Whisper's window padded with silence);
+  on batches padded to their longest item with the value zero-padded samples get, so a padded
+  item reads as Whisper's window padded with silence);
 - ``frames=N``: the samples zero-padded (or cut) to ``N`` frames first, as pretrained Whisper
   expects (N = 3,000 for its 30 s window); the same numbers transformers gives.
 """
@@ -21,6 +21,7 @@ import numpy as np
 SAMPLE_RATE = 16_000
 N_FFT = 400
 HOP = 160
+SILENCE = -1.5  # every feature of all-zero samples: (log10(1e-10) + 4) / 4
 
 
 def _hz_to_mel(hz):
@@ -68,8 +69,8 @@ def log_mel(samples: np.ndarray, n_mels: int = 80, frames: int | None = None) ->
     if frames is not None:
         want = frames * HOP
         samples = samples[:want] if len(samples) >= want else np.pad(samples, (0, want - len(samples)))
-    if len(samples) == 0:
-        samples = np.zeros(HOP, dtype=np.float32)
+    if len(samples) < HOP:  # at least one frame: a click of a few samples is still audio
+        samples = np.pad(samples, (0, HOP - len(samples)))
     pad = N_FFT // 2
     padded = np.pad(samples.astype(np.float64), (pad, pad), mode="reflect" if len(samples) > pad else "constant")
     n_frames = 1 + (len(padded) - N_FFT) // HOP
@@ -84,11 +85,13 @@ def log_mel(samples: np.ndarray, n_mels: int = 80, frames: int | None = None) ->
 
 def pad_batch(features: list[np.ndarray], frames: int | None = None) -> np.ndarray:
     """[batch, n_mels, T] from per-item [n_mels, t_i]: T = ``frames`` or the longest t_i; each
-    shorter item padded with its own floor (its minimum: what silence gets after the clamp)."""
+    shorter item padded with what zero samples get after Whisper's clamp: its maximum less 2
+    (the clamp is 8 below the maximum in log10 units, /4 after scaling), but no lower than the
+    features of pure silence, -1.5."""
     longest = frames or max(f.shape[1] for f in features)
     out = np.empty((len(features), features[0].shape[0], longest), dtype=np.float32)
     for i, f in enumerate(features):
         n = min(longest, f.shape[1])
         out[i, :, :n] = f[:, :n]
-        out[i, :, n:] = f.min()
+        out[i, :, n:] = max(float(f.max()) - 2.0, SILENCE)
     return out

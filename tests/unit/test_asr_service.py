@@ -1,0 +1,181 @@
+"""AsrService with a fake recognizer: order of streamed text, failures that stay alone."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from switchboard.asr.audio import encode_wav
+from switchboard.asr.batcher import make_batcher
+from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
+
+RATE = 16_000
+
+
+def tone(seconds: float, hz: float = 220.0) -> np.ndarray:
+    t = np.arange(int(seconds * RATE)) / RATE
+    return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def speech(*parts: float, gap_s: float = 0.6) -> bytes:
+    """Tones of the given lengths separated by silences, as a WAV file."""
+    pieces = []
+    for i, seconds in enumerate(parts):
+        pieces += [tone(seconds, 200 + 50 * i), np.zeros(int(gap_s * RATE), np.float32)]
+    return encode_wav(np.concatenate(pieces))
+
+
+@dataclass
+class Transcript:
+    text: str
+    language: str | None
+    tokens: list
+
+
+class FakeRecognizer:
+    """Transcribes a chunk as its length in tenths of a second, streamed in two deltas; a chunk
+    of exactly ``poison_s`` seconds makes the whole batch raise."""
+
+    languages = ["en", "zh"]
+    multilingual = True
+
+    def __init__(self, poison_s: float | None = None):
+        self.poison_s, self.batches = poison_s, []
+        self.lock = threading.Lock()
+
+    def features(self, samples):
+        return np.full((1, 1), len(samples) / RATE, np.float32)
+
+    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None):
+        seconds = [float(f[0, 0]) for f in features]
+        with self.lock:
+            self.batches.append(seconds)
+        if self.poison_s is not None and any(abs(s - self.poison_s) < 0.05 for s in seconds):
+            raise RuntimeError("poisoned batch")
+        out = []
+        for row, s in enumerate(seconds):
+            text = f" chunk{round(s * 10)}"
+            if on_delta:
+                on_delta(row, text[:3])
+                on_delta(row, text[3:])
+            out.append(Transcript(text, languages[row] or "en", []))
+        return out
+
+
+class Sink:
+    def __init__(self):
+        self.deltas, self.result, self.failure = [], None, None
+        self.finished = threading.Event()
+
+    def delta(self, text):
+        self.deltas.append(text)
+
+    def done(self, result):
+        self.result = result
+        self.finished.set()
+
+    def error(self, error):
+        self.failure = error
+        self.finished.set()
+
+
+@pytest.fixture
+def service_for():
+    made = []
+
+    def make(model, **kw):
+        batcher = make_batcher("length", budget_s=60.0, max_batch=8, max_ratio=2.0, max_wait_s=0.02)
+        service = AsrService(model, batcher, **kw)
+        made.append(service)
+        return service
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def run(service, audio: bytes, **kw) -> Sink:
+    sink = Sink()
+    service.submit(AsrJob(audio=audio, sink=sink, **kw))
+    assert sink.finished.wait(10), "no answer"
+    return sink
+
+
+def test_a_question_streams_its_text_then_the_result(service_for):
+    sink = run(service_for(FakeRecognizer()), speech(2.0))
+    assert sink.failure is None
+    assert "".join(sink.deltas) == sink.result.text
+    assert sink.result.chunks == 1 and sink.result.duration == pytest.approx(2.6, abs=0.01)
+    assert sink.result.segments[0]["start"] == 0.0 and sink.result.segments[0]["text"] == sink.result.text
+    assert sink.result.queue_ms is not None and sink.result.asr_ms >= sink.result.queue_ms
+
+
+def test_long_audio_is_cut_into_chunks_whose_text_goes_out_in_order(service_for):
+    model = FakeRecognizer()
+    sink = run(service_for(model, chunk_s=5.0), speech(4.0, 3.0, 4.0, 2.0))
+    assert sink.failure is None and sink.result.chunks >= 3
+    assert "".join(sink.deltas) == sink.result.text
+    assert [s["id"] for s in sink.result.segments] == list(range(sink.result.chunks))
+    starts = [s["start"] for s in sink.result.segments]
+    assert starts == sorted(starts)
+    assert all(s["end"] - s["start"] <= 5.0 + 1e-6 for s in sink.result.segments)
+
+
+def test_an_undecodable_file_fails_alone(service_for):
+    service = service_for(FakeRecognizer())
+    bad, good = Sink(), Sink()
+    service.submit(AsrJob(audio=b"this is not audio at all" * 10, sink=bad))
+    service.submit(AsrJob(audio=speech(1.5), sink=good))
+    assert bad.finished.wait(10) and good.finished.wait(10)
+    assert isinstance(bad.failure, AsrRequestError) and bad.failure.code == "not_audio"
+    assert good.failure is None and good.result.text
+
+
+def test_a_batch_that_raises_is_run_again_item_by_item(service_for):
+    model = FakeRecognizer(poison_s=3.0)  # the 2.4 s + 0.6 s gap question poisons its batch
+    service = service_for(model)
+    poisoned, fine = Sink(), Sink()
+    service.submit(AsrJob(audio=speech(2.4), sink=poisoned))
+    service.submit(AsrJob(audio=speech(2.0), sink=fine))
+    assert poisoned.finished.wait(10) and fine.finished.wait(10)
+    assert poisoned.failure is not None and not isinstance(poisoned.failure, AsrRequestError)
+    assert fine.failure is None and fine.result.text
+
+
+def test_silence_is_an_empty_transcript_without_the_model(service_for):
+    model = FakeRecognizer()
+    sink = run(service_for(model), encode_wav(np.zeros(RATE * 2, np.float32)))
+    assert sink.failure is None and sink.result.text == "" and sink.result.chunks == 0
+    assert model.batches == []
+
+
+def test_an_unknown_language_is_refused(service_for):
+    sink = run(service_for(FakeRecognizer()), speech(1.0), language="fr")
+    assert isinstance(sink.failure, AsrRequestError) and sink.failure.code == "bad_language"
+    assert "en, zh" in str(sink.failure)
+
+
+def test_too_much_audio_waiting_is_refused_as_unavailable(service_for):
+    gate = threading.Event()
+
+    class Slow(FakeRecognizer):
+        def transcribe(self, *a, **kw):
+            gate.wait(10)
+            return super().transcribe(*a, **kw)
+
+    service = service_for(Slow(), max_pending_s=5.0)
+    first, second = Sink(), Sink()
+    service.submit(AsrJob(audio=speech(3.0), sink=first))
+    for _ in range(1000):  # the first one decoded and waiting
+        if service.pending_s > 0:
+            break
+        threading.Event().wait(0.01)
+    service.submit(AsrJob(audio=speech(3.0), sink=second))
+    assert second.finished.wait(10)
+    assert isinstance(second.failure, AsrRequestError) and second.failure.code == "unavailable"
+    gate.set()
+    assert first.finished.wait(10) and first.failure is None
+    assert service.pending_s == 0.0
