@@ -1,6 +1,8 @@
 """switchboard-chat: talk to a running Switchboard from the terminal.
 
 One-shot:     switchboard-chat "How do I return a damaged item?"
+Spoken:       switchboard-chat --audio question.wav   (WAV, FLAC, OGG...: prints what was heard,
+              then streams the answer; --language zh for Mandarin)
 Interactive:  switchboard-chat            (one session for the whole conversation)
 """
 
@@ -10,13 +12,17 @@ import argparse
 import os
 import sys
 import uuid
+from pathlib import Path
 
-from switchboard.client.sdk import ChatClient, ChatError, ChatStats
+from switchboard.client.sdk import ChatClient, ChatError, ChatStats, Heard
 
 
 def _stats_line(stats: ChatStats) -> str:
     ttft = f"{stats.ttft_ms:.0f} ms" if stats.ttft_ms is not None else "-"
     extra = " fallback" if stats.fallback else ""
+    if stats.asr:
+        asr_ms = stats.asr.get("asr_ms")
+        extra += f", heard {stats.asr.get('audio_s') or 0:.1f} s of audio in {asr_ms or 0:.0f} ms"
     return (
         f"[{stats.route} pool, prompt {stats.prompt_tokens} tokens, reused {stats.reused_tokens}, "
         f"generated {stats.generated_tokens}, first token {ttft}{extra}]"
@@ -45,6 +51,40 @@ def ask(client: ChatClient, text: str, args, session_id: str | None) -> int:
     return 0
 
 
+def ask_aloud(client: ChatClient, path: Path, args, session_id: str | None) -> int:
+    """A spoken question: what the recognizer heard, then the answer as it streams."""
+    try:
+        audio = path.read_bytes()
+    except OSError as e:
+        print(f"error: cannot read {path}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    try:
+        for event in client.voice_chat(
+            audio,
+            session_id=session_id,
+            priority=args.priority,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            language=args.language,
+        ):
+            if isinstance(event, Heard):
+                if not event.transcript.strip():
+                    print(f"no speech heard in {path}", file=sys.stderr)
+                    return 1
+                print(f"heard: {event.transcript}", flush=True)
+            elif isinstance(event, ChatStats):
+                print()
+                if args.stats:
+                    print(_stats_line(event), file=sys.stderr)
+            else:
+                print(event, end="", flush=True)
+    except ChatError as e:
+        print(f"\nerror ({e.code}): {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="switchboard-chat",
@@ -53,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     p.add_argument("text", nargs="?", help="message to send; omit for an interactive session")
+    p.add_argument(
+        "--audio",
+        type=Path,
+        metavar="FILE",
+        help="ask with a recording instead of text (WAV, FLAC, OGG...): the transcript, then the answer",
+    )
+    p.add_argument("--language", help="the recording's language (en, zh; default: the recognizer detects it)")
     p.add_argument(
         "--url",
         default=os.environ.get("SWITCHBOARD_URL", f"127.0.0.1:{os.environ.get('GRPC_PORT', 8001)}"),
@@ -66,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stats", action=argparse.BooleanOptionalAction, default=True, help="print stats after each answer")
     args = p.parse_args(argv)
     client = ChatClient(args.url)
+    if args.audio is not None:
+        if args.text is not None:
+            p.error("give a message or --audio, not both")
+        return ask_aloud(client, args.audio, args, args.session)
+    if args.language is not None:
+        p.error("--language goes with --audio")
     if args.text is not None:
         return ask(client, args.text, args, args.session)
     session = args.session or f"cli-{uuid.uuid4().hex[:12]}"

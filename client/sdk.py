@@ -1,4 +1,6 @@
-"""gRPC client for the ``chat`` model (streaming), built on tritonclient.
+"""gRPC client for the ``chat`` model (streaming), built on tritonclient; and for the voice
+channel: ``asr`` (an audio file in, its transcript out: ``transcribe``) and ``voice_chat`` (a
+caller's audio in: what the recognizer heard, then chat's answer: ``voice_chat``).
 
 Priority contract: ``priority=1`` (live/VIP) or ``2`` (default). The SDK sets Triton's
 request priority, which orders the queue of the ``chat`` model, and sends the same value as
@@ -18,6 +20,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import AsyncIterator, Iterator
 
 import grpc
@@ -26,7 +29,18 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from switchboard.wire import PRIORITY_PARAMETER, SESSION_HEADER, Chat, ChatStats, Pool, channel_args, untag
+from switchboard.wire import (
+    PRIORITY_PARAMETER,
+    SESSION_HEADER,
+    Asr,
+    AsrResult,
+    Chat,
+    ChatStats,
+    Pool,
+    VoiceChat,
+    channel_args,
+    untag,
+)
 
 _ids = itertools.count()
 
@@ -85,7 +99,15 @@ def chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history=No
     conversation before ``text`` (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``)
     for a stateless chat."""
     raw = text if isinstance(text, bytes) else text.encode("utf-8")
-    inputs = [(Chat.TEXT, raw, np.object_, "BYTES")]
+    return [
+        (Chat.TEXT, raw, np.object_, "BYTES"),
+        *turn_inputs(session_id, max_new_tokens, temperature, top_p, history),
+    ]
+
+
+def turn_inputs(session_id, max_new_tokens, temperature, top_p, history=None) -> list[tuple]:
+    """``chat_inputs`` but the text: chat's optional inputs, which ``voice_chat`` takes too."""
+    inputs = []
     if session_id is not None:
         sid = session_id if isinstance(session_id, bytes) else session_id.encode("utf-8")
         inputs.append((Chat.SESSION_ID, sid, np.object_, "BYTES"))
@@ -101,6 +123,17 @@ def chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history=No
     return inputs
 
 
+def audio_inputs(audio, language=None) -> list[tuple]:
+    """``asr``'s inputs: the audio file's bytes as they are (the server decodes WAV, FLAC, OGG...)
+    and, when given, its language ("en", "zh"; none: detected, or the recognizer's only one)."""
+    if not isinstance(audio, (bytes, bytearray, memoryview)):
+        raise TypeError(f"audio: expected the file's bytes, got {type(audio).__name__}")
+    inputs = [(Asr.AUDIO, bytes(audio), np.object_, "BYTES")]
+    if language:
+        inputs.append((Asr.LANGUAGE, language.encode("utf-8"), np.object_, "BYTES"))
+    return inputs
+
+
 def chat_parameters(priority: int, seed) -> dict[str, int]:
     parameters = {PRIORITY_PARAMETER: int(priority)}
     if seed is not None:
@@ -108,10 +141,20 @@ def chat_parameters(priority: int, seed) -> dict[str, int]:
     return parameters
 
 
+CHAT_OUTPUTS = (Chat.TEXT_OUTPUT, Chat.STATS)
+
+
 def stream_request(
     model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p, seed, history=None
 ) -> dict:
     """Keyword arguments of tritonclient's ``async_stream_infer`` for one chat (``chat_inputs``)."""
+    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history)
+    return stream_call(model, inputs, priority, seed, CHAT_OUTPUTS)
+
+
+def stream_call(model: str, inputs: list[tuple], priority: int, seed=None, outputs=CHAT_OUTPUTS) -> dict:
+    """Keyword arguments of tritonclient's ``async_stream_infer`` for any model's ``inputs``
+    (``chat_inputs``, ``audio_inputs``...), each a ``[1, 1]`` tensor."""
 
     def tensor(name, value, dtype, triton_type):
         t = grpcclient.InferInput(name, [1, 1], triton_type)
@@ -120,11 +163,11 @@ def stream_request(
 
     return {
         "model_name": model,
-        "inputs": [tensor(*i) for i in chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history)],
+        "inputs": [tensor(*i) for i in inputs],
         "request_id": f"{os.getpid()}-{next(_ids)}",
         "priority": int(priority),
         "parameters": chat_parameters(priority, seed),
-        "outputs": [grpcclient.InferRequestedOutput(Chat.TEXT_OUTPUT), grpcclient.InferRequestedOutput(Chat.STATS)],
+        "outputs": [grpcclient.InferRequestedOutput(name) for name in outputs],
     }
 
 
@@ -134,39 +177,135 @@ _RAW = {"INT32": struct.Struct("<i").pack, "FP32": struct.Struct("<f").pack}
 def request_message(
     model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p, seed, history=None
 ) -> service_pb2.ModelInferRequest:
-    """The same chat as ``stream_request``, as the protobuf message of Triton's gRPC API: each
-    input one ``[1, 1]`` tensor in ``raw_input_contents`` (a BYTES element is its length, 4
-    bytes little-endian, then the bytes)."""
+    """The same chat as ``stream_request``, as the protobuf message of Triton's gRPC API."""
+    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history)
+    return infer_message(model, inputs, priority, seed, CHAT_OUTPUTS)
+
+
+def infer_message(
+    model: str, inputs: list[tuple], priority: int, seed=None, outputs=CHAT_OUTPUTS
+) -> service_pb2.ModelInferRequest:
+    """``stream_call``'s request as the protobuf message of Triton's gRPC API: each input one
+    ``[1, 1]`` tensor in ``raw_input_contents`` (a BYTES element is its length, 4 bytes
+    little-endian, then the bytes)."""
     request = service_pb2.ModelInferRequest(model_name=model, id=f"{os.getpid()}-{next(_ids)}")
     for name, value in chat_parameters(priority, seed).items():
         request.parameters[name].int64_param = value
     request.parameters["priority"].uint64_param = int(priority)  # Triton's queue order
-    for name, value, _, datatype in chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history):
+    for name, value, _, datatype in inputs:
         request.inputs.add(name=name, datatype=datatype, shape=(1, 1))
         try:
             raw = len(value).to_bytes(4, "little") + value if datatype == "BYTES" else _RAW[datatype](value)
         except (struct.error, OverflowError):
             raise ChatError(f"{name}: {value!r} does not fit {datatype}", "INVALID_ARGUMENT") from None
         request.raw_input_contents.append(raw)
-    request.outputs.add(name=Chat.TEXT_OUTPUT)
-    request.outputs.add(name=Chat.STATS)
+    for name in outputs:
+        request.outputs.add(name=name)
     return request
 
 
+# -- responses: each model's outputs as events -----------------------------------------------------
+# A decoder takes one response's outputs (name -> the bytes of its [1, 1] BYTES tensor; absent
+# outputs absent) and gives (its events, whether it is the request's last response).
+def chat_decoder(outputs: dict[str, bytes]) -> tuple[list, bool]:
+    """chat: text deltas (str), then its ``ChatStats`` on the last response."""
+    events: list = []
+    if outputs.get(Chat.TEXT_OUTPUT):
+        events.append(outputs[Chat.TEXT_OUTPUT].decode("utf-8"))
+    if Chat.STATS in outputs:
+        events.append(ChatStats.from_json(outputs[Chat.STATS]))
+    return events, Chat.STATS in outputs
+
+
+def asr_decoder(outputs: dict[str, bytes]) -> tuple[list, bool]:
+    """asr: transcript deltas (str), then the ``AsrResult`` (its ``result`` is "" before the last)."""
+    events: list = []
+    if outputs.get(Asr.TEXT):
+        events.append(outputs[Asr.TEXT].decode("utf-8"))
+    if outputs.get(Asr.RESULT):
+        events.append(AsrResult.from_json(outputs[Asr.RESULT]))
+    return events, bool(outputs.get(Asr.RESULT))
+
+
+def voice_decoder(outputs: dict[str, bytes]) -> tuple[list, bool]:
+    """voice_chat: ``Heard`` (its first response's stats name the transcript), then chat's
+    deltas and ``ChatStats`` (with ``asr``), which end it."""
+    events: list = []
+    if outputs.get(VoiceChat.TEXT_OUTPUT):
+        events.append(outputs[VoiceChat.TEXT_OUTPUT].decode("utf-8"))
+    if not outputs.get(VoiceChat.STATS):
+        return events, False
+    stats = json.loads(outputs[VoiceChat.STATS])
+    if "transcript" in stats:
+        return [Heard.from_dict(stats), *events], False
+    return [*events, ChatStats.from_dict(stats)], True
+
+
+def result_outputs(result, names) -> dict[str, bytes]:
+    """The outputs of one tritonclient ``InferResult``."""
+    out = {}
+    for name in names:
+        value = result.as_numpy(name)
+        if value is not None:
+            out[name] = value.reshape(-1)[0]
+    return out
+
+
 def parse_response(result, error) -> tuple[str, ChatStats | None]:
-    """(text delta, stats if this is the last response) of one streamed response; an error
-    response (always the request's last) raises ``ChatError``."""
+    """(text delta, stats if this is the last response) of one streamed response of chat; an
+    error response (always the request's last) raises ``ChatError``."""
     if error is not None:
         code, message = error_of(error)
         raise ChatError(message, code)
-    delta, stats = "", None
-    text_out = result.as_numpy(Chat.TEXT_OUTPUT)
-    if text_out is not None:
-        delta = text_out.reshape(-1)[0].decode("utf-8")
-    blob = result.as_numpy(Chat.STATS)
-    if blob is not None:
-        stats = ChatStats.from_json(blob.reshape(-1)[0])
+    events, _ = chat_decoder(result_outputs(result, CHAT_OUTPUTS))
+    delta = next((e for e in events if isinstance(e, str)), "")
+    stats = next((e for e in events if isinstance(e, ChatStats)), None)
     return delta, stats
+
+
+@dataclass(frozen=True)
+class Heard:
+    """What the recognizer heard: ``voice_chat``'s first event, before the answer. An empty
+    ``transcript`` (silence) is followed by no answer, only the stats."""
+
+    transcript: str
+    language: str | None = None
+    asr_ms: float | None = None
+    audio_s: float | None = None  # seconds of audio
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Heard":
+        return cls(str(d.get("transcript") or ""), d.get("language"), d.get("asr_ms"), d.get("audio_s"))
+
+    def to_dict(self) -> dict:
+        return {
+            "transcript": self.transcript,
+            "language": self.language,
+            "asr_ms": self.asr_ms,
+            "audio_s": self.audio_s,
+        }
+
+
+@dataclass(frozen=True)
+class VoiceReply:
+    """A whole voice chat: what was heard, the answer (empty after silence), its stats."""
+
+    heard: Heard
+    text: str
+    stats: ChatStats | None
+
+
+def collect_voice(events: list) -> VoiceReply:
+    heard = next((e for e in events if isinstance(e, Heard)), Heard(""))
+    stats = next((e for e in events if isinstance(e, ChatStats)), None)
+    return VoiceReply(heard, "".join(e for e in events if isinstance(e, str)), stats)
+
+
+def collect_transcript(events: list) -> AsrResult:
+    result = next((e for e in events if isinstance(e, AsrResult)), None)
+    if result is None:  # the stream ended without its result: the server went away mid-transcript
+        raise ChatError("the transcription ended without its result", "UNAVAILABLE")
+    return result
 
 
 class ChatClient:
@@ -176,21 +315,28 @@ class ChatClient:
         model: str = "chat",
         timeout_s: float = 120.0,
         private_connection: bool = False,
+        *,
+        asr_model: str = "asr",
+        voice_model: str = "voice_chat",
     ):
         """``private_connection``: chats do not share this process's connection to ``url``
-        (``channel_args``); for health checks."""
+        (``channel_args``); for health checks. ``asr_model``, ``voice_model``: the Triton models
+        ``transcribe`` and ``voice_chat`` call."""
         self.url = url
         self.model = model
+        self.asr_model = asr_model
+        self.voice_model = voice_model
         self.timeout_s = timeout_s
         self._channel_args = channel_args(private_connection)
 
     def _client(self) -> grpcclient.InferenceServerClient:
         return grpcclient.InferenceServerClient(self.url, channel_args=self._channel_args)
 
-    def ready(self) -> bool:
+    def ready(self, model: str | None = None) -> bool:
+        """The server and ``model`` (default: the chat model) are ready."""
         with self._client() as c:
             try:
-                return c.is_server_ready() and c.is_model_ready(self.model)
+                return c.is_server_ready() and c.is_model_ready(model or self.model)
             except InferenceServerException:
                 return False
 
@@ -221,23 +367,64 @@ class ChatClient:
                 parts.append(event)
         return ChatReply("".join(parts), stats)
 
+    def transcribe(
+        self, audio: bytes, language: str | None = None, priority: int = 2, stream: bool = False
+    ) -> AsrResult | Iterator[str | AsrResult]:
+        """The transcript of an audio file (its bytes: WAV, FLAC, OGG...). ``stream=False``: the
+        whole ``AsrResult`` (text, language, duration, segments, timings). ``stream=True``: an
+        iterator of text deltas (str) ending with the ``AsrResult``. Silence gives an empty
+        text; audio the server refuses raises ``ChatError`` (INVALID_ARGUMENT, its message
+        headed by the reason: ``[too_long] ...``; UNAVAILABLE while the recognizer is not loaded)."""
+        inputs = audio_inputs(audio, language)  # a wrong type fails here, not at the first event
+        events = self._run(partial(stream_call, self.asr_model, inputs, priority, None, Asr.OUTPUTS), None, asr_decoder)
+        return events if stream else collect_transcript(list(events))
+
+    def voice_chat(
+        self,
+        audio: bytes,
+        session_id: str | None = None,
+        stream: bool = True,
+        priority: int = 2,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        *,
+        language: str | None = None,
+        history: list[dict] | None = None,
+    ) -> Iterator[Heard | str | ChatStats] | VoiceReply:
+        """A turn spoken instead of typed: the audio is transcribed, the transcript answered as
+        ``chat`` answers text (the session's history, priority, limits). ``stream=True``: an
+        iterator of one ``Heard`` (the transcript), then text deltas (str), then ``ChatStats``
+        (its ``asr``: transcript, language, asr_ms, audio_s). ``stream=False``: the whole
+        ``VoiceReply``. Silence: ``Heard("")``, no answer, the stats."""
+        inputs = audio_inputs(audio, language) + turn_inputs(session_id, max_new_tokens, temperature, top_p, history)
+        request = partial(stream_call, self.voice_model, inputs, priority, seed, CHAT_OUTPUTS)
+        events = self._run(request, session_headers(session_id), voice_decoder)
+        return events if stream else collect_voice(list(events))
+
     def _events(self, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history=None):
-        request = stream_request(
-            self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history
-        )
-        # Behind a balancer (switchboard.ops.balancer) a chat that got nothing from a replica that
-        # died or could not be reached is sent again: the balancer has another one. Once text
-        # arrived, a broken stream is the caller's error (the answer would start over).
+        args = (self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
+        return self._run(partial(stream_request, *args), session_headers(session_id), chat_decoder)
+
+    def _run(self, build, headers: dict | None, decode):
+        """The events of the request ``build()`` makes (at the first event, as a generator does
+        its work), each response through ``decode``."""
+        request = build()
+        outputs = [o.name() for o in request["outputs"]]
+        # Behind a balancer (switchboard.ops.balancer) a request that got nothing from a replica
+        # that died or could not be reached is sent again: the balancer has another one. Once
+        # something arrived, a broken stream is the caller's error (the answer would start over).
         for attempt in range(1 + RETRIES_BEFORE_ANSWER):
             try:
-                yield from self._attempt(request, session_headers(session_id))
+                yield from self._attempt(request, headers, decode, outputs)
                 return
             except _NothingReceived as e:
                 if attempt == RETRIES_BEFORE_ANSWER:
                     raise e.error from None
                 time.sleep(RETRY_AFTER_S)
 
-    def _attempt(self, request: dict, headers: dict | None):
+    def _attempt(self, request: dict, headers: dict | None, decode, outputs):
         responses: queue.Queue = queue.Queue()
         done = threading.Event()
         received = False
@@ -264,16 +451,15 @@ class ChatClient:
                     raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
                 if error is not None:
                     done.set()  # an error response is the request's last
+                    code, message = error_of(error)
                     if not received and transport_unavailable(error):
-                        code, message = error_of(error)
                         raise _NothingReceived(ChatError(message, code))
-                delta, stats = parse_response(result, error)
+                    raise ChatError(message, code)
+                events, last = decode(result_outputs(result, outputs))
                 received = True
-                if delta:
-                    yield delta
-                if stats is not None:
+                if last:
                     done.set()
-                    yield stats
+                yield from events
         finally:
             close_stream(client, cancel=not done.is_set())
 
@@ -325,10 +511,19 @@ class AsyncChatClient:
     """
 
     def __init__(
-        self, url: str = "127.0.0.1:8001", model: str = "chat", timeout_s: float = 120.0, idle_streams: int = 64
+        self,
+        url: str = "127.0.0.1:8001",
+        model: str = "chat",
+        timeout_s: float = 120.0,
+        idle_streams: int = 64,
+        *,
+        asr_model: str = "asr",
+        voice_model: str = "voice_chat",
     ):
         self.url = url
         self.model = model
+        self.asr_model = asr_model
+        self.voice_model = voice_model
         self.timeout_s = timeout_s
         self.idle_streams = idle_streams
         self._channel = grpc.aio.insecure_channel(url, options=channel_args())
@@ -348,14 +543,21 @@ class AsyncChatClient:
 
     async def ready(self, timeout_s: float = 5.0) -> bool:
         """The server and the chat model are ready."""
+        return await self.model_ready(self.model, timeout_s)
+
+    async def model_ready(self, model: str, timeout_s: float = 5.0) -> bool | None:
+        """True: the server and ``model`` are ready; False: the server answers, ``model`` is not
+        ready (not loaded yet); None: the server does not answer or is not ready itself."""
         try:
             server = await self._stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=timeout_s)
             if not server.ready:
-                return False
-            model = await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=self.model), timeout=timeout_s)
-            return model.ready
+                return None
         except grpc.aio.AioRpcError:
-            return False
+            return None
+        try:
+            return (await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=model), timeout=timeout_s)).ready
+        except grpc.aio.AioRpcError as e:
+            return False if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE) else None
 
     async def chat(
         self,
@@ -379,7 +581,7 @@ class AsyncChatClient:
                 parts.append(event)
         return ChatReply("".join(parts), stats)
 
-    async def stream(
+    def stream(
         self,
         text: str,
         session_id: str | None = None,
@@ -393,14 +595,68 @@ class AsyncChatClient:
     ) -> AsyncIterator[str | ChatStats]:
         """Text deltas (str) ending with one ``ChatStats``; leaving early cancels the chat.
         ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller."""
-        request = request_message(
-            self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history
+        args = (self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
+        return self._exchange(partial(request_message, *args), session_headers(session_id), chat_decoder)
+
+    async def transcribe(self, audio: bytes, language: str | None = None, priority: int = 2) -> AsrResult:
+        """``ChatClient.transcribe``'s whole ``AsrResult``."""
+        return collect_transcript([e async for e in self.transcribe_stream(audio, language, priority)])
+
+    def transcribe_stream(
+        self, audio: bytes, language: str | None = None, priority: int = 2
+    ) -> AsyncIterator[str | AsrResult]:
+        """Transcript deltas (str) ending with the ``AsrResult``; leaving early cancels the transcription."""
+        inputs = audio_inputs(audio, language)
+        return self._exchange(
+            partial(infer_message, self.asr_model, inputs, priority, None, Asr.OUTPUTS), None, asr_decoder
         )
-        headers = session_headers(session_id)
+
+    async def voice_chat(
+        self,
+        audio: bytes,
+        session_id: str | None = None,
+        priority: int = 2,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        *,
+        language: str | None = None,
+        history: list[dict] | None = None,
+    ) -> VoiceReply:
+        """``ChatClient.voice_chat``'s whole ``VoiceReply``."""
+        events = self.voice_stream(
+            audio, session_id, priority, max_new_tokens, temperature, top_p, seed, language=language, history=history
+        )
+        return collect_voice([e async for e in events])
+
+    def voice_stream(
+        self,
+        audio: bytes,
+        session_id: str | None = None,
+        priority: int = 2,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        *,
+        language: str | None = None,
+        history: list[dict] | None = None,
+    ) -> AsyncIterator[Heard | str | ChatStats]:
+        """``stream`` for a spoken turn: one ``Heard``, then text deltas (str), then ``ChatStats``."""
+        inputs = audio_inputs(audio, language) + turn_inputs(session_id, max_new_tokens, temperature, top_p, history)
+        request = partial(infer_message, self.voice_model, inputs, priority, seed, CHAT_OUTPUTS)
+        return self._exchange(request, session_headers(session_id), voice_decoder)
+
+    async def _exchange(self, build, headers: dict | None, decode) -> AsyncIterator:
+        """The events of the request ``build()`` makes (at the first event: a value that does not
+        fit its tensor fails there, as the chat's other refusals), ``decode`` of each response, on
+        a stream of the pool (or one of its own, with ``headers``); leaving early cancels it."""
+        request = build()
         call = self._take() if headers is None else None
         done = retried = False
         try:
-            # A stream that failed before the chat's first response (a reused one that broke
+            # A stream that failed before the request's first response (a reused one that broke
             # while idle; the replica behind a balancer died): once more on a new one. No
             # response means no token yet, so the turn was neither answered nor stored.
             while True:
@@ -416,11 +672,9 @@ class AsyncChatClient:
                         raise e.error from None
                     call, retried = None, True
             while True:
-                delta, stats, done = response_events(message)
-                if delta:
-                    yield delta
-                if stats is not None:
-                    yield stats
+                events, done = decode(message_outputs(message))
+                for event in events:
+                    yield event
                 if done:
                     return
                 message = await self._read(call)
@@ -431,7 +685,7 @@ class AsyncChatClient:
                 if done and headers is None and len(self._idle) < self.idle_streams and not call.done():
                     self._idle.append(call)
                 else:
-                    call.cancel()  # cancels the chat in Triton if it is still running
+                    call.cancel()  # cancels the request in Triton if it is still running
 
     def _take(self) -> grpc.aio.StreamStreamCall | None:
         while self._idle:
@@ -474,18 +728,23 @@ class _StaleStream(Exception):
         self.error = error
 
 
-def response_events(message: service_pb2.ModelStreamInferResponse) -> tuple[str, ChatStats | None, bool]:
-    """(text delta, stats, whether it is the chat's last response) of one message of a chat's
-    stream; an error (always the chat's last response) raises ``ChatError``."""
+def message_outputs(message: service_pb2.ModelStreamInferResponse) -> dict[str, bytes]:
+    """The outputs of one message of a stream (name -> the bytes of its [1, 1] BYTES tensor); an
+    error (always the request's last response) raises ``ChatError``."""
     if message.error_message:
         code, text = error_code(message.error_message)
         raise ChatError(text, code)
-    delta, stats = "", None
     response = message.infer_response
-    for meta, raw in zip(response.outputs, response.raw_output_contents):
-        value = raw[4 : 4 + int.from_bytes(raw[:4], "little")]  # a [1, 1] BYTES tensor
-        if meta.name == Chat.TEXT_OUTPUT:
-            delta = value.decode("utf-8")
-        elif meta.name == Chat.STATS:
-            stats = ChatStats.from_json(value)
-    return delta, stats, stats is not None
+    return {
+        meta.name: raw[4 : 4 + int.from_bytes(raw[:4], "little")]
+        for meta, raw in zip(response.outputs, response.raw_output_contents)
+    }
+
+
+def response_events(message: service_pb2.ModelStreamInferResponse) -> tuple[str, ChatStats | None, bool]:
+    """(text delta, stats, whether it is the chat's last response) of one message of a chat's
+    stream; an error (always the chat's last response) raises ``ChatError``."""
+    events, done = chat_decoder(message_outputs(message))
+    delta = next((e for e in events if isinstance(e, str)), "")
+    stats = next((e for e in events if isinstance(e, ChatStats)), None)
+    return delta, stats, done
