@@ -14,8 +14,9 @@ from switchboard.gateway.keys import ENV, TIERS, KeysError, KeyTable
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m switchboard.gateway",
-        description="OpenAI-compatible HTTP API (POST /v1/chat/completions, GET /v1/models, /healthz, /readyz) "
-        "and a web chat page (/) in front of Switchboard's chat model, which it reaches over gRPC.",
+        description="OpenAI-compatible HTTP API (POST /v1/chat/completions, with text or the caller's audio; "
+        "POST /v1/audio/transcriptions; GET /v1/models, /healthz, /readyz) and a web chat page (/) with a "
+        "microphone, in front of Switchboard's chat, voice_chat and asr models, which it reaches over gRPC.",
     )
     p.add_argument("--host", default=os.environ.get("GATEWAY_HOST", "127.0.0.1"), help="address to listen on")
     p.add_argument("--port", type=int, default=int(os.environ.get("GATEWAY_PORT", 8080)), help="default 8080")
@@ -38,7 +39,24 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("GATEWAY_CORS_ORIGINS", ""),
         help="comma-separated origins allowed to call the API from a browser (default: none; '*' for any)",
     )
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    p.add_argument(
+        "--transcription-model",
+        default="switchboard-asr",
+        help="the model id transcriptions send (default switchboard-asr; whisper-1 is accepted too)",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest chat body without audio (1 MiB)")
+    p.add_argument(
+        "--max-audio-bytes",
+        type=int,
+        default=25 << 20,
+        help="largest audio file, uploaded or in a chat (default 25 MiB, as OpenAI's); beyond: 413",
+    )
+    p.add_argument(
+        "--voice-retry-after-s",
+        type=int,
+        default=30,
+        help="Retry-After of the 503 answered while the speech model is not loaded yet (default 30)",
+    )
     p.add_argument("--max-inflight", type=int, default=256, help="chats at once through the gateway; beyond: 429")
     p.add_argument("--retry-after-s", type=int, default=1, help="Retry-After of 429 and 503 answers (default 1)")
     p.add_argument("--timeout-s", type=float, default=120.0, help="wait for chat's next response (default 120)")
@@ -70,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         keys=keys,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         max_body_bytes=args.max_body_bytes,
+        transcription_model=args.transcription_model,
+        max_audio_bytes=args.max_audio_bytes,
+        voice_retry_after_s=args.voice_retry_after_s,
         max_inflight=args.max_inflight,
         retry_after_s=args.retry_after_s,
         timeout_s=args.timeout_s,

@@ -1,7 +1,8 @@
-"""The HTTP gateway: OpenAI's Chat Completions API and a web chat page in front of ``chat``,
-which it reaches over gRPC with the SDK (``AsyncChatClient``: one channel, streams kept open
-between chats). This module wires the app: the routes (handlers in ``routes``, the answer's
-stream in ``streaming``), error handlers, CORS, the static files, the SDK client's lifetime.
+"""The HTTP gateway: OpenAI's Chat Completions API (text, or the caller's audio) and Audio
+Transcriptions API, and a web chat page, in front of ``chat``, ``voice_chat`` and ``asr``, which
+it reaches over gRPC with the SDK (``AsyncChatClient``: one channel, streams kept open between
+requests). This module wires the app: the routes (handlers in ``routes`` and ``audio``, the
+answer's stream in ``streaming``), error handlers, CORS, the static files, the SDK client's lifetime.
 """
 
 from __future__ import annotations
@@ -15,21 +16,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from switchboard.client.sdk import AsyncChatClient
-from switchboard.gateway import routes
+from switchboard.gateway import audio, routes
+from switchboard.gateway.checks import PRIORITY_HEADER, STATS_HEADER
 from switchboard.gateway.errors import APIError
-from switchboard.gateway.routes import PRIORITY_HEADER, STATIC, STATS_HEADER
+from switchboard.gateway.routes import STATIC
 from switchboard.gateway.state import GatewayConfig, GatewayState, Slots
 
 __all__ = ["GatewayConfig", "ROUTES", "create_app"]
 
-# (path, handler, methods). Only the chat takes a body: JSON, checked by its handler (415 otherwise);
-# a route to come that takes multipart checks its own.
+# (path, handler, methods). Each route that takes a body checks its type: the chat JSON, the
+# transcription multipart (415 otherwise).
 ROUTES = [
     ("/v1/chat/completions", routes.chat_completions, ["POST"]),  # JSON, or server-sent events with "stream": true
+    ("/v1/audio/transcriptions", audio.transcriptions, ["POST"]),  # multipart; "stream": server-sent events
     ("/v1/models", routes.models, ["GET"]),
     ("/v1/models/{model_id:path}", routes.model, ["GET"]),
     ("/healthz", routes.healthz, ["GET"]),  # the gateway runs
-    ("/readyz", routes.readyz, ["GET"]),  # chat is ready behind it
+    ("/readyz", routes.readyz, ["GET"]),  # chat is ready behind it (and whether voice is)
     ("/", routes.index, ["GET"]),  # the web chat (its files: /static/)
 ]
 EXCEPTION_HANDLERS = [
@@ -47,13 +50,20 @@ def router() -> APIRouter:
 
 
 def create_app(config: GatewayConfig, client=None) -> FastAPI:
-    """The app. ``client``: what reaches ``chat`` (``AsyncChatClient``'s ``stream``, ``ready``);
+    """The app. ``client``: what reaches the server (``AsyncChatClient``'s ``stream``, ``ready``,
+    and for the voice routes ``voice_stream``, ``transcribe_stream``, ``model_ready``);
     by default an ``AsyncChatClient`` on ``config.grpc_url``, made and closed by the app's lifespan."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         state: GatewayState = app.state.gateway
-        state.client = client or AsyncChatClient(config.grpc_url, config.chat_model, timeout_s=config.timeout_s)
+        state.client = client or AsyncChatClient(
+            config.grpc_url,
+            config.chat_model,
+            timeout_s=config.timeout_s,
+            asr_model=config.asr_model,
+            voice_model=config.voice_model,
+        )
         try:
             yield
         finally:

@@ -1,6 +1,7 @@
 """Errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, each with its
 HTTP status; and the mapping from what ``chat`` refuses (the SDK's ``ChatError``: a gRPC status
-name and a message naming a field of ``chat``) to the field the HTTP client sent.
+name and a message naming a field of ``chat``) to the field the HTTP client sent, and from what
+``asr`` refuses (``[reason] message``, the reason a ``switchboard.wire.AsrError``) to 400 or 413.
 
 Nothing here puts a traceback, a Python repr or a server path into a message: the messages are
 ``chat``'s own (written for clients) or written here.
@@ -72,8 +73,11 @@ _CHAT_FIELDS = [
 ]
 
 
-def from_chat_error(code: str | None, message: str, retry_after_s: int, max_tokens_param: str = "max_tokens"):
-    """The ``APIError`` for a chat that ``chat`` (or Triton in front of it) refused."""
+def from_chat_error(
+    code: str | None, message: str, retry_after_s: int, max_tokens_param: str = "max_tokens", service: str = "chat"
+):
+    """The ``APIError`` for a chat that ``chat`` (or Triton in front of it) refused; ``service``
+    names what refused it in the messages of the statuses that are not the client's fault."""
     if code == "INVALID_ARGUMENT":
         for pattern, param, head in _CHAT_FIELDS:
             m = pattern.match(message)
@@ -87,10 +91,43 @@ def from_chat_error(code: str | None, message: str, retry_after_s: int, max_toke
             return bad_request(head.format(max_tokens=max_tokens_param) + message[m.end() :], param)
         return bad_request(message)
     if code == "UNAVAILABLE":
-        return overloaded(503, f"the chat service is overloaded or restarting, retry later ({message})", retry_after_s)
+        return overloaded(
+            503, f"the {service} service is overloaded or restarting, retry later ({message})", retry_after_s
+        )
     if code == "DEADLINE_EXCEEDED":
-        return APIError(504, f"the chat service did not answer in time ({message})", None, "timeout")
+        return APIError(504, f"the {service} service did not answer in time ({message})", None, "timeout")
     if code == "RESOURCE_EXHAUSTED":
-        return overloaded(503, f"the chat service is overloaded, retry later ({message})", retry_after_s)
+        return overloaded(503, f"the {service} service is overloaded, retry later ({message})", retry_after_s)
     # INTERNAL, UNKNOWN, or Triton's own refusal without a code: the message is the server's.
-    return APIError(500, f"the chat service failed: {message}", None, "server_error")
+    return APIError(500, f"the {service} service failed: {message}", None, "server_error")
+
+
+_AUDIO_REASON = re.compile(r"^\[([a-z_]+)\] ")
+# asr's reasons (switchboard.wire.AsrError) whose status is not 400.
+AUDIO_STATUS = {"too_long": 413}
+
+
+def from_audio_error(message: str, param: str, head: str, language_param: str) -> APIError | None:
+    """The ``APIError`` for audio that ``asr`` refused (an INVALID_ARGUMENT message headed
+    ``[reason] ``); None for any other message. ``param``/``head``: the field that carried the
+    audio and how messages name it ("file", "file: "); a refused language names
+    ``language_param`` instead. The reason is the error's ``code``."""
+    m = _AUDIO_REASON.match(message)
+    if m is None:
+        return None
+    reason, text = m.group(1), message[m.end() :]
+    if reason == "bad_language":
+        return APIError(400, f"{language_param}: {text}", language_param, reason)
+    return APIError(AUDIO_STATUS.get(reason, 400), f"{head}{text}", param, reason)
+
+
+def speech_not_ready(retry_after_s: int) -> APIError:
+    """503 while the speech recognizer is not loaded (``make serve`` builds the default one in the
+    background after text chat is up): a client retries after ``Retry-After``."""
+    return APIError(
+        503,
+        f"the speech model is still being built or loaded; text chat works, retry voice in {retry_after_s} s",
+        None,
+        "speech_model_not_ready",
+        {"Retry-After": str(retry_after_s)},
+    )

@@ -3,6 +3,10 @@
 answer and stats turned into OpenAI's responses and stream chunks. Pure functions and
 dataclasses: no HTTP, no gRPC.
 
+A last user message of audio (OpenAI's ``input_audio`` content part: base64 and a format) makes
+the call a voice chat (``voice_chat``: the audio transcribed, the transcript answered); the
+transcript comes back under ``switchboard.asr`` (``Completion``).
+
 Stateless like OpenAI's API: the client sends the whole conversation every time. ``chat``
 builds the prompt from it with the model's chat template; the pools find the KV of its longest
 stored prefix by content (16-token blocks keyed by the token ids), so turn 2 reuses turn 1's
@@ -12,8 +16,11 @@ how many prompt tokens that was.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -68,6 +75,20 @@ KNOWN = {
     *IGNORED,
 }
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# input_audio's formats: OpenAI's ("wav", "mp3") and the containers the recognizer reads; the
+# server reads the format from the bytes, so this only refuses what cannot be audio it decodes.
+AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "webm", "m4a", "mp4", "mpeg", "mpga")
+LANGUAGE = re.compile(r"^[a-z]{2,3}$")
+
+
+@dataclass(frozen=True)
+class AudioPart:
+    """A message's ``input_audio``: the file's bytes, its declared format, an optional language
+    (a Switchboard extension: ``input_audio.language``, e.g. "zh"; none: the recognizer detects it)."""
+
+    data: bytes
+    format: str
+    language: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +107,7 @@ class CompletionCall:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     user: str | None = None
+    audio: AudioPart | None = None  # the last user message as audio: a voice chat (``text`` is "")
 
 
 def _is_number(v) -> bool:
@@ -106,9 +128,51 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def _content(i: int, content) -> str:
-    """A message's text: a string, or a list of text parts (joined)."""
+def check_language(value, where: str, param: str) -> str | None:
+    """An ISO-639-1 code ("en", "zh"; ISO-639-3 too), lowercased; None for none."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not LANGUAGE.match(value.strip().lower()):
+        raise bad_request(f"{where}: expected a language code such as 'en' or 'zh' (ISO-639-1)", param)
+    return value.strip().lower()
+
+
+def _audio_part(where: str, part: dict, max_audio_bytes: int) -> AudioPart:
+    audio = part.get("input_audio")
+    where = f"{where}.input_audio"
+    if not isinstance(audio, dict):
+        raise bad_request(f'{where}: expected an object {{"data": base64, "format": "wav"}}', "messages")
+    for key in audio:
+        if key not in ("data", "format", "language"):
+            raise bad_request(f"{where}: field {key[:32]!r} is not supported", "messages")
+    data, fmt = audio.get("data"), audio.get("format")
+    if not isinstance(data, str) or not data:
+        raise bad_request(f"{where}.data: required (the audio file, base64)", "messages")
+    if fmt is not None and (not isinstance(fmt, str) or fmt.lower() not in AUDIO_FORMATS):
+        shown = json.dumps(fmt)[:32]
+        raise bad_request(f"{where}.format: {shown} is not supported (one of {', '.join(AUDIO_FORMATS)})", "messages")
+    if len(data) > 4 * -(-max_audio_bytes // 3):
+        raise APIError(
+            413, f"{where}.data: the audio is over the limit of {max_audio_bytes} bytes", "messages", "audio_too_large"
+        )
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(
+            f"{where}.data: not valid base64 (the file's bytes, without a data: URL prefix)", "messages"
+        ) from None
+    if not raw:
+        raise bad_request(f"{where}.data: empty audio", "messages", "empty")
+    return AudioPart(
+        raw, (fmt or "wav").lower(), check_language(audio.get("language"), f"{where}.language", "messages")
+    )
+
+
+def _content(i: int, content, max_audio_bytes: int) -> tuple[str, AudioPart | None]:
+    """A message's text (a string, or a list of text parts, joined), or its audio (one
+    ``input_audio`` part, alone)."""
     where = f"messages[{i}].content"
+    audio = None
     if isinstance(content, str):
         parts = [content]
     elif isinstance(content, list):
@@ -116,16 +180,29 @@ def _content(i: int, content) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise bad_request(f'{where}[{j}]: expected an object with a "type"', "messages")
+            if part["type"] == "input_audio":
+                if audio is not None or parts:
+                    raise bad_request(f"{where}[{j}]: an input_audio part must be the message's only part", "messages")
+                audio = _audio_part(f"{where}[{j}]", part, max_audio_bytes)
+                continue
             if part["type"] != "text":
-                raise bad_request(f"{where}[{j}]: type {part['type'][:32]!r} is not supported (text only)", "messages")
+                raise bad_request(
+                    f"{where}[{j}]: type {part['type'][:32]!r} is not supported "
+                    "(text only; input_audio in the last user message)",
+                    "messages",
+                )
+            if audio is not None:
+                raise bad_request(f"{where}[{j}]: an input_audio part must be the message's only part", "messages")
             if not isinstance(part.get("text"), str):
                 raise bad_request(f"{where}[{j}].text: expected a string", "messages")
             parts.append(part["text"])
     else:
         raise bad_request(f"{where}: expected a string or a list of text parts", "messages")
+    if audio is not None:
+        return "", audio
     text = "".join(parts)
     try:
-        return check_text(where, text, LIMITS.max_text_bytes)
+        return check_text(where, text, LIMITS.max_text_bytes), None
     except RequestError as e:
         raise bad_request(str(e), "messages") from None
 
@@ -134,12 +211,20 @@ def parse_messages(messages) -> tuple[str, list[dict]]:
     """(the last user message, the conversation before it) of OpenAI's ``messages``. System
     and developer messages may open the conversation (joined into one system prompt); messages
     in a row from one role are joined, so ``chat`` gets alternating turns."""
+    text, history, _ = parse_conversation(messages)
+    return text, history
+
+
+def parse_conversation(messages, max_audio_bytes: int = 25 << 20) -> tuple[str, list[dict], AudioPart | None]:
+    """``parse_messages`` and the last user message's audio: a voice chat asks with audio only
+    in its last message (the turns before are text: a client keeps their transcripts)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages: expected a non-empty list of messages", "messages")
     if len(messages) > MAX_MESSAGES:
         raise bad_request(f"messages: {len(messages)} messages is over the limit of {MAX_MESSAGES}", "messages")
     system: list[str] = []
     turns: list[dict] = []
+    audio = None
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}]: expected an object", "messages")
@@ -158,8 +243,19 @@ def parse_messages(messages) -> tuple[str, list[dict]]:
             raise bad_request(f"messages[{i}]: field {key[:32]!r} is not supported", "messages")
         if "content" not in m or m["content"] is None:
             raise bad_request(f"messages[{i}].content: required", "messages")
-        content = _content(i, m["content"])
+        content, part = _content(i, m["content"], max_audio_bytes)
         role = ROLES[role]
+        if part is not None:
+            if role != "user" or i != len(messages) - 1:
+                raise bad_request(
+                    f"messages[{i}]: audio (input_audio) is taken in the last message only, a user's", "messages"
+                )
+            if turns and turns[-1]["role"] == "user":
+                raise bad_request(
+                    f"messages[{i}]: an audio message must follow an assistant's (not another user message)",
+                    "messages",
+                )
+            audio = part
         if role == "system":
             if turns:
                 raise bad_request(
@@ -173,7 +269,7 @@ def parse_messages(messages) -> tuple[str, list[dict]]:
     if not turns or turns[-1]["role"] != "user":
         raise bad_request("messages: the last message must be the user's (role 'user')", "messages")
     history = ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + turns[:-1]
-    return turns[-1]["content"], history
+    return turns[-1]["content"], history, audio
 
 
 def _optional_number(body: dict, name: str) -> float | None:
@@ -198,9 +294,9 @@ def _stop(v) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def parse_request(body: dict, served_model: str) -> CompletionCall:
+def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20) -> CompletionCall:
     """``body`` (a JSON object) checked against what this gateway serves; ``APIError`` (400, or
-    404 for another model) naming the field otherwise."""
+    404 for another model, 413 for audio over ``max_audio_bytes``) naming the field otherwise."""
     for key in body:
         if key not in KNOWN:
             raise bad_request(f"Unrecognized request argument supplied: {key[:64]}", key[:64])
@@ -222,7 +318,7 @@ def parse_request(body: dict, served_model: str) -> CompletionCall:
             "model",
             "model_not_found",
         )
-    text, history = parse_messages(body.get("messages"))
+    text, history, audio = parse_conversation(body.get("messages"), max_audio_bytes)
 
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
@@ -265,6 +361,7 @@ def parse_request(body: dict, served_model: str) -> CompletionCall:
         stop=_stop(body.get("stop")),
         seed=seed,
         user=body.get("user"),
+        audio=audio,
     )
 
 
@@ -335,6 +432,7 @@ PUBLIC_STATS = (
     "dropped_turns",
     "finish_reason",
     "priority",
+    "asr",  # a voice chat's: transcript, language, asr_ms, audio_s
 )
 
 
@@ -351,7 +449,12 @@ class Completion:
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def response(self, text: str, stats: ChatStats | None, stopped: bool, with_stats: bool) -> dict:
+    def response(
+        self, text: str, stats: ChatStats | None, stopped: bool, with_stats: bool, heard: dict | None = None
+    ) -> dict:
+        """The whole answer; ``heard`` (a voice chat's transcript, language, asr_ms, audio_s)
+        under ``switchboard.asr`` whether or not the stats were asked for: it is what the
+        caller said."""
         out = {
             "id": self.id,
             "object": "chat.completion",
@@ -370,9 +473,15 @@ class Completion:
         }
         if with_stats:
             out["switchboard"] = public_stats(stats)
+        if heard is not None:
+            out.setdefault("switchboard", {})["asr"] = heard
         return out
 
-    def chunk(self, delta: dict, finish: str | None = None, include_usage: bool = False) -> dict:
+    def chunk(
+        self, delta: dict, finish: str | None = None, include_usage: bool = False, heard: dict | None = None
+    ) -> dict:
+        """One chunk of the stream; the first of a voice chat's carries ``switchboard.asr``
+        (``heard``), so a client shows what was heard before the answer."""
         out = {
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -383,6 +492,8 @@ class Completion:
         }
         if include_usage:
             out["usage"] = None  # OpenAI: null on every chunk but the last, which has no choices
+        if heard is not None:
+            out["switchboard"] = {"asr": heard}
         return out
 
     def usage_chunk(self, stats: ChatStats | None, with_stats: bool) -> dict:

@@ -1,6 +1,10 @@
-"""The gateway's handlers and the checks they share. Each reaches what the app holds (the
-configuration, the chats in flight, the SDK client) at ``request.app.state.gateway``; ``app``
-registers them.
+"""The gateway's chat, model and health handlers (the checks they share: ``checks``;
+transcriptions: ``audio``). Each reaches what the app holds (the configuration, the chats in
+flight, the SDK client) at ``request.app.state.gateway``; ``app`` registers them.
+
+A chat whose last message is audio (``input_audio``) goes to ``voice_chat`` instead of ``chat``:
+what it heard is awaited first (silence is 400 ``no_speech``; a refused file 400 or 413; a
+recognizer not loaded yet 503: ``audio.speech_error``), then the answer as any chat's.
 
 A chat request is checked (content type, key, size, fields: ``mapping``) before any chat starts;
 ``chat``'s first answer is awaited before the HTTP status is sent, so a refusal gets its status
@@ -17,84 +21,28 @@ from fastapi import Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from switchboard.gateway.errors import APIError, bad_request, overloaded
-from switchboard.gateway.keys import Caller, KeyTable
+from switchboard.gateway.audio import next_heard
+from switchboard.gateway.checks import (
+    authenticate,
+    priority_of,
+    read_body,
+    require_json,
+    state_of,
+    wants_stats,
+)
+from switchboard.gateway.errors import APIError, overloaded
 from switchboard.gateway.mapping import Completion, parse_body, parse_request
-from switchboard.gateway.state import GatewayState
+from switchboard.gateway.state import GatewayConfig, GatewayState
 from switchboard.gateway.streaming import ChatStreamResponse, ClientGone, collect, next_event, or_gone, sse_stream
 
 log = logging.getLogger("switchboard.gateway")
 
-PRIORITY_HEADER = "X-Switchboard-Priority"  # 1 (live/VIP) or 2; at best the key's tier allows
-STATS_HEADER = "X-Switchboard-Stats"  # "1": the answer's stats under "switchboard" (the web page's "stats")
 STATIC = resources.files("switchboard.gateway") / "static"
 INDEX_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; style-src 'self'; script-src 'self'",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-cache",
 }
-
-
-def state_of(request: Request) -> GatewayState:
-    return request.app.state.gateway
-
-
-# -- checks --------------------------------------------------------------------------------------
-def require_json(request: Request) -> None:
-    """415 unless the body is declared JSON. The types a browser may post to any origin without
-    asking it first (a CORS preflight) are text/plain and the two form types: refusing them keeps
-    a web page a user visits from posting chats to a gateway on their machine. Nothing but
-    application/json: the body is OpenAI's request, no other JSON document type (``+json``)."""
-    declared = request.headers.get("content-type")
-    if declared is None:
-        raise APIError(415, "Content-Type: missing; send application/json", None, "unsupported_media_type")
-    media_type = declared.partition(";")[0].strip().lower()  # parameters (charset) are allowed
-    if media_type != "application/json":
-        raise APIError(
-            415, f"Content-Type: expected application/json, got {media_type[:64]!r}", None, "unsupported_media_type"
-        )
-
-
-def authenticate(request: Request, keys: KeyTable) -> Caller:
-    caller = keys.caller(request.headers.get("authorization"))
-    if caller is None:
-        given = "authorization" in request.headers
-        message = "invalid API key" if given else "missing API key: send Authorization: Bearer <key>"
-        raise APIError(401, message, None, "invalid_api_key" if given else "missing_api_key")
-    return caller
-
-
-def priority_of(request: Request, caller: Caller) -> int:
-    """The header's priority (default: the best the key's tier allows); never better than that."""
-    raw = request.headers.get(PRIORITY_HEADER)
-    if raw is None:
-        return caller.best_priority
-    if raw.strip() not in ("1", "2"):
-        raise bad_request(f"{PRIORITY_HEADER}: expected 1 (live) or 2 (default)", PRIORITY_HEADER)
-    priority = int(raw)
-    if priority < caller.best_priority:
-        raise APIError(
-            403,
-            f"{PRIORITY_HEADER}: this API key's tier ({caller.tier}) allows priority {caller.best_priority} only",
-            PRIORITY_HEADER,
-            "priority_not_allowed",
-        )
-    return priority
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise bad_request("Content-Length: not a number")
-        if int(length) > limit:
-            raise APIError(413, f"request body: {int(length)} bytes is over the limit of {limit}", None, "too_large")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise APIError(413, f"request body: over the limit of {limit} bytes", None, "too_large")
-    return bytes(body)
 
 
 # -- routes --------------------------------------------------------------------------------------
@@ -104,21 +52,19 @@ async def chat_completions(request: Request):
     config, slots = state.config, state.slots
     caller = authenticate(request, config.keys)
     priority = priority_of(request, caller)
-    call = parse_request(parse_body(await read_body(request, config.max_body_bytes)), config.model)
-    with_stats = request.headers.get(STATS_HEADER, "").strip().lower() in ("1", "true", "yes")
+    call = parse_request(parse_body(await read_chat_body(request, config)), config.model, config.max_audio_bytes)
+    with_stats = wants_stats(request)
     if not slots.take():
         raise overloaded(429, f"too many chats in flight (limit {slots.limit}), retry later", config.retry_after_s)
     completion = Completion(call.model)
-    events = state.client.stream(
-        call.text,
-        None,
-        priority,
-        call.max_tokens,
-        call.temperature,
-        call.top_p,
-        call.seed,
-        history=call.history,
-    )
+    ask = (call.max_tokens, call.temperature, call.top_p, call.seed)
+    if call.audio is None:
+        events = state.client.stream(call.text, None, priority, *ask, history=call.history)
+    else:
+        language = call.audio.language
+        events = state.client.voice_stream(
+            call.audio.data, None, priority, *ask, language=language, history=call.history
+        )
     released = False
 
     async def release():
@@ -130,15 +76,16 @@ async def chat_completions(request: Request):
 
     handed_over = False
     try:
+        heard = None if call.audio is None else await or_gone(request, next_heard(events, call, state))
         first = await or_gone(request, next_event(events, call, config.retry_after_s))
         headers = {"X-Request-Id": completion.id}
         if call.stream:
-            body = sse_stream(events, first, call, completion, with_stats, config.retry_after_s)
+            body = sse_stream(events, first, call, completion, with_stats, config.retry_after_s, heard)
             headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             handed_over = True  # the response releases the slot when it ends, however it ends
             return ChatStreamResponse(body, release, media_type="text/event-stream", headers=headers)
         text, stats, stopped = await or_gone(request, collect(events, first, call, config.retry_after_s))
-        return JSONResponse(completion.response(text, stats, stopped, with_stats), headers=headers)
+        return JSONResponse(completion.response(text, stats, stopped, with_stats, heard), headers=headers)
     except ClientGone:
         log.debug("client left before the answer: chat cancelled")
         return Response(status_code=499)
@@ -147,22 +94,40 @@ async def chat_completions(request: Request):
             await release()
 
 
-def model_card(state: GatewayState) -> dict:
-    return {"id": state.config.model, "object": "model", "created": state.started, "owned_by": "switchboard"}
+async def read_chat_body(request: Request, config: GatewayConfig) -> bytes:
+    """The body of a chat: at most ``max_body_bytes``, or, carrying audio (``input_audio``), at
+    most that and the largest audio file base64-encoded."""
+    with_audio = config.max_body_bytes + 4 * -(-config.max_audio_bytes // 3)
+    body = await read_body(request, with_audio)
+    if len(body) > config.max_body_bytes and b'"input_audio"' not in body:
+        raise APIError(
+            413,
+            f"request body: {len(body)} bytes is over the limit of {config.max_body_bytes} (without audio)",
+            None,
+            "too_large",
+        )
+    return body
+
+
+def model_cards(state: GatewayState) -> list[dict]:
+    """The chat model first (the web page takes the first), then the transcription model and its aliases."""
+    ids = (state.config.model, *state.config.transcription_models())
+    return [{"id": i, "object": "model", "created": state.started, "owned_by": "switchboard"} for i in ids]
 
 
 async def models(request: Request):
     state = state_of(request)
     authenticate(request, state.config.keys)
-    return {"object": "list", "data": [model_card(state)]}
+    return {"object": "list", "data": model_cards(state)}
 
 
 async def model(model_id: str, request: Request):
     state = state_of(request)
     authenticate(request, state.config.keys)
-    if model_id != state.config.model:
-        raise APIError(404, f"The model {model_id[:64]!r} does not exist", "model", "model_not_found")
-    return model_card(state)
+    for card in model_cards(state):
+        if card["id"] == model_id:
+            return card
+    raise APIError(404, f"The model {model_id[:64]!r} does not exist", "model", "model_not_found")
 
 
 async def healthz():
@@ -170,9 +135,12 @@ async def healthz():
 
 
 async def readyz(request: Request):
+    """200 once chat is ready; ``voice`` says whether the voice channel is too (its recognizer
+    joins later after a fresh ``make serve``: text chat does not wait for it)."""
     state = state_of(request)
     if await state.client.ready():
-        return {"status": "ready"}
+        voice = await state.client.model_ready(state.config.voice_model)
+        return {"status": "ready", "voice": "ready" if voice else "not_ready"}
     raise overloaded(503, f"chat at {state.config.grpc_url} is not ready", state.config.retry_after_s)
 
 

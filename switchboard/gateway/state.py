@@ -1,5 +1,6 @@
 """What the gateway's handlers share, at ``app.state.gateway``: the configuration, the chats in
-flight, and the SDK client that reaches ``chat`` (one per app, made in its lifespan)."""
+flight, and the SDK client that reaches ``chat``, ``asr`` and ``voice_chat`` (one per app, made
+in its lifespan)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ class GatewayConfig:
     max_inflight: int = 256  # chats at once through this gateway; beyond: 429
     retry_after_s: int = 1
     timeout_s: float = 120.0  # no response from chat for this long: 504
+    # the voice channel
+    asr_model: str = "asr"  # the Triton model behind /v1/audio/transcriptions
+    voice_model: str = "voice_chat"  # the one behind a chat completion whose last message is audio
+    transcription_model: str = "switchboard-asr"  # the model id transcriptions name (GET /v1/models)
+    # also accepted for transcriptions: what OpenAI's clients and examples send
+    transcription_aliases: tuple[str, ...] = ("whisper-1",)
+    max_audio_bytes: int = 25 * 1024 * 1024  # an audio file, uploaded or base64 in a chat (OpenAI's 25 MB)
+    voice_retry_after_s: int = 30  # Retry-After while the speech model is not loaded yet (being built)
+
+    def transcription_models(self) -> tuple[str, ...]:
+        return (self.transcription_model, *(a for a in self.transcription_aliases if a != self.transcription_model))
 
 
 class Slots:

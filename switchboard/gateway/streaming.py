@@ -77,19 +77,30 @@ async def collect(events, first, call: CompletionCall, retry_after_s: int) -> tu
     return "".join(parts), event, scanner.stopped
 
 
-async def sse_stream(events, first, call: CompletionCall, completion: Completion, with_stats: bool, retry_after_s: int):
-    """The chat as OpenAI's stream: a first chunk with the role, content deltas, a chunk with the
-    finish reason, the usage chunk when asked for (with the stats under ``switchboard`` when
-    asked for too), ``[DONE]``. An error after the first chunk is an ``error`` event (the
-    status line is gone)."""
+async def sse_stream(
+    events,
+    first,
+    call: CompletionCall,
+    completion: Completion,
+    with_stats: bool,
+    retry_after_s: int,
+    heard: dict | None = None,
+):
+    """The chat as OpenAI's stream: a first chunk with the role (and a voice chat's transcript,
+    ``heard``, under ``switchboard.asr``), content deltas, a chunk with the finish reason, the
+    usage chunk when asked for (with the stats under ``switchboard`` when asked for too),
+    ``[DONE]``. An error after the first chunk is an ``error`` event (the status line is gone)."""
     scanner, event, opened, finished = StopScanner(call.stop), first, False, False
     usage = call.include_usage
     try:
         while event is not None and not isinstance(event, ChatStats):
             text = scanner.feed(event)
             if not finished and (text or not opened):
-                delta = {"content": text} if opened else {"role": "assistant", "content": text}
-                yield sse(completion.chunk(delta, include_usage=usage))
+                if opened:
+                    yield sse(completion.chunk({"content": text}, include_usage=usage))
+                else:
+                    delta = {"role": "assistant", "content": text}
+                    yield sse(completion.chunk(delta, include_usage=usage, heard=heard))
                 opened = True
             if scanner.stopped and not finished:
                 finished = True
@@ -98,6 +109,8 @@ async def sse_stream(events, first, call: CompletionCall, completion: Completion
                     break  # nothing more to send: the chat is cancelled (release)
             event = await next_event(events, call, retry_after_s)  # after a stop sequence: on to the stats (usage)
         stats = event if isinstance(event, ChatStats) else None
+        if heard is not None and not opened:  # an empty answer: what was heard still goes out
+            yield sse(completion.chunk({"role": "assistant", "content": ""}, include_usage=usage, heard=heard))
         if not finished:
             tail = scanner.flush()
             if tail:
