@@ -1,6 +1,11 @@
 // Switchboard web chat: OpenAI's Chat Completions API of this gateway, streamed (server-sent
 // events over fetch), the conversation kept in localStorage. No dependencies; text is only
 // ever set as textContent.
+//
+// Voice: the microphone button records with getUserMedia and an AudioWorklet
+// (recorder-worklet.js), encodes 16 kHz mono 16-bit WAV here (MediaRecorder's WebM/Opus is not
+// what the server decodes) and sends it as OpenAI's input_audio in the last user message; the
+// answer's first chunk says what was heard (switchboard.asr), which becomes the user's bubble.
 "use strict";
 
 const STORE = "switchboard.chat.v1";
@@ -9,17 +14,36 @@ const T = {
         keyhint: "Kept in this browser only (localStorage).", send: "Send", stop: "Stop", stats: "stats",
         placeholder: "Ask about an order, a refund, delivery… (Enter sends, Shift+Enter: new line)",
         reused: "reused", of: "of", prompt: "prompt tokens", ttft: "time to first token", server: "server",
-        tokens: "tokens", faq: "FAQ answer", p1: "priority 1", stopped: "(stopped)", lang: "中文" },
+        tokens: "tokens", faq: "FAQ answer", p1: "priority 1", stopped: "(stopped)", lang: "中文",
+        mic: "🎤 Speak", micstop: "■ Stop and send", listening: "🎤 …", heard: "heard",
+        micdenied: "Microphone access was denied. Allow the microphone for this site in the browser's settings, then try again.",
+        nomic: "No microphone here: the browser allows recording only on https:// or http://localhost pages.",
+        nodevice: "No microphone was found.",
+        micfailed: "The microphone could not be opened",
+        tooshort: "That recording was too short: hold the button a little longer.",
+        nospeech: "No speech was heard in that recording. Try again, a little closer to the microphone.",
+        building: "Voice is not available yet: the speech model is still being built. Text chat works; try voice again in {s} s." },
   zh: { agent: "客服（优先级 1）", settings: "设置", new: "新对话", key: "API 密钥",
         keyhint: "只保存在本浏览器（localStorage）。", send: "发送", stop: "停止", stats: "统计",
         placeholder: "询问订单、退款、配送……（回车发送，Shift+回车换行）",
         reused: "复用", of: "/", prompt: "个提示词元", ttft: "首字时间", server: "服务端",
-        tokens: "个词元", faq: "常见问题答案", p1: "优先级 1", stopped: "（已停止）", lang: "English" },
+        tokens: "个词元", faq: "常见问题答案", p1: "优先级 1", stopped: "（已停止）", lang: "English",
+        mic: "🎤 说话", micstop: "■ 停止并发送", listening: "🎤 …", heard: "识别",
+        micdenied: "麦克风权限被拒绝。请在浏览器设置中允许本站使用麦克风，然后重试。",
+        nomic: "无法使用麦克风：浏览器只允许 https:// 或 http://localhost 页面录音。",
+        nodevice: "未找到麦克风。",
+        micfailed: "无法打开麦克风",
+        tooshort: "录音太短，请多说一会儿。",
+        nospeech: "录音中没有听到语音，请靠近麦克风再试一次。",
+        building: "语音功能暂不可用：语音模型仍在构建中。文字聊天可以正常使用；请 {s} 秒后再试语音。" },
 };
 
 const $ = (id) => document.getElementById(id);
+const SAMPLE_RATE = 16000;  // what the recognizer takes (the server resamples anything else)
+const MAX_RECORD_MS = 60_000;  // then the recording stops and is sent
 let state = load();
 let controller = null;
+let recorder = null;  // while recording: { stream, context, source, node, chunks, timer }
 
 function load() {
   try {
@@ -38,6 +62,7 @@ function applyLanguage() {
   document.querySelectorAll("[data-i18n]").forEach((el) => { el.textContent = t(el.dataset.i18n); });
   $("lang").textContent = t("lang");
   $("input").placeholder = t("placeholder");
+  if (recorder) micButton(true);
   render();
 }
 
@@ -51,13 +76,14 @@ function statsLine(m) {
   }
   if (s.generated_tokens !== undefined) parts.push(`${s.generated_tokens} ${t("tokens")}`);
   if (s.route) parts.push(`route ${s.route}`);
+  if (s.asr) parts.push(`${t("heard")} ${Number(s.asr.audio_s).toFixed(1)} s / ${Math.round(s.asr.asr_ms)} ms`);
   if (s.fallback) parts.push(t("faq"));
   return parts.join(" · ");
 }
 
 function bubble(m, i) {
   const div = document.createElement("div");
-  div.className = `msg ${m.role}` + (m.streaming ? " streaming" : "");
+  div.className = `msg ${m.role}` + (m.streaming ? " streaming" : "") + (m.voice ? " voice" : "");
   div.dataset.testid = `msg-${m.role}`;
   div.dataset.index = String(i);
   const text = document.createElement("span");
@@ -105,14 +131,45 @@ function busy(on) {
   $("send").hidden = on;
   $("stop").hidden = !on;
   $("input").disabled = on;
+  $("mic").disabled = on;
 }
 
-async function send(question) {
+// An error answer as an Error with the API's message, code and Retry-After.
+async function apiError(response) {
+  const error = new Error(`HTTP ${response.status}`);
+  try {
+    const body = (await response.json()).error;
+    error.message = body.message;
+    error.code = body.code;
+  } catch (e) { /* not JSON */ }
+  error.retryAfter = response.headers.get("Retry-After");
+  return error;
+}
+
+// What the page says of an error: its own words for the voice channel's, the server's otherwise.
+function errorText(e) {
+  if (e.code === "speech_model_not_ready") return t("building").replace("{s}", e.retryAfter || "30");
+  if (e.code === "no_speech") return t("nospeech");
+  return e.message;
+}
+
+function send(question) {
+  return converse({ role: "user", content: question }, question);
+}
+
+function sendVoice(wav) {
+  const asked = { role: "user", content: t("listening"), voice: true, pending: true };
+  return converse(asked, [{ type: "input_audio", input_audio: { data: base64(wav), format: "wav" } }]);
+}
+
+// One turn: ``asked`` shown as the user's bubble, ``content`` sent as the last message's.
+async function converse(asked, content) {
   showError("");
-  const history = state.messages.filter((m) => m.content).map((m) => ({ role: m.role, content: m.content }));
-  history.push({ role: "user", content: question });
+  const history = state.messages.filter((m) => m.content && !m.pending)
+    .map((m) => ({ role: m.role, content: m.content }));
+  history.push({ role: "user", content });
   const priority = state.priority ? 1 : 2;
-  state.messages.push({ role: "user", content: question });
+  state.messages.push(asked);
   const answer = { role: "assistant", content: "", streaming: true, priority };
   state.messages.push(answer);
   render();
@@ -128,13 +185,15 @@ async function send(question) {
       body: JSON.stringify({ model: window.SWITCHBOARD_MODEL || "switchboard", messages: history, stream: true,
                              stream_options: { include_usage: true } }),
     });
-    if (!response.ok) {
-      let message = `HTTP ${response.status}`;
-      try { message = (await response.json()).error.message; } catch (e) { /* not JSON */ }
-      throw new Error(message);
-    }
+    if (!response.ok) throw await apiError(response);
     await readEvents(response, (chunk) => {
-      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.error) throw Object.assign(new Error(chunk.error.message), { code: chunk.error.code });
+      const asr = chunk.switchboard && chunk.switchboard.asr;
+      if (asr && asked.pending) {  // what was heard: the user's bubble
+        asked.content = asr.transcript;
+        asked.pending = false;
+        render();
+      }
       for (const c of chunk.choices || []) {
         const text = c.delta && c.delta.content;
         if (text) {
@@ -148,10 +207,10 @@ async function send(question) {
         reused_tokens: chunk.usage.prompt_tokens_details ? chunk.usage.prompt_tokens_details.cached_tokens : 0 };
     });
   } catch (e) {
-    if (e.name === "AbortError") {
+    if (e.name === "AbortError" && !asked.pending) {
       answer.content += " " + t("stopped");
     } else {
-      showError(e.message);
+      if (e.name !== "AbortError") showError(errorText(e));
       if (!answer.content) state.messages.splice(-2, 2);  // nothing answered: the question can be sent again
     }
   } finally {
@@ -196,6 +255,119 @@ async function discoverModel() {
   } catch (e) { /* the first chat says what is wrong */ }
 }
 
+// -- the microphone ---------------------------------------------------------------------------------
+async function startRecording() {
+  showError("");
+  if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia || !window.AudioWorkletNode) {
+    showError(t("nomic"));
+    return;
+  }
+  let stream;
+  try {
+    // The voice as the microphone hears it: the recognizer is trained on raw audio, and the
+    // browser's gain control and noise suppression clip and smear it (nothing plays meanwhile,
+    // so there is no echo to cancel).
+    stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: false,
+                                                                   noiseSuppression: false, autoGainControl: false } });
+  } catch (e) {
+    const denied = e.name === "NotAllowedError" || e.name === "SecurityError";
+    showError(denied ? t("micdenied") : e.name === "NotFoundError" ? t("nodevice") : `${t("micfailed")}: ${e.message}`);
+    return;
+  }
+  try {
+    const context = new AudioContext();
+    await context.audioWorklet.addModule("/static/recorder-worklet.js");
+    const source = context.createMediaStreamSource(stream);
+    const node = new AudioWorkletNode(context, "switchboard-recorder");
+    const chunks = [];
+    node.port.onmessage = (e) => { if (e.data instanceof Float32Array) chunks.push(e.data); };
+    const mute = context.createGain();  // a node must reach the output to be processed; silently
+    mute.gain.value = 0;
+    source.connect(node).connect(mute).connect(context.destination);
+    recorder = { stream, context, source, node, chunks, timer: setTimeout(stopRecording, MAX_RECORD_MS) };
+    micButton(true);
+  } catch (e) {
+    stream.getTracks().forEach((track) => track.stop());
+    showError(`${t("micfailed")}: ${e.message}`);
+  }
+}
+
+async function stopRecording() {
+  const r = recorder;
+  if (!r) return;
+  recorder = null;
+  clearTimeout(r.timer);
+  micButton(false);
+  await new Promise((done) => {  // the worklet's last partial block
+    const timeout = setTimeout(done, 500);
+    r.node.port.addEventListener("message", (e) => { if (e.data === "flushed") { clearTimeout(timeout); done(); } });
+    r.node.port.postMessage("flush");
+  });
+  r.stream.getTracks().forEach((track) => track.stop());
+  r.source.disconnect();
+  const rate = r.context.sampleRate;
+  await r.context.close();
+  const samples = concat(r.chunks);
+  if (samples.length < rate * 0.3) {
+    showError(t("tooshort"));
+    return;
+  }
+  await sendVoice(wavFile(resample(samples, rate, SAMPLE_RATE), SAMPLE_RATE));
+}
+
+function micButton(recording) {
+  const mic = $("mic");
+  mic.textContent = t(recording ? "micstop" : "mic");
+  mic.classList.toggle("recording", recording);
+  mic.setAttribute("aria-pressed", String(recording));
+  $("send").disabled = recording;
+}
+
+function concat(chunks) {
+  const out = new Float32Array(chunks.reduce((n, c) => n + c.length, 0));
+  let at = 0;
+  for (const c of chunks) { out.set(c, at); at += c.length; }
+  return out;
+}
+
+// To ``to`` Hz by averaging each output sample's span of input samples: a box filter, enough
+// against aliasing for speech going down from 44.1 or 48 kHz.
+function resample(samples, from, to) {
+  if (from === to) return samples;
+  const ratio = from / to;
+  const out = new Float32Array(Math.floor(samples.length / ratio));
+  for (let i = 0; i < out.length; i++) {
+    const start = Math.floor(i * ratio);
+    const end = Math.max(start + 1, Math.floor((i + 1) * ratio));
+    let sum = 0;
+    for (let j = start; j < end; j++) sum += samples[j];
+    out[i] = sum / (end - start);
+  }
+  return out;
+}
+
+// A WAV file: 16-bit PCM, mono.
+function wavFile(samples, rate) {
+  const buffer = new ArrayBuffer(44 + samples.length * 2);
+  const v = new DataView(buffer);
+  const text = (at, s) => { for (let i = 0; i < s.length; i++) v.setUint8(at + i, s.charCodeAt(i)); };
+  text(0, "RIFF"); v.setUint32(4, 36 + samples.length * 2, true); text(8, "WAVE");
+  text(12, "fmt "); v.setUint32(16, 16, true); v.setUint16(20, 1, true); v.setUint16(22, 1, true);
+  v.setUint32(24, rate, true); v.setUint32(28, rate * 2, true); v.setUint16(32, 2, true); v.setUint16(34, 16, true);
+  text(36, "data"); v.setUint32(40, samples.length * 2, true);
+  for (let i = 0; i < samples.length; i++) {
+    const x = Math.max(-1, Math.min(1, samples[i]));
+    v.setInt16(44 + i * 2, x < 0 ? x * 0x8000 : x * 0x7fff, true);
+  }
+  return new Uint8Array(buffer);
+}
+
+function base64(bytes) {
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(binary);
+}
+
 function init() {
   $("key").value = state.key;
   $("priority").checked = state.priority;
@@ -205,6 +377,7 @@ function init() {
   $("settings-toggle").addEventListener("click", () => { $("settings").hidden = !$("settings").hidden; });
   $("new").addEventListener("click", () => { if (controller) controller.abort(); state.messages = []; save(); render(); });
   $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+  $("mic").addEventListener("click", () => { if (recorder) stopRecording(); else if (!controller) startRecording(); });
   $("form").addEventListener("submit", (e) => {
     e.preventDefault();
     const q = $("input").value.trim();
@@ -215,7 +388,8 @@ function init() {
   $("input").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); $("form").requestSubmit(); }
   });
-  // An answer cut off by a reload is kept as far as it came.
+  // An answer cut off by a reload is kept as far as it came; a spoken question not yet heard is dropped.
+  state.messages = state.messages.filter((m) => !m.pending);
   state.messages.forEach((m) => { m.streaming = false; });
   applyLanguage();
   discoverModel();
