@@ -1,0 +1,256 @@
+"""Build the embedded default speech recognizer: ``python -m switchboard.training.asr``.
+
+Speaks the corpus with espeak-ng, trains a tiny Whisper on it and writes a Hugging Face
+Whisper directory (config, safetensors weights, generation config, tokenizer, feature
+extractor config) plus ``asr_report.json`` (held-out error rates, timings). The build is
+skipped when the directory holds a model made from the same inputs (corpus files, this code,
+espeak-ng's version, the settings); the synthesized speech is cached apart (build/cache/asr),
+so a change to the training settings alone does not synthesize again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from switchboard import paths
+from switchboard.training import corpus as corpus_mod
+from switchboard.training import speech
+from switchboard.training.asr import data as data_mod
+from switchboard.training.asr.model import ModelConfig
+
+log = logging.getLogger("switchboard.training.asr")
+HERE = Path(__file__).parent
+CACHE_DIR = paths.BUILD / "cache" / "asr"
+REPORT = "asr_report.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    data: data_mod.DataConfig = data_mod.DataConfig()
+    model: ModelConfig = ModelConfig()
+    evaluate: bool = True
+
+
+def inputs_digest(cfg: BuildConfig, corpus_dir: Path) -> str:
+    """What the model is made from: a change to any of these rebuilds it."""
+    h = hashlib.sha256()
+    sources = sorted(HERE.glob("*.py")) + [Path(speech.__file__), Path(corpus_mod.__file__)]
+    for f in sorted(corpus_dir.glob("*.jsonl")) + sources:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    h.update(data_mod.espeak_version().encode())
+    h.update(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def build(
+    out: Path, cfg: BuildConfig, corpus_dir: Path, cache_dir: Path | None = CACHE_DIR, workers: int = 2, bar=None
+) -> dict:
+    """Synthesize, train and evaluate into ``out``; ``bar(total, desc, unit)``, if given,
+    makes the progress bars. Returns the report (also written to ``out/asr_report.json``)."""
+    import torch
+    from transformers import GenerationConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    from switchboard.training.asr import evaluate
+    from switchboard.training.asr import model as model_mod
+    from switchboard.training.asr import tokenizer as tokmod
+
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+    t0 = time.time()
+    mcfg = cfg.model
+    data, cached = data_mod.load(
+        cfg.data, corpus_dir, cache_dir, workers, bar=(lambda n: bar(n, "speaking", "clip")) if bar else None
+    )
+    synthesis_s = time.time() - t0
+    frames = data.frames
+    log.info(
+        "speech: %d utterances, %.1f s of audio on average (%.0f s in all), %s in %.0f s",
+        len(frames),
+        frames.mean() / 100,
+        frames.sum() / 100,
+        "from the cache" if cached else "synthesized",
+        synthesis_s,
+    )
+
+    texts = [t for ts in data_mod.corpus_templates(corpus_mod.load(corpus_dir)).values() for t in ts]
+    texts += [u.text for u in data.items]
+    tok = tokmod.train_tokenizer(texts, mcfg.vocab_size)
+    tokmod.save(tok, out, mcfg.max_target_positions)
+    ids = tokmod.special_ids(tok)
+    seqs = model_mod.token_sequences(tok, data.items, ids, mcfg.max_target_positions)
+
+    torch.manual_seed(mcfg.seed)
+    config = model_mod.whisper_config(mcfg, tok.get_vocab_size(), ids)
+    model = WhisperForConditionalGeneration(config)
+    params = sum(p.numel() for p in model.parameters())
+    log.info("model: %d parameters, %s", params, json.dumps(dataclasses.asdict(mcfg)))
+    t1, cpu1 = time.time(), time.process_time()
+    losses = model_mod.train(
+        model, data, seqs, ids["<|endoftext|>"], mcfg, bar=bar(mcfg.steps, "training", "step") if bar else None
+    )
+    training_s, training_cpu_s = time.time() - t1, time.process_time() - cpu1
+
+    model.config.switchboard_window_frames = None
+    model.save_pretrained(out)
+    _generation_config(GenerationConfig, ids, mcfg).save_pretrained(out)
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(out)
+    # Written last and explicitly: whether a None-valued extra key survives save_pretrained
+    # is transformers' business; readers need it there.
+    config_path = out / "config.json"
+    written = json.loads(config_path.read_text())
+    written["switchboard_window_frames"] = None
+    config_path.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+
+    t2 = time.time()
+    heldout = evaluate.report(model, tok, ids) if cfg.evaluate else {}
+    info = {
+        "name": "switchboard-asr-default",
+        "parameters": params,
+        "steps": mcfg.steps,
+        "training_utterances": len(frames),
+        "training_mean_seconds": round(float(frames.mean()) / 100, 2),
+        "training_audio_hours": round(float(frames.sum()) / 100 / 3600, 2),
+        "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+        "loss_every_100_steps": [
+            round(sum(losses[i : i + 100]) / len(losses[i : i + 100]), 4) for i in range(0, len(losses), 100)
+        ],
+        "synthesis_seconds": round(synthesis_s, 1),
+        "synthesis_cached": cached,
+        "training_seconds": round(training_s, 1),
+        # CPU seconds of all threads: on a busy machine, what the training would cost alone.
+        "training_cpu_seconds": round(training_cpu_s, 1),
+        "steps_per_second": round(mcfg.steps / training_s, 3),
+        "evaluation_seconds": round(time.time() - t2, 1),
+        "build_seconds": round(time.time() - t0, 1),
+        "voices": {
+            "training_accents": speech.TRAIN_ACCENTS,
+            "training_variants": speech.TRAIN_VARIANTS,
+            "heldout_training_voice": speech.SEEN_VOICES,
+            "heldout_unseen_voice": speech.UNSEEN_VOICES,
+        },
+        "config": dataclasses.asdict(cfg),
+        "espeak_ng": data_mod.espeak_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        **heldout,
+    }
+    (out / REPORT).write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n")
+    return info
+
+
+def _generation_config(GenerationConfig, ids: dict[str, int], cfg: ModelConfig):
+    eot = ids["<|endoftext|>"]
+    return GenerationConfig(
+        decoder_start_token_id=ids["<|startoftranscript|>"],
+        bos_token_id=eot,
+        eos_token_id=eot,
+        pad_token_id=eot,
+        no_timestamps_token_id=ids["<|notimestamps|>"],
+        prev_sot_token_id=ids["<|startofprev|>"],
+        is_multilingual=True,
+        lang_to_id={f"<|{lang}|>": ids[f"<|{lang}|>"] for lang in speech.LANGS},
+        task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+        suppress_tokens=[],
+        begin_suppress_tokens=[eot],
+        max_length=cfg.max_target_positions,
+        max_initial_timestamp_index=50,
+        return_timestamps=False,
+        do_sample=False,
+    )
+
+
+def _setting(cfg: BuildConfig, text: str) -> BuildConfig:
+    """``cfg`` with one ``KEY=VALUE`` applied; KEY names a field of the data or model config."""
+    key, sep, value = text.partition("=")
+    for part in ("data", "model"):
+        sub = getattr(cfg, part)
+        fields = {f.name: f for f in dataclasses.fields(sub)}
+        if sep and key in fields and key != "seed":
+            kind = type(fields[key].default)
+            try:
+                return dataclasses.replace(cfg, **{part: dataclasses.replace(sub, **{key: kind(value)})})
+            except ValueError:
+                raise ValueError(f"{text!r}: {key} must be {kind.__name__}") from None
+    names = [f.name for part in (cfg.data, cfg.model) for f in dataclasses.fields(part) if f.name != "seed"]
+    raise ValueError(f"{text!r}: expected KEY=VALUE with KEY one of {', '.join(names)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from switchboard import console
+
+    p = argparse.ArgumentParser(prog="python -m switchboard.training.asr", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=paths.BUILD / "asr-default-model", help="model directory")
+    p.add_argument("--corpus", type=Path, default=corpus_mod.CORPUS_DIR, help="corpus directory")
+    p.add_argument("--steps", type=int, default=ModelConfig.steps, help="training steps")
+    p.add_argument("--utterances", type=int, default=data_mod.DataConfig.utterances, help="utterances synthesized")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data, its order and the initial weights")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting (e.g. --set d_model=128 --set salad=0.6); settings: "
+        + ", ".join(f.name for part in (data_mod.DataConfig, ModelConfig) for f in dataclasses.fields(part)),
+    )
+    p.add_argument("--workers", type=int, default=2, help="synthesis processes")
+    p.add_argument("--cache", type=Path, default=CACHE_DIR, help="where synthesized speech is cached")
+    p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
+    p.add_argument("--force", action="store_true", help="rebuild even if the inputs did not change")
+    p.add_argument("--log", type=Path, help="where the detail goes (default build/logs/asr-model.log)")
+    args = p.parse_args(argv)
+
+    cfg = BuildConfig(
+        data_mod.DataConfig(utterances=args.utterances, seed=args.seed),
+        ModelConfig(steps=args.steps, seed=args.seed),
+        evaluate=not args.no_eval,
+    )
+    try:
+        for kv in args.set:
+            cfg = _setting(cfg, kv)
+    except ValueError as e:
+        p.error(f"--set: {e}")
+    if args.workers < 1:
+        p.error("--workers: at least 1")
+    with console.step("asr-model", args.log) as out:
+        digest = inputs_digest(cfg, args.corpus)
+        stamp = args.out / ".inputs"
+        if not args.force and stamp.exists() and stamp.read_text().strip() == digest:
+            out.line(f"default speech model up to date ({args.out})")
+            return 0
+        out.line(
+            f"training the default speech model from {args.corpus.name}/ ({cfg.data.utterances} utterances, "
+            f"{cfg.model.steps} steps, seed {args.seed}; about 10 minutes on 2 cores; "
+            f"detail in {out.log_path or 'the terminal'})"
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
+        stamp.unlink(missing_ok=True)
+        info = build(
+            args.out,
+            cfg,
+            args.corpus,
+            args.cache,
+            args.workers,
+            bar=lambda total, desc, unit: out.bar(total, desc, unit),
+        )
+        stamp.write_text(digest + "\n")
+        out.line(
+            f"built {args.out}: {info['parameters'] / 1e6:.1f}M parameters, {info['steps']} steps in "
+            f"{info['training_seconds']:.0f} s, {info['build_seconds']:.0f} s in all"
+        )
+        if "rates" in info:
+            from switchboard.training.asr.evaluate import table
+
+            for line in table(info["rates"]):
+                out.line(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The default speech recognizer's build: espeak-ng speech, the variable-length encoder, and a
+few steps on a micro config making a Whisper directory that transformers loads, built once."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from transformers import WhisperForConditionalGeneration, WhisperTokenizer
+
+from switchboard.asr import features as feat
+from switchboard.training import speech
+from switchboard.training.asr import data as data_mod
+from switchboard.training.asr import model as model_mod
+from switchboard.training.asr.__main__ import REPORT, main
+
+MICRO = [
+    "d_model=32",
+    "encoder_layers=1",
+    "decoder_layers=1",
+    "heads=2",
+    "ffn=64",
+    "vocab_size=300",
+    "max_target_positions=24",
+    "batch_frames=3000",
+    "warmup=2",
+]
+
+
+def test_synthesize_speaks_16k_float32_and_names_bad_input():
+    samples = speech.synthesize("Where is my order?", "en", "en-gb+f3", speed=200, pitch=70)
+    assert samples.dtype == np.float32 and samples.ndim == 1
+    assert 0.5 < len(samples) / speech.SAMPLE_RATE < 3 and 0.05 < np.abs(samples).max() <= 1.0
+    assert len(speech.synthesize("我的订单到哪了", "zh")) > 8000
+    with pytest.raises(ValueError, match="no variant 'nope'"):
+        speech.synthesize("hi", "en", "en-us+nope")
+    with pytest.raises(ValueError, match="lang 'fr'"):
+        speech.synthesize("bonjour", "fr")
+    with pytest.raises(ValueError, match="empty"):
+        speech.synthesize("  ", "en")
+    with pytest.raises(speech.SpeechError, match="xx-zz"):
+        speech.synthesize("hi", "en", "xx-zz")
+
+
+def test_heldout_clips_are_fixed_and_one_voice_is_never_trained_on():
+    clips = speech.heldout_clips("zh")
+    again = speech.heldout_clips("zh")
+    assert len(clips) == len(again) > 100 and all(c.lang == "zh" for c in clips)
+    assert all(np.array_equal(a.samples, b.samples) and a.text == b.text for a, b in zip(clips, again))
+    assert "{" not in "".join(c.text for c in clips)
+    unseen = {c.voice for c in clips if not c.seen_voice}
+    assert unseen == {speech.UNSEEN_VOICES["zh"]}
+    rng = random.Random(0)
+    for lang, voice in speech.UNSEEN_VOICES.items():
+        accent, _, variant = voice.partition("+")
+        trained = {speech.random_voice(rng, lang).name for _ in range(500)}
+        assert voice not in trained and variant not in speech.TRAIN_VARIANTS
+        assert accent not in speech.TRAIN_ACCENTS[lang] or lang == "zh"  # Mandarin has one accent
+
+
+def test_augmentation_is_seeded_and_noise_has_its_snr():
+    clean = speech.synthesize("How long does delivery take?", "en")
+    a = speech.augment(clean, np.random.default_rng(3))
+    b = speech.augment(clean, np.random.default_rng(3))
+    assert np.array_equal(a, b) and a.dtype == np.float32
+    quiet = clean * 0.1
+    noisy = speech.add_noise(quiet, 10.0, np.random.default_rng(0), "pink")
+    snr = 10 * np.log10(np.mean(quiet**2) / np.mean((noisy - quiet) ** 2))
+    assert snr == pytest.approx(10.0, abs=0.5)
+
+
+def test_batches_hold_the_frame_budget_and_cover_every_item():
+    frames = np.array([random.Random(i).randint(50, 900) for i in range(300)])
+    order = data_mod.batches(frames, 3000, 16, random.Random(0))
+    seen = []
+    while len(seen) < len(frames):
+        batch = next(order)
+        assert len(batch) <= 16 and (len(batch) == 1 or max(frames[batch]) * len(batch) <= 3000)
+        seen += batch
+    assert sorted(seen) == list(range(len(frames)))
+
+
+def test_variable_length_encoder_is_whispers_at_full_length():
+    cfg = model_mod.ModelConfig(d_model=32, encoder_layers=2, heads=2, ffn=64, max_source_positions=40)
+    ids = {"<|endoftext|>": 0, "<|startoftranscript|>": 1}
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(model_mod.whisper_config(cfg, 50, ids)).eval()
+    x = torch.randn(2, 80, 80)
+    with torch.no_grad():
+        ours = model_mod.encode_variable_length(model.model.encoder, x)
+        theirs = model.model.encoder(x).last_hidden_state
+        torch.testing.assert_close(ours, theirs)
+        assert model_mod.encode_variable_length(model.model.encoder, x[..., :33]).shape == (2, 17, 32)
+        with pytest.raises(ValueError, match="at most 80"):
+            model_mod.encode_variable_length(model.model.encoder, torch.randn(1, 80, 81))
+
+
+@pytest.fixture(scope="module")
+def micro_build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("asr") / "model"
+    cache = tmp_path_factory.mktemp("asr-cache")
+    argv = ["--out", str(out), "--cache", str(cache), "--utterances", "24", "--steps", "4", "--workers", "1"]
+    argv += [a for kv in MICRO for a in ("--set", kv)]
+    assert main(argv) == 0
+    return out, argv
+
+
+def test_a_micro_build_is_a_whisper_directory_transformers_loads(micro_build):
+    out, _ = micro_build
+    config = json.loads((out / "config.json").read_text())
+    assert config["switchboard_window_frames"] is None and config["max_source_positions"] == 750
+    model = WhisperForConditionalGeneration.from_pretrained(out).eval()
+    tok = WhisperTokenizer.from_pretrained(out, language="zh", task="transcribe")
+    gen = model.generation_config
+    assert gen.is_multilingual and set(gen.lang_to_id) == {"<|en|>", "<|zh|>"}
+    assert tok.prefix_tokens == [
+        gen.decoder_start_token_id,
+        gen.lang_to_id["<|zh|>"],
+        gen.task_to_id["transcribe"],
+        gen.no_timestamps_token_id,
+    ]
+    assert gen.no_timestamps_token_id == len(tok) - 1  # no id is taken for a timestamp
+    assert tok.decode(tok("订单SB12345678", add_special_tokens=False).input_ids) == "订单SB12345678"
+    x = torch.from_numpy(feat.log_mel(speech.synthesize("hello", "en"), 80))[None]
+    ids = model_mod.greedy_decode(model, x, [tok.prefix_tokens], gen.eos_token_id, max_new_tokens=5)
+    assert len(ids) == 1 and len(ids[0]) <= 5
+    report = json.loads((out / REPORT).read_text())
+    assert report["steps"] == 4 and report["parameters"] == sum(p.numel() for p in model.parameters())
+    assert set(report["rates"]) == {"en", "zh"}
+    assert report["rates"]["en"]["unseen_voice"]["voice"] == speech.UNSEEN_VOICES["en"]
+
+
+def test_the_same_inputs_skip_the_build_and_a_change_rebuilds(micro_build, capfd):
+    out, argv = micro_build
+    weights = (out / "model.safetensors").stat().st_mtime_ns
+    assert main(argv) == 0
+    assert "up to date" in capfd.readouterr().out
+    assert (out / "model.safetensors").stat().st_mtime_ns == weights
+    assert main([*argv, "--no-eval", "--steps", "2"]) == 0
+    assert "up to date" not in capfd.readouterr().out
+    assert (out / "model.safetensors").stat().st_mtime_ns != weights
+    assert json.loads((out / REPORT).read_text())["steps"] == 2
