@@ -1,0 +1,927 @@
+"""Export a Hugging Face Whisper checkpoint for Switchboard: ``python -m switchboard.export.asr``.
+
+Writes ``encoder.onnx`` and ``decoder.onnx`` (the graphs and their inputs are described in
+``switchboard/asr/runtime.py``), an INT8 variant of both when it passes the accuracy gate,
+``tokenizer.json`` and the manifest ``asr.json``; checks the graphs against PyTorch; measures
+the encoder and a decoding step; optionally installs everything into ``model_repository/asr/1``.
+
+The graphs are written out by hand over the checkpoint's own modules (its Linear, LayerNorm
+and Conv1d weights) rather than traced through ``WhisperForConditionalGeneration``:
+
+- variable-length input: transformers' encoder refuses anything but 2 * max_source_positions
+  frames; here the positional embedding is sliced to the input's length (conv1 -> gelu ->
+  conv2 -> gelu -> + embed_positions[:T/2] -> layers -> layer_norm), the encoder the embedded
+  default model is trained with. For pretrained Whisper (a fixed 3,000-frame window) the
+  slice is the whole table and the graph is transformers' encoder;
+- the cache: the decoder takes and returns plain per-layer tensors, so there is no Cache
+  object for the exporter to see through, and the cross-attention keys and values come from
+  the encoder graph, computed once per utterance;
+- the decoder computes the logits of the last position only: all greedy decoding reads.
+
+The parity check compares both graphs with transformers' own model (its encoder and decoder
+forward, no cache, on the same tokens), so the hand-written attention is held to the stock one.
+
+INT8 (``int8-dynamic``): every weight MatMul of both graphs, the output projection included,
+quantized per channel with ONNX Runtime's dynamic quantization (activations quantized on the
+fly); the convolutions, the attention products and the norms stay FP32. Unlike the chat
+model's INT8 (``export.quantize``, which keeps its LM head FP32), the projection is worth it
+here: at batch 1 a decoding step of tiny.en spends 57% of its time reading that 51,864 x 384
+matrix, and the gate measures what it costs (on tiny.en, nothing: see ``AsrGate``). The
+variant ships only when it passes the accuracy gate on held-out speech
+(``switchboard.training.speech.heldout_clips``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from switchboard import paths
+from switchboard.asr.runtime import TOKENIZER, AsrManifest, decoder_io, encoder_outputs
+
+log = logging.getLogger("switchboard.export.asr")
+HERE = Path(__file__).resolve().parent
+REPO_MODEL = "asr"
+VARIANTS = ("fp32", "int8-dynamic")
+DEFAULT_PRECISIONS = ("fp32", "int8-dynamic")
+ENCODER, DECODER = "encoder", "decoder"
+
+
+def graph_files(precision: str) -> tuple[str, str]:
+    suffix = "" if precision == "fp32" else f".{precision}"
+    return f"{ENCODER}{suffix}.onnx", f"{DECODER}{suffix}.onnx"
+
+
+# --- the graphs ------------------------------------------------------------------------------
+
+
+def _graph_modules():
+    """The torch modules, built on first use: importing this file must not need torch (the
+    gate's helpers and ``install`` run without it)."""
+    import torch
+    from torch import nn
+
+    def heads(x, n: int):
+        """[B, T, D] -> [B, n, T, D / n]"""
+        b, t, _ = x.shape
+        return x.reshape(b, t, n, -1).transpose(1, 2)
+
+    def merge(x):
+        """[B, n, T, hd] -> [B, T, n * hd]"""
+        b, _, t, _ = x.shape
+        return x.transpose(1, 2).reshape(b, t, -1)
+
+    def attend(q, k_t, v, mask=None):
+        """softmax(q k^T + mask) v with the keys already transposed ([B, H, hd, K]). Whisper
+        scales the queries before the product (its projection's output), as here."""
+        scores = torch.matmul(q, k_t)
+        if mask is not None:
+            scores = scores + mask
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+    class EncoderGraph(nn.Module):
+        """input_features [B, n_mels, T] -> cross_key.{i} [B, H, hd, T'], cross_value.{i}
+        [B, H, T', hd] for each decoder layer i (T' = ceil(T / 2))."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.encoder = model.model.encoder
+            self.cross = nn.ModuleList(layer.encoder_attn for layer in model.model.decoder.layers)
+            self.heads = model.config.encoder_attention_heads
+            self.decoder_heads = model.config.decoder_attention_heads
+
+        def forward(self, input_features):
+            enc = self.encoder
+            x = nn.functional.gelu(enc.conv1(input_features))
+            x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1)
+            h = x + enc.embed_positions.weight[: x.shape[1]]
+            for layer in enc.layers:
+                a = layer.self_attn
+                y = layer.self_attn_layer_norm(h)
+                q = heads(a.q_proj(y) * a.scaling, self.heads)
+                k_t = heads(a.k_proj(y), self.heads).transpose(2, 3)
+                h = h + a.out_proj(merge(attend(q, k_t, heads(a.v_proj(y), self.heads))))
+                y = layer.final_layer_norm(h)
+                h = h + layer.fc2(layer.activation_fn(layer.fc1(y)))
+            h = enc.layer_norm(h)
+            keys = [heads(c.k_proj(h), self.decoder_heads).transpose(2, 3).contiguous() for c in self.cross]
+            values = [heads(c.v_proj(h), self.decoder_heads).contiguous() for c in self.cross]
+            return (*keys, *values)
+
+    class DecoderGraph(nn.Module):
+        """input_ids [B, S], then past_key.{i}, past_value.{i} [B, H, P, hd] per layer, then
+        cross_key.{i}, cross_value.{i} per layer -> logits [B, V] (the last position's),
+        present_key.{i}, present_value.{i} [B, H, P + S, hd]."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.decoder = model.model.decoder
+            self.proj_out = model.proj_out
+            self.heads = model.config.decoder_attention_heads
+            self.num_layers = model.config.decoder_layers
+
+        def forward(self, input_ids, *kv):
+            n = self.num_layers
+            past, cross = kv[: 2 * n], kv[2 * n :]
+            dec = self.decoder
+            s, p = input_ids.shape[1], past[0].shape[2]
+            h = dec.embed_tokens(input_ids) + dec.embed_positions.weight[p : p + s]
+            # Causal within the new tokens (a prompt of several); every past position is seen.
+            query_pos = torch.arange(s).unsqueeze(1) + p
+            key_pos = torch.arange(p + s).unsqueeze(0)
+            mask = (key_pos > query_pos).float() * torch.finfo(torch.float32).min
+            present = []
+            for i, layer in enumerate(dec.layers):
+                a = layer.self_attn
+                y = layer.self_attn_layer_norm(h)
+                q = heads(a.q_proj(y) * a.scaling, self.heads)
+                k = torch.cat([past[2 * i], heads(a.k_proj(y), self.heads)], dim=2)
+                v = torch.cat([past[2 * i + 1], heads(a.v_proj(y), self.heads)], dim=2)
+                present += [k, v]
+                h = h + a.out_proj(merge(attend(q, k.transpose(2, 3), v, mask)))
+                c = layer.encoder_attn
+                y = layer.encoder_attn_layer_norm(h)
+                q = heads(c.q_proj(y) * c.scaling, self.heads)
+                h = h + c.out_proj(merge(attend(q, cross[2 * i], cross[2 * i + 1])))
+                y = layer.final_layer_norm(h)
+                h = h + layer.fc2(layer.activation_fn(layer.fc1(y)))
+            logits = self.proj_out(dec.layer_norm(h[:, -1]))
+            return (logits, *present)
+
+    return EncoderGraph, DecoderGraph
+
+
+def export_graphs(model, out: Path) -> tuple[Path, Path]:
+    """``encoder.onnx`` and ``decoder.onnx`` of ``model`` (eval mode, fp32) in ``out``."""
+    import torch
+
+    encoder_graph, decoder_graph = _graph_modules()
+    cfg = model.config
+    n, heads = cfg.decoder_layers, cfg.decoder_attention_heads
+    hd = cfg.d_model // heads
+    large = sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
+    paths_ = out / f"{ENCODER}.onnx", out / f"{DECODER}.onnx"
+
+    frames = min(2 * cfg.max_source_positions, 64)
+    batch, frames_dim = torch.export.Dim("batch"), torch.export.Dim("frames", max=2 * cfg.max_source_positions)
+    sample = torch.randn(2, cfg.num_mel_bins, frames)
+    with torch.no_grad():
+        program = torch.onnx.export(
+            encoder_graph(model).eval(),
+            (sample,),
+            input_names=["input_features"],
+            output_names=encoder_outputs(n),
+            dynamic_shapes=({0: batch, 2: frames_dim},),
+            dynamo=True,
+            optimize=True,
+            external_data=large,
+        )
+    program.save(str(paths_[0]), external_data=large)
+
+    source = math.ceil(frames / 2)
+    new, past_len = 3, 4  # several new tokens on a past: a size-1 sample would be specialized
+    kv = [torch.randn(2, heads, past_len, hd) for _ in range(2 * n)]
+    kv += [t for _ in range(n) for t in (torch.randn(2, heads, hd, source), torch.randn(2, heads, source, hd))]
+    b, s, p, t = (torch.export.Dim(x) for x in ("batch", "sequence", "past", "source"))
+    dynamic = (
+        {0: b, 1: s},
+        tuple({0: b, 2: p} for _ in range(2 * n)) + tuple(x for _ in range(n) for x in ({0: b, 3: t}, {0: b, 2: t})),
+    )
+    inputs, outputs = decoder_io(n)
+    ids = torch.randint(0, cfg.vocab_size, (2, new))
+    with torch.no_grad():
+        program = torch.onnx.export(
+            decoder_graph(model).eval(),
+            (ids, *kv),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_shapes=dynamic,
+            dynamo=True,
+            optimize=True,
+            external_data=large,
+        )
+    program.save(str(paths_[1]), external_data=large)
+    return paths_
+
+
+# --- the manifest ----------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def window_frames(config: dict) -> int | None:
+    """The input frames the checkpoint takes: ``switchboard_window_frames`` in config.json
+    (null: variable length), by default pretrained Whisper's 2 * max_source_positions."""
+    full = 2 * config["max_source_positions"]
+    if "switchboard_window_frames" not in config:
+        return full
+    value = config["switchboard_window_frames"]
+    if value is None:
+        return None
+    if not isinstance(value, int) or not 1 <= value <= full:
+        raise ValueError(
+            f"switchboard_window_frames = {value!r}: expected null or 1..{full} (2 * max_source_positions)"
+        )
+    return value
+
+
+def describe(model_dir: Path, tokenizer) -> AsrManifest:
+    """The manifest of a checkpoint, before any graph exists: geometry from config.json, the
+    prompt and suppression tokens from generation_config.json (the fields transformers'
+    Whisper generation reads), tokens it lacks looked up by name in the tokenizer."""
+    config = _read_json(model_dir / "config.json")
+    gen = _read_json(model_dir / "generation_config.json")
+    info = _read_json(model_dir / "switchboard.json")
+    if config.get("model_type") != "whisper":
+        raise ValueError(f"{model_dir}/config.json: model_type {config.get('model_type')!r}, expected 'whisper'")
+
+    def token(field_value, name: str, what: str) -> int:
+        value = field_value[0] if isinstance(field_value, list) and field_value else field_value
+        if isinstance(value, int):
+            return value
+        found = tokenizer.token_to_id(name)
+        if found is None:
+            raise ValueError(f"{model_dir}: no {what} (generation_config.json) and no {name} token in the tokenizer")
+        return found
+
+    special = {
+        "start": token(
+            gen.get("decoder_start_token_id", config.get("decoder_start_token_id")),
+            "<|startoftranscript|>",
+            "decoder_start_token_id",
+        ),
+        "eos": token(gen.get("eos_token_id", config.get("eos_token_id")), "<|endoftext|>", "eos_token_id"),
+        "notimestamps": token(gen.get("no_timestamps_token_id"), "<|notimestamps|>", "no_timestamps_token_id"),
+    }
+    lang_to_id = gen.get("lang_to_id") or {}
+    multilingual = bool(gen.get("is_multilingual", len(lang_to_id) > 1))
+    transcribe = (gen.get("task_to_id") or {}).get("transcribe")
+    if multilingual:
+        if not lang_to_id:
+            raise ValueError(f"{model_dir}/generation_config.json: is_multilingual but no lang_to_id")
+        special["transcribe"] = token(transcribe, "<|transcribe|>", "task_to_id.transcribe")
+        languages = {k.strip("<|>"): v for k, v in lang_to_id.items()}
+    else:  # the prompt has no language or task token; English is what the model speaks
+        found = transcribe if isinstance(transcribe, int) else tokenizer.token_to_id("<|transcribe|>")
+        if found is not None:
+            special["transcribe"] = found
+        languages = {"en": lang_to_id.get("<|en|>", tokenizer.token_to_id("<|en|>"))}
+    suppress = gen.get("suppress_tokens", config.get("suppress_tokens")) or []
+    begin = gen.get("begin_suppress_tokens", config.get("begin_suppress_tokens")) or []
+    max_target = int(config["max_target_positions"])
+    if isinstance(gen.get("max_length"), int):
+        max_target = min(max_target, gen["max_length"])
+    heads = int(config["decoder_attention_heads"])
+    return AsrManifest(
+        name=info.get("name", model_dir.name),
+        source=str(model_dir),
+        n_mels=int(config["num_mel_bins"]),
+        window_frames=window_frames(config),
+        max_source_positions=int(config["max_source_positions"]),
+        max_target_positions=max_target,
+        multilingual=multilingual,
+        languages=languages,
+        special=special,
+        suppress_tokens=sorted(int(t) for t in suppress),
+        begin_suppress_tokens=sorted(int(t) for t in begin),
+        num_layers=int(config["decoder_layers"]),
+        num_heads=heads,
+        head_dim=int(config["d_model"]) // heads,
+        vocab_size=int(config["vocab_size"]),
+    )
+
+
+def copy_tokenizer(model_dir: Path, out: Path) -> Path:
+    """``tokenizer.json`` into ``out``, written by transformers when the checkpoint has only
+    the slow tokenizer's files (vocab.json and merges.txt)."""
+    target = out / TOKENIZER
+    if (model_dir / TOKENIZER).is_file():
+        shutil.copy2(model_dir / TOKENIZER, target)
+        return target
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+    except Exception as e:  # a checkpoint without any tokenizer: say so, not a traceback
+        raise ValueError(f"{model_dir}: no tokenizer.json and no tokenizer transformers can load ({e})") from None
+    staging = out / ".tokenizer"
+    tok.save_pretrained(staging)
+    shutil.move(staging / TOKENIZER, target)
+    shutil.rmtree(staging)
+    return target
+
+
+# --- the PyTorch reference and the parity check ----------------------------------------------
+
+
+def torch_encode(model, features: np.ndarray):
+    """Encoder states of [B, n_mels, T] features in PyTorch: transformers' encoder for its full
+    window; for a shorter input the same modules with the positions sliced to its length."""
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+    enc = model.model.encoder
+    with torch.no_grad():
+        if x.shape[-1] == 2 * model.config.max_source_positions:
+            return enc(x).last_hidden_state
+        h = torch.nn.functional.gelu(enc.conv1(x))
+        h = torch.nn.functional.gelu(enc.conv2(h)).permute(0, 2, 1)
+        h = h + enc.embed_positions.weight[: h.shape[1]]
+        for layer in enc.layers:
+            h = layer(h, None)
+        return enc.layer_norm(h)
+
+
+def torch_greedy(
+    model, features: np.ndarray, manifest: AsrManifest, language: str | None, max_new_tokens: int
+) -> tuple[list[int], str | None, list[np.ndarray]]:
+    """Greedy decoding of one [n_mels, T] item in transformers, the whole sequence recomputed
+    at every step (no cache): (tokens, language, each step's raw logits)."""
+    import torch
+
+    m = manifest
+    enc = torch_encode(model, features[None])
+
+    def logits(ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            out = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([ids]))
+        return out.logits[0, -1].float().numpy()
+
+    if m.multilingual and language is None:
+        codes = list(m.languages)
+        first = logits([m.special["start"]])
+        language = codes[int(first[[m.languages[c] for c in codes]].argmax())]
+    elif not m.multilingual:
+        language = language or next(iter(m.languages))
+    prompt = m.prompt(m.languages[language] if m.multilingual else None)
+    tokens, seen = [], []
+    for step in range(max_new_tokens):
+        raw = logits(prompt + tokens)
+        seen.append(raw)
+        masked = raw.copy()
+        masked[m.suppress_tokens] = -np.inf
+        if step == 0:
+            masked[m.begin_suppress_tokens] = -np.inf
+        token = int(masked.argmax())
+        if token == m.special["eos"]:
+            break
+        tokens.append(token)
+    return tokens, language, seen
+
+
+def probe_features(manifest: AsrManifest, seconds: tuple[float, ...] = (1.0, 2.6, 1.7)) -> list[np.ndarray]:
+    """Features of a few synthetic sounds (tones gliding under noise), of different lengths:
+    deterministic input for the parity check with nothing to download or synthesize."""
+    from switchboard.asr.features import SAMPLE_RATE, log_mel
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i, s in enumerate(seconds):
+        t = np.arange(int(s * SAMPLE_RATE)) / SAMPLE_RATE
+        tone = 0.3 * np.sin(2 * np.pi * (200 + 150 * i + 300 * t) * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2
+        samples = (tone + 0.02 * rng.standard_normal(len(t))).astype(np.float32)
+        out.append(log_mel(samples, manifest.n_mels, frames=manifest.window_frames))
+    return out
+
+
+def check(model, out: Path, manifest: AsrManifest, steps: int = 8) -> dict:
+    """The exported graphs against transformers on ``probe_features``, batched as serving
+    batches them: the greedy tokens of ``AsrModel`` (lockstep batch, KV cache, language
+    detection on multilingual models) equal PyTorch's one item at a time, and the ONNX logits
+    along PyTorch's tokens are within 1e-3 of PyTorch's."""
+    from switchboard.asr.features import pad_batch
+    from switchboard.asr.model import AsrModel
+
+    features = probe_features(manifest)
+    asr = AsrModel.load(out, "fp32")
+    asr.repetition = None  # parity is about the graphs; the loop guard is tested on its own
+    got = asr.transcribe(features, [None] * len(features), max_new_tokens=steps)
+    batch = pad_batch(features, manifest.window_frames)
+    same, max_diff = 0, 0.0
+    for i, ours in enumerate(got):
+        tokens, language, seen = torch_greedy(model, batch[i], manifest, None, steps)
+        same += ours.tokens == tokens and ours.language == language
+        max_diff = max(max_diff, _logit_diff(asr.runtime, batch[i : i + 1], manifest, language, tokens, seen))
+    return {
+        "ok": same == len(features) and max_diff < 1e-3,
+        "sequences": len(features),
+        "decode_steps": steps,
+        "greedy_identical": same,
+        "max_abs_logit_diff": max_diff,
+    }
+
+
+def _logit_diff(runtime, features, manifest, language, tokens, seen) -> float:
+    """Largest |ONNX - PyTorch| logit over the steps PyTorch took (teacher-forced)."""
+    cross = runtime.encode(features)
+    prompt = manifest.prompt(manifest.languages[language] if manifest.multilingual else None)
+    logits, past = runtime.decode(np.asarray([prompt], np.int64), runtime.empty_past(1), cross)
+    diff = float(np.abs(logits[0] - seen[0]).max())
+    for token, ref in zip(tokens, seen[1:]):
+        logits, past = runtime.decode(np.asarray([[token]], np.int64), past, cross)
+        diff = max(diff, float(np.abs(logits[0] - ref).max()))
+    return diff
+
+
+# --- INT8 ------------------------------------------------------------------------------------
+
+
+def weight_matmuls(path: Path, keep_fp32: tuple[str, ...] = ()) -> list[str]:
+    """The MatMul/Gemm nodes of a graph that multiply by a weight, but for the modules in
+    ``keep_fp32`` (found through the module path the exporter records on every node)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    weights = {init.name for init in model.graph.initializer}
+    nodes = []
+    for n in model.graph.node:
+        if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2 or n.input[1] not in weights:
+            continue
+        scope = next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), n.name)
+        if not any(k in scope for k in keep_fp32):
+            nodes.append(n.name)
+    return nodes
+
+
+def untie_output_projection(model) -> bool:
+    """Give a Gemm that multiplies by a shared weight (Whisper's output projection reads the
+    embedding matrix) its own transposed copy, as a MatMul: ONNX Runtime's dynamic quantizer
+    rewrites every Gemm into a MatMul by transposing its weight in place, which would hand the
+    embedding a transposed matrix; and as a plain MatMul on its own weight the projection can
+    be quantized like the others. Returns whether anything changed."""
+    import onnx
+    from onnx import numpy_helper
+
+    uses: dict[str, int] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            uses[name] = uses.get(name, 0) + 1
+    weights = {init.name: init for init in model.graph.initializer}
+    changed = False
+    for i, n in enumerate(model.graph.node):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        plain = attrs.get("alpha", 1.0) == 1.0 and not attrs.get("transA", 0) and attrs.get("transB", 0) == 1
+        if n.op_type != "Gemm" or len(n.input) != 2 or n.input[1] not in weights or uses[n.input[1]] < 2 or not plain:
+            continue
+        name = f"{n.input[1]}.transposed"
+        copy = np.ascontiguousarray(numpy_helper.to_array(weights[n.input[1]]).T)
+        model.graph.initializer.append(numpy_helper.from_array(copy, name))
+        matmul = onnx.helper.make_node("MatMul", [n.input[0], name], list(n.output), name=n.name)
+        matmul.metadata_props.extend(n.metadata_props)
+        model.graph.node.remove(n)
+        model.graph.node.insert(i, matmul)
+        changed = True
+    return changed
+
+
+def quantize_int8_dynamic(fp32: Path, target: Path, keep_fp32: tuple[str, ...] = ()) -> Path:
+    """``target``: ``fp32`` with its weight MatMuls INT8 per channel (but for the modules in
+    ``keep_fp32``), activations quantized on the fly (the options of ``export.quantize``'s
+    int8-dynamic). The output projection is quantized too: at batch 1 a decoding step reads
+    all of its weights (51,864 x 384 in tiny.en), 57% of the step in FP32."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(str(fp32))
+    source = fp32
+    if untie_output_projection(model):
+        source = target.with_name(target.stem + ".untied.onnx")
+        large = sum(len(init.raw_data) for init in model.graph.initializer) > (1 << 30)
+        onnx.save(model, str(source), save_as_external_data=large, location=f"{source.name}.data")
+    try:
+        nodes = weight_matmuls(source, keep_fp32)
+        if not nodes:
+            raise ValueError(f"{fp32}: no weight MatMuls to quantize")
+        log.info("INT8 dynamic %s: %d weight MatMuls", fp32.name, len(nodes))
+        quantize_dynamic(
+            str(source),
+            str(target),
+            weight_type=QuantType.QInt8,
+            nodes_to_quantize=nodes,
+            per_channel=True,
+            extra_options={"MatMulConstBOnly": True},
+        )
+    finally:
+        if source != fp32:
+            for f in target.parent.glob(source.name + "*"):
+                f.unlink()
+    return target
+
+
+# --- the accuracy gate -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AsrGate:
+    """When a quantized variant may ship, judged per language against FP32 on the same clips.
+
+    - ``max_increase``: its error rate (WER for English, CER for Mandarin, against what was
+      said) at most this much above FP32's, absolute. 0.02 is one word in fifty, far below
+      the gap between two model sizes;
+    - ``max_lost``: of the clips FP32 transcribes word for word, the variant may get at most
+      this share wrong (at least one: a single borderline clip is not a verdict). The error
+      rate alone can hide a variant that breaks what works while it happens to fix something
+      else. Agreement with FP32 on every clip is no measure: where a model is unsure (an
+      unseen accent, a spelled-out order number) any rounding tips its guesses one way or the
+      other. Measured on Whisper tiny.en and the 202 held-out English clips: INT8 transcribes
+      only 126 exactly as FP32 does, yet keeps all 34 of FP32's word-for-word transcripts
+      (and its WER is 0.662 against FP32's 0.686); a broken quantization loses those first.
+    """
+
+    max_increase: float = 0.02
+    max_lost: float = 0.05
+
+    def allowed_losses(self, exact: int) -> int:
+        return max(1, int(self.max_lost * exact))
+
+    def failures(self, result: dict, fp32: dict) -> list[str]:
+        reasons = []
+        for lang, r in result["languages"].items():
+            base = fp32["languages"][lang]
+            unit = r["unit"].upper()
+            if r["error_rate"] > base["error_rate"] + self.max_increase:
+                reasons.append(
+                    f"{lang} {unit} {r['error_rate']:.3f} > FP32's {base['error_rate']:.3f} + {self.max_increase}"
+                )
+            lost, allowed = base["exact"] - r["kept_exact"], self.allowed_losses(base["exact"])
+            if lost > allowed:
+                reasons.append(
+                    f"{lang}: wrong on {lost} of the {base['exact']} clips FP32 transcribes word for word "
+                    f"(at most {allowed})"
+                )
+        return reasons
+
+    def describe(self) -> str:
+        return (
+            f"error rate <= FP32's + {self.max_increase}; of FP32's word-for-word transcripts, "
+            f"at most {self.max_lost:.0%} (at least 1) lost"
+        )
+
+
+def gate_clips(manifest: AsrManifest, per_language: int) -> list:
+    """Held-out speech in the model's languages (``speech.heldout_clips``), at most
+    ``per_language`` clips each (0: all), spread evenly over the set (both voices, every FAQ
+    entry). A variable-length model is judged on the clips its encoder can take whole."""
+    from switchboard.asr.features import HOP
+    from switchboard.training import speech
+
+    clips = []
+    for lang in speech.LANGS:
+        if lang not in manifest.languages:
+            continue
+        pool = speech.heldout_clips(lang)
+        if manifest.window_frames is None:
+            pool = [c for c in pool if len(c.samples) // HOP <= manifest.max_frames]
+        n = min(len(pool), per_language or len(pool))
+        clips += [pool[i * len(pool) // n] for i in range(n)]
+    return clips
+
+
+def transcribe_clips(asr, clips: list, batch: int = 8) -> list[str]:
+    """Transcripts of ``clips`` in their order, decoded in batches of similar lengths."""
+    order = sorted(range(len(clips)), key=lambda i: len(clips[i].samples))
+    texts = [""] * len(clips)
+    for start in range(0, len(order), batch):
+        idx = order[start : start + batch]
+        feats = [asr.features(clips[i].samples) for i in idx]
+        langs = [clips[i].lang if asr.multilingual else None for i in idx]
+        for i, t in zip(idx, asr.transcribe(feats, langs)):
+            texts[i] = t.text
+    return texts
+
+
+def evaluate(out: Path, precisions: list[str], clips: list, threads: int = 0) -> dict:
+    """Per precision and language: the error rate against what was said, and the share of
+    clips transcribed as FP32 transcribes them."""
+    from switchboard.asr import wer
+    from switchboard.asr.model import AsrModel
+
+    texts = {p: transcribe_clips(AsrModel.load(out, p, threads), clips) for p in precisions}
+    # The clips each precision transcribes word for word (after normalization).
+    right = {
+        p: {i for i, c in enumerate(clips) if wer.units(texts[p][i], c.lang) == wer.units(c.text, c.lang)}
+        for p in precisions
+    }
+    results = {}
+    for p in precisions:
+        langs = {}
+        for lang in sorted({c.lang for c in clips}):
+            idx = [i for i, c in enumerate(clips) if c.lang == lang]
+            same = sum(wer.normalize(texts[p][i]) == wer.normalize(texts["fp32"][i]) for i in idx)
+            langs[lang] = {
+                "unit": "cer" if lang == "zh" else "wer",
+                "error_rate": round(wer.error_rate([clips[i].text for i in idx], [texts[p][i] for i in idx], lang), 4),
+                "exact": len(right[p].intersection(idx)),
+                "kept_exact": len(right[p].intersection(idx) & right["fp32"]),  # of those FP32 gets right
+                "same_as_fp32": round(same / len(idx), 4),
+                "clips": len(idx),
+            }
+        results[p] = {"languages": langs}
+    return results
+
+
+# --- latency ---------------------------------------------------------------------------------
+
+
+def benchmark(
+    out: Path,
+    precisions: list[str],
+    batches: tuple[int, ...] = (1, 8),
+    seconds: float = 3.0,
+    steps: int = 16,
+    repeats: int = 3,
+    threads: int = 0,
+) -> dict:
+    """Milliseconds of the encoder on a ``seconds`` clip and of one decoding step (the median
+    over ``steps`` steps after the prompt), at each batch size: the best of ``repeats`` runs."""
+    from switchboard.asr.features import SAMPLE_RATE, log_mel, pad_batch
+    from switchboard.asr.runtime import OnnxWhisper
+
+    manifest = AsrManifest.load(out)
+    rng = np.random.default_rng(0)
+    samples = (0.1 * rng.standard_normal(int(seconds * SAMPLE_RATE))).astype(np.float32)
+    one = log_mel(samples, manifest.n_mels, frames=manifest.window_frames)
+    prompt = manifest.prompt(next(iter(manifest.languages.values())) if manifest.multilingual else None)
+    token = manifest.special["start"]  # any token: the timing does not depend on which
+    figures = {}
+    for p in precisions:
+        runtime = OnnxWhisper(out, manifest, p, threads)
+        rows = {}
+        for b in batches:
+            feats = pad_batch([one] * b, manifest.window_frames)
+            enc_ms, step_ms = [], []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                cross = runtime.encode(feats)
+                enc_ms.append((time.perf_counter() - t0) * 1e3)
+                _, past = runtime.decode(np.asarray([prompt] * b, np.int64), runtime.empty_past(b), cross)
+                times = []
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    _, past = runtime.decode(np.full((b, 1), token, np.int64), past, cross)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                step_ms.append(float(np.median(times)))
+            rows[str(b)] = {"encoder_ms": round(min(enc_ms), 2), "decoder_step_ms": round(min(step_ms), 3)}
+        figures[p] = rows
+    return {"clip_seconds": seconds, "frames": one.shape[1], "threads": threads or "all", "batches": figures}
+
+
+# --- the export ------------------------------------------------------------------------------
+
+
+def run_export(
+    model_dir: Path,
+    out: Path,
+    precisions: list[str],
+    required: set[str],
+    gate: AsrGate | None,
+    per_language: int = 64,
+    check_parity: bool = True,
+    bench_batches: tuple[int, ...] = (1, 8),
+    threads: int = 0,
+    console=None,
+) -> AsrManifest:
+    """Export, check, quantize, gate and measure; returns the manifest written to ``out``.
+    ``required``: variants that must pass the gate (the others are left out when they fail)."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import WhisperForConditionalGeneration
+
+    from switchboard import console as console_mod
+
+    say = console or console_mod.detached("export-asr")
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.iterdir():
+        if stale.is_file():
+            stale.unlink()
+    tok_path = copy_tokenizer(model_dir, out)
+    manifest = describe(model_dir, Tokenizer.from_file(str(tok_path)))
+    model = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    info = _read_json(model_dir / "switchboard.json")
+    parameters = sum(p.numel() for p in model.parameters())
+    window = f"{manifest.window_frames}-frame window" if manifest.window_frames else "variable-length input"
+    say.line(
+        f"{model_dir} (Whisper, {parameters / 1e6:.1f}M parameters, {window}, "
+        f"{'multilingual' if manifest.multilingual else 'English-only'}) -> {out}: {', '.join(precisions)}"
+    )
+    log.info("exporting the encoder and the decoder with KV cache")
+    t_export = time.time()
+    export_graphs(model, out)
+    export_s = time.time() - t_export
+    manifest = _with(manifest, precisions={"fp32": _files("fp32")})
+    manifest.save(out)
+    if check_parity:
+        report = check(model, out, manifest)
+        log.info("parity: %s", json.dumps(report))
+        if not report["ok"]:
+            raise SystemExit(f"export check failed: ONNX does not match PyTorch: {report}")
+        say.line(
+            f"ONNX with KV cache matches PyTorch (greedy tokens identical on {report['sequences']} inputs, "
+            f"logits within {report['max_abs_logit_diff']:.0e})"
+        )
+        manifest = _with(manifest, parity=report)
+    del model
+    for p in precisions:
+        if p != "fp32":
+            enc, dec = graph_files(p)
+            quantize_int8_dynamic(out / f"{ENCODER}.onnx", out / enc)
+            quantize_int8_dynamic(out / f"{DECODER}.onnx", out / dec)
+            manifest = _with(manifest, precisions={**manifest.precisions, p: _files(p)})
+    manifest.save(out)
+    int8 = [p for p in precisions if p != "fp32"]
+    if int8 and info.get("random_weights"):
+        say.line("random weights: INT8 transcripts are not measured or gated (the parity check ran)")
+    elif int8 and gate is not None:
+        manifest = _gate(out, manifest, int8, required, gate, per_language, threads, say)
+    if bench_batches:
+        shipped = [p for p in precisions if p in manifest.precisions]
+        bench = benchmark(out, shipped, bench_batches, threads=threads)
+        manifest = _with(manifest, bench=bench)
+        for p, rows in bench["batches"].items():
+            cells = ", ".join(
+                f"batch {b}: encoder {r['encoder_ms']:.0f} ms, step {r['decoder_step_ms']:.1f} ms"
+                for b, r in rows.items()
+            )
+            say.line(f"{p} on a {bench['clip_seconds']:.0f} s clip: {cells}")
+    manifest = _with(manifest, bench={**manifest.bench, "export_seconds": round(export_s, 1)})
+    manifest.save(out)
+    say.line(f"exported {', '.join(manifest.precisions)} in {time.time() - t0:.0f} s (graphs: {export_s:.0f} s)")
+    return manifest
+
+
+def _files(precision: str) -> dict:
+    enc, dec = graph_files(precision)
+    return {"encoder": enc, "decoder": dec}
+
+
+def _with(manifest: AsrManifest, **changes) -> AsrManifest:
+    return AsrManifest(**{**manifest.__dict__, **changes})
+
+
+def _gate(out, manifest, int8, required, gate, per_language, threads, say) -> AsrManifest:
+    clips = gate_clips(manifest, per_language)
+    if not clips:
+        say.line(f"no held-out speech in {', '.join(manifest.languages)}: INT8 not gated")
+        return manifest
+    log.info("accuracy of %s against FP32 on %d held-out clips", ",".join(int8), len(clips))
+    results = evaluate(out, ["fp32", *int8], clips, threads)
+    precisions, left_out, failed = dict(manifest.precisions), {}, {}
+    for p in ["fp32", *int8]:
+        precisions[p] = {**precisions[p], "accuracy": results[p]["languages"]}
+    say.line(f"accuracy on {len(clips)} held-out clips (gate: {gate.describe()}):")
+    for p in ["fp32", *int8]:
+        cells = ", ".join(
+            f"{lang} {r['unit'].upper()} {r['error_rate']:.3f}, {r['exact']} of {r['clips']} word for word "
+            f"({r['kept_exact']} of FP32's), {r['same_as_fp32']:.0%} as FP32"
+            for lang, r in results[p]["languages"].items()
+        )
+        say.line(f"  {p}: {cells}")
+    for p in int8:
+        reasons = gate.failures(results[p], results["fp32"])
+        if reasons and p in required:
+            failed[p] = reasons
+        elif reasons:
+            left_out[p] = reasons
+            del precisions[p]
+            for f in graph_files(p):
+                (out / f).unlink(missing_ok=True)
+            say.line(
+                f"left out {p}: {'; '.join(reasons)} (ask for it by name, --precision fp32,{p}, to make this an error)"
+            )
+    report = {
+        "rule": gate.describe(),
+        "max_increase": gate.max_increase,
+        "max_lost": gate.max_lost,
+        "clips": len(clips),
+    }
+    manifest = _with(manifest, precisions=precisions, left_out=left_out, gate=report)
+    manifest.save(out)
+    if failed:
+        lines = "; ".join(f"{v}: {', '.join(f)}" for v, f in failed.items())
+        raise SystemExit(f"accuracy gate failed (not shipping): {lines}")
+    return manifest
+
+
+def install(artifacts: Path, repository: Path) -> Path:
+    """The artifacts into ``repository/asr/1`` (hard links where possible). The model's
+    config.pbtxt and model.py are the repository's own, not written here."""
+    from switchboard.export.render import place_artifacts
+
+    version = repository / REPO_MODEL / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    for old in version.iterdir():
+        if old.is_file() and old.name != "model.py":
+            old.unlink()
+    place_artifacts(artifacts, version, REPO_MODEL, "local")
+    return version
+
+
+def parse_precisions(value: str) -> tuple[list[str], set[str]]:
+    """``--precision`` as (variants to build, variants that must pass the gate)."""
+    if value.strip() == "default":
+        return list(DEFAULT_PRECISIONS), {"fp32"}
+    precisions = list(dict.fromkeys(x.strip() for x in value.split(",") if x.strip()))
+    bad = set(precisions) - set(VARIANTS)
+    if bad or "fp32" not in precisions:
+        raise ValueError(f"fp32 is required; unknown: {', '.join(sorted(bad)) or '-'}")
+    return precisions, set(precisions)
+
+
+def _inputs_digest(model_dir: Path, options: list[str]) -> str:
+    """What the artifacts depend on: the checkpoint's files, this exporter and the serving
+    runtime it checks against, and the options."""
+    from switchboard.artifact.manifest import file_digest
+
+    files = [p for p in sorted(model_dir.iterdir()) if p.is_file() and not p.name.startswith(".")]
+    code = [HERE / "asr.py", *sorted((paths.ROOT / "switchboard" / "asr").glob("*.py"))]
+    h = hashlib.sha256(file_digest(files).encode())
+    for f in code:
+        h.update(f.read_bytes())
+    h.update("\0".join(options).encode())
+    return h.hexdigest()[:16]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.export.asr", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, required=True, help="local Hugging Face Whisper checkpoint directory")
+    p.add_argument("--out", type=Path, required=True, help="artifact directory to write")
+    p.add_argument(
+        "--precision",
+        default="default",
+        help=f"'default' ({','.join(DEFAULT_PRECISIONS)}; INT8 that fails the accuracy gate is left out with its "
+        f"reason) or a comma-separated list from {','.join(VARIANTS)} (each must pass the gate)",
+    )
+    p.add_argument("--gate-clips", type=int, default=64, help="held-out clips per language in the gate (0: all)")
+    p.add_argument("--max-increase", type=float, default=AsrGate.max_increase, help="gate: WER/CER over FP32's")
+    p.add_argument(
+        "--max-lost", type=float, default=AsrGate.max_lost, help="gate: share of FP32's word-for-word clips lost"
+    )
+    p.add_argument("--no-gate", action="store_true", help="skip the accuracy evaluation and gate")
+    p.add_argument("--no-check", action="store_true", help="skip the ONNX-vs-PyTorch check")
+    p.add_argument("--bench-batches", default="1,8", help="measure latency at these batch sizes ('' = none)")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads for the gate and the figures (0: all)")
+    p.add_argument("--install", type=Path, metavar="REPOSITORY", help="install into REPOSITORY/asr/1")
+    p.add_argument("--force", action="store_true", help="export even if the inputs did not change")
+    p.add_argument("--log", type=Path, help="where the detail goes (default build/logs/export-asr.log)")
+    args = p.parse_args(argv)
+    if not (args.model / "config.json").is_file():
+        p.error(f"--model {args.model}: no config.json (not a Hugging Face checkpoint directory)")
+    try:
+        precisions, required = parse_precisions(args.precision)
+    except ValueError as e:
+        p.error(f"--precision: {e}")
+    try:
+        batches = tuple(int(b) for b in args.bench_batches.split(",") if b.strip())
+    except ValueError:
+        p.error(f"--bench-batches {args.bench_batches!r}: expected comma-separated integers")
+    from switchboard import console
+
+    gate = None if args.no_gate else AsrGate(args.max_increase, args.max_lost)
+    options = [*precisions, "required:" + ",".join(sorted(required)), repr(gate), str(args.gate_clips)]
+    options += [str(not args.no_check), args.bench_batches]
+    digest = _inputs_digest(args.model, options)
+    stamp = args.out / ".inputs"
+    with console.step("export-asr", args.log) as out:
+        if args.force or not stamp.is_file() or stamp.read_text().strip() != digest:
+            stamp.unlink(missing_ok=True)
+            try:
+                run_export(
+                    args.model,
+                    args.out,
+                    precisions,
+                    required,
+                    gate,
+                    args.gate_clips,
+                    not args.no_check,
+                    batches,
+                    args.threads,
+                    out,
+                )
+            except ValueError as e:  # a checkpoint that is not what the exporter needs
+                raise SystemExit(str(e)) from None
+            stamp.write_text(digest + "\n")
+        else:
+            m = AsrManifest.load(args.out)
+            left = "".join(f"; {v} left out ({'; '.join(r)})" for v, r in m.left_out.items())
+            out.line(f"artifacts in {args.out} are up to date: {', '.join(m.precisions)}{left}")
+        if args.install:
+            version = install(args.out, args.install)
+            out.line(f"installed into {version}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Batched greedy transcription over an exported Whisper, with text deltas streamed per row.
+
+``AsrModel.transcribe`` pads a batch of features (``features.pad_batch``), runs the encoder
+once, then decodes every row in lockstep with the KV cache: one decoder call per token for the
+whole batch. Rows start from prompts of one length, so they stay aligned and the decoder needs
+no attention mask. What Whisper's own greedy decoding does, done here too:
+
+- ``suppress_tokens`` are never produced, ``begin_suppress_tokens`` (a blank, end of text) not
+  as the first token: the same logits processors as transformers' ``WhisperForConditionalGeneration.generate``;
+- a multilingual model given no language detects it: one decoder step on the start token
+  alone, the most likely of the language tokens (transformers' ``detect_language``); the rest of
+  the prompt then follows on that cache. Rows with a language given get it the same way, so the
+  batch stays in lockstep;
+- a row ends at the end-of-text token, at ``max_new_tokens`` (default: as many as the
+  decoder's positions leave after the prompt), or when its caller is gone (``cancelled``).
+
+A finished row leaves the batch: its slice of the self-attention cache and of the encoder's
+keys and values is dropped, so the remaining rows' steps read and copy less.
+
+Runaway repetition: on noise, music or a cut-off word, Whisper can fall into a loop, the same
+few tokens over and over until its 448 positions run out (openai-whisper re-decodes at a higher
+temperature when the text compresses too well). Here a row stops when the end of its output is
+one block of at most ``max_period`` tokens repeated at least ``min_copies`` times over at least
+``min_tokens`` tokens (defaults: 3 copies, 24 tokens, blocks up to 32): a loop is cut after a
+few dozen tokens instead of 400 decoding steps of the whole batch, while what people repeat
+("no, no, no", a digit said five times) is far shorter than 24 tokens. The text already
+streamed stays; the transcript says ``finish_reason="repetition"``.
+
+Text is streamed with ``IncrementalDetokenizer`` (whole UTF-8 characters only: a Chinese
+character is often two byte-level tokens). It is the text as Whisper writes it, the blank
+before its first word included, so the deltas of a row add up to its ``Transcript.text`` and
+the transcripts of consecutive pieces of one recording join with their words apart; strip it
+for display.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from switchboard.asr.features import log_mel, pad_batch
+from switchboard.asr.runtime import KV, TOKENIZER, AsrManifest
+from switchboard.serving.detok import IncrementalDetokenizer
+
+EOS, LENGTH, REPETITION, CANCELLED = "eos", "length", "repetition", "cancelled"
+# Added tokens that are markup, not text: <|en|>, <|notimestamps|>, <|0.00|>...
+_MARKUP = re.compile(r"^<\|.*\|>$")
+
+
+@dataclass
+class Transcript:
+    text: str
+    language: str | None  # the given or detected language code
+    tokens: list[int]  # the generated tokens, without the prompt and the end-of-text token
+    finish_reason: str = EOS  # eos, length, repetition or cancelled
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """When a row counts as looping (see the module docstring)."""
+
+    min_copies: int = 3
+    min_tokens: int = 24
+    max_period: int = 32
+
+    def looping(self, tokens: list[int]) -> bool:
+        for period in range(1, self.max_period + 1):
+            span = max(self.min_tokens, self.min_copies * period)
+            if len(tokens) < span:
+                break
+            tail = tokens[-span:]
+            if tail[period:] == tail[:-period]:
+                return True
+        return False
+
+
+class Runtime(Protocol):
+    """What decoding needs from an exported Whisper (``runtime.OnnxWhisper``; fakes in tests)."""
+
+    def encode(self, features: np.ndarray) -> KV: ...
+
+    def empty_past(self, batch: int) -> KV: ...
+
+    def decode(self, input_ids: np.ndarray, past: KV, cross: KV) -> tuple[np.ndarray, KV]: ...
+
+
+class Tokenizer(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+@dataclass
+class _Row:
+    """One utterance being decoded: where it is in the caller's list, and what it has so far."""
+
+    index: int
+    language: str | None
+    detok: IncrementalDetokenizer
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+
+class AsrModel:
+    def __init__(
+        self,
+        runtime: Runtime,
+        manifest: AsrManifest,
+        tokenizer: Tokenizer,
+        hidden_tokens: set[int] | None = None,
+        repetition: Repetition | None = Repetition(),
+    ):
+        """``hidden_tokens``: ids that are never text (language, task, timestamp markers), kept
+        out of the detokenizer; ``repetition``: the loop guard (None: off)."""
+        self.runtime = runtime
+        self.manifest = manifest
+        self.tokenizer = tokenizer
+        self.repetition = repetition
+        self._hidden = set(hidden_tokens or ()) | set(manifest.special.values())
+        self._hidden |= {t for t in manifest.languages.values() if t is not None}
+        self._suppress = np.array(sorted(set(manifest.suppress_tokens)), dtype=np.int64)
+        self._begin_suppress = np.array(sorted(set(manifest.begin_suppress_tokens)), dtype=np.int64)
+        self._language_codes = list(manifest.languages)
+        # Detection picks among these (multilingual models only: they have a token each).
+        self._language_ids = np.array(list(manifest.languages.values()) if manifest.multilingual else [], np.int64)
+
+    @classmethod
+    def load(cls, directory: Path, precision: str = "fp32", threads: int = 0) -> AsrModel:
+        """The artifacts in ``directory`` (``python -m switchboard.export.asr``) on ONNX Runtime.
+        ValueError names what is missing or wrong."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        from switchboard.asr.runtime import OnnxWhisper
+
+        directory = Path(directory)
+        manifest = AsrManifest.load(directory)
+        tok_path = directory / TOKENIZER
+        if not tok_path.is_file():
+            raise ValueError(f"{tok_path} missing (written by python -m switchboard.export.asr)")
+        tokenizer = HFTokenizer.from_file(str(tok_path))
+        hidden = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special or _MARKUP.match(t.content)}
+        return cls(OnnxWhisper(directory, manifest, precision, threads), manifest, tokenizer, hidden)
+
+    # --- what callers need to know -----------------------------------------------------------
+
+    @property
+    def n_mels(self) -> int:
+        return self.manifest.n_mels
+
+    @property
+    def window_frames(self) -> int | None:
+        return self.manifest.window_frames
+
+    @property
+    def max_frames(self) -> int:
+        return self.manifest.max_frames
+
+    @property
+    def languages(self) -> list[str]:
+        return list(self.manifest.languages)
+
+    @property
+    def multilingual(self) -> bool:
+        return self.manifest.multilingual
+
+    def features(self, samples: np.ndarray) -> np.ndarray:
+        """[n_mels, T] log-mel features of 16 kHz mono samples, as this model takes them."""
+        return log_mel(samples, self.n_mels, frames=self.window_frames)
+
+    # --- decoding ----------------------------------------------------------------------------
+
+    def transcribe(
+        self,
+        features: list[np.ndarray],
+        languages: list[str | None],
+        on_delta: Callable[[int, str], None] | None = None,
+        max_new_tokens: int | None = None,
+        cancelled: Callable[[int], bool] | None = None,
+    ) -> list[Transcript]:
+        """Transcripts of ``features`` ([n_mels, T] each), in order. ``languages[i]``: a code
+        from ``self.languages`` or None (detected by a multilingual model). ``on_delta(i, text)``
+        gets each row's text as it becomes final; ``cancelled(i)``, asked before every step,
+        ends row i there. ValueError names the input that is wrong."""
+        if len(features) != len(languages):
+            raise ValueError(f"{len(features)} feature arrays but {len(languages)} languages")
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {max_new_tokens}: expected at least 1")
+        if not features:
+            return []
+        codes = [self._language(i, lang) for i, lang in enumerate(languages)]
+        batch = pad_batch([self._checked(i, f) for i, f in enumerate(features)], self.window_frames)
+        rows = [_Row(i, code, IncrementalDetokenizer(self._decode)) for i, code in enumerate(codes)]
+        cross = self.runtime.encode(batch)
+        past, prompt = self._prompt(rows, cross)
+        limit = self.manifest.max_target_positions - self.manifest.prompt_length
+        budget = min(max_new_tokens or limit, limit)
+        live = list(rows)
+        if budget < 1:
+            for row in live:
+                row.finish_reason = LENGTH
+            live = []
+        step = 0
+        while live:
+            if cancelled is not None:
+                for row in live:
+                    if cancelled(row.index):
+                        row.finish_reason = CANCELLED
+                live, past, cross = self._keep(live, past, cross)
+                if not live:
+                    break
+            # The first step feeds the prompt, every later one the token each row chose last.
+            ids = np.asarray([r.tokens[-1:] or prompt[r.index] for r in live], np.int64)
+            logits, past = self.runtime.decode(ids, past, cross)
+            for row, token in zip(live, self._next_tokens(logits, first=step == 0)):
+                self._advance(row, int(token), budget, on_delta)
+            live, past, cross = self._keep(live, past, cross)
+            step += 1
+        return [Transcript(r.text, r.language, r.tokens, r.finish_reason or EOS) for r in rows]
+
+    def _language(self, i: int, lang: str | None) -> str | None:
+        if lang is None:
+            return None if self.multilingual else self._language_codes[0] if self._language_codes else "en"
+        code = str(lang).strip().lower()
+        if code not in self.manifest.languages:
+            have = ", ".join(self._language_codes) or "en"
+            if not self.multilingual:
+                raise ValueError(f"languages[{i}] = {lang!r}: this model is English-only ({have})")
+            raise ValueError(f"languages[{i}] = {lang!r}: not a language of this model ({have})")
+        return code
+
+    def _checked(self, i: int, f: np.ndarray) -> np.ndarray:
+        f = np.asarray(f)
+        if f.ndim != 2 or f.shape[0] != self.n_mels or f.shape[1] < 1:
+            raise ValueError(f"features[{i}]: shape {f.shape}, expected [{self.n_mels}, frames >= 1]")
+        if self.window_frames is None and f.shape[1] > self.max_frames:
+            raise ValueError(
+                f"features[{i}]: {f.shape[1]} frames, more than this model's {self.max_frames} "
+                f"({self.max_frames // 100} s): cut the audio into shorter pieces"
+            )
+        if not np.isfinite(f).all():
+            raise ValueError(f"features[{i}]: not finite (NaN or infinity)")
+        return f.astype(np.float32, copy=False)
+
+    def _prompt(self, rows: list[_Row], cross: KV) -> tuple[KV, list[list[int]]]:
+        """The cache after any language detection, and each row's prompt tokens still to feed
+        (all of one length)."""
+        past = self.runtime.empty_past(len(rows))
+        m = self.manifest
+        if not m.multilingual:
+            return past, [m.prompt(None) for _ in rows]
+        if any(r.language is None for r in rows):
+            start = np.full((len(rows), 1), m.special["start"], np.int64)
+            logits, past = self.runtime.decode(start, past, cross)
+            best = np.asarray(logits)[:, self._language_ids].argmax(axis=1)
+            for row, j in zip(rows, best):
+                if row.language is None:
+                    row.language = self._language_codes[int(j)]
+            return past, [m.prompt(m.languages[r.language])[1:] for r in rows]
+        return past, [m.prompt(m.languages[r.language]) for r in rows]
+
+    def _next_tokens(self, logits: np.ndarray, first: bool) -> np.ndarray:
+        logits = np.array(logits, dtype=np.float32)  # a copy: suppressing writes into it
+        if self._suppress.size:
+            logits[:, self._suppress] = -np.inf
+        if first and self._begin_suppress.size:
+            logits[:, self._begin_suppress] = -np.inf
+        return logits.argmax(axis=1)
+
+    def _advance(self, row: _Row, token: int, budget: int, on_delta) -> None:
+        if token == self.manifest.special["eos"]:
+            row.finish_reason = EOS
+        else:
+            row.tokens.append(token)
+            if token not in self._hidden:
+                self._emit(row, row.detok.add([token]), on_delta)
+            if len(row.tokens) >= budget:
+                row.finish_reason = LENGTH
+            elif self.repetition is not None and self.repetition.looping(row.tokens):
+                row.finish_reason = REPETITION
+        if row.finish_reason is not None:
+            self._emit(row, row.detok.flush(), on_delta)
+
+    def _emit(self, row: _Row, delta: str, on_delta) -> None:
+        if delta:
+            row.text += delta
+            if on_delta is not None:
+                on_delta(row.index, delta)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @staticmethod
+    def _keep(live: list[_Row], past: KV, cross: KV) -> tuple[list[_Row], KV, KV]:
+        """The rows still decoding, and the caches without the rows that finished."""
+        keep = [j for j, r in enumerate(live) if r.finish_reason is None]
+        if len(keep) == len(live):
+            return live, past, cross
+        if not keep:
+            return [], [], []
+        return (
+            [live[j] for j in keep],
+            [(k[keep], v[keep]) for k, v in past],
+            [(k[keep], v[keep]) for k, v in cross],
+        )

@@ -1,0 +1,317 @@
+"""Whisper checkpoints export to ONNX with a KV cache and decode as transformers does: tiny
+random configs built here (a multilingual one taking variable-length input, an English-only
+one with a fixed 1 s window), the INT8 variant through the accuracy gate, the install layout,
+and, when ``make model-asr-tiny-en`` has built it, real Whisper tiny.en on espeak-ng speech."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+from switchboard import paths
+from switchboard.asr.features import pad_batch
+from switchboard.asr.model import AsrModel
+from switchboard.asr.runtime import AsrManifest
+from switchboard.export import asr as export_asr
+
+SPECIALS = [
+    "<|endoftext|>",
+    "<|startoftranscript|>",
+    "<|en|>",
+    "<|zh|>",
+    "<|translate|>",
+    "<|transcribe|>",
+    "<|startoflm|>",
+    "<|startofprev|>",
+    "<|nospeech|>",
+    "<|notimestamps|>",
+]
+TEXTS = [
+    "Where is my order? It has not arrived yet.",
+    "How do I return a product I bought last week?",
+    "Can I change the delivery address for order 12345?",
+    "我的订单什么时候发货？",
+    "我想退货，怎么办？",
+] * 20
+TINY_EN = paths.BUILD / "asr-tiny-en"
+
+
+def make_whisper(out, multilingual: bool, window: int | None):
+    """A random Whisper checkpoint directory in the standard layout (config, weights,
+    generation_config with Whisper's fields, tokenizer.json)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(TEXTS, trainer=trainer)
+    tok.add_special_tokens(SPECIALS)
+    tok.add_tokens(["<|0.00|>", "<|0.02|>"])  # timestamps: added tokens, not special ones (as Whisper's)
+    ids = {t: tok.token_to_id(t) for t in SPECIALS}
+    config = WhisperConfig(
+        vocab_size=tok.get_vocab_size(),
+        num_mel_bins=80,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=150 if multilingual else 50,
+        max_target_positions=64,
+        init_std=0.2,
+        decoder_start_token_id=ids["<|startoftranscript|>"],
+        eos_token_id=ids["<|endoftext|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=ids["<|endoftext|>"],
+    )
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(config).eval()
+    model.save_pretrained(out)
+    cfg = json.loads((out / "config.json").read_text())
+    if window != 2 * config.max_source_positions:
+        cfg["switchboard_window_frames"] = window
+    (out / "config.json").write_text(json.dumps(cfg))
+    space = tok.token_to_id("Ġ")
+    gen = {
+        "decoder_start_token_id": ids["<|startoftranscript|>"],
+        "eos_token_id": ids["<|endoftext|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "no_timestamps_token_id": ids["<|notimestamps|>"],
+        "is_multilingual": multilingual,
+        "lang_to_id": {"<|en|>": ids["<|en|>"], "<|zh|>": ids["<|zh|>"]} if multilingual else {"<|en|>": ids["<|en|>"]},
+        "task_to_id": {"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+        "suppress_tokens": [tok.token_to_id("?"), ids["<|startoflm|>"], ids["<|startofprev|>"]],
+        "begin_suppress_tokens": [space, ids["<|endoftext|>"]],
+        "max_length": 64,
+    }
+    (out / "generation_config.json").write_text(json.dumps(gen))
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def export(ckpt, out, *extra) -> AsrManifest:
+    args = ["--model", str(ckpt), "--out", str(out), "--bench-batches", "1,2", *extra]
+    assert export_asr.main(args) == 0
+    return AsrManifest.load(out)
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+    """Variable-length input, two languages, INT8 kept by a gate that accepts anything (random
+    weights transcribe nothing, so only the mechanics are tested here)."""
+    root = tmp_path_factory.mktemp("whisper-multi")
+    ckpt = make_whisper(root / "ckpt", multilingual=True, window=None)
+    out = root / "artifacts"
+    m = export(ckpt, out, "--gate-clips", "3", "--max-increase", "1", "--max-lost", "1")
+    return ckpt, out, m
+
+
+@pytest.fixture(scope="module")
+def english(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whisper-en")
+    ckpt = make_whisper(root / "ckpt", multilingual=False, window=100)
+    out = root / "artifacts"
+    return ckpt, out, export(ckpt, out, "--precision", "fp32")
+
+
+def reference(ckpt):
+    return WhisperForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+
+
+def noise_features(m: AsrManifest, frames: list[int], seed: int = 1) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((m.n_mels, t)).astype(np.float32) for t in frames]
+
+
+def test_manifest_describes_the_checkpoint(multilingual, english):
+    _, out, m = multilingual
+    assert m.window_frames is None and m.multilingual and set(m.languages) == {"en", "zh"}
+    assert set(m.special) == {"start", "eos", "transcribe", "notimestamps"}
+    assert m.max_source_positions == 150 and m.max_target_positions == 64 and m.n_mels == 80
+    assert m.num_layers == 2 and m.num_heads == 4 and m.head_dim == 16
+    assert len(m.suppress_tokens) == 3 and len(m.begin_suppress_tokens) == 2
+    assert {"encoder.onnx", "decoder.onnx", "tokenizer.json", "asr.json"} <= {p.name for p in out.iterdir()}
+    _, _, e = english
+    assert e.window_frames == 100 and not e.multilingual and list(e.languages) == ["en"]
+    assert e.prompt(None) == [e.special["start"], e.special["notimestamps"]]
+    assert e.bench["batches"]["fp32"]["1"]["encoder_ms"] > 0 and e.bench["export_seconds"] > 0
+
+
+@pytest.mark.parametrize("which", ["multilingual", "english"])
+def test_onnx_matches_pytorch_at_export(which, request):
+    """The export's own check ran: greedy tokens identical, logits within 1e-3."""
+    _, _, m = request.getfixturevalue(which)
+    p = m.parity
+    assert p["ok"] and p["greedy_identical"] == p["sequences"] == 3 and p["max_abs_logit_diff"] < 1e-3
+
+
+def test_encoder_and_decoder_logits_match_transformers(multilingual):
+    """Prompt, then steps on the cache, against transformers' full forward on the same tokens:
+    a padded batch of different lengths, every row within tolerance."""
+    ckpt, out, m = multilingual
+    model = reference(ckpt)
+    asr = AsrModel.load(out)
+    batch = pad_batch(noise_features(m, [120, 57, 200]))
+    cross = asr.runtime.encode(batch)
+    assert cross[0][0].shape == (3, 4, 16, 100) and cross[0][1].shape == (3, 4, 100, 16)
+    prompt = m.prompt(m.languages["zh"])
+    tokens = [prompt + [40, 41, 42]] * 3
+    logits, past = asr.runtime.decode(np.asarray([t[:4] for t in tokens]), asr.runtime.empty_past(3), cross)
+    got = [logits]
+    for j in range(4, 6):
+        logits, past = asr.runtime.decode(np.asarray([[t[j]] for t in tokens]), past, cross)
+        got.append(logits)
+    assert past[0][0].shape == (3, 4, 6, 16)
+    enc = export_asr.torch_encode(model, batch)
+    with torch.no_grad():
+        full = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor(tokens)).logits.numpy()
+    for step, g in enumerate(got):
+        np.testing.assert_allclose(g, full[:, 3 + step], atol=1e-4, rtol=1e-4)
+
+
+def test_fixed_window_encoder_is_transformers_encoder(english):
+    ckpt, out, m = english
+    model = reference(ckpt)
+    asr = AsrModel.load(out)
+    feats = [asr.features(np.zeros(8000, np.float32)), asr.features(0.1 * np.ones(24000, np.float32))]
+    assert all(f.shape == (80, 100) for f in feats), "audio padded or cut to the window"
+    batch = pad_batch(feats, m.window_frames)
+    with torch.no_grad():
+        enc = model.model.encoder(torch.from_numpy(batch)).last_hidden_state
+        k = model.model.decoder.layers[1].encoder_attn.k_proj(enc).view(2, 50, 4, 16).permute(0, 2, 3, 1)
+    np.testing.assert_allclose(asr.runtime.encode(batch)[1][0], k.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("which", ["multilingual", "english"])
+def test_batched_greedy_equals_a_pytorch_greedy_loop(which, request):
+    """AsrModel's lockstep batch (rows of different lengths and languages, one detected) gives
+    each row the tokens transformers gives it alone, suppression and language included."""
+    ckpt, out, m = request.getfixturevalue(which)
+    model = reference(ckpt)
+    asr = AsrModel.load(out)
+    asr.repetition = None
+    frames = [100, 100, 100] if m.window_frames else [160, 90, 250]
+    feats = noise_features(m, frames, seed=3)
+    langs = [None, "zh", "en"] if m.multilingual else [None, "en", None]
+    deltas: dict[int, str] = {}
+
+    def on_delta(i: int, text: str) -> None:
+        deltas[i] = deltas.get(i, "") + text
+
+    got = asr.transcribe(feats, langs, on_delta=on_delta, max_new_tokens=24)
+    batch = pad_batch(feats, m.window_frames)
+    for i, t in enumerate(got):
+        tokens, language, _ = export_asr.torch_greedy(model, batch[i], m, langs[i], 24)
+        assert t.tokens == tokens and t.language == language
+        assert deltas.get(i, "") == t.text
+        assert t.finish_reason == ("eos" if len(tokens) < 24 else "length")
+    if m.multilingual:
+        assert got[1].language == "zh" and got[2].language == "en" and got[0].language in ("en", "zh")
+
+
+def test_variable_length_input_over_the_encoder_positions_is_refused(multilingual):
+    _, out, m = multilingual
+    asr = AsrModel.load(out)
+    with pytest.raises(ValueError, match=r"features\[1\]: 301 frames, more than this model's 300"):
+        asr.transcribe(noise_features(m, [10, 301]), [None, None])
+
+
+def test_int8_passes_a_lenient_gate_and_the_report_is_written(multilingual):
+    _, out, m = multilingual
+    assert set(m.precisions) == {"fp32", "int8-dynamic"} and not m.left_out
+    assert (out / "encoder.int8-dynamic.onnx").exists() and (out / "decoder.int8-dynamic.onnx").exists()
+    assert m.gate["clips"] == 6 and m.gate["max_increase"] == 1.0
+    for p in ("fp32", "int8-dynamic"):
+        acc = m.precisions[p]["accuracy"]
+        assert set(acc) == {"en", "zh"} and acc["en"]["unit"] == "wer" and acc["zh"]["unit"] == "cer"
+    fp32 = m.precisions["fp32"]["accuracy"]["en"]
+    assert fp32["same_as_fp32"] == 1.0 and fp32["kept_exact"] == fp32["exact"] and fp32["clips"] == 3
+    assert AsrModel.load(out, "int8-dynamic").transcribe(noise_features(m, [80]), ["en"], max_new_tokens=3)
+
+
+def test_int8_failing_the_gate_is_left_out_with_its_reason(multilingual, tmp_path, capfd):
+    ckpt, _, _ = multilingual
+    out = tmp_path / "strict"
+    strict = ["--gate-clips", "2", "--max-increase", "-1", "--no-check", "--bench-batches", ""]
+    assert export_asr.main(["--model", str(ckpt), "--out", str(out), *strict]) == 0
+    m = AsrManifest.load(out)
+    assert set(m.precisions) == {"fp32"} and "int8-dynamic" in m.left_out
+    assert m.left_out["int8-dynamic"][0].startswith("en WER") and "> FP32's" in m.left_out["int8-dynamic"][0]
+    assert not (out / "encoder.int8-dynamic.onnx").exists()
+    assert "left out int8-dynamic" in capfd.readouterr().out
+    with pytest.raises(ValueError, match="left out by the accuracy gate"):
+        AsrModel.load(out, "int8-dynamic")
+    with pytest.raises(SystemExit, match="accuracy gate failed"):
+        export_asr.main(["--model", str(ckpt), "--out", str(out), "--precision", "fp32,int8-dynamic", *strict])
+
+
+def test_install_layout(english, tmp_path):
+    ckpt, out, _ = english
+    repo = tmp_path / "model_repository"
+    (repo / "asr" / "1").mkdir(parents=True)
+    (repo / "asr" / "1" / "model.py").write_text("# the lead's glue\n")
+    (repo / "asr" / "1" / "stale.onnx").write_text("old")
+    export(ckpt, out, "--precision", "fp32", "--install", str(repo))  # up to date: installs only
+    installed = {p.name for p in (repo / "asr" / "1").iterdir()}
+    assert installed == {"model.py", "encoder.onnx", "decoder.onnx", "tokenizer.json", "asr.json"}
+    assert not (repo / "asr" / "config.pbtxt").exists()
+    assert AsrModel.load(repo / "asr" / "1").window_frames == 100
+
+
+def test_not_a_whisper_checkpoint_is_a_clear_error(tmp_path):
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(SystemExit, match="model_type 'bert', expected 'whisper'"):
+        export_asr.main(["--model", str(tmp_path / "bert"), "--out", str(tmp_path / "out")])
+
+
+@pytest.mark.skipif(
+    not (TINY_EN / "config.json").exists(), reason="build/asr-tiny-en not built (make model-asr-tiny-en)"
+)
+def test_tiny_en_transcribes_speech_as_transformers_does(tmp_path):
+    """Real Whisper tiny.en, exported: batched transcripts of espeak-ng questions equal
+    transformers' greedy ``generate`` on the same features."""
+    from switchboard.training import speech
+
+    out = tmp_path / "tiny-en"
+    m = export(TINY_EN, out, "--precision", "fp32", "--bench-batches", "")
+    assert m.parity["ok"] and m.window_frames == 3000 and not m.multilingual
+    questions = ["Where is my order?", "How do I return a broken phone?", "Can I change my delivery address?"]
+    clips = [speech.synthesize(q, "en") for q in questions]
+    asr = AsrModel.load(out)
+    feats = [asr.features(c) for c in clips]
+    got = asr.transcribe(feats, [None] * len(feats))
+    model = reference(TINY_EN)
+    with torch.no_grad():
+        ids = model.generate(torch.from_numpy(np.stack(feats)), max_new_tokens=64)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    for t, row in zip(got, ids.tolist()):
+        assert t.text.strip() == tok.decode(row, skip_special_tokens=True).strip()
+    assert sum(t.text.strip().lower().startswith(q.lower()[:8]) for t, q in zip(got, questions)) >= 2
+
+
+def _result(error_rate, exact, kept):
+    return {"languages": {"en": {"unit": "wer", "error_rate": error_rate, "exact": exact, "kept_exact": kept}}}
+
+
+@pytest.mark.parametrize(
+    "variant,reasons",
+    [
+        (_result(0.31, 41, 40), []),
+        (_result(0.33, 40, 40), ["en WER 0.330 > FP32's 0.300 + 0.02"]),
+        (_result(0.30, 38, 38), []),  # two of 40 lost: 5%
+        (_result(0.30, 40, 37), ["en: wrong on 3 of the 40 clips FP32 transcribes word for word (at most 2)"]),
+    ],
+)
+def test_gate_rule(variant, reasons):
+    fp32 = _result(0.30, 40, 40)
+    assert export_asr.AsrGate().failures(variant, fp32) == reasons
+    assert export_asr.AsrGate().allowed_losses(3) == 1, "one borderline clip is not a verdict"
