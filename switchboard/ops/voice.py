@@ -73,7 +73,8 @@ class Joiner:
                 self.run([sys.executable, "-m", "switchboard.training.asr", "--out", str(model)])
             elif not (model / "config.json").is_file():
                 raise RuntimeError(f"{model}: not a Hugging Face Whisper checkpoint (no config.json)")
-            if installed_source(args.repository) != str(model.resolve()) or args.force:
+            installed = installed_source(args.repository)
+            if installed is None or Path(installed).resolve() != model.resolve() or args.force:
                 self.stage("exporting")
                 out = paths.BUILD / "artifacts" / "asr" / model.name
                 cmd = [sys.executable, "-m", "switchboard.export.asr", "--model", str(model), "--out", str(out)]

@@ -89,7 +89,7 @@ class TritonPythonModel:
         )
         log.info(
             "asr ready: %s %s, %s batching (at most %d chunks, %.0f s of audio), %d worker(s)",
-            self.model.name,
+            self.model.manifest.name,
             cfg.precision,
             cfg.batching,
             cfg.max_batch,
