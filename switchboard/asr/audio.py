@@ -50,7 +50,7 @@ MIN_SOURCE_RATE = 4_000
 _BLOCK_SAMPLES = 1 << 20
 _SF_ERR_UNSUPPORTED_ENCODING = 4
 # Streaming WAV writers, which cannot seek back to write the sizes, leave a placeholder: -1
-# (0xFFFFFFFF), espeak-ng --stdout 0x7FFFF000, others 0x7FFFFFFF or 0. A real data chunk of
+# (0xFFFFFFFF), espeak-ng --stdout 0x7FFFF000, others 0x7FFFFFFF. A real data chunk of
 # 2 GB or more cannot be uploaded anyway, so such a size means "to the end of the file".
 _UNKNOWN_SIZE_FROM = 0x7FFF0000
 # header lengths are estimates in these (granule of the last page, Xing/bitrate), not promises
@@ -206,7 +206,7 @@ def _parse_wav(data: bytes) -> _WavHeader | None:
         elif chunk == b"data":
             if not fmt:
                 return _WavHeader(complete=False)
-            declared = None if size == 0 or size >= _UNKNOWN_SIZE_FROM else size
+            declared = None if size >= _UNKNOWN_SIZE_FROM else size
             return _WavHeader(True, declared_bytes=declared, present_bytes=len(data) - body, **fmt)
         pos = body + size + (size & 1)  # chunks are word aligned
     return _WavHeader(complete=False, **fmt)

@@ -217,7 +217,7 @@ def test_wav_data_cut_short_is_truncated():
     assert e.code == "truncated" and "promises 1.00 s, it holds 0.50 s" in str(e)
 
 
-@pytest.mark.parametrize("placeholder", [0xFFFFFFFF, 0x7FFFF000, 0x7FFFFFFF, 0])
+@pytest.mark.parametrize("placeholder", [0xFFFFFFFF, 0x7FFFF000, 0x7FFFFFFF])
 def test_wav_of_unknown_length_decodes_what_is_there(placeholder):
     # streaming writers leave a placeholder for the data size: -1, espeak-ng --stdout 0x7FFFF000
     a = decode(wav_header(placeholder) + np.full(800, 1000, "<i2").tobytes())
