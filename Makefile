@@ -28,7 +28,7 @@ PYTEST_ARGS ?= -q
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model model-large model-asr model-asr-tiny-en model-asr-large export-asr bench-large export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -58,6 +58,11 @@ model-asr-large: setup ## a whisper-small-shaped recognizer, random weights, in 
 
 export-asr: $(if $(ASR_MODEL),setup,model-asr) ## export ASR_MODEL (default: the embedded recognizer) to ONNX + INT8 and install it into the repository
 	@$(PY) -m switchboard.export.asr --model $(if $(ASR_MODEL),$(ASR_MODEL),build/asr-default-model) --out build/artifacts/asr/$(notdir $(abspath $(if $(ASR_MODEL),$(ASR_MODEL),build/asr-default-model))) --precision default --install $(REPO)
+
+# The recognizer the integration tests speak to: Whisper tiny.en (FP32), a real one, so they can
+# check what it heard; `make serve` installs ASR_MODEL (the embedded default) in its place.
+test-recognizer: model-asr-tiny-en
+	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/test-tiny-en --precision fp32 --no-gate --bench-batches '' --install $(REPO)
 
 export: model ## export MODEL (default: the built default model) to ONNX + INT8 and install it into the repository
 	@$(PY) -m switchboard.export --model $(MODEL_DIR) --out $(ARTIFACTS) --precision $(PRECISION) --install $(REPO)
@@ -90,13 +95,13 @@ chat: setup ## interactive chat with the running server (TEXT="..." for one ques
 lint: setup ## ruff: formatting and lint (pycodestyle, pyflakes, import order, bugbear)
 	@$(VENV)/bin/ruff format --check --quiet . && $(VENV)/bin/ruff check --quiet . && echo "[lint] ruff: formatted, no findings"
 
-test: lint export model-asr-tiny-en ## lint, then unit, export, model and integration tests (real tritonserver and redis-server on free ports)
+test: lint export test-recognizer ## lint, then unit, export, model and integration tests (real tritonserver and redis-server on free ports)
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast unit tests
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: export model-asr-tiny-en ## only the integration tests
+test-integration: export test-recognizer ## only the integration tests
 	@$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 perf: export ## perf_analyzer against chat with real corpus questions (report in build/perf)
