@@ -841,12 +841,14 @@ def parse_precisions(value: str) -> tuple[list[str], set[str]]:
 
 
 def _inputs_digest(model_dir: Path, options: list[str]) -> str:
-    """What the artifacts depend on: the checkpoint's files, this exporter and the serving
-    runtime it checks against, and the options."""
+    """What the artifacts depend on: the checkpoint's files, this exporter, the serving runtime
+    it checks against, the gate's speech and scoring, and the options."""
     from switchboard.artifact.manifest import file_digest
 
     files = [p for p in sorted(model_dir.iterdir()) if p.is_file() and not p.name.startswith(".")]
-    code = [HERE / "asr.py", *sorted((paths.ROOT / "switchboard" / "asr").glob("*.py"))]
+    asr = paths.ROOT / "switchboard" / "asr"
+    code = [HERE / "asr.py", *(asr / f for f in ("runtime.py", "model.py", "features.py", "wer.py"))]
+    code.append(paths.ROOT / "switchboard" / "training" / "speech.py")  # the gate's clips
     h = hashlib.sha256(file_digest(files).encode())
     for f in code:
         h.update(f.read_bytes())
