@@ -154,6 +154,14 @@ class OnnxWhisper:
         n = manifest.num_layers
         self._cross_names = encoder_outputs(n)
         self._inputs, self._outputs = decoder_io(n)
+        # Graphs that do not fit the manifest (copied from another export) fail here, at load.
+        for path, session, inputs, outputs in (
+            (paths[0], self.encoder, ["input_features"], self._cross_names),
+            (paths[1], self.decoder, self._inputs, self._outputs),
+        ):
+            have = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
+            if sorted(have[0]) != sorted(inputs) or sorted(have[1]) != sorted(outputs):
+                raise ValueError(f"{path}: inputs/outputs {have} do not match {MANIFEST} ({n} decoder layers)")
 
     def encode(self, features: np.ndarray) -> KV:
         """Cross-attention keys and values per decoder layer for [B, n_mels, T] features."""

@@ -315,3 +315,14 @@ def test_gate_rule(variant, reasons):
     fp32 = _result(0.30, 40, 40)
     assert export_asr.AsrGate().failures(variant, fp32) == reasons
     assert export_asr.AsrGate().allowed_losses(3) == 1, "one borderline clip is not a verdict"
+
+
+def test_graphs_that_do_not_fit_the_manifest_fail_at_load(english, tmp_path):
+    import shutil
+
+    _, out, m = english
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    export_asr._with(m, num_layers=3).save(copy)
+    with pytest.raises(ValueError, match=r"encoder.onnx: inputs/outputs .* do not match asr.json \(3 decoder layers\)"):
+        AsrModel.load(copy)
