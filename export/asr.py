@@ -496,10 +496,12 @@ def quantize_int8_dynamic(fp32: Path, target: Path, keep_fp32: tuple[str, ...] =
 
     model = onnx.load(str(fp32))
     source = fp32
+    # Protocol buffers stop at 2 GB: Whisper medium and large keep their weights beside the graph.
+    large = sum(len(init.raw_data) for init in model.graph.initializer) > (1 << 30)
     if untie_output_projection(model):
         source = target.with_name(target.stem + ".untied.onnx")
-        large = sum(len(init.raw_data) for init in model.graph.initializer) > (1 << 30)
         onnx.save(model, str(source), save_as_external_data=large, location=f"{source.name}.data")
+    del model
     try:
         nodes = weight_matmuls(source, keep_fp32)
         if not nodes:
@@ -512,6 +514,7 @@ def quantize_int8_dynamic(fp32: Path, target: Path, keep_fp32: tuple[str, ...] =
             nodes_to_quantize=nodes,
             per_channel=True,
             extra_options={"MatMulConstBOnly": True},
+            use_external_data_format=large,
         )
     finally:
         if source != fp32:
@@ -797,7 +800,8 @@ def _gate(out, manifest, int8, required, gate, per_language, threads, say) -> As
             left_out[p] = reasons
             del precisions[p]
             for f in graph_files(p):
-                (out / f).unlink(missing_ok=True)
+                for path in out.glob(f + "*"):  # the graph and any external data beside it
+                    path.unlink()
             say.line(
                 f"left out {p}: {'; '.join(reasons)} (ask for it by name, --precision fp32,{p}, to make this an error)"
             )
