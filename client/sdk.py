@@ -607,9 +607,8 @@ class AsyncChatClient:
     ) -> AsyncIterator[str | AsrResult]:
         """Transcript deltas (str) ending with the ``AsrResult``; leaving early cancels the transcription."""
         inputs = audio_inputs(audio, language)
-        return self._exchange(
-            partial(infer_message, self.asr_model, inputs, priority, None, Asr.OUTPUTS), None, asr_decoder
-        )
+        request = partial(infer_message, self.asr_model, inputs, priority, None, Asr.OUTPUTS)
+        return self._exchange(request, None, asr_decoder, pooled=False)
 
     async def voice_chat(
         self,
@@ -646,14 +645,21 @@ class AsyncChatClient:
         """``stream`` for a spoken turn: one ``Heard``, then text deltas (str), then ``ChatStats``."""
         inputs = audio_inputs(audio, language) + turn_inputs(session_id, max_new_tokens, temperature, top_p, history)
         request = partial(infer_message, self.voice_model, inputs, priority, seed, CHAT_OUTPUTS)
-        return self._exchange(request, session_headers(session_id), voice_decoder)
+        return self._exchange(request, session_headers(session_id), voice_decoder, pooled=False)
 
-    async def _exchange(self, build, headers: dict | None, decode) -> AsyncIterator:
+    async def _exchange(self, build, headers: dict | None, decode, pooled: bool = True) -> AsyncIterator:
         """The events of the request ``build()`` makes (at the first event: a value that does not
         fit its tensor fails there, as the chat's other refusals), ``decode`` of each response, on
-        a stream of the pool (or one of its own, with ``headers``); leaving early cancels it."""
+        a stream of the pool (or one of its own, with ``headers`` or not ``pooled``); leaving
+        early cancels it.
+
+        Speech goes on streams of its own, closed when it is done: Triton does not finish
+        unloading a model (``asr`` whose stub died and is reloaded; the recognizer replaced)
+        while a stream that carried a request to it stays open, and a pooled stream stays open
+        for as long as this client. A transcription costs far more than a stream's setup."""
         request = build()
-        call = self._take() if headers is None else None
+        pooled = pooled and headers is None
+        call = self._take() if pooled else None
         done = retried = False
         try:
             # A stream that failed before the request's first response (a reused one that broke
@@ -682,7 +688,7 @@ class AsyncChatClient:
             raise e.error from None
         finally:
             if call is not None:
-                if done and headers is None and len(self._idle) < self.idle_streams and not call.done():
+                if done and pooled and len(self._idle) < self.idle_streams and not call.done():
                     self._idle.append(call)
                 else:
                     call.cancel()  # cancels the request in Triton if it is still running

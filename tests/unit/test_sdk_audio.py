@@ -57,9 +57,18 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self):
         self.requests: list[dict] = []
         self.streams = 0
+        self.open = 0  # streams not ended yet
 
     def ModelStreamInfer(self, requests, context):
         self.streams += 1
+        self.open += 1
+        context.add_callback(self._ended)
+        yield from self._answer(requests)
+
+    def _ended(self):
+        self.open -= 1
+
+    def _answer(self, requests):
         for request in requests:
             inputs = _inputs(request)
             self.requests.append(
@@ -179,7 +188,7 @@ def test_the_decoders_tell_the_last_response():
 
 
 # -- AsyncChatClient -------------------------------------------------------------------------------------
-def test_the_async_client_transcribes_and_voice_chats_on_one_kept_stream(triton):
+def test_the_async_client_transcribes_and_voice_chats_on_streams_it_closes(triton):
     url, fake = triton
 
     async def main():
@@ -192,17 +201,20 @@ def test_the_async_client_transcribes_and_voice_chats_on_one_kept_stream(triton)
             with pytest.raises(ChatError) as refused:
                 await client.transcribe(b"refuse")
             ready = [await client.model_ready(m) for m in ("asr", "voice_chat", "missing")]
-            return result, deltas, voice, streamed, chat, refused.value, ready
+            await asyncio.sleep(0.2)
+            return result, deltas, voice, streamed, chat, refused.value, ready, fake.open - open_before
 
-    streams = fake.streams
-    result, deltas, voice, streamed, chat, refused, ready = asyncio.run(main())
+    streams, open_before = fake.streams, fake.open
+    result, deltas, voice, streamed, chat, refused, ready, still_open = asyncio.run(main())
     assert result == RESULT and deltas == ["Where is", " my order?", RESULT]
     assert voice.heard.transcript == "Where is my order?" and voice.text == "In My Orders." and voice.stats.asr == HEARD
     assert isinstance(streamed[0], Heard) and streamed[1:3] == ["In My ", "Orders."] and streamed[3].asr == HEARD
     assert chat.text == "Hello"
     assert refused.code == "INVALID_ARGUMENT" and str(refused).startswith("[too_long]")
     assert ready == [True, False, False]  # loaded; not loaded; unknown to the server
-    assert fake.streams == streams + 1  # asr, voice_chat and chat one after another on one stream
+    # Speech on streams of its own, closed when done (Triton cannot unload a model a stream
+    # still holds); the chat on a stream kept for the next one.
+    assert fake.streams == streams + 6 and still_open == 1
 
 
 def test_an_unreachable_server_has_no_ready_model():
