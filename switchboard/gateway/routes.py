@@ -139,7 +139,8 @@ async def readyz(request: Request):
     joins later after a fresh ``make serve``: text chat does not wait for it)."""
     state = state_of(request)
     if await state.client.ready():
-        voice = await state.client.model_ready(state.config.voice_model)
+        config = state.config
+        voice = await state.client.model_ready(config.voice_model) and await state.client.model_ready(config.asr_model)
         return {"status": "ready", "voice": "ready" if voice else "not_ready"}
     raise overloaded(503, f"chat at {state.config.grpc_url} is not ready", state.config.retry_after_s)
 

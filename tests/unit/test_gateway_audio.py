@@ -573,3 +573,18 @@ def test_a_chat_body_over_1_mib_is_taken_only_with_audio(oai, gateway):
     with pytest.raises(openai.APIStatusError) as e:
         oai.chat.completions.create(model="switchboard", messages=[{"role": "user", "content": "a" * (LIMIT + 10)}])
     assert e.value.status_code == 413 and "without audio" in e.value.message
+
+
+def test_readiness_says_whether_voice_is_ready_too(gateway, server):
+    def readyz():
+        conn = http.client.HTTPConnection(*gateway, timeout=10)
+        try:
+            conn.request("GET", "/readyz")
+            r = conn.getresponse()
+            return r.status, json.loads(r.read())
+        finally:
+            conn.close()
+
+    assert readyz() == (200, {"status": "ready", "voice": "ready"})
+    server.loaded.discard("asr")  # text chat is ready; the recognizer is still being built
+    assert readyz() == (200, {"status": "ready", "voice": "not_ready"})

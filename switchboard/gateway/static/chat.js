@@ -17,7 +17,7 @@ const T = {
         tokens: "tokens", faq: "FAQ answer", p1: "priority 1", stopped: "(stopped)", lang: "中文",
         mic: "🎤 Speak", micstop: "■ Stop and send", listening: "🎤 …", heard: "heard",
         micdenied: "Microphone access was denied. Allow the microphone for this site in the browser's settings, then try again.",
-        nomic: "No microphone here: the browser allows recording only on https:// or http://localhost pages.",
+        nomic: "No microphone here: the browser allows recording only on secure (HTTPS) pages or on localhost.",
         nodevice: "No microphone was found.",
         micfailed: "The microphone could not be opened",
         tooshort: "That recording was too short: hold the button a little longer.",
@@ -30,7 +30,7 @@ const T = {
         tokens: "个词元", faq: "常见问题答案", p1: "优先级 1", stopped: "（已停止）", lang: "English",
         mic: "🎤 说话", micstop: "■ 停止并发送", listening: "🎤 …", heard: "识别",
         micdenied: "麦克风权限被拒绝。请在浏览器设置中允许本站使用麦克风，然后重试。",
-        nomic: "无法使用麦克风：浏览器只允许 https:// 或 http://localhost 页面录音。",
+        nomic: "无法使用麦克风：浏览器只允许在安全（HTTPS）页面或 localhost 上录音。",
         nodevice: "未找到麦克风。",
         micfailed: "无法打开麦克风",
         tooshort: "录音太短，请多说一会儿。",
@@ -381,7 +381,7 @@ function init() {
   $("form").addEventListener("submit", (e) => {
     e.preventDefault();
     const q = $("input").value.trim();
-    if (!q || controller) return;
+    if (!q || controller || recorder) return;
     $("input").value = "";
     send(q);
   });
