@@ -219,7 +219,8 @@ class AsrService:
             chunk = state.chunks[i]
             chunk.text += text
             if i == state.emitted and not state.failed:
-                out = text.lstrip() if not "".join(c.text for c in state.chunks[:i]).strip() else text
+                before = "".join(c.text for c in state.chunks[:i]) + chunk.text[: len(chunk.text) - len(text)]
+                out = text if before.strip() else text.lstrip()  # no blank before the transcript's first word
                 if out:
                     state.job.sink.delta(out)
 

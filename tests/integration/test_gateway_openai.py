@@ -99,7 +99,9 @@ def test_a_second_turn_sent_whole_reuses_the_first_turns_kv(oai):
 
 
 def test_the_model_list(oai):
-    assert [m.id for m in oai.models.list().data] == [MODEL]
+    listed = [m.id for m in oai.models.list().data]
+    assert listed[0] == MODEL
+    assert set(listed[1:]) <= {"switchboard-asr", "whisper-1"}  # the recognizer, once it is installed
     assert oai.models.retrieve(MODEL).owned_by == "switchboard"
     with pytest.raises(openai.NotFoundError):
         oai.models.retrieve("gpt-4o")

@@ -36,7 +36,7 @@ class Transcript:
 
 
 class FakeRecognizer:
-    """Transcribes a chunk as its length in tenths of a second, streamed in two deltas; a chunk
+    """Transcribes a chunk as its length in tenths of a second, streamed word by word; a chunk
     of exactly ``poison_s`` seconds makes the whole batch raise."""
 
     languages = ["en", "zh"]
@@ -57,10 +57,10 @@ class FakeRecognizer:
             raise RuntimeError("poisoned batch")
         out = []
         for row, s in enumerate(seconds):
-            text = f" chunk{round(s * 10)}"
-            if on_delta:
-                on_delta(row, text[:3])
-                on_delta(row, text[3:])
+            text = f" chunk of {round(s * 10)} tenths"
+            if on_delta:  # word by word, each with its leading blank, as Whisper's tokens come
+                for word in text.split(" ")[1:]:
+                    on_delta(row, " " + word)
             out.append(Transcript(text, languages[row] or "en", []))
         return out
 
