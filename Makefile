@@ -117,7 +117,7 @@ bench-large: model-large ## the four systems on the 0.5B checkpoint at saturatin
 	@$(PY) -m switchboard.export --model build/large-model --out build/artifacts/large-model --precision fp32,int8-dynamic
 	@$(PY) -m switchboard.perf.bench --preset large $(BENCH_ARGS)
 
-bench-asr: export test-recognizer model-asr-large ## the recognizer vs faster-whisper and LitServe: audio s per s at concurrency 1 and 8, seed 001's length vs count batching, voice to first token (build/bench/asr)
+bench-asr: export test-recognizer model-asr model-asr-large ## the recognizer vs faster-whisper and LitServe: audio s per s at concurrency 1 and 8, seed 001's length vs count batching, voice to first token (build/bench/asr)
 	@$(PY) -m switchboard.perf.asr_bench --preset quick --out build/bench/asr $(BENCH_ARGS)
 
 chaos: export ## faults and a 5x overload burst against a private stack; REPLICAS=2: a replica killed mid-burst too (build/chaos/summary.md)
