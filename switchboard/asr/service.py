@@ -128,13 +128,14 @@ class AsrService:
             self._check_language(state.job.language)
             decoded = audio_mod.decode(state.job.audio, self.max_audio_s)
             state.seconds = decoded.seconds
-            if segment.is_silence(decoded.samples):
+            ranges = segment.split(decoded.samples, max_s=self.chunk_s, rate=SAMPLE_RATE)
+            chunks = [self._chunk(decoded.samples, a, b) for a, b in ranges]
+            if all(chunk.done for chunk in chunks):  # silence only
                 state.job.sink.done(
                     AsrResult("", state.job.language, decoded.seconds, [], self._ms(state), 0.0, None, 0)
                 )
                 return
-            ranges = segment.split(decoded.samples, max_s=self.chunk_s, rate=SAMPLE_RATE)
-            state.chunks = [_Chunk(a, b, self.model.features(decoded.samples[a:b])) for a, b in ranges]
+            state.chunks = chunks
         except audio_mod.AudioError as e:
             state.job.sink.error(AsrRequestError(e.code, str(e)))
             return
@@ -150,10 +151,22 @@ class AsrService:
                 state.job.sink.error(AsrRequestError("unavailable", "the speech recognizer is full; try again later"))
                 return
             self._pending_s += state.seconds
+            # chunks of silence are done already: past leading ones, the first spoken one streams live
+            while state.chunks[state.emitted].done:
+                state.emitted += 1
             for i, chunk in enumerate(state.chunks):
-                seconds = (chunk.end - chunk.start) / SAMPLE_RATE
-                self.batcher.add(Item((state, i), seconds, state.job.priority, state.arrival))
+                if not chunk.done:
+                    seconds = (chunk.end - chunk.start) / SAMPLE_RATE
+                    self.batcher.add(Item((state, i), seconds, state.job.priority, state.arrival))
             self._cond.notify_all()
+
+    def _chunk(self, samples: np.ndarray, start: int, end: int) -> _Chunk:
+        """A chunk to transcribe, or one already done (empty) when it is all silence: a long
+        pause in a recording never reaches the model, which hears "you" in silence."""
+        piece = samples[start:end]
+        if segment.is_silence(piece):
+            return _Chunk(start, end, text="", done=True)
+        return _Chunk(start, end, self.model.features(piece))
 
     def _check_language(self, language: str | None) -> None:
         if language is None:

@@ -152,6 +152,22 @@ def test_silence_is_an_empty_transcript_without_the_model(service_for):
     assert model.batches == []
 
 
+def test_a_chunk_of_silence_in_a_long_recording_is_empty_without_the_model(service_for):
+    # silence, a tone, a long pause, a tone, silence: cut at 5 s, the pauses make chunks of their own
+    quiet = lambda s: np.zeros(int(s * RATE), np.float32)  # noqa: E731
+    audio = encode_wav(np.concatenate([quiet(6.0), tone(3.0), quiet(8.0), tone(2.0, 330.0), quiet(6.0)]))
+    model = FakeRecognizer()
+    sink = run(service_for(model, chunk_s=5.0), audio)
+    assert sink.failure is None
+    segments = sink.result.segments
+    spoken = [s for s in segments if s["text"]]
+    assert len(segments) > len(spoken) == 2 and sink.result.chunks == len(segments)
+    assert sorted(round(s, 1) for batch in model.batches for s in batch) == sorted(
+        round(s["end"] - s["start"], 1) for s in spoken
+    )  # only the spoken chunks reached the model
+    assert "".join(sink.deltas) == sink.result.text == " ".join(s["text"] for s in spoken)
+
+
 def test_an_unknown_language_is_refused(service_for):
     sink = run(service_for(FakeRecognizer()), speech(1.0), language="fr")
     assert isinstance(sink.failure, AsrRequestError) and sink.failure.code == "bad_language"
