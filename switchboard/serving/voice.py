@@ -92,6 +92,7 @@ class VoiceTurn:
             timeout_us=int(self.asr_timeout_s * 1e6),
         )
         stream = self.client.stream(call, self.asr_timeout_s)
+        result = None
         try:
             for outputs in stream:
                 if cancelled():
@@ -99,10 +100,14 @@ class VoiceTurn:
                     raise VoiceError("CANCELLED", "cancelled by the client")
                 blob = outputs.get(Asr.RESULT)
                 if blob is not None and blob.reshape(-1)[0]:
-                    return AsrResult.from_json(blob.reshape(-1)[0])
+                    result = AsrResult.from_json(blob.reshape(-1)[0])
+                    break
         except EngineStreamError as e:
             raise _failure(e, "the speech recognizer is not ready yet (it is being built); try again shortly") from None
-        raise VoiceError("INTERNAL", "the speech recognizer ended without a transcript")
+        if result is None:
+            raise VoiceError("INTERNAL", "the speech recognizer ended without a transcript")
+        _read_to_end(stream)
+        return result
 
     def answer(self, request: VoiceRequest, result: AsrResult, sink: VoiceSink, cancelled) -> None:
         inputs = {Chat.TEXT: np.asarray([[result.text.encode("utf-8")]], dtype=np.object_)}
@@ -115,6 +120,7 @@ class VoiceTurn:
             priority=request.priority,
         )
         stream = self.client.stream(call)
+        final = None
         try:
             for outputs in stream:
                 if cancelled():
@@ -126,10 +132,25 @@ class VoiceTurn:
                 if blob is not None and blob.reshape(-1)[0]:
                     stats = ChatStats.from_json(blob.reshape(-1)[0])
                     stats.asr = result.voice()
-                    sink.final(delta, stats.to_json())
-                    return
+                    final = delta, stats.to_json()
+                    break
                 if delta:
                     sink.text(delta)
         except EngineStreamError as e:
             raise _failure(e, "the chat is not ready yet; try again shortly") from None
-        raise VoiceError("INTERNAL", "the chat ended without a final response")
+        if final is None:
+            raise VoiceError("INTERNAL", "the chat ended without a final response")
+        sink.final(*final)
+        _read_to_end(stream)
+
+
+def _read_to_end(stream) -> None:
+    """Reads what is left of a stream after its final response: nothing but its end, so the
+    call ends with the server's status. A stream left unread is cancelled when it is collected,
+    racing Triton's own close; after such streams Triton 2.51 could not unload ``asr`` (a stop
+    waited out its 30 s exit timeout)."""
+    try:
+        for _ in stream:
+            pass
+    except EngineStreamError:
+        pass  # the answer is out; how the call ended changes nothing for the caller
