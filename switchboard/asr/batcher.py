@@ -105,9 +105,12 @@ class LengthBatcher(_Queue):
     Policy, in the order it decides:
 
     1. The anchor, the item the next batch is built around: from the highest priority present
-       (lowest number: priority 1 never waits behind priority 2), the item that has waited
-       longest if any has waited ``starve_s`` or more (ageing: a long item cannot be passed
-       over forever by a stream of short ones), else the shortest, oldest first among equals
+       (lowest number: priority 1 never waits behind priority 2), among the items that have
+       waited ``starve_s`` or more the one that has waited longest for its length (ageing: a
+       long item cannot be passed over forever by a stream of short ones, yet under a backlog
+       where every item has waited that long a 3 s question still goes before a 30 s recording
+       that has not waited ten times as long: highest response ratio next), else the shortest,
+       oldest first among equals
        (shortest job first: a 2 s question does not wait for a 30 s voicemail that came just
        before it; the latency it saves is the voicemail's, which hardly notices).
     2. The batch: the anchor, then other items of its priority, then lower priorities, each
@@ -148,8 +151,8 @@ class LengthBatcher(_Queue):
         # arrival + starve_s <= now, not now - arrival >= starve_s: the same sum next_due reports,
         # so take(next_due(now)) sees the item as starving whatever the rounding
         starving = [e for e in same if e[1].arrival + self.starve_s <= now]
-        if starving:
-            return min(starving, key=lambda e: (e[1].arrival, e[0]))
+        if starving:  # the longest wait for its length first: under a backlog, still short first
+            return min(starving, key=lambda e: (-(now - e[1].arrival) / max(e[1].seconds, 0.5), e[1].arrival, e[0]))
         return min(same, key=lambda e: (e[1].seconds, e[1].arrival, e[0]))
 
     def _plan(self, now: float) -> tuple[list[tuple[int, Item]], float]:

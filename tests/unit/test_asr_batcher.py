@@ -194,3 +194,17 @@ def test_make_batcher_by_name():
 def test_empty_batchers_have_nothing_due():
     for b in (LengthBatcher(), CountBatcher()):
         assert len(b) == 0 and b.take(0.0) == [] and b.next_due(0.0) is None
+
+
+def test_under_a_backlog_short_work_still_goes_first():
+    """Every item has waited past starve_s (a backlog): the anchor is the item that has waited
+    longest for its length, so a short question is not queued behind older long recordings."""
+    b = LengthBatcher(budget_s=60.0, max_batch=8, max_ratio=2.0, max_wait_s=0.01, starve_s=2.0)
+    for i in range(4):
+        b.add(Item(f"long{i}", 30.0, arrival=float(i)))
+    b.add(Item("short", 3.0, arrival=5.0))
+    batch = b.take(10.0)  # the longs waited 7-10 s for 30 s of audio, the short 5 s for 3 s
+    assert [item.key for item in batch] == ["short"]
+    # a long recording that has waited ten times its share goes first again
+    b.add(Item("late short", 3.0, arrival=699.0))
+    assert b.take(700.0)[0].key == "long0"
