@@ -120,7 +120,7 @@ bench-large: model-large ## the four systems on the 0.5B checkpoint at saturatin
 bench-asr: export test-recognizer model-asr model-asr-large ## the recognizer vs faster-whisper and LitServe: audio s per s at concurrency 1 and 8, seed 001's length vs count batching, voice to first token (build/bench/asr)
 	@$(PY) -m switchboard.perf.asr_bench --preset quick --out build/bench/asr $(BENCH_ARGS)
 
-chaos: export ## faults and a 5x overload burst against a private stack; REPLICAS=2: a replica killed mid-burst too (build/chaos/summary.md)
+chaos: export ## faults, a 5x overload burst and (with a recognizer) an audio burst against a private stack; REPLICAS=2: a replica killed mid-burst too (build/chaos/summary.md)
 	@$(PY) -m switchboard.perf.chaos --out build/chaos --replicas $(REPLICAS)
 
 soak: export ## 10 minutes of multi-turn load: memory flat, sessions expire, no errors (build/soak/summary.md)
