@@ -37,7 +37,7 @@ LANGS = ("en", "zh")
 # (not installed) and ``yue`` is Cantonese. ``cmn-latn-pinyin`` differs from ``cmn`` in how
 # it reads Latin letters (order numbers, SKU codes), which is variety worth having.
 TRAIN_ACCENTS = {
-    "en": ("en-us", "en-gb", "en-gb-x-rp", "en-gb-scotland", "en-029", "en-gb-x-gbclan"),
+    "en": ("en-us", "en-us-nyc", "en-gb", "en-gb-x-rp", "en-gb-scotland", "en-029", "en-gb-x-gbclan"),
     "zh": ("cmn", "cmn-latn-pinyin"),
 }
 # Voice variants (formants, pitch range, breathiness). Whispering, croaking and the robot
@@ -204,6 +204,14 @@ def random_voice(rng: random.Random, lang: str) -> Voice:
     return Voice(name, speed, pitch, gap)
 
 
+def plain_voice(rng: random.Random, lang: str) -> Voice:
+    """A training accent in its plain variant, near the default speed and pitch: the easy
+    voices a model first learns to listen with."""
+    _check_lang(lang)
+    speed = int(rng.uniform(0.9, 1.1) * (DEFAULT_SPEED if lang == "en" else 150))
+    return Voice(rng.choice(TRAIN_ACCENTS[lang]), speed, int(rng.uniform(40, 60)), 0)
+
+
 # --- the held-out set ----------------------------------------------------------------------
 
 
@@ -222,12 +230,14 @@ def heldout_sentences(lang: str | None = None, seed: int = 0) -> list[tuple[str,
     return out
 
 
-@functools.lru_cache(maxsize=4)
-def _heldout(lang: str | None, seed: int) -> tuple[Clip, ...]:
+@functools.lru_cache(maxsize=2)
+def _heldout(seed: int) -> tuple[Clip, ...]:
     clips = []
-    for text, lng in heldout_sentences(lang, seed):
-        clips.append(Clip(synthesize(text, lng, SEEN_VOICES[lng]), text, lng, SEEN_VOICES[lng], True))
-        clips.append(Clip(synthesize(text, lng, UNSEEN_VOICES[lng]), text, lng, UNSEEN_VOICES[lng], False))
+    for text, lng in heldout_sentences(None, seed):
+        for voice, seen in ((SEEN_VOICES[lng], True), (UNSEEN_VOICES[lng], False)):
+            samples = synthesize(text, lng, voice)
+            samples.flags.writeable = False  # shared by every caller of the cache
+            clips.append(Clip(samples, text, lng, voice, seen))
     return tuple(clips)
 
 
@@ -235,7 +245,9 @@ def heldout_clips(lang: str | None = None, seed: int = 0) -> list[Clip]:
     """The held-out questions (never in training) spoken twice: by a training voice
     (``seen_voice=True``) and by a voice training never uses. Deterministic for a ``seed``;
     ``lang`` keeps one language ("en" or "zh")."""
-    return list(_heldout(lang, seed))
+    if lang is not None:
+        _check_lang(lang)
+    return [c for c in _heldout(seed) if lang is None or c.lang == lang]
 
 
 # --- augmentation on the waveform ------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The default speech recognizer's build: espeak-ng speech, the variable-length encoder, and a
-few steps on a micro config making a Whisper directory that transformers loads, built once."""
+"""The default speech recognizer's build: espeak-ng speech, its data, and a few steps on a
+micro config making a Whisper directory that transformers loads, built once."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ MICRO = [
     "ffn=64",
     "vocab_size=300",
     "max_target_positions=24",
-    "batch_frames=3000",
+    "window_frames=300",
+    "batch=4",
     "warmup=2",
+    "probe_every=2",
 ]
 
 
@@ -72,30 +74,26 @@ def test_augmentation_is_seeded_and_noise_has_its_snr():
     assert snr == pytest.approx(10.0, abs=0.5)
 
 
-def test_batches_hold_the_frame_budget_and_cover_every_item():
-    frames = np.array([random.Random(i).randint(50, 900) for i in range(300)])
-    order = data_mod.batches(frames, 3000, 16, random.Random(0))
-    seen = []
-    while len(seen) < len(frames):
-        batch = next(order)
-        assert len(batch) <= 16 and (len(batch) == 1 or max(frames[batch]) * len(batch) <= 3000)
-        seen += batch
-    assert sorted(seen) == list(range(len(frames)))
+def test_batches_cover_every_item_once_per_epoch():
+    order = model_mod.batches(50, 8, random.Random(0))
+    epoch = [i for _ in range(6) for i in next(order)]
+    assert len(epoch) == 48 and len(set(epoch)) == 48  # the last 2 wait for the next epoch
+    assert sorted(next(model_mod.batches(3, 8, random.Random(0)))) == [0, 1, 2]  # fewer items than a batch
 
 
-def test_variable_length_encoder_is_whispers_at_full_length():
-    cfg = model_mod.ModelConfig(d_model=32, encoder_layers=2, heads=2, ffn=64, max_source_positions=40)
-    ids = {"<|endoftext|>": 0, "<|startoftranscript|>": 1}
-    torch.manual_seed(0)
-    model = WhisperForConditionalGeneration(model_mod.whisper_config(cfg, 50, ids)).eval()
-    x = torch.randn(2, 80, 80)
-    with torch.no_grad():
-        ours = model_mod.encode_variable_length(model.model.encoder, x)
-        theirs = model.model.encoder(x).last_hidden_state
-        torch.testing.assert_close(ours, theirs)
-        assert model_mod.encode_variable_length(model.model.encoder, x[..., :33]).shape == (2, 17, 32)
-        with pytest.raises(ValueError, match="at most 80"):
-            model_mod.encode_variable_length(model.model.encoder, torch.randn(1, 80, 81))
+def test_utterances_walk_the_sentences_and_mix_voices():
+    from switchboard.training import corpus as corpus_mod
+
+    corpus = corpus_mod.load(corpus_mod.CORPUS_DIR)
+    cfg = data_mod.DataConfig(utterances=400, salad=0.5, plain=0.5)
+    items = data_mod.utterances(corpus, cfg)
+    assert items == data_mod.utterances(corpus, cfg)  # seeded
+    assert [u.lang for u in items[:4]] == ["en", "zh", "en", "zh"]
+    said = [u.text for u in items]
+    assert len(set(said)) > 0.9 * len(said)  # no sentence twice before every one once
+    plain = [u for u in items if "+" not in u.voice.name]
+    assert 0.4 < len(plain) / len(items) < 0.8
+    assert {u.voice.name.partition("+")[0] for u in items} <= {a for v in speech.TRAIN_ACCENTS.values() for a in v}
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +109,7 @@ def micro_build(tmp_path_factory):
 def test_a_micro_build_is_a_whisper_directory_transformers_loads(micro_build):
     out, _ = micro_build
     config = json.loads((out / "config.json").read_text())
-    assert config["switchboard_window_frames"] is None and config["max_source_positions"] == 750
+    assert config["switchboard_window_frames"] == 300 and config["max_source_positions"] == 150
     model = WhisperForConditionalGeneration.from_pretrained(out).eval()
     tok = WhisperTokenizer.from_pretrained(out, language="zh", task="transcribe")
     gen = model.generation_config
@@ -124,7 +122,7 @@ def test_a_micro_build_is_a_whisper_directory_transformers_loads(micro_build):
     ]
     assert gen.no_timestamps_token_id == len(tok) - 1  # no id is taken for a timestamp
     assert tok.decode(tok("订单SB12345678", add_special_tokens=False).input_ids) == "订单SB12345678"
-    x = torch.from_numpy(feat.log_mel(speech.synthesize("hello", "en"), 80))[None]
+    x = torch.from_numpy(feat.log_mel(speech.synthesize("hello", "en"), 80, frames=300))[None]
     ids = model_mod.greedy_decode(model, x, [tok.prefix_tokens], gen.eos_token_id, max_new_tokens=5)
     assert len(ids) == 1 and len(ids[0]) <= 5
     report = json.loads((out / REPORT).read_text())

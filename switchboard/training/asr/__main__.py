@@ -56,7 +56,7 @@ def build(
     """Synthesize, train and evaluate into ``out``; ``bar(total, desc, unit)``, if given,
     makes the progress bars. Returns the report (also written to ``out/asr_report.json``)."""
     import torch
-    from transformers import GenerationConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+    from transformers import GenerationConfig, WhisperFeatureExtractor
 
     from switchboard.training.asr import evaluate
     from switchboard.training.asr import model as model_mod
@@ -86,26 +86,38 @@ def build(
     ids = tokmod.special_ids(tok)
     seqs = model_mod.token_sequences(tok, data.items, ids, mcfg.max_target_positions)
 
-    torch.manual_seed(mcfg.seed)
-    config = model_mod.whisper_config(mcfg, tok.get_vocab_size(), ids)
-    model = WhisperForConditionalGeneration(config)
+    model = model_mod.new_model(mcfg, tok.get_vocab_size(), ids)
     params = sum(p.numel() for p in model.parameters())
     log.info("model: %d parameters, %s", params, json.dumps(dataclasses.asdict(mcfg)))
     t1, cpu1 = time.time(), time.process_time()
-    losses = model_mod.train(
-        model, data, seqs, ids["<|endoftext|>"], mcfg, bar=bar(mcfg.steps, "training", "step") if bar else None
-    )
-    training_s, training_cpu_s = time.time() - t1, time.process_time() - cpu1
 
-    model.config.switchboard_window_frames = None
+    probe_s = [0.0]
+
+    def probe(step: int) -> None:
+        t = time.time()
+        log.info("step %d: held-out error rates %s", step, evaluate.probe(model, tok, ids))
+        probe_s[0] += time.time() - t
+
+    losses = model_mod.train(
+        model,
+        data,
+        seqs,
+        ids["<|endoftext|>"],
+        mcfg,
+        bar=bar(mcfg.steps, "training", "step") if bar else None,
+        probe=probe if cfg.evaluate else None,
+    )
+    training_s, training_cpu_s = time.time() - t1 - probe_s[0], time.process_time() - cpu1
+
+    model.config.switchboard_window_frames = mcfg.window_frames
     model.save_pretrained(out)
     _generation_config(GenerationConfig, ids, mcfg).save_pretrained(out)
-    WhisperFeatureExtractor(feature_size=80).save_pretrained(out)
-    # Written last and explicitly: whether a None-valued extra key survives save_pretrained
-    # is transformers' business; readers need it there.
+    WhisperFeatureExtractor(feature_size=80, chunk_length=mcfg.window_frames // 100).save_pretrained(out)
+    # Written last and explicitly: whether an extra key survives save_pretrained is
+    # transformers' business; readers need it there.
     config_path = out / "config.json"
     written = json.loads(config_path.read_text())
-    written["switchboard_window_frames"] = None
+    written["switchboard_window_frames"] = mcfg.window_frames
     config_path.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
 
     t2 = time.time()

@@ -4,8 +4,10 @@ Trained on the corpus's sentences alone, a tiny model recites them: it picks the
 sentence it knows and writes it out, whatever was said (held-out WER 0.66 in the issue's
 experiment). Word sequences built from short spans of corpus text ("salad": "refund my the
 tracking number arrived") have no sentence to recite, so the model must hear every word; they
-keep the corpus vocabulary and its local word order. Each utterance gets its own random
-training voice and, most of them, waveform augmentation (``speech.augment``).
+keep the corpus vocabulary and its local word order. Half the utterances are spoken in a plain
+voice (a training accent near default speed and pitch: easy to align on), half in a random
+training voice (accent, variant, speed, pitch, gaps: what makes it listen to an unseen one),
+and some get waveform augmentation (``speech.augment``).
 
 Rendering (synthesis, augmentation, log-mel) runs in worker processes, in order, so the
 result does not depend on their number. It is cached on disk by a digest of what it is made
@@ -23,7 +25,7 @@ import random
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,13 +45,16 @@ _ZH_PUNCT = re.compile(r"[，。？！、；：“”‘’（）,.?!;:()\s]")
 
 @dataclass(frozen=True)
 class DataConfig:
-    """What is synthesized: how many utterances, which share is word salad, how many are
-    augmented, the longest kept."""
+    """What is synthesized: how many utterances, which share is word salad (the rest walks
+    through the corpus's sentences, each once before any twice), which share is spoken in a
+    plain voice (a training accent, near-default speed and pitch) rather than a random one,
+    how many are augmented, the longest kept (the model's window)."""
 
-    utterances: int = 8000
-    salad: float = 0.5
-    augmented: float = 0.8
-    max_seconds: float = 12.0
+    utterances: int = 6000
+    salad: float = 0.68
+    plain: float = 0.7
+    augmented: float = 0.2
+    max_seconds: float = 5.0
     seed: int = 0
 
 
@@ -113,6 +118,7 @@ def utterances(corpus: corpus_mod.Corpus, cfg: DataConfig) -> list[Utterance]:
     """``cfg.utterances`` seeded utterances, the languages alternating."""
     rng = random.Random(cfg.seed)
     templates = corpus_templates(corpus)
+    sentences = {lang: [] for lang in speech.LANGS}
     out = []
     for i in range(cfg.utterances):
         lang = speech.LANGS[i % len(speech.LANGS)]
@@ -122,9 +128,11 @@ def utterances(corpus: corpus_mod.Corpus, cfg: DataConfig) -> list[Utterance]:
             else:
                 template = _spans_en(rng, templates[lang], rng.randint(2, 10))
         else:
-            template = rng.choice(templates[lang])
+            if not sentences[lang]:
+                sentences[lang] = rng.sample(templates[lang], len(templates[lang]))
+            template = sentences[lang].pop()
         text = corpus_mod.fill_slots(corpus_mod.sample_slots(rng, lang), template).strip()
-        voice = speech.random_voice(rng, lang)
+        voice = speech.plain_voice(rng, lang) if rng.random() < cfg.plain else speech.random_voice(rng, lang)
         out.append(Utterance(text, lang, voice, rng.randrange(2**31), rng.random() < cfg.augmented))
     return out
 
@@ -231,25 +239,3 @@ def _kept(data: Dataset, cfg: DataConfig) -> Dataset:
     if len(keep) < len(data.items):
         log.info("speech: %d utterances longer than %.0f s left out", len(data.items) - len(keep), cfg.max_seconds)
     return Dataset([data.items[i] for i in keep], [data.features[i] for i in keep])
-
-
-def batches(frames: np.ndarray, batch_frames: int, max_batch: int, rng: random.Random) -> Iterator[list[int]]:
-    """Endless batches of item indices of similar length: sorted by length (ties and near
-    ties broken at random, so batches differ between epochs), cut so that a batch padded to
-    its longest item holds at most ``batch_frames`` frames, served in random order."""
-    while True:
-        order = sorted(range(len(frames)), key=lambda i: frames[i] * rng.uniform(0.9, 1.1))
-        groups: list[list[int]] = []
-        current: list[int] = []
-        longest = 0
-        for i in order:
-            longest_with = max(longest, int(frames[i]))
-            if current and (longest_with * (len(current) + 1) > batch_frames or len(current) >= max_batch):
-                groups.append(current)
-                current, longest_with = [], int(frames[i])
-            current.append(i)
-            longest = longest_with
-        if current:
-            groups.append(current)
-        rng.shuffle(groups)
-        yield from groups

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from switchboard.asr import features as feat
-from switchboard.asr import wer
+from switchboard.asr import segment, wer
 from switchboard.training import speech
 from switchboard.training.asr.model import greedy_decode, prompt
 
@@ -23,18 +23,24 @@ BATCH = 32
 
 
 def transcribe(model, tok, ids: dict[str, int], clips: list[speech.Clip]) -> list[str]:
-    """Greedy transcripts of ``clips`` in their own language, batched by length."""
-    order = sorted(range(len(clips)), key=lambda i: len(clips[i].samples))
-    out = [""] * len(clips)
-    for start in range(0, len(order), BATCH):
-        index = order[start : start + BATCH]
-        # One language per decode call (the prompts must have the same length; they do, but
-        # grouping keeps it obvious that each row is forced to its own language).
-        x = torch.from_numpy(feat.pad_batch([feat.log_mel(clips[i].samples, 80) for i in index]))
-        prompts = [prompt(ids, clips[i].lang) for i in index]
-        for i, tokens in zip(index, greedy_decode(model, x, prompts, ids["<|endoftext|>"]), strict=True):
-            out[i] = tok.decode(tokens).strip()
-    return out
+    """Greedy transcripts of ``clips`` in their own language, as serving makes them: audio
+    longer than the model's window cut at its pauses (``segment.split``), every chunk padded
+    to the window, the chunks' texts joined."""
+    window = 2 * model.config.max_source_positions  # the window: every input is padded to it
+    chunks = []  # (clip index, features)
+    for i, clip in enumerate(clips):
+        for a, b in segment.split(clip.samples, max_s=window * feat.HOP / feat.SAMPLE_RATE, rate=feat.SAMPLE_RATE):
+            chunks.append((i, feat.log_mel(clip.samples[a:b], 80, frames=window)))
+    texts: list[list[str]] = [[] for _ in clips]
+    for start in range(0, len(chunks), BATCH):
+        part = chunks[start : start + BATCH]
+        x = torch.from_numpy(feat.pad_batch([f for _, f in part], window))
+        prompts = [prompt(ids, clips[i].lang) for i, _ in part]
+        # A character takes 50 ms or more to say: a longer transcript is babble.
+        limit = window // 5 + 8
+        for (i, _), tokens in zip(part, greedy_decode(model, x, prompts, ids["<|endoftext|>"], limit), strict=True):
+            texts[i].append(tok.decode(tokens).strip())
+    return [(" " if c.lang == "en" else "").join(t for t in texts[i] if t) for i, c in enumerate(clips)]
 
 
 def report(model, tok, ids: dict[str, int]) -> dict:
@@ -64,6 +70,20 @@ def report(model, tok, ids: dict[str, int]) -> dict:
         "heldout_mean_seconds": round(float(np.mean([c.seconds for c in clips])), 2),
         "examples": examples,
     }
+
+
+def probe(model, tok, ids: dict[str, int], per_group: int = 12) -> dict[str, float]:
+    """A quick look during training: error rates on the first ``per_group`` held-out clips
+    of each language and voice."""
+    clips = speech.heldout_clips()
+    out = {}
+    for lang in speech.LANGS:
+        for seen in (True, False):
+            group = [c for c in clips if c.lang == lang and c.seen_voice == seen][:per_group]
+            hyps = transcribe(model, tok, ids, group)
+            name = f"{lang}/{'training' if seen else 'unseen'}"
+            out[name] = round(wer.error_rate([c.text for c in group], hyps, lang), 3)
+    return out
 
 
 def table(rates: dict) -> list[str]:

@@ -6,10 +6,13 @@ The special tokens come after the learned vocabulary and in Whisper's order, wit
 name and takes every id past the last special token for a timestamp. This model predicts none,
 so no id lies there.
 
-Mandarin characters are kept apart before BPE runs, so a token is at most one character: the
-model then emits one token per spoken syllable, and a character it never saw in a word still
-has its own token. Digits are one per token for the same reason (order numbers are read digit
-by digit). Byte-level, so any text has an encoding.
+The tokens are characters: text is cut into single characters before BPE runs, so BPE only
+puts the UTF-8 bytes of a character back together (a Mandarin character is three bytes) and
+never merges two characters. Word-sized tokens (a 1,200-token BPE) left the tiny model
+hundreds of rare classes to tell apart from sound and it did not learn to listen within the
+time budget; characters are few and frequent, every English word (an unseen one too) is
+spelled from them, and a Mandarin character is one spoken syllable. Byte-level, so any text
+has an encoding; a character never seen in training is spelled in bytes.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ SPECIAL_TOKENS = [
     "<|nospeech|>",
     NO_TIMESTAMPS,
 ]
-_CJK = r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
 
 
 def lang_token(lang: str) -> str:
@@ -46,13 +48,13 @@ def lang_token(lang: str) -> str:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
-    """BPE on ``texts`` (``vocab_size`` learned tokens), then the special tokens."""
+    """The characters of ``texts`` (at most ``vocab_size`` tokens: the 256 bytes, then the most
+    frequent characters), then the special tokens."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_CJK), behavior="isolated"),
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            pre_tokenizers.Split(Regex("."), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     tok.decoder = decoders.ByteLevel()
