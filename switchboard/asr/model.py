@@ -43,7 +43,7 @@ from typing import Protocol
 
 import numpy as np
 
-from switchboard.asr.features import log_mel, pad_batch
+from switchboard.asr.features import HOP, SAMPLE_RATE, log_mel, pad_batch
 from switchboard.asr.runtime import KV, TOKENIZER, AsrManifest
 from switchboard.serving.detok import IncrementalDetokenizer
 
@@ -158,6 +158,12 @@ class AsrModel:
     @property
     def max_frames(self) -> int:
         return self.manifest.max_frames
+
+    @property
+    def max_seconds(self) -> float:
+        """The longest audio one input holds (the window, or the variable-length limit): the
+        serving path cuts longer audio into chunks of at most this."""
+        return self.max_frames * HOP / SAMPLE_RATE
 
     @property
     def languages(self) -> list[str]:

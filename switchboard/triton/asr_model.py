@@ -83,7 +83,8 @@ class TritonPythonModel:
             self.model,
             self._batcher(cfg),
             max_audio_s=cfg.max_audio_s,
-            chunk_s=cfg.chunk_s,
+            # a model with a short window (the embedded default's 5 s) takes shorter chunks
+            chunk_s=min(cfg.chunk_s, self.model.max_seconds),
             max_pending_s=cfg.max_pending_s,
             workers=cfg.workers,
         )
