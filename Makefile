@@ -28,7 +28,7 @@ PYTEST_ARGS ?= -q
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-asr bench-asr-full export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -116,6 +116,16 @@ bench-full: export ## the whole sweep: 5 systems incl. INT8, 6 loads x 2 rounds,
 bench-large: model-large ## the four systems on the 0.5B checkpoint at saturating loads, FP32 and INT8 dynamic, and the bare-runtime limit (~20 min, build/bench/large)
 	@$(PY) -m switchboard.export --model build/large-model --out build/artifacts/large-model --precision fp32,int8-dynamic
 	@$(PY) -m switchboard.perf.bench --preset large $(BENCH_ARGS)
+
+bench-asr: export test-recognizer ## speech side by side on tiny.en: served pool FP32/INT8 vs faster-whisper vs LitServe, seed 001's length-vs-count, voice to first token (~15 min, build/bench/asr)
+	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''
+	@$(PY) -m switchboard.perf.asr_bench --preset quick --out build/bench/asr $(BENCH_ARGS)
+
+bench-asr-full: export test-recognizer model-asr model-asr-large ## bench-asr on tiny.en, the embedded default and the whisper-small shape, 2 rounds (~1 h, build/bench/asr-full)
+	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''
+	@$(PY) -m switchboard.export.asr --model build/asr-default-model --out build/artifacts/asr/asr-default-model --precision default --bench-batches ''
+	@$(PY) -m switchboard.export.asr --model build/asr-large-model --out build/artifacts/asr/asr-large-model --precision default --no-gate --bench-batches ''
+	@$(PY) -m switchboard.perf.asr_bench --preset full --out build/bench/asr-full $(BENCH_ARGS)
 
 chaos: export ## faults, a 5x overload burst and (with a recognizer) an audio burst against a private stack; REPLICAS=2: a replica killed mid-burst too (build/chaos/summary.md)
 	@$(PY) -m switchboard.perf.chaos --out build/chaos --replicas $(REPLICAS)
