@@ -114,7 +114,8 @@ class Preset:
 
 
 PRESETS = {
-    "smoke": Preset(("optimized", "baseline", "hf", "litserve"), (3.0,), 5, 20, 1, None, None, 0),
+    # a long grace: on a busy machine the peers (HF generate on the CPU) need it to finish every turn
+    "smoke": Preset(("optimized", "baseline", "hf", "litserve"), (3.0,), 5, 90, 1, None, None, 0),
     "quick": Preset(("optimized", "baseline", "litserve", "hf"), (1.0, 4.0), 15, 15, 2, "4:4", None, 60),
     "full": Preset(
         ("optimized", "optimized-int8", "baseline", "litserve", "hf"),
