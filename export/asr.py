@@ -576,7 +576,8 @@ class AsrGate:
 def gate_clips(manifest: AsrManifest, per_language: int) -> list:
     """Held-out speech in the model's languages (``speech.heldout_clips``), at most
     ``per_language`` clips each (0: all), spread evenly over the set (both voices, every FAQ
-    entry). A variable-length model is judged on the clips its encoder can take whole."""
+    entry). A model is judged on the clips its input takes whole (its window, or the
+    variable-length limit): a longer one would be cut, which serving never does."""
     from switchboard.asr.features import HOP
     from switchboard.training import speech
 
@@ -585,8 +586,7 @@ def gate_clips(manifest: AsrManifest, per_language: int) -> list:
         if lang not in manifest.languages:
             continue
         pool = speech.heldout_clips(lang)
-        if manifest.window_frames is None:
-            pool = [c for c in pool if len(c.samples) // HOP <= manifest.max_frames]
+        pool = [c for c in pool if len(c.samples) // HOP <= manifest.max_frames]
         n = min(len(pool), per_language or len(pool))
         clips += [pool[i * len(pool) // n] for i in range(n)]
     return clips
