@@ -37,7 +37,6 @@ import functools
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -709,19 +708,12 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def machine() -> dict:
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": len(os.sched_getaffinity(0)),
-        "load_avg_start": os.getloadavg(),
-    }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """The LLM bench's description of the machine, with the cores this process may use, the
+    load average and the commit."""
+    from switchboard.perf.bench import device_info
+
+    info = device_info("cpu") | {"cpus": len(os.sched_getaffinity(0)), "load_avg_start": os.getloadavg()}
+    info.pop("device")
     try:
         info["commit"] = subprocess.run(
             ["git", "-C", str(paths.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True

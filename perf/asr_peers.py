@@ -47,6 +47,7 @@ from pathlib import Path
 
 from switchboard.perf import asr_load
 from switchboard.perf.asr_load import Clip, Reply
+from switchboard.perf.peers import HttpChatClient
 
 log = logging.getLogger("switchboard.perf.asr_peers")
 CT2_FILES = ("tokenizer.json", "preprocessor_config.json")
@@ -183,22 +184,12 @@ def run_faster_whisper(job: dict) -> dict:
 
 
 # -- LitServe ---------------------------------------------------------------------------------
-class HttpAsrClient:
-    """The bench's ``call(clip)`` for the LitServe peer: one connection per request."""
+class HttpAsrClient(HttpChatClient):
+    """The bench's ``call(clip)`` for the LitServe peer: one connection per request (address
+    and ``ready()`` as the chat peers' client)."""
 
     def __init__(self, url: str, timeout_s: float = 300.0):
-        host, _, port = url.rpartition(":")
-        self.host, self.port, self.timeout_s = host or "127.0.0.1", int(port), timeout_s
-
-    def ready(self) -> bool:
-        try:
-            c = http.client.HTTPConnection(self.host, self.port, timeout=2)
-            c.request("GET", "/health")
-            ok = c.getresponse().status == 200
-            c.close()
-            return ok
-        except OSError:
-            return False
+        super().__init__(url, timeout_s)
 
     def __call__(self, clip: Clip) -> Reply:
         boundary = uuid.uuid4().hex
