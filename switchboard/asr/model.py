@@ -104,6 +104,9 @@ class _Row:
     text: str = ""
     finish_reason: str | None = None
 
+    def transcript(self) -> Transcript:
+        return Transcript(self.text, self.language, self.tokens, self.finish_reason or EOS)
+
 
 class AsrModel:
     def __init__(
@@ -186,11 +189,14 @@ class AsrModel:
         on_delta: Callable[[int, str], None] | None = None,
         max_new_tokens: int | None = None,
         cancelled: Callable[[int], bool] | None = None,
+        on_done: Callable[[int, Transcript], None] | None = None,
     ) -> list[Transcript]:
         """Transcripts of ``features`` ([n_mels, T] each), in order. ``languages[i]``: a code
         from ``self.languages`` or None (detected by a multilingual model). ``on_delta(i, text)``
         gets each row's text as it becomes final; ``cancelled(i)``, asked before every step,
-        ends row i there. ValueError names the input that is wrong."""
+        ends row i there; ``on_done(i, transcript)`` gets row i's transcript the step it ends,
+        while the batch's longer rows go on (a 2 s question is not held for a 15 s chunk's last
+        words). ValueError names the input that is wrong."""
         if len(features) != len(languages):
             raise ValueError(f"{len(features)} feature arrays but {len(languages)} languages")
         if max_new_tokens is not None and max_new_tokens < 1:
@@ -205,9 +211,16 @@ class AsrModel:
         limit = self.manifest.max_target_positions - self.manifest.prompt_length
         budget = min(max_new_tokens or limit, limit)
         live = list(rows)
+
+        def report(ended: list[_Row]) -> None:
+            if on_done is not None:
+                for row in ended:
+                    on_done(row.index, row.transcript())
+
         if budget < 1:
             for row in live:
                 row.finish_reason = LENGTH
+            report(live)
             live = []
         step = 0
         while live:
@@ -215,6 +228,7 @@ class AsrModel:
                 for row in live:
                     if cancelled(row.index):
                         row.finish_reason = CANCELLED
+                report([r for r in live if r.finish_reason is not None])
                 live, past, cross = self._keep(live, past, cross)
                 if not live:
                     break
@@ -223,9 +237,10 @@ class AsrModel:
             logits, past = self.runtime.decode(ids, past, cross)
             for row, token in zip(live, self._next_tokens(logits, first=step == 0)):
                 self._advance(row, int(token), budget, on_delta)
+            report([r for r in live if r.finish_reason is not None])
             live, past, cross = self._keep(live, past, cross)
             step += 1
-        return [Transcript(r.text, r.language, r.tokens, r.finish_reason or EOS) for r in rows]
+        return [r.transcript() for r in rows]
 
     def _language(self, i: int, lang: str | None) -> str | None:
         if lang is None:

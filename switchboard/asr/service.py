@@ -62,6 +62,7 @@ class _Chunk:
     features: np.ndarray | None = None
     text: str = ""
     done: bool = False
+    sent: int = 0  # characters of ``text`` the sink has heard (a batch run again repeats none)
 
 
 @dataclass
@@ -87,7 +88,7 @@ class Recognizer(Protocol):
     multilingual: bool
 
     def features(self, samples: np.ndarray) -> np.ndarray: ...
-    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None): ...
+    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None): ...
 
 
 class AsrService:
@@ -206,6 +207,12 @@ class AsrService:
                 return
             log.warning("a batch of %d failed; running its items one by one", len(items))
             for item in items:
+                state, i = item.key
+                with state.lock:
+                    chunk = state.chunks[i]
+                    if chunk.done:  # ended before the batch failed: delivered already
+                        continue
+                    chunk.text = ""  # decoded again from the start; what went out is not repeated
                 self._run([item])
 
     def _transcribe(self, items: list[Item]) -> None:
@@ -221,34 +228,44 @@ class AsrService:
         def cancelled(row: int) -> bool:
             return live[row][0].job.cancelled()
 
+        def on_done(row: int, result) -> None:  # a row that ended goes out while the rest decode
+            self._chunk_done(*live[row], result)
+
         results = self.model.transcribe(
-            [state.chunks[i].features for state, i in live], languages, on_delta=on_delta, cancelled=cancelled
+            [state.chunks[i].features for state, i in live],
+            languages,
+            on_delta=on_delta,
+            cancelled=cancelled,
+            on_done=on_done,
         )
         for (state, i), result in zip(live, results, strict=True):
-            self._chunk_done(state, i, result)
+            self._chunk_done(state, i, result)  # a model that reports no row early: done here
 
     def _delta(self, state: _Transcription, i: int, text: str) -> None:
         with state.lock:
             chunk = state.chunks[i]
             chunk.text += text
-            if i == state.emitted and not state.failed:
-                before = "".join(c.text for c in state.chunks[:i]) + chunk.text[: len(chunk.text) - len(text)]
-                out = text if before.strip() else text.lstrip()  # no blank before the transcript's first word
+            if i == state.emitted and not state.failed and len(chunk.text) > chunk.sent:
+                new = chunk.text[chunk.sent :]
+                before = "".join(c.text for c in state.chunks[:i]) + chunk.text[: chunk.sent]
+                chunk.sent = len(chunk.text)
+                out = new if before.strip() else new.lstrip()  # no blank before the transcript's first word
                 if out:
                     state.job.sink.delta(out)
 
     def _chunk_done(self, state: _Transcription, i: int, result) -> None:
         with state.lock:
-            if state.failed:
-                return
             chunk = state.chunks[i]
+            if state.failed or chunk.done:  # reported as it ended, or failed meanwhile
+                return
             chunk.text, chunk.done = result.text, True
             state.language = state.language or result.language
             # pass on the text of later chunks that finished while this one ran
             while state.emitted < len(state.chunks) and state.chunks[state.emitted].done:
                 state.emitted += 1
                 if state.emitted < len(state.chunks):
-                    buffered = state.chunks[state.emitted].text
+                    later = state.chunks[state.emitted]
+                    buffered, later.sent = later.text[later.sent :], len(later.text)
                     if buffered:
                         before = "".join(c.text for c in state.chunks[: state.emitted]).strip()
                         state.job.sink.delta(buffered if before else buffered.lstrip())

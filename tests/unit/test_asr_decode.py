@@ -113,6 +113,27 @@ def test_rows_decode_in_lockstep_and_leave_the_batch_when_done():
     assert rt.calls[1][1] == [[0], [0], [3]], "then each row's last token"
 
 
+def test_each_row_is_reported_the_step_it_ends():
+    asr, rt = model([[0, 1, 2], [0], [3, 4, 3, 4, 7]], multilingual=False)
+    ended: list[tuple[int, str, int]] = []  # (row, its text, decode calls made by then)
+    got = asr.transcribe(feats(3), [None] * 3, on_done=lambda i, t: ended.append((i, t.text, len(rt.calls))))
+    assert [(i, n) for i, _, n in ended] == [(1, 2), (0, 4), (2, 6)], "shortest first, before the batch ends"
+    assert [text for _, text, _ in sorted(ended)] == [t.text for t in got]
+
+
+def test_cancelled_and_cut_rows_are_reported_once():
+    asr, _ = model([[0, 1, 2, 3], [3, 4, 3, 7]], multilingual=False)
+    ended: list[tuple[int, str]] = []
+    got = asr.transcribe(
+        feats(2),
+        [None, None],
+        max_new_tokens=3,
+        cancelled=lambda row: row == 1,
+        on_done=lambda i, t: ended.append((i, t.finish_reason)),
+    )
+    assert ended == [(1, "cancelled"), (0, "length")] and [t.finish_reason for t in got] == ["length", "cancelled"]
+
+
 def test_language_is_detected_from_the_start_token_for_rows_without_one():
     asr, rt = model([[0], [5, 6], [3]], spoken=[EN, ZH, ZH])
     got = asr.transcribe(feats(3), [None, None, "en"])

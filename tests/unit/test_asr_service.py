@@ -49,7 +49,7 @@ class FakeRecognizer:
     def features(self, samples):
         return np.full((1, 1), len(samples) / RATE, np.float32)
 
-    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None):
+    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None):
         seconds = [float(f[0, 0]) for f in features]
         with self.lock:
             self.batches.append(seconds)
@@ -62,7 +62,13 @@ class FakeRecognizer:
                 for word in text.split(" ")[1:]:
                     on_delta(row, " " + word)
             out.append(Transcript(text, languages[row] or "en", []))
+        for row in sorted(range(len(out)), key=lambda r: seconds[r]):  # shorter rows end first
+            self.ended(row, seconds, out, on_done)
         return out
+
+    def ended(self, row, seconds, out, on_done):
+        if on_done:
+            on_done(row, out[row])
 
 
 class Sink:
@@ -86,8 +92,8 @@ class Sink:
 def service_for():
     made = []
 
-    def make(model, **kw):
-        batcher = make_batcher("length", budget_s=60.0, max_batch=8, max_ratio=2.0, max_wait_s=0.02)
+    def make(model, wait_s=0.02, **kw):
+        batcher = make_batcher("length", budget_s=60.0, max_batch=8, max_ratio=2.0, max_wait_s=wait_s)
         service = AsrService(model, batcher, **kw)
         made.append(service)
         return service
@@ -143,6 +149,52 @@ def test_a_batch_that_raises_is_run_again_item_by_item(service_for):
     assert poisoned.finished.wait(10) and fine.finished.wait(10)
     assert poisoned.failure is not None and not isinstance(poisoned.failure, AsrRequestError)
     assert fine.failure is None and fine.result.text
+
+
+def test_a_short_row_is_answered_while_its_batch_decodes_a_longer_one(service_for):
+    longer_ended = threading.Event()
+
+    class Held(FakeRecognizer):
+        """The longest row of a batch ends only once the test has seen the short one answered."""
+
+        def ended(self, row, seconds, out, on_done):
+            if seconds[row] == max(seconds) and len(seconds) > 1:
+                assert longer_ended.wait(10), "the short row's answer never came"
+            super().ended(row, seconds, out, on_done)
+
+    service = service_for(Held(), wait_s=2.0, chunk_s=5.0)  # both queued before a batch runs
+    short, long_ = Sink(), Sink()
+    service.submit(AsrJob(audio=speech(4.0), sink=long_))
+    service.submit(AsrJob(audio=speech(2.6), sink=short))  # 4.6 s and 3.2 s: one batch (ratio 2)
+    assert short.finished.wait(10) and short.failure is None
+    assert not long_.finished.is_set()
+    longer_ended.set()
+    assert long_.finished.wait(10) and long_.failure is None
+    assert "".join(long_.deltas) == long_.result.text
+
+
+def test_a_batch_run_again_streams_no_text_twice(service_for):
+    class Flaky(FakeRecognizer):
+        """Streams every row's text, then the first batch of two fails."""
+
+        failed = False
+
+        def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None):
+            if len(features) > 1 and not self.failed:
+                for row in range(len(features)):
+                    on_delta(row, " chunk")
+                self.failed = True
+                raise RuntimeError("the batch failed after streaming")
+            return super().transcribe(features, languages, on_delta, max_new_tokens, cancelled, on_done)
+
+    service = service_for(Flaky(), wait_s=2.0)  # both queued before a batch runs
+    first, second = Sink(), Sink()
+    service.submit(AsrJob(audio=speech(2.0), sink=first))
+    service.submit(AsrJob(audio=speech(2.2), sink=second))
+    for sink in (first, second):
+        assert sink.finished.wait(10) and sink.failure is None
+        assert "".join(sink.deltas) == sink.result.text  # " chunk" once, not twice
+    assert service.model.failed
 
 
 def test_silence_is_an_empty_transcript_without_the_model(service_for):
