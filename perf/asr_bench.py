@@ -753,6 +753,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed001-seconds", type=float, help="seed 001's arrival window (the preset's otherwise)")
     p.add_argument("--seed001-load", type=float, help="seed 001's arrivals, as a multiple of one-at-a-time capacity")
     p.add_argument("--seed001-workers", help="comma-separated asr `workers` values to run seed 001 with")
+    p.add_argument(
+        "--seed001-model", choices=sorted(MODELS), help="the model seed 001 runs on (the preset's otherwise)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", type=Path, help="default: <out>/bench.log")
     p.add_argument(
@@ -772,6 +775,8 @@ def main(argv: list[str] | None = None) -> int:
         preset = dataclasses.replace(preset, seed001_s=args.seed001_seconds)
     if args.seed001_load is not None:
         preset = dataclasses.replace(preset, seed001_load=args.seed001_load)
+    if args.seed001_model:
+        preset = dataclasses.replace(preset, seed001_model=args.seed001_model)
     if args.seed001_workers:
         try:
             workers = tuple(int(w) for w in args.seed001_workers.split(",") if w.strip())

@@ -10,6 +10,7 @@ the reason's code in brackets (``[too_long] ...``: switchboard.wire.AsrError).
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import numpy as np
@@ -110,12 +111,13 @@ class TritonPythonModel:
     def _batcher(self, cfg: AsrConfig):
         wait_s = cfg.max_wait_ms / 1000
         if cfg.batching == "length":
+            ratio = cfg.max_length_ratio or (math.inf if self.model.window_frames else 2.0)
+            if ratio < 1:
+                raise ConfigError(
+                    f"asr/config.pbtxt: parameter 'max_length_ratio' = {ratio:g}: expected 0 (automatic) or at least 1"
+                )
             return make_batcher(
-                "length",
-                budget_s=cfg.batch_audio_s,
-                max_batch=cfg.max_batch,
-                max_ratio=cfg.max_length_ratio,
-                max_wait_s=wait_s,
+                "length", budget_s=cfg.batch_audio_s, max_batch=cfg.max_batch, max_ratio=ratio, max_wait_s=wait_s
             )
         if cfg.batching == "count":
             return make_batcher("count", max_batch=cfg.max_batch, max_wait_s=wait_s)

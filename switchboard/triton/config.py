@@ -202,7 +202,11 @@ class AsrConfig(_Config):
     max_batch: int = setting(8, "chunks of audio decoded together", 1, 64)
     batch_audio_s: float = setting(60.0, "the most seconds of audio in one batch (a longer chunk runs alone)", 1.0)
     max_length_ratio: float = setting(
-        2.0, "with batching length: the longest chunk of a batch at most this many times its first's", 1.0
+        0.0,
+        "with batching length: the longest chunk of a batch at most this many times its shortest; 0: 2 for a "
+        "model that takes audio of any length, none for one that pads every chunk to a fixed window (the padding "
+        "costs the same whatever the mix, and each row leaves the batch when its text ends)",
+        0.0,
     )
     max_wait_ms: float = setting(10.0, "how long a batch waits to fill before it runs", 0.0, 10_000.0)
     chunk_s: float = setting(
