@@ -244,7 +244,9 @@ def summary_md(results: dict) -> str:
     if results.get("seed001"):
         text, verdicts = seed001_rows(results)
         cal = results.get("seed001_calibration", {})
-        parts += ["", "### Seed 001: 2 s questions among 30 s recordings (80/20, Poisson arrivals)", ""]
+        model = results.get("preset", {}).get("seed001_model")
+        on = f", {model}" if model else ""
+        parts += ["", f"### Seed 001: 2 s questions among 30 s recordings (80/20, Poisson arrivals{on})", ""]
         if cal:
             parts.append(
                 f"One request at a time the pool takes {_f(cal.get('short'), 2)} s for a short one and "
@@ -318,7 +320,8 @@ def plot(results: dict, path: Path) -> Path | None:
         ax.set_xscale("log")
         ax.set_xlabel("2 s question's latency (s)")
         ax.set_ylabel("share of requests")
-        ax.set_title("Seed 001: short questions among 30 s recordings")
+        model = results.get("preset", {}).get("seed001_model")
+        ax.set_title("Seed 001: 2 s among 30 s" + (f" ({model})" if model else ""))
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
