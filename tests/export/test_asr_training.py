@@ -81,6 +81,27 @@ def test_batches_cover_every_item_once_per_epoch():
     assert sorted(next(model_mod.batches(3, 8, random.Random(0)))) == [0, 1, 2]  # fewer items than a batch
 
 
+def test_packing_joins_two_utterances_of_a_language_that_fit_the_window():
+    EOT = 9
+    items = [
+        data_mod.Utterance(t, lang, speech.Voice("x"), 0, False)
+        for t, lang in [("a", "en"), ("b", "en"), ("c", "zh"), ("d", "en")]
+    ]
+    frames = [100, 120, 100, 400]
+    features = [np.full((4, n), float(k), np.float16) for k, n in enumerate(frames)]
+    seqs = [[1, 2, 3, 4, 10 + k, EOT] for k in range(4)]
+    cfg = model_mod.ModelConfig(window_frames=300, pack=1.0, pack_gap_frames=30)
+    packer = model_mod.Packer(data_mod.Dataset(items, features), seqs, {"en": [7]}, cfg)
+    rng = np.random.default_rng(0)
+    f, seq = packer.item(0, EOT, rng)  # "a" joins "b" (the only other English item that fits)
+    assert f.shape == (4, 100 + 30 + 120) and f[0, 0] == 0 and f[0, -1] == 1
+    assert seq == [1, 2, 3, 4, 10, 7, 11, EOT]
+    assert packer.item(2, EOT, rng) == (features[2], seqs[2])  # no other Mandarin item
+    assert packer.item(3, EOT, rng) == (features[3], seqs[3])  # no room left in the window
+    off = model_mod.Packer(data_mod.Dataset(items, features), seqs, {}, model_mod.ModelConfig(window_frames=300))
+    assert off.item(0, EOT, rng) == (features[0], seqs[0])
+
+
 def test_utterances_walk_the_sentences_and_mix_voices():
     from switchboard.training import corpus as corpus_mod
 

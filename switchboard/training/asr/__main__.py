@@ -106,6 +106,7 @@ def build(
         mcfg,
         bar=bar(mcfg.steps, "training", "step") if bar else None,
         probe=probe if cfg.evaluate else None,
+        joiner={"en": tok.encode(" ", add_special_tokens=False).ids},
     )
     training_s, training_cpu_s = time.time() - t1 - probe_s[0], time.process_time() - cpu1
 
