@@ -90,7 +90,12 @@ def test_streamed_deltas_join_to_the_stored_answer(client, redis_client):
     # Priority 1 streams a response per token, priority 2 at most every 50 ms (stream_interval_ms);
     # tokens that queue while the engine's sender is busy leave as one response
     # (tests/unit/test_stream.py), so on a loaded machine the count of deltas varies.
-    vip, _ = collect(client, "我的订单什么时候发货？", priority=1)
+    # A busy machine can queue every token of one answer behind the sender: three tries, and an
+    # answer always sent whole fails all three.
+    for _ in range(3):
+        vip, _ = collect(client, "我的订单什么时候发货？", priority=1)
+        if len(vip) >= 2:
+            break
     deltas, stats = collect(client, "我的订单什么时候发货？", session_id="stream-zh")
     answer = "".join(deltas)
     assert len(vip) >= 2, "a priority-1 answer should be streamed, not sent whole"
