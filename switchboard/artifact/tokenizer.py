@@ -8,6 +8,7 @@ model and for Llama, Qwen2, Mistral and GPT-2 checkpoints alike.
 from __future__ import annotations
 
 import json
+import unicodedata
 from functools import cached_property
 from pathlib import Path
 
@@ -38,6 +39,20 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._special)
+
+
+def control_token_ids(tokenizer_json: Path, kept: str = "\t\n") -> list[int]:
+    """Ids of the tokens whose text holds a control character other than ``kept`` (tab and
+    newline): what the engine never samples. A random or badly trained model would otherwise
+    write them, and a client sending the conversation back would send them too."""
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    size = tok.get_vocab_size(with_added_tokens=True)
+    texts = tok.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    return [i for i, text in enumerate(texts) if any(_is_control(c) and c not in kept for c in text)]
+
+
+def _is_control(c: str) -> bool:
+    return unicodedata.category(c) == "Cc"
 
 
 class TextTokenizer:

@@ -46,6 +46,7 @@ import operator
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -179,14 +180,17 @@ class Engine:
         hold_back_ms: float = 0.0,
         prefill_budget: int = 0,
         policy: Policy | None = None,
+        banned_ids: Iterable[int] = (),
     ):
         """``policy`` replaces the one ``max_batch``, ``priority_slots``, ``preempt_steps``,
-        ``priority_overflow`` and ``hold_back_ms`` name (``make_policy``)."""
+        ``priority_overflow`` and ``hold_back_ms`` name (``make_policy``). ``banned_ids``:
+        tokens never chosen (``control_token_ids``: control characters)."""
         m = decoder.manifest
         self.decoder = decoder
         self.policy = policy or make_policy(max_batch, priority_slots, preempt_steps, priority_overflow, hold_back_ms)
         self.max_waiting = max_waiting
         self.stop_ids = frozenset(stop_ids)
+        self.banned_ids = np.array(sorted(set(banned_ids) - self.stop_ids), np.int64)
         self.context_window = m.context_window
         self._shape = (m.num_layers, m.num_kv_heads, m.head_dim)
         self._order = itertools.count()
@@ -518,6 +522,10 @@ class Engine:
 
     def _emit(self, seqs: list[_Sequence], last_logits: np.ndarray) -> None:
         """``last_logits[i]`` is the next-token distribution of ``seqs[i]``."""
+        if self.banned_ids.size:
+            if not last_logits.flags.writeable:
+                last_logits = last_logits.copy()
+            last_logits[:, self.banned_ids] = -np.inf
         for seq, logits in zip(seqs, last_logits):
             r = seq.request
             token = sample(logits, r.temperature, r.top_p, seq.rng)

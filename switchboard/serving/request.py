@@ -56,7 +56,24 @@ def _one(name: str, array: np.ndarray | None):
     return array.reshape(-1)[0]
 
 
-def _utf8(name: str, value, max_bytes: int) -> str:
+_KEPT_CONTROLS = "\t\n\r"
+
+
+def _is_dropped_control(c: str) -> bool:
+    return unicodedata.category(c) == "Cc" and c not in _KEPT_CONTROLS
+
+
+def without_controls(text: str) -> str:
+    """``text`` without control characters other than tab, CR and LF. What a message says is
+    normalized, never refused for them: OpenAI's API accepts them, and a conversation sent back
+    may hold one an earlier answer wrote."""
+    if not any(_is_dropped_control(c) for c in text):
+        return text
+    return "".join(c for c in text if not _is_dropped_control(c))
+
+
+def _utf8(name: str, value, max_bytes: int, controls: str = "refuse") -> str:
+    """``controls``: "refuse" (identifiers) or "drop" (what a message says)."""
     if isinstance(value, str):
         value = value.encode("utf-8", "surrogatepass")
     if not isinstance(value, (bytes, bytearray, np.bytes_)):
@@ -68,7 +85,9 @@ def _utf8(name: str, value, max_bytes: int) -> str:
         text = value.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RequestError(f"{name}: not valid UTF-8 (byte {e.start})") from None
-    bad = next((c for c in text if unicodedata.category(c) == "Cc" and c not in "\t\n\r"), None)
+    if controls == "drop":
+        text = without_controls(text)
+    bad = next((c for c in text if _is_dropped_control(c)), None)
     if bad is not None:
         raise RequestError(f"{name}: contains control character U+{ord(bad):04X}")
     if unicodedata.category(text[:1] or "a") == "Cs":
@@ -77,10 +96,10 @@ def _utf8(name: str, value, max_bytes: int) -> str:
 
 
 def check_text(name: str, value: str | bytes, max_bytes: int) -> str:
-    """``value`` held to the rules of ``text`` (UTF-8, at most ``max_bytes``, no control
-    characters but tab/CR/LF); ``RequestError`` naming ``name`` otherwise. For front ends
-    (the HTTP gateway) that check what they will send before sending it."""
-    return _utf8(name, value, max_bytes)
+    """``value`` held to the rules of ``text`` (UTF-8, at most ``max_bytes``), control
+    characters other than tab/CR/LF dropped; ``RequestError`` naming ``name`` otherwise. For
+    front ends (the HTTP gateway) that check what they will send before sending it."""
+    return _utf8(name, value, max_bytes, controls="drop")
 
 
 def _number(name: str, value, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -109,7 +128,7 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
     raw_text = _one(Chat.TEXT, inputs.get(Chat.TEXT))
     if raw_text is None:
         raise RequestError("text: required input is missing")
-    text = _utf8("text", raw_text, limits.max_text_bytes)
+    text = _utf8("text", raw_text, limits.max_text_bytes, controls="drop")
     if not text.strip():
         raise RequestError("text: empty message")
 
@@ -166,7 +185,7 @@ def parse_history(blob: str, limits: Limits) -> tuple[tuple[dict, ...], str | No
             raise RequestError(f"history[{i}].role: {str(role)[:32]!r} is not system, user or assistant")
         if not isinstance(content, str):
             raise RequestError(f"history[{i}].content: expected a string")
-        content = _utf8(f"history[{i}].content", content, limits.max_text_bytes)
+        content = _utf8(f"history[{i}].content", content, limits.max_text_bytes, controls="drop")
         if role == "system":
             if i != 0:
                 raise RequestError(f"history[{i}]: a system message may only come first")

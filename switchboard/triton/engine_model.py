@@ -21,6 +21,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from switchboard.artifact.tokenizer import control_token_ids
 from switchboard.artifact.version import ModelVersion
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.loader import RuntimeChoice
@@ -129,7 +130,14 @@ class TritonPythonModel:
             hold_back_ms=cfg.hold_back_ms,
             prefill_budget=cfg.prefill_budget,
             stop_ids=set(self.manifest.eos_token_ids),
+            banned_ids=self._control_tokens(),
         )
+
+    def _control_tokens(self) -> list[int]:
+        """Tokens of control characters (but tab and newline): never sampled, so no answer
+        carries one back to a client that may refuse it."""
+        path = self.version.directory / "tokenizer.json"
+        return control_token_ids(path) if path.is_file() else []
 
     def _setup_responses(self, cfg: EngineConfig) -> None:
         # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1

@@ -98,6 +98,22 @@ def test_a_second_turn_sent_whole_reuses_the_first_turns_kv(oai):
     assert second.choices[0].message.content.strip()
 
 
+def test_a_conversation_holding_control_characters_is_answered(oai):
+    # An earlier answer (a random-weight model's) wrote U+0010 and the client sends it back:
+    # never refused for Switchboard's own words; the characters are dropped, as the prompt shows.
+    sent = [
+        {"role": "user", "content": "Where is my order?"},
+        {"role": "assistant", "content": "It ships\x10 tomorrow\x1e."},
+        {"role": "user", "content": "And the \x1b[1mrefund\x00?"},
+    ]
+    clean = [{**m, "content": m["content"].translate({c: None for c in (0x10, 0x1E, 0x1B, 0x00)})} for m in sent]
+    got, want = (
+        oai.chat.completions.create(model=MODEL, messages=m, temperature=0, max_tokens=16) for m in (sent, clean)
+    )
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens
+
+
 def test_the_model_list(oai):
     listed = [m.id for m in oai.models.list().data]
     assert listed[0] == MODEL
@@ -178,9 +194,6 @@ BAD = [
     ),
     ("text-empty", user(""), {}, 400, "messages", "the last user message: empty message"),
     ("text-whitespace", user(" \t\n "), {}, 400, "messages", "the last user message: empty message"),
-    ("text-nul", user("hi\x00there"), {}, 400, "messages", "messages[0].content: contains control character U+0000"),
-    ("text-escape", user("\x1b[31mred"), {}, 400, "messages", "contains control character U+001B"),
-    ("text-del", user("hi\x7f"), {}, 400, "messages", "contains control character U+007F"),
     (
         "text-lone-surrogate",
         b'{"model": "switchboard", "messages": [{"role": "user", "content": "a\\ud800"}]}',
@@ -199,14 +212,6 @@ BAD = [
     ),
     ("text-over-byte-limit", user("a" * 20000), {}, 400, "messages", "20000 bytes is over the limit"),
     ("text-beyond-context", user("订单" * 2500), {}, 400, "messages", "messages are too long"),
-    (
-        "history-control-char",
-        body(messages=[{"role": "user", "content": "a\x1b"}, *HI]),
-        {},
-        400,
-        "messages",
-        "messages[0].content: contains control character U+001B",
-    ),
     ("max-tokens-zero", body(max_tokens=0), {}, 400, "max_tokens", "max_tokens: expected an integer of at least 1"),
     ("max-tokens-negative", body(max_tokens=-5), {}, 400, "max_tokens", "max_tokens: expected an integer"),
     ("max-tokens-huge", body(max_tokens=10**9), {}, 400, "max_tokens", "max_tokens: 1000000000 is outside [1, 512]"),

@@ -51,7 +51,8 @@ def test_all_fields():
         ({"text": b(b"")}, {}, "text: empty"),
         ({"text": b(b"   \n\t")}, {}, "text: empty"),
         ({"text": b(b"\xff\xfe")}, {}, "not valid UTF-8"),
-        ({"text": b(b"hi\x00there")}, {}, "control character U+0000"),
+        ({"text": b(b"\x00\x1b")}, {}, "text: empty"),  # control characters are dropped, then nothing is left
+        ({"text": b(b"hi"), "session_id": b(b"a\x00b")}, {}, "session_id: contains control character U+0000"),
         ({"text": b(b"x" * 20000)}, {}, "over the limit"),
         ({"text": np.asarray([[b"a"], [b"b"]], np.object_)}, {}, "exactly one value"),
         ({"text": b(b"hi"), "session_id": b(b"")}, {}, "session_id: empty"),
@@ -71,6 +72,11 @@ def test_all_fields():
 def test_rejects(inputs, params, message):
     with pytest.raises(RequestError, match=re.escape(message)):
         parse(params, **inputs)
+
+
+def test_control_characters_in_a_message_are_dropped_but_tab_and_newlines_kept():
+    # OpenAI's API accepts them, and a conversation sent back may hold one an earlier answer wrote.
+    assert parse(text=b(b"hi\x00 the\x1b[0mre\x7f\x10\xc2\x85!\t\r\n")).text == "hi the[0mre!\t\r\n"
 
 
 def test_accepts_unicode_that_is_not_control():

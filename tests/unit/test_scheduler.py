@@ -106,6 +106,19 @@ def test_planning_admits_without_running_the_model_and_applying_emits_and_retire
     assert s.tokens == [11] and s.result.reason == "length" and e.running() == 0
 
 
+def test_banned_tokens_are_never_chosen_greedy_or_sampled():
+    # The scripted model wants 11, 12, 13...; 12 and 13 are banned (control characters), so the
+    # next best is chosen (all others tie at 0: the lowest id greedily, any other when sampled;
+    # at temperature 0.05 the model's choice would win every draw).
+    for temperature in (0.0, 0.05):
+        e = engine(banned_ids={12, 13, STOP})
+        s = Sink()
+        e.submit(GenerationRequest([1, 2, 10], 6, temperature=temperature, seed=3), s)
+        drain(e, [s])
+        assert s.tokens[0] == 11 and not {12, 13} & set(s.tokens), s.tokens
+    assert engine(banned_ids={12, STOP}).banned_ids.tolist() == [12], "an end of text is never banned"
+
+
 def test_an_iteration_prefills_what_it_admits_or_else_decodes_the_running_rows():
     decoder = ScriptedDecoder()
     e = engine(decoder)

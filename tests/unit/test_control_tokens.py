@@ -1,0 +1,28 @@
+"""Which tokens the engine never samples: those whose text holds a control character."""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from switchboard.artifact.tokenizer import control_token_ids
+
+
+def test_control_tokens_are_found_and_tab_and_newline_kept(tmp_path):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(["hello\tworld\n", "a\x10\x10b", "订单\r\n"] * 20, trainer=trainer)
+    tok.add_special_tokens(["<|end|>"])
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    banned = control_token_ids(path)
+    texts = {i: tok.decode([i], skip_special_tokens=False) for i in range(tok.get_vocab_size())}
+    control = {chr(c) for c in [*range(0x20), 0x7F]} - {"\t", "\n"}
+    assert {texts[i] for i in banned if len(texts[i]) == 1} == control, "every control byte but tab and newline"
+    assert any(len(texts[i]) > 1 for i in banned), "a merged token holding one too (\\x10\\x10 or \\r\\n)"
+    assert all(set(texts[i]) & control for i in banned)
+    kept = [i for i in texts if i not in banned]
+    assert {"\t", "\n", "<|end|>", "h"} <= {texts[i] for i in kept}
