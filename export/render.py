@@ -35,11 +35,7 @@ SPEECH = ("asr", "voice_chat")
 @dataclass(frozen=True)
 class Pool:
     name: str
-    max_batch_size: int  # Triton's batcher: requests per execute
-    preferred: tuple[int, int]
-    queue_delay_us: int
-    max_queue_size: int
-    timeout_us: int
+    max_batch_size: int  # requests per execute at most
     engine_batch: int  # sequences the engine decodes together
     max_prompt: int  # longest prompt routed here (profile / documentation)
     blurb: str
@@ -50,21 +46,13 @@ POOLS = (
     Pool(
         "short",
         16,
-        (4, 8),
-        1000,
-        64,
-        20_000_000,
         16,
         LONG_PROMPT_TOKENS,
-        "Prompts up to long_prompt_tokens (chat/config.pbtxt): larger batches, short queue delay.",
+        "Prompts up to long_prompt_tokens (chat/config.pbtxt): larger batches.",
     ),
     Pool(
         "long",
         8,
-        (2, 4),
-        4000,
-        32,
-        30_000_000,
         8,
         1024,
         "Long prompts: smaller batches so one long prefill does not stall many short chats.",
@@ -109,32 +97,13 @@ output [
   { name: "stats" data_type: TYPE_STRING dims: [ 1 ] }
 ]
 
-# Priority 1 = live/VIP, 2 = default. Chats wait in chat's admission queue (by priority, at most
-# max_queue_wait_s, then the FAQ answers) and in the pools' engines (by the carried priority).
-# This queue fills when chat holds priority 2 back (max_pending chats already wait for a slot or
-# their FAQ answer) and refuses under the policy below: full, or after 10 s, well inside a
-# client's 30 s, at no cost to chat.
-dynamic_batching {
-  max_queue_delay_microseconds: 0
-  priority_levels: 2
-  default_priority_level: 2
-  default_queue_policy {
-    timeout_action: REJECT
-    default_timeout_microseconds: 10000000
-    allow_timeout_override: true
-    max_queue_size: 256
-  }
-  priority_queue_policy {
-    key: 1
-    value {
-      timeout_action: REJECT
-      default_timeout_microseconds: 60000000
-      allow_timeout_override: true
-      max_queue_size: 128
-    }
-  }
-}
-
+# No dynamic_batching, on purpose: Triton 2.51's batcher wakes for a new request only while an
+# instance is free, and a request that arrived while this one instance ran execute waited out the
+# batcher's 500 ms idle timeout (docs/benchmarks.md, "Time to first token under AIPerf"). Without
+# it requests go straight to the instance, in arrival order. Priority 1 = live/VIP, 2 = default:
+# chats wait in chat's admission queue (by priority, at most max_queue_wait_s, then the FAQ
+# answers) and in the pools' engines (by the carried priority); a priority-2 chat held back while
+# max_pending chats wait is refused after queue_timeout_s.
 instance_group [ { kind: KIND_CPU count: 1 } ]
 
 """ + _params(ChatConfig(long_prompt_tokens=LONG_PROMPT_TOKENS).parameters())
@@ -228,10 +197,10 @@ def engine_config(pool: Pool, runtime: str) -> str:
     return f"""# Generation pool for {pool.name} prompts. {pool.blurb}
 # The engine batches at iteration level (switchboard/engine/scheduler.py, max_batch below)
 # and {where}.
-# Triton's batcher groups arrivals and holds the overflow under the queue policy.
 # Requests from chat arrive over gRPC on this server (switchboard/serving/engine_client.py) with
-# Triton's priority, which orders this queue, and the parameter chat_priority, which the
-# engine's scheduler orders its batch by (Triton keeps `priority` to itself). The pool owns the
+# the parameter chat_priority, which the engine's scheduler orders its batch by. No
+# dynamic_batching: on Triton 2.51 it held a request that arrived while execute ran for its
+# 500 ms idle timeout (chat/config.pbtxt); execute only hands requests to the engine. The pool owns the
 # KV cache: content-addressed blocks in its own memory, then in Redis (switchboard/kv).
 name: "engine_{pool.name}"
 backend: "python"
@@ -251,19 +220,6 @@ output [
   {{ name: "token_ids" data_type: TYPE_INT32 dims: [ -1 ] }},
   {{ name: "stats" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
-
-dynamic_batching {{
-  preferred_batch_size: [ {pool.preferred[0]}, {pool.preferred[1]} ]
-  max_queue_delay_microseconds: {pool.queue_delay_us}
-  priority_levels: 2
-  default_priority_level: 2
-  default_queue_policy {{
-    timeout_action: REJECT
-    default_timeout_microseconds: {pool.timeout_us}
-    allow_timeout_override: true
-    max_queue_size: {pool.max_queue_size}
-  }}
-}}
 
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 

@@ -80,10 +80,13 @@ class TritonSink:
 
 
 class TritonPythonModel:
+    queue_timeout_s = ChatConfig.queue_timeout_s  # initialize sets the configured one
+
     def initialize(self, args):
         config, version = load_config(args)
         require_decoupled(config)
         cfg = ChatConfig.load(config, "chat/config.pbtxt")
+        self.queue_timeout_s = cfg.queue_timeout_s
         self._load_model(version, cfg)
         self._setup_sessions(cfg)
         self._setup_pools(cfg)
@@ -221,22 +224,30 @@ class TritonPythonModel:
                 send_error(sender, str(e), "INVALID_ARG")
                 self.metrics.failed("invalid")
                 continue
-            if chat.priority > 1 and not self._wait_for_room(request):
+            held = self._wait_for_room(request) if chat.priority > 1 else None
+            if held == "cancelled":
                 send_error(sender, "cancelled by the client", "CANCELLED")
                 self.metrics.failed("cancelled")
+                continue
+            if held == "timeout":
+                send_error(sender, "chat is overloaded; try again later", "UNAVAILABLE")
+                self.metrics.failed("unavailable")
                 continue
             version = self.picker.pick(conversation_key(chat.session_id, chat.history, chat.text))
             self.admission.submit(_Job(request, sender, chat, time.perf_counter(), version), chat.priority)
         return None
 
-    def _wait_for_room(self, request) -> bool:
+    def _wait_for_room(self, request) -> str | None:
         """Backpressure (``Admission.wait_for_room``): a priority-2 chat waits here, and the chats
-        behind it in Triton's queue, which refuses them when full or timed out without costing this
-        stub a round trip. False: the client left meanwhile."""
-        while not self.admission.wait_for_room(timeout=1.0):
+        behind it in Triton's queue, at most ``queue_timeout_s``. None: room; "cancelled": the
+        client left meanwhile; "timeout": still no room."""
+        deadline = time.monotonic() + self.queue_timeout_s
+        while not self.admission.wait_for_room(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
             if request.is_cancelled():
-                return False
-        return True
+                return "cancelled"
+            if time.monotonic() >= deadline:
+                return "timeout"
+        return None
 
     def _serve(self, job: _Job) -> None:
         request, sender = job.request, job.sender

@@ -137,6 +137,13 @@ class ChatConfig(_RedisConfig):
         1 << 20,
     )
     max_queue_wait_s: float = setting(5.0, "a chat waiting longer for a slot is answered from the FAQ", 0.0, 600.0)
+    queue_timeout_s: float = setting(
+        10.0,
+        "a priority-2 chat held back this long while max_pending chats wait is refused UNAVAILABLE (well inside "
+        "a client's 30 s)",
+        0.1,
+        600.0,
+    )
     shed_on_forecast: bool = setting(
         True,
         "a priority-2 chat that would wait out max_queue_wait_s (the chats ahead of it, at the rate slots "
