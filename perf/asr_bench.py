@@ -337,16 +337,21 @@ class Bench:
             for c in CONCURRENCY
         ]
 
+    def keep(self, part: str, row: dict, samples: list[Sample], tag: str) -> None:
+        """``row`` into results.json under ``part`` (saved at once: a run cut short keeps it) and
+        every request of it in samples/<tag>.jsonl."""
+        with (self.samples_dir / f"{tag}.jsonl").open("w") as f:
+            for s in samples:
+                f.write(json.dumps(asdict(s), ensure_ascii=False) + "\n")
+        self.results[part].append(row)
+        self.save()
+
     def record(self, row: dict, samples: list[Sample], clips: list[Clip]) -> dict:
         figures = asr_load.throughput(samples)
         row |= figures | {"error_rate": asr_load.error_rates(samples, clips), "load_avg": os.getloadavg()[0]}
         tag = "-".join(str(row[k]) for k in ("model", "system", "precision")) + f"-c{row['concurrency']}"
         tag += f"-r{row['round']}" if row.get("round") else ""
-        with (self.samples_dir / f"{tag}.jsonl").open("w") as f:
-            for s in samples:
-                f.write(json.dumps(asdict(s), ensure_ascii=False) + "\n")
-        self.results["throughput"].append(row)
-        self.save()
+        self.keep("throughput", row, samples, tag)
         rates = ", ".join(f"{'WER' if k == 'en' else 'CER'} {v:.2f}" for k, v in row["error_rate"].items())
         self.say(
             f"  {row['model']} {row['system']} {row['precision']} c={row['concurrency']}: "
@@ -560,11 +565,7 @@ class Bench:
             "sender_lag_max_s": max(lag) if lag else 0.0,
             "load_avg": os.getloadavg()[0],
         }
-        self.results["seed001"].append(row)
-        self.save()
-        with (self.samples_dir / f"seed001-{batching}-w{workers}.jsonl").open("w") as f:
-            for s in samples:
-                f.write(json.dumps(asdict(s), ensure_ascii=False) + "\n")
+        self.keep("seed001", row, samples, f"seed001-{batching}-w{workers}")
         s, lg = by_kind.get("short", {}), by_kind.get("long", {})
         self.say(
             f"  batching={batching} workers={workers}: short P50/P99 {s.get('p50_s', float('nan')):.2f}/"
@@ -613,11 +614,7 @@ class Bench:
             "transcripts": sorted({s.text for s in ok}),
             "load_avg": os.getloadavg()[0],
         }
-        self.results["voice"].append(row)
-        self.save()
-        with (self.samples_dir / f"voice-{model}-c{concurrency}.jsonl").open("w") as f:
-            for s in samples:
-                f.write(json.dumps(asdict(s), ensure_ascii=False) + "\n")
+        self.keep("voice", row, samples, f"voice-{model}-c{concurrency}")
         self.say(
             f"  voice {model} c={concurrency}: heard P50 {row['heard_p50_s'] * 1000:.0f} ms, first answer token "
             f"P50/P99 {row['first_token_p50_s'] * 1000:.0f}/{row['first_token_p99_s'] * 1000:.0f} ms "
