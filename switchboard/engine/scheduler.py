@@ -191,6 +191,7 @@ class Engine:
         self.max_waiting = max_waiting
         self.stop_ids = frozenset(stop_ids)
         self.banned_ids = np.array(sorted(set(banned_ids) - self.stop_ids), np.int64)
+        self._stop_array = np.array(sorted(self.stop_ids), np.int64)
         self.context_window = m.context_window
         self._shape = (m.num_layers, m.num_kv_heads, m.head_dim)
         self._order = itertools.count()
@@ -521,11 +522,18 @@ class Engine:
         return False
 
     def _emit(self, seqs: list[_Sequence], last_logits: np.ndarray) -> None:
-        """``last_logits[i]`` is the next-token distribution of ``seqs[i]``."""
-        if self.banned_ids.size:
+        """``last_logits[i]`` is the next-token distribution of ``seqs[i]``.
+
+        Never sampled: a banned token (a control character), and a stop token as an answer's first
+        token: an answer is never empty (OpenAI clients, AIPerf among them, take an answer without
+        content for a failed request; vLLM's ``min_tokens=1``)."""
+        first = [i for i, seq in enumerate(seqs) if not seq.tokens]
+        if self.banned_ids.size or (first and self._stop_array.size):
             if not last_logits.flags.writeable:
                 last_logits = last_logits.copy()
             last_logits[:, self.banned_ids] = -np.inf
+            if first:
+                last_logits[np.ix_(first, self._stop_array)] = -np.inf
         for seq, logits in zip(seqs, last_logits):
             r = seq.request
             token = sample(logits, r.temperature, r.top_p, seq.rng)

@@ -119,6 +119,18 @@ def test_banned_tokens_are_never_chosen_greedy_or_sampled():
     assert engine(banned_ids={12, STOP}).banned_ids.tolist() == [12], "an end of text is never banned"
 
 
+def test_an_answer_never_ends_before_its_first_token():
+    # A prompt ending in 62 makes the scripted model want STOP (63) first: it takes the next best
+    # token instead; a stop token later in the answer still ends it.
+    e = engine()
+    first, later = Sink(), Sink()
+    e.submit(GenerationRequest([1, 2, 62], 6), first)
+    e.submit(GenerationRequest([1, 2, 61], 6), later)
+    drain(e, [first, later])
+    assert first.tokens and first.tokens[0] != STOP
+    assert later.tokens == [62, STOP] and later.result.reason == "stop"
+
+
 def test_an_iteration_prefills_what_it_admits_or_else_decodes_the_running_rows():
     decoder = ScriptedDecoder()
     e = engine(decoder)
