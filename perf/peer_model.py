@@ -156,6 +156,32 @@ class PeerModel:
         }
 
 
+class PromptSessions:
+    """Conversations kept on the client's side for a server that keeps none (llama-server, vLLM):
+    prompts built exactly as ``chat`` builds them (template, system prompt, sliding window), sent
+    as token ids, and each answer stored once it ends."""
+
+    def __init__(self, artifacts: Path):
+        manifest = Manifest.load(artifacts)
+        self.tokenizer = TextTokenizer(artifacts)
+        self.prompts = PromptBuilder(self.tokenizer, manifest.system_prompt, 6, manifest.context_window)
+        self.end_id = manifest.end_of_turn_id
+        self.stop_ids = set(manifest.eos_token_ids)
+        self._conversations: dict[str, Conversation] = {}
+        self._lock = threading.Lock()
+
+    def prompt(self, session_id: str | None, text: str, max_new_tokens: int) -> Prompt:
+        with self._lock:
+            history = self._conversations.get(session_id) if session_id else None
+        return self.prompts.build(history, text, max_new_tokens)
+
+    def answered(self, session_id: str | None, prompt: Prompt, ids: list[int], text: str) -> None:
+        if session_id:
+            conversation = self.prompts.after_answer(prompt, ids, text, self.end_id)
+            with self._lock:
+                self._conversations[session_id] = conversation
+
+
 def json_line(obj: dict) -> str:
     """One line of the peers' answer stream (JSON lines)."""
     return json.dumps(obj, ensure_ascii=False) + "\n"

