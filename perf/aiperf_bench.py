@@ -297,17 +297,15 @@ class Running:
 
 
 def _wait_http(url: str, timeout: float, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    from switchboard.ops.process import wait_until
+
+    def ok() -> bool:
         try:
-            if urllib.request.urlopen(url, timeout=2).status == 200:
-                return
+            return urllib.request.urlopen(url, timeout=2).status == 200
         except OSError:
-            pass
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited with code {proc.returncode}")
-        time.sleep(0.3)
-    raise TimeoutError(f"{url} not ready after {timeout:.0f} s")
+            return False
+
+    wait_until(ok, timeout, url, proc)
 
 
 def run(args) -> Path:

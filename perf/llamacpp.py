@@ -30,6 +30,8 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.perf.peer_model import PromptSessions
+from switchboard.perf.peers import post_stream, stream_lines
+from switchboard.perf.servertools import HttpServerProcess
 
 LLAMA_CPP_PYTHON = "0.3.36"  # its sdist vendors llama.cpp (ggml commit 0c1e570)
 ROOT = paths.BUILD / "llama.cpp"
@@ -190,40 +192,14 @@ class Settings:
         ]
 
 
-class LlamaServer:
+class LlamaServer(HttpServerProcess):
     """A running ``llama-server`` on ``port``, started with ``Settings``; ``stop()`` ends it."""
 
+    name = "llama-server"
+
     def __init__(self, gguf: Path, port: int, settings: Settings, log: Path, alias: str = "switchboard"):
-        self.port = port
-        log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [str(build() / "llama-server"), "--model", str(gguf), "--alias", alias]
-        cmd += ["--host", "127.0.0.1", "--port", str(port), *settings.args()]
-        self.cmd = cmd
-        self.proc = subprocess.Popen(
-            cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True, stdin=subprocess.DEVNULL
-        )
-        self.log = log
-
-    def ready(self) -> bool:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-            c.request("GET", "/health")
-            ok = c.getresponse().status == 200
-            c.close()
-            return ok
-        except OSError:
-            return False
-
-    def wait(self, timeout: float = 180) -> LlamaServer:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.ready():
-                return self
-            if self.proc.poll() is not None:
-                tail = self.log.read_text(errors="replace").splitlines()[-10:]
-                raise RuntimeError(f"llama-server exited with code {self.proc.returncode}:\n" + "\n".join(tail))
-            time.sleep(0.3)
-        raise TimeoutError(f"llama-server on :{self.port} not ready after {timeout:.0f} s (log {self.log})")
+        super().__init__([*cmd, "--host", "127.0.0.1", "--port", str(port), *settings.args()], port, log)
 
     def post(self, path: str, body: dict) -> dict:
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
@@ -236,15 +212,6 @@ class LlamaServer:
             return json.loads(data)
         finally:
             c.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
 
 
 class LlamaChatClient:
@@ -269,25 +236,10 @@ class LlamaChatClient:
             "return_tokens": True,
             "temperature": 0,
         }
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s)
-        detok, ids, timings = IncrementalDetokenizer(s.tokenizer.decode), [], {}
+        detok, ids, timings = IncrementalDetokenizer(s.tokenizer.decode), [], None
+        c, r = post_stream("127.0.0.1", self.port, "/completion", body, self.timeout_s)
         try:
-            try:
-                c.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
-                r = c.getresponse()
-            except TimeoutError:
-                raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
-            except OSError as e:
-                raise ChatError(str(e), "UNAVAILABLE") from None
-            if r.status != 200:
-                raise ChatError(r.read().decode(errors="replace")[:200], f"HTTP_{r.status}")
-            while True:
-                try:
-                    line = r.readline()
-                except (OSError, http.client.HTTPException) as e:
-                    raise ChatError(f"stream broken: {e}", "UNAVAILABLE") from None
-                if not line:
-                    raise ChatError("stream ended before its last event", "INTERNAL")
+            for line in stream_lines(r, self.timeout_s):
                 if not line.startswith(b"data: "):
                     continue
                 event = json.loads(line[6:])
@@ -299,10 +251,12 @@ class LlamaChatClient:
                     delta += detok.flush()
                 if delta:
                     yield delta
-                if event.get("stop"):
+                if timings is not None:
                     break
         finally:
             c.close()
+        if timings is None:
+            raise ChatError("stream ended before its last event", "INTERNAL")
         s.answered(session_id, prompt, ids, detok.text)
         yield ChatStats(
             prompt_tokens=len(prompt.ids),

@@ -92,29 +92,10 @@ class HttpChatClient:
     def chat(
         self, text: str, session_id: str | None = None, priority: int = 2, max_new_tokens: int | None = None, **_ignored
     ):
-        body = json.dumps(
-            {"text": text, "session_id": session_id, "max_new_tokens": max_new_tokens, "priority": priority}
-        )
-        c = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        body = {"text": text, "session_id": session_id, "max_new_tokens": max_new_tokens, "priority": priority}
+        c, r = post_stream(self.host, self.port, "/predict", body, self.timeout_s)
         try:
-            try:
-                c.request("POST", "/predict", body, {"Content-Type": "application/json"})
-                r = c.getresponse()
-            except TimeoutError:
-                raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
-            except OSError as e:
-                raise ChatError(str(e), "UNAVAILABLE") from None
-            if r.status != 200:
-                raise ChatError(r.read().decode(errors="replace")[:200], f"HTTP_{r.status}")
-            while True:
-                try:
-                    line = r.readline()
-                except TimeoutError:
-                    raise ChatError(f"nothing streamed for {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
-                except (OSError, http.client.HTTPException) as e:
-                    raise ChatError(f"stream broken: {e}", "UNAVAILABLE") from None
-                if not line:
-                    raise ChatError("stream ended without stats", "INTERNAL")
+            for line in stream_lines(r, self.timeout_s):
                 if not line.strip():
                     continue
                 event = json.loads(line)
@@ -125,8 +106,44 @@ class HttpChatClient:
                     return
                 elif "error" in event:
                     raise ChatError(str(event["error"]), "INTERNAL")
+            raise ChatError("stream ended without stats", "INTERNAL")
         finally:
             c.close()
+
+
+def post_stream(host: str, port: int, path: str, body: dict, timeout_s: float):
+    """POST ``body`` as JSON; ``(connection, response)`` once it answers 200 (the caller closes the
+    connection), else ``ChatError`` with code ``HTTP_<status>``, DEADLINE_EXCEEDED or UNAVAILABLE."""
+    c = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise ChatError(r.read().decode(errors="replace")[:200], f"HTTP_{r.status}")
+    except TimeoutError:
+        c.close()
+        raise ChatError(f"no response within {timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
+    except OSError as e:
+        c.close()
+        raise ChatError(str(e), "UNAVAILABLE") from None
+    except ChatError:
+        c.close()
+        raise
+    return c, r
+
+
+def stream_lines(r: http.client.HTTPResponse, timeout_s: float):
+    """A streamed response's lines until it ends; a stalled or broken stream raises ``ChatError``."""
+    while True:
+        try:
+            line = r.readline()
+        except TimeoutError:
+            raise ChatError(f"nothing streamed for {timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise ChatError(f"stream broken: {e}", "UNAVAILABLE") from None
+        if not line:
+            return
+        yield line
 
 
 def wait_ready(client: HttpChatClient, timeout: float = 120, proc=None) -> None:

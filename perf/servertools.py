@@ -60,3 +60,52 @@ def metric_delta(before: dict, after: dict) -> dict:
         else:
             pool[key] = delta
     return pools
+
+
+class HttpServerProcess:
+    """A peer's server process (llama-server, vLLM) listening on ``port``, started in a session of
+    its own with its output in ``log``; ``wait()`` until ``GET /health`` answers 200, ``stop()``."""
+
+    name = "server"
+
+    def __init__(self, cmd: list[str], port: int, log: Path, env: dict | None = None):
+        import subprocess
+
+        self.cmd, self.port, self.log = cmd, port, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+    def ready(self) -> bool:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def wait(self, timeout: float = 180):
+        from switchboard.ops.process import wait_until
+
+        try:
+            wait_until(self.ready, timeout, f"{self.name} on :{self.port}", self.proc)
+        except RuntimeError as e:
+            tail = self.log.read_text(errors="replace").splitlines()[-10:]
+            raise RuntimeError(f"{e}:\n" + "\n".join(tail)) from None
+        return self
+
+    def stop(self, grace_s: float = 30) -> None:
+        import os
+        import subprocess
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()

