@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.perf.peer_model import PromptSessions
+from switchboard.perf.peer_model import SessionClient
 from switchboard.perf.peers import post_stream, stream_lines
 from switchboard.perf.servertools import HttpServerProcess
 
@@ -214,16 +214,12 @@ class LlamaServer(HttpServerProcess):
             c.close()
 
 
-class LlamaChatClient:
-    """The load driver's client for llama-server (``switchboard.perf.bench``): the events of
-    ``ChatClient.chat`` (str deltas, then one ``ChatStats``) from its ``/completion`` stream, with
-    its prompt cache on (``cache_prompt``: a slot keeps the last prompt's KV)."""
-
-    def __init__(self, port: int, sessions: PromptSessions, timeout_s: float = 120.0):
-        self.port, self.sessions, self.timeout_s = port, sessions, timeout_s
+class LlamaChatClient(SessionClient):
+    """llama-server's ``/completion`` stream, with its prompt cache on (``cache_prompt``: a slot
+    keeps the last prompt's KV)."""
 
     def chat(self, text: str, session_id: str | None = None, priority: int = 2, max_new_tokens=None, **_ignored):
-        from switchboard.client import ChatError, ChatStats
+        from switchboard.client import ChatError
         from switchboard.serving.detok import IncrementalDetokenizer
 
         s = self.sessions
@@ -258,13 +254,7 @@ class LlamaChatClient:
         if timings is None:
             raise ChatError("stream ended before its last event", "INTERNAL")
         s.answered(session_id, prompt, ids, detok.text)
-        yield ChatStats(
-            prompt_tokens=len(prompt.ids),
-            reused_tokens=int(timings.get("cache_n", 0)),
-            generated_tokens=len(ids),
-            dropped_turns=prompt.dropped_turns,
-            priority=priority,
-        )
+        yield self.stats(prompt, len(ids), int(timings.get("cache_n", 0)), priority)
 
 
 def tokenize_check(server: LlamaServer, artifacts: Path, texts: list[str]) -> tuple[int, int]:
@@ -307,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         print(convert(args.checkpoint, args.quant))
     elif args.command == "serve":
         gguf = convert(args.checkpoint, args.quant)
-        os.execv(build() / "llama-server", ["llama-server", "--model", str(gguf), "--port", str(args.port),
-                                             *Settings(parallel=args.parallel).args()])  # fmt: skip
+        log = ROOT / "serve.log"
+        return LlamaServer(gguf, args.port, Settings(parallel=args.parallel), log).wait().run()
     else:
         from switchboard.ops.launch import free_port
 

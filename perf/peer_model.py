@@ -182,6 +182,27 @@ class PromptSessions:
                 self._conversations[session_id] = conversation
 
 
+class SessionClient:
+    """The load driver's client for a server that keeps no conversations (``switchboard.perf.bench``):
+    the events of ``ChatClient.chat`` (str deltas, then one ``ChatStats``), with ``sessions`` building
+    each prompt as ``chat`` does. Subclasses stream one answer from their server."""
+
+    def __init__(self, port: int, sessions: PromptSessions, timeout_s: float = 120.0):
+        self.port, self.sessions, self.timeout_s = port, sessions, timeout_s
+
+    @staticmethod
+    def stats(prompt: Prompt, generated: int, reused: int, priority: int):
+        from switchboard.wire import ChatStats
+
+        return ChatStats(
+            prompt_tokens=len(prompt.ids),
+            reused_tokens=reused,
+            generated_tokens=generated,
+            dropped_turns=prompt.dropped_turns,
+            priority=priority,
+        )
+
+
 def json_line(obj: dict) -> str:
     """One line of the peers' answer stream (JSON lines)."""
     return json.dumps(obj, ensure_ascii=False) + "\n"

@@ -98,6 +98,15 @@ class HttpServerProcess:
             raise RuntimeError(f"{e}:\n" + "\n".join(tail)) from None
         return self
 
+    def run(self) -> int:
+        """In the foreground until the server exits or Ctrl-C stops it (the peers' ``serve``)."""
+        print(f"{self.name}: http://127.0.0.1:{self.port}/v1 (log {self.log}); Ctrl-C stops it", flush=True)
+        try:
+            return self.proc.wait()
+        except KeyboardInterrupt:
+            self.stop()
+            return 0
+
     def stop(self, grace_s: float = 30) -> None:
         import os
         import subprocess

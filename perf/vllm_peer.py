@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.perf.peer_model import PromptSessions
+from switchboard.perf.peer_model import SessionClient
 from switchboard.perf.peers import post_stream, stream_lines
 from switchboard.perf.servertools import HttpServerProcess
 
@@ -70,15 +70,11 @@ class VllmServer(HttpServerProcess):
         return super().wait(timeout)
 
 
-class CompletionsChatClient:
-    """The load driver's client for vLLM (``switchboard.perf.bench``): ``chat``'s prompts as token
-    ids to ``/v1/completions`` (streamed); the events of ``ChatClient.chat``."""
-
-    def __init__(self, port: int, sessions: PromptSessions, timeout_s: float = 120.0):
-        self.port, self.sessions, self.timeout_s = port, sessions, timeout_s
+class CompletionsChatClient(SessionClient):
+    """vLLM's ``/v1/completions`` stream, ``chat``'s prompts sent as token ids."""
 
     def chat(self, text: str, session_id: str | None = None, priority: int = 2, max_new_tokens=None, **_ignored):
-        from switchboard.client import ChatError, ChatStats
+        from switchboard.client import ChatError
 
         s = self.sessions
         prompt = s.prompt(session_id, text, max_new_tokens or 96)
@@ -114,12 +110,8 @@ class CompletionsChatClient:
         ids = s.tokenizer.encode(text_out)
         s.answered(session_id, prompt, ids, text_out)
         details = usage.get("prompt_tokens_details") or {}
-        yield ChatStats(
-            prompt_tokens=len(prompt.ids),
-            reused_tokens=int(details.get("cached_tokens") or 0),
-            generated_tokens=int(usage.get("completion_tokens", len(ids))),
-            dropped_turns=prompt.dropped_turns,
-            priority=priority,
+        yield self.stats(
+            prompt, int(usage.get("completion_tokens", len(ids))), int(details.get("cached_tokens") or 0), priority
         )
 
 
@@ -134,13 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "install":
         print(python())
         return 0
-    server = VllmServer(args.checkpoint, args.port, paths.BUILD / "vllm-serve.log").wait()
-    print(f"vLLM: http://127.0.0.1:{args.port}/v1 (log {server.log}); Ctrl-C stops it")
-    try:
-        server.proc.wait()
-    except KeyboardInterrupt:
-        server.stop()
-    return 0
+    return VllmServer(args.checkpoint, args.port, paths.BUILD / "vllm-serve.log").wait().run()
 
 
 if __name__ == "__main__":
