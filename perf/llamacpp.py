@@ -232,7 +232,7 @@ class LlamaChatClient(SessionClient):
             "return_tokens": True,
             "temperature": 0,
         }
-        detok, ids, timings = IncrementalDetokenizer(s.tokenizer.decode), [], None
+        detok, ids, timings = IncrementalDetokenizer(s.tokenizer.decode, s.tokenizer.token_bytes), [], None
         c, r = post_stream("127.0.0.1", self.port, "/completion", body, self.timeout_s)
         try:
             for line in stream_lines(r, self.timeout_s):

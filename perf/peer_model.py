@@ -62,7 +62,9 @@ class PeerModel:
             history = self._sessions.get(session_id) if session_id else None
         max_new = int(payload.get("max_new_tokens") or 96)
         return Job(
-            self.prompts.build(history, text, max_new), session_id, IncrementalDetokenizer(self.tokenizer.decode)
+            self.prompts.build(history, text, max_new),
+            session_id,
+            IncrementalDetokenizer(self.tokenizer.decode, self.tokenizer.token_bytes),
         )
 
     def steps(self, jobs: list[Job]):

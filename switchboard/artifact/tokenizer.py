@@ -8,6 +8,7 @@ model and for Llama, Qwen2, Mistral and GPT-2 checkpoints alike.
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from functools import cached_property
 from pathlib import Path
@@ -51,6 +52,45 @@ def control_token_ids(tokenizer_json: Path, kept: str = "\t\n") -> list[int]:
     return [i for i, text in enumerate(texts) if any(_is_control(c) and c not in kept for c in text)]
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character standing for each byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes_table(tokenizer_json: Path) -> list[bytes]:
+    """Each token's bytes as the decoder joins them (special tokens: none): byte-level BPE
+    (GPT-2, Qwen2, Llama 3) through its alphabet, SentencePiece pieces with ``▁`` for a space and
+    ``<0xAB>`` byte-fallback tokens as their byte. What ``IncrementalDetokenizer`` needs to tell a
+    character still arriving from bytes that never make one."""
+    spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    special = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+    alphabet = _byte_level_alphabet() if "ByteLevel" in json.dumps(spec.get("decoder")) else None
+    table = []
+    for i in range(tok.get_vocab_size(with_added_tokens=True)):
+        piece = tok.id_to_token(i) or ""
+        if i in special:
+            table.append(b"")
+        elif alphabet is not None and all(c in alphabet for c in piece):
+            table.append(bytes(alphabet[c] for c in piece))
+        elif m := _BYTE_TOKEN.fullmatch(piece):
+            table.append(bytes([int(m.group(1), 16)]))
+        else:
+            table.append(piece.replace("\u2581", " ").encode())
+    return table
+
+
 def _is_control(c: str) -> bool:
     return unicodedata.category(c) == "Cc"
 
@@ -58,6 +98,7 @@ def _is_control(c: str) -> bool:
 class TextTokenizer:
     def __init__(self, directory: Path):
         directory = Path(directory)
+        self.directory = directory
         self._tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
         template = config.get("chat_template")
@@ -84,3 +125,12 @@ class TextTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    @cached_property
+    def _bytes(self) -> list[bytes]:
+        return token_bytes_table(self.directory / "tokenizer.json")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's bytes (special tokens and ids past the vocabulary: none)."""
+        table = self._bytes
+        return table[token_id] if 0 <= token_id < len(table) else b""

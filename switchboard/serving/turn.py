@@ -69,12 +69,14 @@ class ChatTurn:
         kv_reuse: bool = True,
         version: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        token_bytes: Callable[[int], bytes] | None = None,
     ):
         self.prompts, self.sessions, self.router, self.pools = prompts, sessions, router, pools
         self.health, self.faq, self.decode = health, faq, decode
         self.stop_ids, self.end_of_turn_id, self.kv_reuse = stop_ids, end_of_turn_id, kv_reuse
         self.version = version  # the pools' model version this turn's pools and prompts are for
         self.clock = clock
+        self.token_bytes = token_bytes  # IncrementalDetokenizer's: invalid bytes streamed at once
 
     def run(self, chat: ChatRequest, sink: Sink, cancelled: Callable[[], bool], t0: float) -> None:
         """Serve ``chat``, started at ``t0`` (``clock``). Raises ``RequestError`` (the prompt does
@@ -102,7 +104,7 @@ class ChatTurn:
         session_status = lookup.status if chat.session_id else SessionStatus.NONE
         _, preferred = self.router.route(len(prompt.ids) - expected)
 
-        detok = IncrementalDetokenizer(self.decode)
+        detok = IncrementalDetokenizer(self.decode, self.token_bytes)
         generated: list[int] = []
         ttft_ms, engine_stats = None, EngineStats()
         failover_tokens = 0
@@ -167,6 +169,7 @@ class ChatTurn:
             dropped_turns=prompt.dropped_turns,
             finish_reason=engine_stats.reason,
             engine_queue_ms=engine_stats.queue_ms,
+            engine_prefill_ms=engine_stats.prefill_ms,
             engine_ms=engine_stats.engine_ms,
             batch_size=engine_stats.batch_size,
             priority=chat.priority,

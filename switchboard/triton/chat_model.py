@@ -172,6 +172,7 @@ class TritonPythonModel:
                 health=self.health[n],
                 faq=self.faq,
                 decode=tokenizer.decode,
+                token_bytes=tokenizer.token_bytes,
                 stop_ids=set(manifest.eos_token_ids),
                 end_of_turn_id=manifest.end_of_turn_id,
                 kv_reuse=cfg.kv_reuse,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from switchboard.artifact.tokenizer import control_token_ids
+from switchboard.artifact.tokenizer import control_token_ids, token_bytes_table
 
 
 def test_control_tokens_are_found_and_tab_and_newline_kept(tmp_path):
@@ -26,3 +26,31 @@ def test_control_tokens_are_found_and_tab_and_newline_kept(tmp_path):
     assert all(set(texts[i]) & control for i in banned)
     kept = [i for i in texts if i not in banned]
     assert {"\t", "\n", "<|end|>", "h"} <= {texts[i] for i in kept}
+
+
+def test_token_bytes_join_to_the_text_for_byte_level_and_byte_fallback_vocabularies(tmp_path):
+    text = "订单 SB123 shipped ✅ 🙂"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(["订单 shipped", "SB123"] * 20, trainer=trainer)
+    tok.add_special_tokens(["<|end|>"])
+    tok.save(str(tmp_path / "bytelevel.json"))
+    table = token_bytes_table(tmp_path / "bytelevel.json")
+    ids = tok.encode(text).ids
+    assert b"".join(table[i] for i in ids) == text.encode()
+    assert table[tok.token_to_id("<|end|>")] == b""
+    assert any(len(table[i]) > 1 for i in ids), "merged tokens: several bytes"
+
+    # SentencePiece style (Llama 2, Mistral): ▁ for a space, <0xAB> for bytes outside the vocabulary.
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "▁": 257, "S": 258, "B": 259}
+    sp = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    sp.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    sp.add_special_tokens(["<unk>"])
+    sp.save(str(tmp_path / "sentencepiece.json"))
+    table = token_bytes_table(tmp_path / "sentencepiece.json")
+    ids = sp.encode("SB▁订").ids
+    assert b"".join(table[i] for i in ids) == "SB 订".encode() and sp.decode(ids) == "SB 订"
