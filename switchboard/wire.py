@@ -268,6 +268,7 @@ class ChatStats:
     dropped_turns: int = 0  # old turns left out of the prompt to fit the context window
     finish_reason: FinishReason | None = None
     engine_queue_ms: float | None = None
+    engine_prefill_ms: float | None = None  # from its prompt's first prefill chunk to its first token
     engine_ms: float | None = None
     batch_size: int | None = None
     priority: int = PRIORITY_DEFAULT

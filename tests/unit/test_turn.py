@@ -112,7 +112,7 @@ def _answer(ids, stats=None):
 FAQ = Faq()
 
 
-def _turn(sessions=None, pools=None, faq=FAQ, health=None, **kw):
+def _turn(sessions=None, pools=None, faq=FAQ, health=None, decode=decode, **kw):
     return ChatTurn(
         prompts=Prompts(),
         sessions=sessions or Sessions(),
@@ -151,6 +151,7 @@ def test_a_one_off_chat_streams_text_and_ends_with_its_stats():
     assert stats["prompt_tokens"] == 5 and stats["generated_tokens"] == 4 and stats["reused_tokens"] == 0
     assert stats["route"] == "short" and stats["session"] == "none" and stats["fallback"] is False
     assert stats["finish_reason"] == "stop" and stats["batch_size"] == 3 and stats["engine_queue_ms"] == 1.5
+    assert stats["engine_prefill_ms"] == 2.0
     assert stats["ttft_ms"] == 10.0 and stats["total_ms"] > stats["ttft_ms"]
     gen = pools.calls[0][1]
     assert gen.kv_reuse is True and gen.expected_reuse == 0 and gen.priority == 2  # blocks shared across chats
@@ -308,8 +309,25 @@ def test_the_shed_path_answers_from_the_faq_with_its_reason():
         "generated_tokens": 0, "route": None, "ttft_ms": None,
         "total_ms": 10.0, "fallback": True, "fallback_reason": "queue_timeout", "faq_id": "order-status",
         "session": "skipped", "dropped_turns": 0, "finish_reason": "fallback", "engine_queue_ms": None,
-        "engine_ms": None, "batch_size": None, "priority": 1, "model_version": None, "failover_tokens": 0,
+        "engine_prefill_ms": None, "engine_ms": None, "batch_size": None, "priority": 1, "model_version": None,
+        "failover_tokens": 0,
     }  # fmt: skip
+
+
+def test_bytes_that_never_make_a_character_stream_at_once_and_first_text_is_timed():
+    # A random model repeating a lone lead byte: only the last one is held.
+    def byte_decode(ids):
+        return bytes(i for i in ids if i != EOT).decode("utf-8", errors="replace")
+
+    def token_bytes(i):
+        return b"" if i == EOT else bytes([i])
+
+    pools = Pools(engine_short=[_answer([0xF4]), _answer([0xF4]), _answer([0x41, EOT], stats=ENGINE_STATS)])
+    sink = _run(_turn(pools=pools, decode=byte_decode, token_bytes=token_bytes), _chat())
+    assert [d for d, _ in sink.deltas] == ["\ufffd", "\ufffdA"]
+    pools = Pools(engine_short=[_answer([0xF4]), _answer([0xF4]), _answer([0x41, EOT], stats=ENGINE_STATS)])
+    sink = _run(_turn(pools=pools, decode=byte_decode), _chat())  # without the bytes: all held
+    assert [d for d, _ in sink.deltas] == ["\ufffd\ufffdA"]
 
 
 def test_a_client_that_leaves_stops_the_turn_and_nothing_is_stored():
