@@ -23,7 +23,8 @@ Short prompts share a pass while their chunks fit the budget together; a longer 
 alone. While a lane has both running rows and prompts in prefill, its iterations alternate a
 prefill pass and a decode step, so the rows already decoding keep streaming while a long prompt
 is prefilled: their gap between tokens is one decode step plus one chunk, not the whole
-prompt's prefill (a 400-token prompt is ~2 s at 0.5B on CPU). It is the "total length cap per
+prompt's prefill (a 400-token prompt is ~2 s at 0.5B on CPU). A priority-1 prompt that arrives
+during a priority-2 prefill pass takes the next pass, not the one after the decode step. It is the "total length cap per
 batch" of seed 001's batching fix, applied to prompt tokens. Budget 0 prefills whole prompts
 at admission, before any decode step.
 
@@ -102,6 +103,7 @@ class _Lane:
     # Admitted (a row taken), prompt not fully prefilled yet: in rank order.
     prefilling: list["_Sequence"] = field(default_factory=list)
     prefilled: bool = False  # the last iteration was a prefill pass (with a budget, a decode step is next)
+    urgent_prefilled: bool = False  # ... and it prefilled a priority-1 prompt
 
 
 @dataclass
@@ -385,10 +387,21 @@ class Engine:
         lane = lane if lane is not None else self._turn()
         admitted = self._admit(lane)
         chunks = []
-        if lane.prefilling and not (self.prefill_budget and lane.running and lane.prefilled):
+        if lane.prefilling and not (self.prefill_budget and lane.running and self._decode_first(lane)):
             chunks = self._take_chunks(lane)
         lane.prefilled = bool(chunks)
+        lane.urgent_prefilled = any(seq.request.priority <= 1 for seq, _ in chunks)
         return StepPlan(lane, admitted, decode=not chunks and bool(lane.running), chunks=chunks)
+
+    @staticmethod
+    def _decode_first(lane: _Lane) -> bool:
+        """With a budget, whether the lane's running rows decode before the next prefill pass:
+        after every pass, except that a priority-1 prompt (prefilling is in rank order) goes
+        straight after a pass of priority 2's, not a decode step later (it alternates with the
+        decode steps from its own first chunk on)."""
+        if not lane.prefilled:
+            return False
+        return lane.prefilling[0].request.priority > 1 or lane.urgent_prefilled
 
     def _take_chunks(self, lane: _Lane) -> list[tuple[_Sequence, int]]:
         """Take the head of ``lane.prefilling`` that fits one pass: rows x longest chunk within

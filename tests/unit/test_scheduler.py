@@ -609,3 +609,21 @@ def test_stop_answers_sequences_in_the_middle_of_their_prefill():
     e.stop()
     assert all(str(s.error) == "engine stopped" for s in (decoding, prefilling, waiting))
     assert prefilling.tokens == [] and e.snapshot()[2:] == (0, 0)
+
+
+def test_a_priority_one_prompt_goes_right_after_a_priority_two_chunk_not_a_decode_step_later():
+    decoder, e = chunked(64)
+    row, background, vip = Sink(), Sink(), Sink()
+    e.submit(GenerationRequest([1, 2, 10], 50), row)
+    e.step()  # the row is decoding
+    e.submit(GenerationRequest(LONG, 4), background)
+    e.step()  # the row's decode step
+    e.step()  # a priority-2 chunk: a decode step of the row would be next
+    e.submit(GenerationRequest([1] * 99 + [30], 4, priority=1), vip)  # 100 tokens: two chunks
+    calls = len(decoder.calls)
+    while not vip.tokens:
+        e.step()
+    assert decoder.calls[calls:] == [(1, 64), (1, 1), (1, 36)], "its first chunk at once, then alternating"
+    assert decoder.calls[calls - 1] == (1, 64) and vip.tokens == [31]
+    drain(e, [row, background, vip])
+    assert background.tokens == [11, 12, 13, 14] and row.tokens[:3] == [11, 12, 13]
