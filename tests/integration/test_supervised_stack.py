@@ -86,7 +86,8 @@ def test_a_server_that_dies_is_restarted_and_sessions_survive(supervised):
     assert again.stats.raw["session"] == "hit", "Redis keeps running across restarts"
 
 
-def _wait_for_reload(run, reloads: int, timeout: float = 60) -> dict:
+def _wait_for_reload(run, reloads: int, timeout: float = 180) -> dict:
+    # a bound against a hang, not a timing check: a reload under load on a busy 2-core runner
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = _state(run)
