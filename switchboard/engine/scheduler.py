@@ -74,6 +74,16 @@ class GenerationRequest:
     priority: int = 2
     seed: int | None = None
     return_cache: bool = False
+    constraint: Constraint | None = None  # what the answer must match (engine/constraint.py); None: free
+
+
+class Constraint(Protocol):
+    """A row's grammar (``switchboard.engine.constraint.RowConstraint``)."""
+
+    def mask(self, logits: np.ndarray) -> bool: ...  # forbid in place; False: nothing allowed
+    def accept(self, token: int) -> bool: ...
+    @property
+    def finished(self) -> bool: ...  # complete, or broken: the row ends
 
 
 @dataclass
@@ -539,9 +549,11 @@ class Engine:
 
         Never sampled: a banned token (a control character), and a stop token as an answer's first
         token: an answer is never empty (OpenAI clients, AIPerf among them, take an answer without
-        content for a failed request; vLLM's ``min_tokens=1``)."""
+        content for a failed request; vLLM's ``min_tokens=1``). A row with a ``constraint`` samples
+        only what its grammar allows, and ends once the grammar is complete."""
         first = [i for i, seq in enumerate(seqs) if not seq.tokens]
-        if self.banned_ids.size or (first and self._stop_array.size):
+        constrained = any(seq.request.constraint is not None for seq in seqs)
+        if self.banned_ids.size or (first and self._stop_array.size) or constrained:
             if not last_logits.flags.writeable:
                 last_logits = last_logits.copy()
             last_logits[:, self.banned_ids] = -np.inf
@@ -549,7 +561,12 @@ class Engine:
                 last_logits[np.ix_(first, self._stop_array)] = -np.inf
         for seq, logits in zip(seqs, last_logits):
             r = seq.request
-            token = sample(logits, r.temperature, r.top_p, seq.rng)
+            if r.constraint is not None and not r.constraint.mask(logits):
+                token = int(self._stop_array[0]) if self._stop_array.size else 0  # nothing allowed: it ends
+            else:
+                token = sample(logits, r.temperature, r.top_p, seq.rng)
+                if r.constraint is not None and not r.constraint.accept(token):
+                    log.warning("the grammar refused the token it allowed (%d); the answer ends", token)
             seq.tokens.append(token)
             try:
                 seq.sink.on_tokens([token])
@@ -560,6 +577,9 @@ class Engine:
     def _finished(self, lane: _Lane, seq: _Sequence, row: int) -> FinishReason | None:
         if seq.tokens and seq.tokens[-1] in self.stop_ids:
             return FinishReason.STOP
+        constraint = seq.request.constraint
+        if constraint is not None and constraint.finished:
+            return FinishReason.STOP  # complete: nothing more may follow
         if len(seq.tokens) >= seq.request.max_new_tokens:
             return FinishReason.LENGTH
         if int(lane.batch.next_pos[row]) >= self.context_window:

@@ -627,3 +627,50 @@ def test_a_priority_one_prompt_goes_right_after_a_priority_two_chunk_not_a_decod
     assert decoder.calls[calls - 1] == (1, 64) and vip.tokens == [31]
     drain(e, [row, background, vip])
     assert background.tokens == [11, 12, 13, 14] and row.tokens[:3] == [11, 12, 13]
+
+
+class Spelled:
+    """A constraint that allows exactly ``word``'s tokens, in order (a grammar's stand-in)."""
+
+    def __init__(self, word):
+        self.word, self.at, self.masked = list(word), 0, 0
+
+    def mask(self, logits):
+        self.masked += 1
+        keep = logits[self.word[self.at]]
+        logits[:] = -np.inf
+        logits[self.word[self.at]] = keep
+        return True
+
+    def accept(self, token):
+        ok = token == self.word[self.at]
+        self.at += 1
+        return ok
+
+    @property
+    def finished(self):
+        return self.at == len(self.word)
+
+
+def test_a_constrained_row_samples_only_what_its_grammar_allows_and_ends_when_complete():
+    e = engine()
+    free, spelled = Sink(), Sink()
+    constraint = Spelled([40, 41, 5])
+    e.submit(GenerationRequest([1, 2, 10], 6), free)
+    e.submit(GenerationRequest([1, 2, 10], 6, constraint=constraint), spelled)
+    drain(e, [free, spelled])
+    assert spelled.tokens == [40, 41, 5] and spelled.result.reason == "stop", "no stop token needed"
+    assert free.tokens == [11, 12, 13, 14, 15, 16], "the other row in the batch is untouched"
+    assert constraint.masked == 3
+
+
+def test_a_grammar_that_allows_nothing_ends_the_row():
+    class Nothing(Spelled):
+        def mask(self, logits):
+            return False
+
+    e = engine()
+    s = Sink()
+    e.submit(GenerationRequest([1, 2, 10], 6, constraint=Nothing([1])), s)
+    drain(e, [s])
+    assert s.tokens == [STOP] and s.result.reason == "stop"
