@@ -94,15 +94,22 @@ def error_code(message: str, status: str | None = None) -> tuple[str | None, str
     return code, message
 
 
-def chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history=None) -> list[tuple]:
+def chat_inputs(
+    text, session_id, max_new_tokens, temperature, top_p, history=None, response_format=None
+) -> list[tuple]:
     """(name, value, numpy dtype, Triton datatype) of each input of one chat. ``history``: the
     conversation before ``text`` (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``)
-    for a stateless chat."""
+    for a stateless chat. ``response_format``: ``{"type": "json_object"}`` or ``{"type":
+    "json_schema", "schema": {...}}``: the answer is JSON (matching the schema)."""
     raw = text if isinstance(text, bytes) else text.encode("utf-8")
-    return [
+    inputs = [
         (Chat.TEXT, raw, np.object_, "BYTES"),
         *turn_inputs(session_id, max_new_tokens, temperature, top_p, history),
     ]
+    if response_format is not None:
+        blob = json.dumps(response_format, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+        inputs.append((Chat.RESPONSE_FORMAT, blob, np.object_, "BYTES"))
+    return inputs
 
 
 def turn_inputs(session_id, max_new_tokens, temperature, top_p, history=None) -> list[tuple]:
@@ -145,10 +152,19 @@ CHAT_OUTPUTS = (Chat.TEXT_OUTPUT, Chat.STATS)
 
 
 def stream_request(
-    model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p, seed, history=None
+    model: str,
+    text,
+    session_id,
+    priority: int,
+    max_new_tokens,
+    temperature,
+    top_p,
+    seed,
+    history=None,
+    response_format=None,
 ) -> dict:
     """Keyword arguments of tritonclient's ``async_stream_infer`` for one chat (``chat_inputs``)."""
-    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history)
+    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, response_format)
     return stream_call(model, inputs, priority, seed, CHAT_OUTPUTS)
 
 
@@ -175,10 +191,19 @@ _RAW = {"INT32": struct.Struct("<i").pack, "FP32": struct.Struct("<f").pack}
 
 
 def request_message(
-    model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p, seed, history=None
+    model: str,
+    text,
+    session_id,
+    priority: int,
+    max_new_tokens,
+    temperature,
+    top_p,
+    seed,
+    history=None,
+    response_format=None,
 ) -> service_pb2.ModelInferRequest:
     """The same chat as ``stream_request``, as the protobuf message of Triton's gRPC API."""
-    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history)
+    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, response_format)
     return infer_message(model, inputs, priority, seed, CHAT_OUTPUTS)
 
 
@@ -352,11 +377,15 @@ class ChatClient:
         seed: int | None = None,
         *,
         history: list[dict] | None = None,
+        response_format: dict | None = None,
     ) -> Iterator[str | ChatStats] | ChatReply:
         """``stream=True``: an iterator of text deltas (str) ending with one ``ChatStats``.
         ``stream=False``: the whole ``ChatReply``. Raises ``ChatError`` on refusal.
-        ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller."""
-        events = self._events(text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
+        ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller.
+        ``response_format`` (``chat_inputs``): the answer is JSON, matching a schema if given."""
+        events = self._events(
+            text, session_id, priority, max_new_tokens, temperature, top_p, seed, history, response_format
+        )
         if stream:
             return events
         parts, stats = [], None
@@ -403,9 +432,12 @@ class ChatClient:
         events = self._run(request, session_headers(session_id), voice_decoder)
         return events if stream else collect_voice(list(events))
 
-    def _events(self, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history=None):
+    def _events(
+        self, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history=None, response_format=None
+    ):
         args = (self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
-        return self._run(partial(stream_request, *args), session_headers(session_id), chat_decoder)
+        build = partial(stream_request, *args, response_format=response_format)
+        return self._run(build, session_headers(session_id), chat_decoder)
 
     def _run(self, build, headers: dict | None, decode):
         """The events of the request ``build()`` makes (at the first event, as a generator does
@@ -570,10 +602,14 @@ class AsyncChatClient:
         seed: int | None = None,
         *,
         history: list[dict] | None = None,
+        response_format: dict | None = None,
     ) -> ChatReply:
         """The whole answer. Raises ``ChatError`` on refusal."""
         parts, stats = [], None
-        events = self.stream(text, session_id, priority, max_new_tokens, temperature, top_p, seed, history=history)
+        events = self.stream(
+            text, session_id, priority, max_new_tokens, temperature, top_p, seed,
+            history=history, response_format=response_format,
+        )  # fmt: skip
         async for event in events:
             if isinstance(event, ChatStats):
                 stats = event
@@ -592,11 +628,14 @@ class AsyncChatClient:
         seed: int | None = None,
         *,
         history: list[dict] | None = None,
+        response_format: dict | None = None,
     ) -> AsyncIterator[str | ChatStats]:
         """Text deltas (str) ending with one ``ChatStats``; leaving early cancels the chat.
-        ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller."""
+        ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller.
+        ``response_format`` (``chat_inputs``): the answer is JSON, matching a schema if given."""
         args = (self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
-        return self._exchange(partial(request_message, *args), session_headers(session_id), chat_decoder)
+        build = partial(request_message, *args, response_format=response_format)
+        return self._exchange(build, session_headers(session_id), chat_decoder)
 
     async def transcribe(self, audio: bytes, language: str | None = None, priority: int = 2) -> AsrResult:
         """``ChatClient.transcribe``'s whole ``AsrResult``."""

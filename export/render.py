@@ -90,7 +90,8 @@ input [
   { name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },
   { name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
   { name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
-  { name: "history" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+  { name: "history" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "response_format" data_type: TYPE_STRING dims: [ 1 ] optional: true }
 ]
 output [
   { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },

@@ -41,7 +41,10 @@ class Chat:
     # keeps it (JSON list of {"role", "content"}; stateless, as OpenAI's API; the pools reuse its
     # prefix's KV blocks by content, no session needed)
     HISTORY = "history"
-    INPUTS = (TEXT, SESSION_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, HISTORY)
+    # BYTES [1], optional: what the answer must be, as JSON: {"type": "json_object"} or
+    # {"type": "json_schema", "schema": {...}} (switchboard/artifact/grammar.py)
+    RESPONSE_FORMAT = "response_format"
+    INPUTS = (TEXT, SESSION_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, HISTORY, RESPONSE_FORMAT)
     TEXT_OUTPUT = "text_output"  # BYTES [1]: a text delta
     STATS = "stats"  # BYTES [1], on the last response: ChatStats as JSON
 
@@ -99,6 +102,7 @@ class Pool:
     KV_REUSE = "kv_reuse"  # true: reuse the prompt's stored KV blocks and store the new ones
     EXPECTED_REUSE = "expected_reuse"  # prompt tokens the session stored KV for (for the miss reason)
     SEED = "seed"
+    RESPONSE_FORMAT = "response_format"  # the answer's constraint as chat checked it (JSON), if any
     PING = "ping"  # true: answer at once, before the engine (is the stub alive?)
 
 

@@ -74,11 +74,11 @@ class GenerationRequest:
     priority: int = 2
     seed: int | None = None
     return_cache: bool = False
-    constraint: Constraint | None = None  # what the answer must match (engine/constraint.py); None: free
+    constraint: Constraint | None = None  # what the answer must match (artifact/grammar.py); None: free
 
 
 class Constraint(Protocol):
-    """A row's grammar (``switchboard.engine.constraint.RowConstraint``)."""
+    """A row's grammar (``switchboard.artifact.grammar.RowConstraint``)."""
 
     def mask(self, logits: np.ndarray) -> bool: ...  # forbid in place; False: nothing allowed
     def accept(self, token: int) -> bool: ...

@@ -70,6 +70,8 @@ _CHAT_FIELDS = [
     (re.compile(r"^top_p: "), "top_p", "top_p: "),
     (re.compile(r"^parameter seed: "), "seed", "seed: "),
     (re.compile(r"^parameter chat_priority: "), "priority", "priority: "),
+    (re.compile(r"^json_schema: "), "response_format", "response_format.json_schema.schema: "),
+    (re.compile(r"^response.format: "), "response_format", "response_format: "),
 ]
 
 

@@ -47,7 +47,6 @@ NEUTRAL = {
     "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "modalities": (["text"],),
 }
 # Accepted and ignored (hints for OpenAI's own service).
@@ -71,6 +70,7 @@ KNOWN = {
     "top_p",
     "stop",
     "seed",
+    "response_format",
     *NEUTRAL,
     *IGNORED,
 }
@@ -108,6 +108,9 @@ class CompletionCall:
     seed: int | None = None
     user: str | None = None
     audio: AudioPart | None = None  # the last user message as audio: a voice chat (``text`` is "")
+    # chat's response_format (``{"type": "json_object"}`` or ``{"type": "json_schema", "schema":
+    # ...}``); None: text
+    response_format: dict | None = None
 
 
 def _is_number(v) -> bool:
@@ -348,6 +351,9 @@ def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20
     seed = body.get("seed")
     if seed is not None and (not _is_int(seed) or not 0 <= seed <= SEED_MAX):
         raise bad_request(f"seed: expected an integer in [0, {SEED_MAX}]", "seed")
+    response_format = _response_format(body.get("response_format"))
+    if response_format is not None and audio is not None:
+        raise bad_request("response_format: not with an audio message (voice answers are text)", "response_format")
     return CompletionCall(
         model=model,
         text=text,
@@ -362,7 +368,44 @@ def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20
         seed=seed,
         user=body.get("user"),
         audio=audio,
+        response_format=response_format,
     )
+
+
+SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _response_format(value) -> dict | None:
+    """OpenAI's ``response_format`` as chat's: text (None), any JSON object, or JSON matching
+    ``json_schema.schema`` (always enforced, ``strict`` or not); 400 naming the field otherwise.
+    Whether the schema itself can be used, chat decides (its grammar engine; a 400 naming why)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise bad_request('response_format: expected an object with a "type"', "response_format")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise bad_request(
+            f"response_format.type: {kind[:32]!r} is not one of text, json_object, json_schema", "response_format"
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise bad_request("response_format.json_schema: required (an object)", "response_format")
+    name = spec.get("name")
+    if not isinstance(name, str) or not SCHEMA_NAME.match(name):
+        raise bad_request(
+            "response_format.json_schema.name: required, letters, digits, _ and - (at most 64)", "response_format"
+        )
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise bad_request("response_format.json_schema.schema: expected a JSON Schema object", "response_format")
+    if "strict" in spec and not isinstance(spec["strict"], bool):
+        raise bad_request("response_format.json_schema.strict: expected true or false", "response_format")
+    return {"type": "json_schema", "schema": schema}
 
 
 class StopScanner:

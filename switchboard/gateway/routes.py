@@ -59,7 +59,9 @@ async def chat_completions(request: Request):
     completion = Completion(call.model)
     ask = (call.max_tokens, call.temperature, call.top_p, call.seed)
     if call.audio is None:
-        events = state.client.stream(call.text, None, priority, *ask, history=call.history)
+        events = state.client.stream(
+            call.text, None, priority, *ask, history=call.history, response_format=call.response_format
+        )
     else:
         language = call.audio.language
         events = state.client.voice_stream(

@@ -42,6 +42,7 @@ class Generation:
     seed: int | None = None
     kv_reuse: bool = False  # the pool reuses the prompt's stored KV blocks and stores the new ones
     expected_reuse: int = 0  # prompt tokens the session's earlier turns stored KV for
+    response_format: str | None = None  # the answer's constraint (ChatRequest's), if any
 
 
 class PoolStreams:
@@ -78,6 +79,8 @@ class PoolStreams:
         }
         if gen.seed is not None:
             parameters[Pool.SEED] = gen.seed
+        if gen.response_format is not None:
+            parameters[Pool.RESPONSE_FORMAT] = gen.response_format
         # Triton's queue orders the pool's requests by `priority` and rejects one it could not
         # start within `timeout`; the engine orders its batch by `chat_priority`.
         request = build_request(

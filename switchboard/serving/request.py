@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from switchboard.artifact.grammar import MAX_SCHEMA_BYTES, GrammarError, parse_spec
 from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Chat
 
 
@@ -44,6 +45,9 @@ class ChatRequest:
     # (user and assistant messages) and the client's system prompt (None: the server's).
     history: tuple[dict, ...] | None = None
     system: str | None = None
+    # What the answer must be (``parse_spec``'s form, as JSON); None: free text. The schema
+    # itself is checked against the model's tokenizer when the chat is served.
+    response_format: str | None = None
 
 
 def _one(name: str, array: np.ndarray | None):
@@ -161,7 +165,15 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
                 "history: send either session_id (the server keeps the conversation) or history, not both"
             )
         history, system = parse_history(_utf8("history", raw_history, limits.max_history_bytes), limits)
-    return ChatRequest(text, session_id, max_new, temperature, top_p, priority, seed, history, system)
+    response_format = None
+    raw_format = _one(Chat.RESPONSE_FORMAT, inputs.get(Chat.RESPONSE_FORMAT))
+    if raw_format is not None:
+        try:
+            spec = parse_spec(_utf8("response_format", raw_format, MAX_SCHEMA_BYTES))
+        except GrammarError as e:
+            raise RequestError(str(e)) from None
+        response_format = json.dumps(spec, ensure_ascii=False, sort_keys=True)
+    return ChatRequest(text, session_id, max_new, temperature, top_p, priority, seed, history, system, response_format)
 
 
 def parse_history(blob: str, limits: Limits) -> tuple[tuple[dict, ...], str | None]:

@@ -12,11 +12,13 @@ and the sink.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from switchboard.artifact.grammar import GrammarError, Grammars
 from switchboard.serving.detok import IncrementalDetokenizer
 from switchboard.serving.engine_client import stub_dead
 from switchboard.serving.fallback import FaqFallback
@@ -70,6 +72,7 @@ class ChatTurn:
         version: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         token_bytes: Callable[[int], bytes] | None = None,
+        grammars: Grammars | None = None,
     ):
         self.prompts, self.sessions, self.router, self.pools = prompts, sessions, router, pools
         self.health, self.faq, self.decode = health, faq, decode
@@ -77,11 +80,14 @@ class ChatTurn:
         self.version = version  # the pools' model version this turn's pools and prompts are for
         self.clock = clock
         self.token_bytes = token_bytes  # IncrementalDetokenizer's: invalid bytes streamed at once
+        self.grammars = grammars  # checks a chat's response_format against the model's tokenizer
 
     def run(self, chat: ChatRequest, sink: Sink, cancelled: Callable[[], bool], t0: float) -> None:
         """Serve ``chat``, started at ``t0`` (``clock``). Raises ``RequestError`` (the prompt does
         not fit), ``EngineError`` (no pool answered and there is no FAQ, or a pool failed after
-        text was sent) or ``Cancelled``; otherwise ``sink.final`` was called."""
+        text was sent) or ``Cancelled``; otherwise ``sink.final`` was called. A chat with a
+        ``response_format`` is never answered from the FAQ (its text would not match)."""
+        self.check_format(chat)
         lookup = self.sessions.load(chat.session_id) if chat.session_id else Lookup()
         if chat.history is not None:  # stateless: the client's history; its KV is found by content
             lookup = Lookup(Conversation([dict(m) for m in chat.history]))
@@ -100,6 +106,7 @@ class ChatTurn:
             chat.seed,
             kv_reuse=self.kv_reuse,
             expected_reuse=expected,
+            response_format=chat.response_format,
         )
         session_status = lookup.status if chat.session_id else SessionStatus.NONE
         _, preferred = self.router.route(len(prompt.ids) - expected)
@@ -142,7 +149,7 @@ class ChatTurn:
                         raise  # both pools failed mid-answer: an error, not a second answer
                     continue
                 if timed_out or attempt == 1:
-                    if self.faq is None:
+                    if self.faq is None or chat.response_format is not None:
                         raise
                     reason = FallbackReason.ENGINE_TIMEOUT if timed_out else FallbackReason.ENGINE_ERROR
                     return self.answer_from_faq(chat, sink, t0, reason, session_status, len(prompt.ids))
@@ -205,6 +212,17 @@ class ChatTurn:
         if engine.reused == 0:
             return CacheMiss.NONE_STORED
         return None
+
+    def check_format(self, chat: ChatRequest) -> None:
+        """``RequestError`` when the chat's response_format cannot constrain this model."""
+        if chat.response_format is None:
+            return
+        if self.grammars is None:
+            raise RequestError("response_format: this model's answers cannot be constrained")
+        try:
+            self.grammars.grammar(json.loads(chat.response_format))
+        except GrammarError as e:
+            raise RequestError(str(e)) from None
 
     def answer_from_faq(
         self,

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from switchboard.artifact.grammar import Grammars
 from switchboard.artifact.manifest import MANIFEST
 from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.artifact.version import ModelVersion
@@ -173,6 +174,7 @@ class TritonPythonModel:
                 faq=self.faq,
                 decode=tokenizer.decode,
                 token_bytes=tokenizer.token_bytes,
+                grammars=Grammars(model.directory / "tokenizer.json", manifest.vocab_size, manifest.end_of_turn_id),
                 stop_ids=set(manifest.eos_token_ids),
                 end_of_turn_id=manifest.end_of_turn_id,
                 kv_reuse=cfg.kv_reuse,
@@ -274,7 +276,7 @@ class TritonPythonModel:
     def _shed(self, job: _Job, reason: str) -> None:
         """No generation slot in time: answer from the FAQ. Not asked whether the client left
         (a round trip per answer, the FAQ's rate under a burst): a gone client drops the answer."""
-        if self.faq is None:
+        if self.faq is None or job.chat.response_format is not None:  # the FAQ's text would not match
             send_error(job.sender, f"overloaded ({reason}); try again later", "UNAVAILABLE")
             self.metrics.failed("unavailable", job.version)
         else:

@@ -16,11 +16,13 @@ switchboard/triton/engine_responses.py's, the metrics switchboard/triton/engine_
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from switchboard.artifact.grammar import Grammars, parse_spec
 from switchboard.artifact.tokenizer import control_token_ids
 from switchboard.artifact.version import ModelVersion
 from switchboard.engine.decoder import Decoder
@@ -133,6 +135,12 @@ class TritonPythonModel:
             banned_ids=self._control_tokens(),
         )
 
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """The version's grammar compiler, made at the first constrained request."""
+        m = self.manifest
+        return Grammars(self.version.directory / "tokenizer.json", m.vocab_size, m.end_of_turn_id)
+
     def _control_tokens(self) -> list[int]:
         """Tokens of control characters (but tab and newline): never sampled, so no answer
         carries one back to a client that may refuse it."""
@@ -205,7 +213,12 @@ class TritonPythonModel:
             a = input_array(request, name)
             return default if a is None else kind(a.reshape(-1)[0])
 
+        constraint = None
+        spec = params.get(Pool.RESPONSE_FORMAT)
+        if spec is not None:
+            constraint = self.grammars.matcher(parse_spec(str(spec)))  # GrammarError is a ValueError
         return GenerationRequest(
+            constraint=constraint,
             prompt=prompt,
             max_new_tokens=scalar(Pool.MAX_NEW_TOKENS, 64, int),
             temperature=scalar(Pool.TEMPERATURE, 0.0, float),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from switchboard.client import ChatStats
+from switchboard.client import ChatError, ChatStats
 from switchboard.client.sdk import error_of
 from switchboard.serving.session import session_key
 from tests.integration.kvtools import pool_generate
@@ -211,6 +211,26 @@ def b(x):
 )
 def test_bad_input_is_invalid_arg_and_server_stays_ready(raw, client, inputs, needle):
     _expect_invalid(raw, inputs, needle=needle)
+    assert client.ready()
+
+
+RETURN = {
+    "type": "object",
+    "properties": {"order_id": {"type": "string", "pattern": "^SB[0-9]{6}$"}, "reason": {"enum": ["damaged", "other"]}},
+    "required": ["order_id", "reason"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_answer_over_grpc_validates_and_a_bad_schema_is_invalid_arg(client):
+    fmt = {"type": "json_schema", "schema": RETURN}
+    reply = client.chat("I want to return order SB000123", stream=False, max_new_tokens=64, response_format=fmt)
+    answer = json.loads(reply.text)
+    assert set(answer) == {"order_id", "reason"} and answer["reason"] in ("damaged", "other")
+    assert reply.stats.raw["finish_reason"] == "stop" and reply.stats.raw["fallback"] is False
+    with pytest.raises(ChatError) as e:
+        client.chat("hi", stream=False, response_format={"type": "json_schema", "schema": {"$ref": "#/nowhere"}})
+    assert e.value.code == "INVALID_ARGUMENT" and "json_schema:" in str(e.value)
     assert client.ready()
 
 

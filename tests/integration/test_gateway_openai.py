@@ -14,6 +14,7 @@ import socket
 import time
 import urllib.request
 
+import jsonschema
 import openai
 import pytest
 
@@ -112,6 +113,51 @@ def test_a_conversation_holding_control_characters_is_answered(oai):
     )
     assert got.choices[0].message.content == want.choices[0].message.content
     assert got.usage.prompt_tokens == want.usage.prompt_tokens
+
+
+ORDER = {
+    "type": "object",
+    "properties": {
+        "intent": {"enum": ["order_status", "return", "refund", "other"]},
+        "order_id": {"type": "string", "pattern": "^SB[0-9]{6}$"},
+        "urgent": {"type": "boolean"},
+    },
+    "required": ["intent", "order_id", "urgent"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_json_schema_answer_parses_and_validates(oai, stream):
+    fmt = {"type": "json_schema", "json_schema": {"name": "order_lookup", "strict": True, "schema": ORDER}}
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Where is my order SB123456?"}], max_tokens=96)
+    if stream:
+        chunks = list(oai.chat.completions.create(**ask, response_format=fmt, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        r = oai.chat.completions.create(**ask, response_format=fmt)
+        text, finish = r.choices[0].message.content, [r.choices[0].finish_reason]
+    jsonschema.validate(json.loads(text), ORDER)
+    assert finish == ["stop"]
+    # the same question, free: the model's own words, not JSON
+    free = oai.chat.completions.create(**ask).choices[0].message.content
+    with pytest.raises(ValueError):
+        json.loads(free)
+
+
+def test_json_mode_gives_a_json_object(oai):
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "我要退货"}],
+        response_format={"type": "json_object"},
+        max_tokens=200,
+    )
+    choice = r.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content), dict)
+    else:  # cut at max_tokens, as OpenAI's may be: an object's beginning
+        assert choice.finish_reason == "length" and choice.message.content.startswith("{")
 
 
 def test_the_model_list(oai):
@@ -265,7 +311,23 @@ BAD = [
     ),
     ("tools", body(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, "tools", "is not supported"),
     ("logprobs", body(logprobs=True), {}, 400, "logprobs", "logprobs: true is not supported"),
-    ("json-mode", body(response_format={"type": "json_object"}), {}, 400, "response_format", "is not supported"),
+    (
+        "json-schema-unusable",
+        body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}),
+        {},
+        400,
+        "response_format",
+        "response_format.json_schema.schema: Invalid type: wat",
+    ),
+    (
+        "json-schema-unnamed",
+        body(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
+        {},
+        400,
+        "response_format",
+        "json_schema.name: required",
+    ),
+    ("response-format-xml", body(response_format={"type": "xml"}), {}, 400, "response_format", "'xml' is not one of"),
     ("user-number", body(user=5), {}, 400, "user", "user: expected a str"),
     (
         "priority-three",

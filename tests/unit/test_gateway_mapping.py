@@ -91,6 +91,32 @@ def test_refusals_name_the_field(kw, param, needle):
     assert e.value.status == 400 and e.value.param == param and needle in e.value.message, e.value.body()
 
 
+def test_response_formats_become_chats():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing-1", "strict": True, "schema": schema}}
+    assert req(response_format=fmt).response_format == {"type": "json_schema", "schema": schema}
+    assert req(response_format={"type": "json_object"}).response_format == {"type": "json_object"}
+    assert req(response_format={"type": "text"}).response_format is None and req().response_format is None
+
+
+@pytest.mark.parametrize(
+    "fmt, needle",
+    [
+        ("json", 'expected an object with a "type"'),
+        ({"type": "yaml"}, "'yaml' is not one of text, json_object, json_schema"),
+        ({"type": "json_schema"}, "json_schema: required"),
+        ({"type": "json_schema", "json_schema": {"schema": {}}}, "name: required"),
+        ({"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}, "name: required"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": []}}, "expected a JSON Schema object"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "strict": "yes"}}, "strict: expected true or false"),
+    ],
+)
+def test_a_bad_response_format_is_refused_naming_the_problem(fmt, needle):
+    with pytest.raises(APIError) as e:
+        req(response_format=fmt)
+    assert e.value.status == 400 and e.value.param == "response_format" and needle in e.value.message
+
+
 def test_another_model_is_404_and_bodies_must_be_json_objects():
     with pytest.raises(APIError) as e:
         parse_request({"model": "gpt-4o", "messages": []}, "m")
@@ -113,6 +139,13 @@ def test_another_model_is_404_and_bodies_must_be_json_objects():
             "max_completion_tokens: 900 is outside [1, 512]",
         ),
         ("INVALID_ARGUMENT", "parameter seed: -1 is outside [0, 9]", 400, "seed", "seed: -1 is outside"),
+        (
+            "INVALID_ARGUMENT",
+            "json_schema: Invalid type: wat",
+            400,
+            "response_format",
+            "response_format.json_schema.schema: Invalid type: wat",
+        ),
         (
             "INVALID_ARGUMENT",
             "history[2].content: contains control character U+0000",

@@ -1,3 +1,4 @@
+import json
 import math
 import re
 
@@ -67,11 +68,22 @@ def test_all_fields():
         ({"text": b(b"hi")}, {"chat_priority": 3}, "chat_priority: 3"),
         ({"text": b(b"hi")}, {"chat_priority": "high"}, "chat_priority"),
         ({"text": b(b"hi")}, {"chat_priority": True}, "chat_priority"),
+        ({"text": b(b"hi"), "response_format": b(b"{")}, {}, "response format: not JSON"),
+        ({"text": b(b"hi"), "response_format": b(b'{"type": "xml"}')}, {}, '"type" must be'),
+        ({"text": b(b"hi"), "response_format": b(b'{"type": "json_schema"}')}, {}, 'needs a "schema"'),
+        ({"text": b(b"hi"), "response_format": b(b" " * 70000)}, {}, "response_format: 70000 bytes"),
     ],
 )
 def test_rejects(inputs, params, message):
     with pytest.raises(RequestError, match=re.escape(message)):
         parse(params, **inputs)
+
+
+def test_a_response_format_is_carried_as_normalized_json():
+    spec = {"type": "json_schema", "schema": {"type": "object", "required": ["a"]}}
+    r = parse(text=b(b"hi"), response_format=b(json.dumps(spec, indent=2).encode()))
+    assert json.loads(r.response_format) == spec and "\n" not in r.response_format
+    assert parse(text=b(b"hi")).response_format is None
 
 
 def test_control_characters_in_a_message_are_dropped_but_tab_and_newlines_kept():

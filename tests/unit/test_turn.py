@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
+from switchboard.artifact.grammar import GrammarError
 from switchboard.serving.fallback import Answer
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import EngineError, EngineTimeout
@@ -250,6 +252,38 @@ def test_a_timeout_answers_from_the_faq_at_once():
     assert stats["fallback"] is True and stats["fallback_reason"] == "engine_timeout"
     assert stats["faq_id"] == "order-status" and sink.reply == "See My Orders."
     assert stats["session"] == "miss" and stats["prompt_tokens"] == 5 and stats["finish_reason"] == "fallback"
+
+
+class StubGrammars:
+    def grammar(self, spec):
+        if spec["type"] != "json_object":
+            raise GrammarError("json_schema: Invalid type: wat")
+        return "grammar"
+
+
+def _formatted(fmt='{"type": "json_object"}', **kw):
+    return dataclasses.replace(_chat(**kw), response_format=fmt)
+
+
+def test_a_response_format_goes_to_the_pool_and_is_checked_first():
+    pools = Pools(engine_short=[_answer([1, EOT], stats=ENGINE_STATS)])
+    _run(_turn(pools=pools, grammars=StubGrammars()), _formatted())
+    assert pools.calls[0][1].response_format == '{"type": "json_object"}'
+    pools = Pools(engine_short=[])
+    with pytest.raises(RequestError, match="Invalid type: wat"):
+        _run(_turn(pools=pools, grammars=StubGrammars()), _formatted('{"type": "json_schema", "schema": {}}'))
+    with pytest.raises(RequestError, match="cannot be constrained"):
+        _run(_turn(pools=pools), _formatted())
+    assert pools.calls == [], "refused before any pool was asked"
+
+
+def test_a_constrained_chat_is_never_answered_from_the_faq():
+    pools = Pools(engine_short=[EngineTimeout("engine_short: no first response within 10 s")], engine_long=[])
+    with pytest.raises(EngineTimeout):
+        _run(_turn(pools=pools, grammars=StubGrammars()), _formatted())
+    pools = Pools(engine_short=[EngineError("a")], engine_long=[EngineError("b")])
+    with pytest.raises(EngineError):
+        _run(_turn(pools=pools, grammars=StubGrammars()), _formatted())
 
 
 def test_both_pools_failing_answers_from_the_faq():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from switchboard.engine.constraint import MAX_SCHEMA_BYTES, GrammarError, Grammars, parse_spec
+from switchboard.artifact.grammar import MAX_SCHEMA_BYTES, GrammarError, Grammars, parse_spec
 
 END = "<|end|>"
 ORDER = {
