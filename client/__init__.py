@@ -6,6 +6,15 @@ for event in client.chat("Where is my order?", session_id="c-42", priority=1):
     ...  # str deltas, then one ChatStats
 """
 
-from switchboard.client.sdk import AsyncChatClient, ChatClient, ChatError, ChatReply, ChatStats, Heard, VoiceReply
+from switchboard.client.sdk import (
+    AsyncChatClient,
+    ChatClient,
+    ChatError,
+    ChatReply,
+    ChatStats,
+    Heard,
+    TokenLogprobs,
+    VoiceReply,
+)
 
-__all__ = ["AsyncChatClient", "ChatClient", "ChatError", "ChatReply", "ChatStats", "Heard", "VoiceReply"]
+__all__ = ["AsyncChatClient", "ChatClient", "ChatError", "ChatReply", "ChatStats", "Heard", "TokenLogprobs", "VoiceReply"]

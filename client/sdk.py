@@ -63,6 +63,20 @@ class ChatError(RuntimeError):
 class ChatReply:
     text: str
     stats: ChatStats
+    logprobs: list[dict] | None = None  # with logprobs asked: every token's entry (TokenLogprobs)
+
+
+def collect_reply(events) -> ChatReply:
+    """A chat's events as one ``ChatReply``."""
+    parts, stats, scored = [], None, None
+    for event in events:
+        if isinstance(event, ChatStats):
+            stats = event
+        elif isinstance(event, TokenLogprobs):
+            scored = (scored or []) + event.entries
+        else:
+            parts.append(event)
+    return ChatReply("".join(parts), stats, scored)
 
 
 # What Triton itself answers when the queue in front of a model is full or a request waited
@@ -95,12 +109,13 @@ def error_code(message: str, status: str | None = None) -> tuple[str | None, str
 
 
 def chat_inputs(
-    text, session_id, max_new_tokens, temperature, top_p, history=None, response_format=None
+    text, session_id, max_new_tokens, temperature, top_p, history=None, response_format=None, logprobs=None
 ) -> list[tuple]:
     """(name, value, numpy dtype, Triton datatype) of each input of one chat. ``history``: the
     conversation before ``text`` (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``)
     for a stateless chat. ``response_format``: ``{"type": "json_object"}`` or ``{"type":
-    "json_schema", "schema": {...}}``: the answer is JSON (matching the schema)."""
+    "json_schema", "schema": {...}}``: the answer is JSON (matching the schema). ``logprobs``
+    (0-5): each token's log-probability and that many alternatives (``TokenLogprobs`` events)."""
     raw = text if isinstance(text, bytes) else text.encode("utf-8")
     inputs = [
         (Chat.TEXT, raw, np.object_, "BYTES"),
@@ -109,6 +124,8 @@ def chat_inputs(
     if response_format is not None:
         blob = json.dumps(response_format, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
         inputs.append((Chat.RESPONSE_FORMAT, blob, np.object_, "BYTES"))
+    if logprobs is not None:
+        inputs.append((Chat.LOGPROBS, logprobs, np.int32, "INT32"))
     return inputs
 
 
@@ -149,6 +166,15 @@ def chat_parameters(priority: int, seed) -> dict[str, int]:
 
 
 CHAT_OUTPUTS = (Chat.TEXT_OUTPUT, Chat.STATS)
+SCORED_OUTPUTS = (*CHAT_OUTPUTS, Chat.LOGPROBS_OUTPUT)  # asked only with logprobs: older servers lack it
+
+
+@dataclass
+class TokenLogprobs:
+    """With ``logprobs``: the tokens' log-probabilities up to the text delta that follows, as
+    OpenAI's ``logprobs.content`` entries (``token``, ``logprob``, ``bytes``, ``top_logprobs``)."""
+
+    entries: list[dict]
 
 
 def stream_request(
@@ -162,10 +188,11 @@ def stream_request(
     seed,
     history=None,
     response_format=None,
+    logprobs=None,
 ) -> dict:
     """Keyword arguments of tritonclient's ``async_stream_infer`` for one chat (``chat_inputs``)."""
-    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, response_format)
-    return stream_call(model, inputs, priority, seed, CHAT_OUTPUTS)
+    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, response_format, logprobs)
+    return stream_call(model, inputs, priority, seed, CHAT_OUTPUTS if logprobs is None else SCORED_OUTPUTS)
 
 
 def stream_call(model: str, inputs: list[tuple], priority: int, seed=None, outputs=CHAT_OUTPUTS) -> dict:
@@ -201,10 +228,11 @@ def request_message(
     seed,
     history=None,
     response_format=None,
+    logprobs=None,
 ) -> service_pb2.ModelInferRequest:
     """The same chat as ``stream_request``, as the protobuf message of Triton's gRPC API."""
-    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, response_format)
-    return infer_message(model, inputs, priority, seed, CHAT_OUTPUTS)
+    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, response_format, logprobs)
+    return infer_message(model, inputs, priority, seed, CHAT_OUTPUTS if logprobs is None else SCORED_OUTPUTS)
 
 
 def infer_message(
@@ -233,8 +261,11 @@ def infer_message(
 # A decoder takes one response's outputs (name -> the bytes of its [1, 1] BYTES tensor; absent
 # outputs absent) and gives (its events, whether it is the request's last response).
 def chat_decoder(outputs: dict[str, bytes]) -> tuple[list, bool]:
-    """chat: text deltas (str), then its ``ChatStats`` on the last response."""
+    """chat: text deltas (str), each after its ``TokenLogprobs`` when asked, then its ``ChatStats``
+    on the last response."""
     events: list = []
+    if outputs.get(Chat.LOGPROBS_OUTPUT):
+        events.append(TokenLogprobs(json.loads(outputs[Chat.LOGPROBS_OUTPUT])))
     if outputs.get(Chat.TEXT_OUTPUT):
         events.append(outputs[Chat.TEXT_OUTPUT].decode("utf-8"))
     if Chat.STATS in outputs:
@@ -378,23 +409,17 @@ class ChatClient:
         *,
         history: list[dict] | None = None,
         response_format: dict | None = None,
-    ) -> Iterator[str | ChatStats] | ChatReply:
+        logprobs: int | None = None,
+    ) -> Iterator[str | TokenLogprobs | ChatStats] | ChatReply:
         """``stream=True``: an iterator of text deltas (str) ending with one ``ChatStats``.
         ``stream=False``: the whole ``ChatReply``. Raises ``ChatError`` on refusal.
         ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller.
-        ``response_format`` (``chat_inputs``): the answer is JSON, matching a schema if given."""
+        ``response_format`` (``chat_inputs``): the answer is JSON, matching a schema if given.
+        ``logprobs`` (0-5, ``chat_inputs``): ``TokenLogprobs`` events before the text they score."""
         events = self._events(
-            text, session_id, priority, max_new_tokens, temperature, top_p, seed, history, response_format
+            text, session_id, priority, max_new_tokens, temperature, top_p, seed, history, response_format, logprobs
         )
-        if stream:
-            return events
-        parts, stats = [], None
-        for event in events:
-            if isinstance(event, ChatStats):
-                stats = event
-            else:
-                parts.append(event)
-        return ChatReply("".join(parts), stats)
+        return events if stream else collect_reply(events)
 
     def transcribe(
         self, audio: bytes, language: str | None = None, priority: int = 2, stream: bool = False
@@ -433,10 +458,12 @@ class ChatClient:
         return events if stream else collect_voice(list(events))
 
     def _events(
-        self, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history=None, response_format=None
-    ):
+        self,
+        text, session_id, priority, max_new_tokens, temperature, top_p, seed,
+        history=None, response_format=None, logprobs=None,
+    ):  # fmt: skip
         args = (self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
-        build = partial(stream_request, *args, response_format=response_format)
+        build = partial(stream_request, *args, response_format=response_format, logprobs=logprobs)
         return self._run(build, session_headers(session_id), chat_decoder)
 
     def _run(self, build, headers: dict | None, decode):
@@ -603,19 +630,14 @@ class AsyncChatClient:
         *,
         history: list[dict] | None = None,
         response_format: dict | None = None,
+        logprobs: int | None = None,
     ) -> ChatReply:
         """The whole answer. Raises ``ChatError`` on refusal."""
-        parts, stats = [], None
         events = self.stream(
             text, session_id, priority, max_new_tokens, temperature, top_p, seed,
-            history=history, response_format=response_format,
+            history=history, response_format=response_format, logprobs=logprobs,
         )  # fmt: skip
-        async for event in events:
-            if isinstance(event, ChatStats):
-                stats = event
-            else:
-                parts.append(event)
-        return ChatReply("".join(parts), stats)
+        return collect_reply([event async for event in events])
 
     def stream(
         self,
@@ -629,12 +651,14 @@ class AsyncChatClient:
         *,
         history: list[dict] | None = None,
         response_format: dict | None = None,
-    ) -> AsyncIterator[str | ChatStats]:
+        logprobs: int | None = None,
+    ) -> AsyncIterator[str | TokenLogprobs | ChatStats]:
         """Text deltas (str) ending with one ``ChatStats``; leaving early cancels the chat.
         ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller.
-        ``response_format`` (``chat_inputs``): the answer is JSON, matching a schema if given."""
+        ``response_format`` (``chat_inputs``): the answer is JSON, matching a schema if given.
+        ``logprobs`` (0-5, ``chat_inputs``): ``TokenLogprobs`` events before the text they score."""
         args = (self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
-        build = partial(request_message, *args, response_format=response_format)
+        build = partial(request_message, *args, response_format=response_format, logprobs=logprobs)
         return self._exchange(build, session_headers(session_id), chat_decoder)
 
     async def transcribe(self, audio: bytes, language: str | None = None, priority: int = 2) -> AsrResult:

@@ -91,11 +91,13 @@ input [
   { name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
   { name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
   { name: "history" data_type: TYPE_STRING dims: [ 1 ] optional: true },
-  { name: "response_format" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+  { name: "response_format" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "logprobs" data_type: TYPE_INT32 dims: [ 1 ] optional: true }
 ]
 output [
   { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
-  { name: "stats" data_type: TYPE_STRING dims: [ 1 ] }
+  { name: "stats" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "logprobs" data_type: TYPE_STRING dims: [ 1 ] }
 ]
 
 # No dynamic_batching, on purpose: Triton 2.51's batcher wakes for a new request only while an
@@ -219,7 +221,8 @@ input [
 ]
 output [
   {{ name: "token_ids" data_type: TYPE_INT32 dims: [ -1 ] }},
-  {{ name: "stats" data_type: TYPE_STRING dims: [ 1 ] }}
+  {{ name: "stats" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "logprobs" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
 
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]

@@ -44,9 +44,13 @@ class Chat:
     # BYTES [1], optional: what the answer must be, as JSON: {"type": "json_object"} or
     # {"type": "json_schema", "schema": {...}} (switchboard/artifact/grammar.py)
     RESPONSE_FORMAT = "response_format"
-    INPUTS = (TEXT, SESSION_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, HISTORY, RESPONSE_FORMAT)
+    LOGPROBS = "logprobs"  # INT32 [1], optional: each token's logprob and this many alternatives (0-5)
+    INPUTS = (TEXT, SESSION_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, HISTORY, RESPONSE_FORMAT, LOGPROBS)
     TEXT_OUTPUT = "text_output"  # BYTES [1]: a text delta
     STATS = "stats"  # BYTES [1], on the last response: ChatStats as JSON
+    # BYTES [1], when logprobs were asked: JSON list, per token up to this response's text, of
+    # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]} (OpenAI's)
+    LOGPROBS_OUTPUT = "logprobs"
 
 
 class Asr:
@@ -96,13 +100,17 @@ class Pool:
     TOP_P = "top_p"
     TOKEN_IDS = "token_ids"  # INT32 [n]: generated tokens
     STATS = "stats"  # on the last response: EngineStats as JSON
-    OUTPUTS = (TOKEN_IDS, STATS)
+    # BYTES [1], with token_ids when asked (parameter LOGPROBS): JSON, per token
+    # [logprob, [[id, logprob], ...]] (the likeliest alternatives)
+    LOGPROBS = "logprobs"
+    OUTPUTS = (TOKEN_IDS, STATS, LOGPROBS)
     # request parameters
     FINGERPRINT = "fingerprint"  # the model variant chat built the prompt for (KV reuse only if the pool's)
     KV_REUSE = "kv_reuse"  # true: reuse the prompt's stored KV blocks and store the new ones
     EXPECTED_REUSE = "expected_reuse"  # prompt tokens the session stored KV for (for the miss reason)
     SEED = "seed"
     RESPONSE_FORMAT = "response_format"  # the answer's constraint as chat checked it (JSON), if any
+    # also a parameter: -1 (absent) none; 0-5 each token's logprob and that many alternatives
     PING = "ping"  # true: answer at once, before the engine (is the stub alive?)
 
 

@@ -75,6 +75,8 @@ class GenerationRequest:
     seed: int | None = None
     return_cache: bool = False
     constraint: Constraint | None = None  # what the answer must match (artifact/grammar.py); None: free
+    # -1: none; 0-5: each token's log-probability and that many of the likeliest alternatives (Sink.on_logprobs)
+    logprobs: int = -1
 
 
 class Constraint(Protocol):
@@ -97,8 +99,14 @@ class GenerationResult:
     engine_ms: float = 0.0  # from submission to the last token
 
 
+MAX_TOP_LOGPROBS = 5
+
+
 class Sink(Protocol):
     def on_tokens(self, ids: list[int]) -> None: ...
+    # Only for a request with ``logprobs`` >= 0, just before ``on_tokens`` of the same tokens:
+    # (the token's log-probability, [(id, log-probability), ...] of the likeliest alternatives).
+    def on_logprobs(self, entries: list[tuple[float, list[tuple[int, float]]]]) -> None: ...
     def on_finish(self, result: GenerationResult) -> None: ...
     def on_error(self, error: Exception) -> None: ...
     def cancelled(self) -> bool: ...
@@ -133,6 +141,22 @@ class _Sequence:
 
 
 _by_rank = operator.attrgetter("rank")
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """``token``'s log-probability under ``logits`` (as masked for sampling, before temperature:
+    what OpenAI's ``logprobs`` report) and the ``top`` likeliest tokens' (at most 5)."""
+    z = logits.astype(np.float64)
+    finite = np.isfinite(z)
+    m = z[finite].max() if finite.any() else 0.0
+    lse = m + np.log(np.exp(z[finite] - m).sum()) if finite.any() else 0.0
+    top = min(max(top, 0), MAX_TOP_LOGPROBS)
+    best = []
+    if top:
+        ids = np.argpartition(-z, top - 1)[:top] if z.shape[0] > top else np.arange(z.shape[0])
+        ids = ids[np.argsort(-z[ids], kind="stable")]
+        best = [(int(i), float(z[i] - lse)) for i in ids if np.isfinite(z[i])]
+    return float(z[token] - lse), best
 
 
 @dataclass
@@ -569,6 +593,8 @@ class Engine:
                     log.warning("the grammar refused the token it allowed (%d); the answer ends", token)
             seq.tokens.append(token)
             try:
+                if r.logprobs >= 0:
+                    seq.sink.on_logprobs([token_logprobs(logits, token, r.logprobs)])
                 seq.sink.on_tokens([token])
             except Exception:  # a broken client must not stop the batch
                 log.exception("sink failed; dropping the sequence")

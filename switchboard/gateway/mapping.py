@@ -40,8 +40,6 @@ NEUTRAL = {
     "n": (1,),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "logit_bias": ({},),
     "tools": ([],),
     "tool_choice": ("none",),
@@ -71,6 +69,8 @@ KNOWN = {
     "stop",
     "seed",
     "response_format",
+    "logprobs",
+    "top_logprobs",
     *NEUTRAL,
     *IGNORED,
 }
@@ -111,6 +111,7 @@ class CompletionCall:
     # chat's response_format (``{"type": "json_object"}`` or ``{"type": "json_schema", "schema":
     # ...}``); None: text
     response_format: dict | None = None
+    logprobs: int | None = None  # with ``logprobs: true``: ``top_logprobs`` (0-5); None: not asked
 
 
 def _is_number(v) -> bool:
@@ -351,6 +352,7 @@ def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20
     seed = body.get("seed")
     if seed is not None and (not _is_int(seed) or not 0 <= seed <= SEED_MAX):
         raise bad_request(f"seed: expected an integer in [0, {SEED_MAX}]", "seed")
+    logprobs = _logprobs(body.get("logprobs"), body.get("top_logprobs"))
     response_format = _response_format(body.get("response_format"))
     if response_format is not None and audio is not None:
         raise bad_request("response_format: not with an audio message (voice answers are text)", "response_format")
@@ -369,7 +371,23 @@ def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20
         user=body.get("user"),
         audio=audio,
         response_format=response_format,
+        logprobs=logprobs,
     )
+
+
+MAX_TOP_LOGPROBS = 5  # the engine's (OpenAI allows 20)
+
+
+def _logprobs(asked, top) -> int | None:
+    if asked is not None and not isinstance(asked, bool):
+        raise bad_request("logprobs: expected true or false", "logprobs")
+    if top is None:
+        return 0 if asked else None
+    if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"top_logprobs: expected an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
+    if not asked:
+        raise bad_request("top_logprobs: only with logprobs true", "top_logprobs")
+    return top
 
 
 SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -493,7 +511,13 @@ class Completion:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def response(
-        self, text: str, stats: ChatStats | None, stopped: bool, with_stats: bool, heard: dict | None = None
+        self,
+        text: str,
+        stats: ChatStats | None,
+        stopped: bool,
+        with_stats: bool,
+        heard: dict | None = None,
+        scored: list[dict] | None = None,
     ) -> dict:
         """The whole answer; ``heard`` (a voice chat's transcript, language, asr_ms, audio_s)
         under ``switchboard.asr`` whether or not the stats were asked for: it is what the
@@ -508,7 +532,7 @@ class Completion:
                     "index": 0,
                     "message": {"role": "assistant", "content": text, "refusal": None},
                     "finish_reason": finish_reason(stats, stopped),
-                    "logprobs": None,
+                    "logprobs": None if scored is None else {"content": scored, "refusal": None},
                 }
             ],
             "usage": usage(stats),
@@ -521,7 +545,12 @@ class Completion:
         return out
 
     def chunk(
-        self, delta: dict, finish: str | None = None, include_usage: bool = False, heard: dict | None = None
+        self,
+        delta: dict,
+        finish: str | None = None,
+        include_usage: bool = False,
+        heard: dict | None = None,
+        scored: list[dict] | None = None,
     ) -> dict:
         """One chunk of the stream; the first of a voice chat's carries ``switchboard.asr``
         (``heard``), so a client shows what was heard before the answer."""
@@ -530,7 +559,14 @@ class Completion:
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "finish_reason": finish,
+                    "logprobs": {"content": scored, "refusal": None} if scored else None,
+                }
+            ],
             "system_fingerprint": None,
         }
         if include_usage:

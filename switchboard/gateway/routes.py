@@ -60,7 +60,13 @@ async def chat_completions(request: Request):
     ask = (call.max_tokens, call.temperature, call.top_p, call.seed)
     if call.audio is None:
         events = state.client.stream(
-            call.text, None, priority, *ask, history=call.history, response_format=call.response_format
+            call.text,
+            None,
+            priority,
+            *ask,
+            history=call.history,
+            response_format=call.response_format,
+            logprobs=call.logprobs,
         )
     else:
         language = call.audio.language
@@ -86,8 +92,9 @@ async def chat_completions(request: Request):
             headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             handed_over = True  # the response releases the slot when it ends, however it ends
             return ChatStreamResponse(body, release, media_type="text/event-stream", headers=headers)
-        text, stats, stopped = await or_gone(request, collect(events, first, call, config.retry_after_s))
-        return JSONResponse(completion.response(text, stats, stopped, with_stats, heard), headers=headers)
+        text, stats, stopped, scored = await or_gone(request, collect(events, first, call, config.retry_after_s))
+        answer = completion.response(text, stats, stopped, with_stats, heard, scored)
+        return JSONResponse(answer, headers=headers)
     except ClientGone:
         log.debug("client left before the answer: chat cancelled")
         return Response(status_code=499)

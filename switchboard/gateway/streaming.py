@@ -10,7 +10,7 @@ import contextlib
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from switchboard.client.sdk import ChatError
+from switchboard.client.sdk import ChatError, TokenLogprobs
 from switchboard.gateway.errors import APIError, from_chat_error
 from switchboard.gateway.mapping import Completion, CompletionCall, StopScanner, finish_reason, sse
 from switchboard.wire import ChatStats
@@ -67,14 +67,22 @@ async def next_event(events, call: CompletionCall, retry_after_s: int):
         raise from_chat_error(e.code, str(e), retry_after_s, call.max_tokens_param) from None
 
 
-async def collect(events, first, call: CompletionCall, retry_after_s: int) -> tuple[str, ChatStats | None, bool]:
-    """The whole answer: (text cut at the first stop sequence, stats, whether a stop sequence cut it)."""
+async def collect(
+    events, first, call: CompletionCall, retry_after_s: int
+) -> tuple[str, ChatStats | None, bool, list[dict] | None]:
+    """The whole answer: (text cut at the first stop sequence, stats, whether a stop sequence cut
+    it, the tokens' logprobs when asked for)."""
     scanner, parts, event = StopScanner(call.stop), [], first
+    scored = None if call.logprobs is None else []
     while event is not None and not isinstance(event, ChatStats):
-        parts.append(scanner.feed(event))
+        if isinstance(event, TokenLogprobs):
+            if scored is not None and not scanner.stopped:
+                scored += event.entries
+        else:
+            parts.append(scanner.feed(event))
         event = await next_event(events, call, retry_after_s)  # after a stop sequence: on to the stats (usage)
     parts.append(scanner.flush())
-    return "".join(parts), event, scanner.stopped
+    return "".join(parts), event, scanner.stopped, scored
 
 
 async def sse_stream(
@@ -92,16 +100,21 @@ async def sse_stream(
     ``[DONE]``. An error after the first chunk is an ``error`` event (the status line is gone)."""
     scanner, event, opened, finished = StopScanner(call.stop), first, False, False
     usage = call.include_usage
+    scored: list[dict] = []  # logprobs for the next content chunk
     try:
         while event is not None and not isinstance(event, ChatStats):
+            if isinstance(event, TokenLogprobs):
+                scored += event.entries if call.logprobs is not None else []
+                event = await next_event(events, call, retry_after_s)
+                continue
             text = scanner.feed(event)
             if not finished and (text or not opened):
                 if opened:
-                    yield sse(completion.chunk({"content": text}, include_usage=usage))
+                    yield sse(completion.chunk({"content": text}, include_usage=usage, scored=scored))
                 else:
                     delta = {"role": "assistant", "content": text}
-                    yield sse(completion.chunk(delta, include_usage=usage, heard=heard))
-                opened = True
+                    yield sse(completion.chunk(delta, include_usage=usage, heard=heard, scored=scored))
+                opened, scored = True, []
             if scanner.stopped and not finished:
                 finished = True
                 yield sse(completion.chunk({}, "stop", include_usage=usage))
@@ -113,8 +126,8 @@ async def sse_stream(
             yield sse(completion.chunk({"role": "assistant", "content": ""}, include_usage=usage, heard=heard))
         if not finished:
             tail = scanner.flush()
-            if tail:
-                yield sse(completion.chunk({"content": tail}, include_usage=usage))
+            if tail or scored:
+                yield sse(completion.chunk({"content": tail}, include_usage=usage, scored=scored))
             yield sse(completion.chunk({}, finish_reason(stats, False), include_usage=usage))
         if usage:
             yield sse(completion.usage_chunk(stats, with_stats))

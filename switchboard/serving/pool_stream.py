@@ -9,6 +9,7 @@ dead, the stream ends at once (``PoolHealth``).
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -43,6 +44,7 @@ class Generation:
     kv_reuse: bool = False  # the pool reuses the prompt's stored KV blocks and stores the new ones
     expected_reuse: int = 0  # prompt tokens the session's earlier turns stored KV for
     response_format: str | None = None  # the answer's constraint (ChatRequest's), if any
+    logprobs: int = -1  # ChatRequest's
 
 
 class PoolStreams:
@@ -81,6 +83,8 @@ class PoolStreams:
             parameters[Pool.SEED] = gen.seed
         if gen.response_format is not None:
             parameters[Pool.RESPONSE_FORMAT] = gen.response_format
+        if gen.logprobs >= 0:
+            parameters[Pool.LOGPROBS] = gen.logprobs
         # Triton's queue orders the pool's requests by `priority` and rejects one it could not
         # start within `timeout`; the engine orders its batch by `chat_priority`.
         request = build_request(
@@ -101,6 +105,8 @@ class PoolStreams:
                         merged.setdefault(name, []).extend(array.reshape(-1).tolist())
                     elif name == Pool.STATS:
                         merged[name] = EngineStats.from_json(array.reshape(-1)[0])
+                    elif name == Pool.LOGPROBS:
+                        merged.setdefault(name, []).extend(json.loads(array.reshape(-1)[0]))
             yield merged
 
     def _bounded(self, pool: str, stream: EngineStream):

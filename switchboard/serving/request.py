@@ -16,6 +16,8 @@ import numpy as np
 from switchboard.artifact.grammar import MAX_SCHEMA_BYTES, GrammarError, parse_spec
 from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Chat
 
+MAX_TOP_LOGPROBS = 5  # the engine's (switchboard/engine/scheduler.py)
+
 
 class RequestError(ValueError):
     """The client sent something invalid; the message names what."""
@@ -48,6 +50,7 @@ class ChatRequest:
     # What the answer must be (``parse_spec``'s form, as JSON); None: free text. The schema
     # itself is checked against the model's tokenizer when the chat is served.
     response_format: str | None = None
+    logprobs: int = -1  # -1: none; 0-5: each token's log-probability and that many alternatives
 
 
 def _one(name: str, array: np.ndarray | None):
@@ -173,7 +176,15 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
         except GrammarError as e:
             raise RequestError(str(e)) from None
         response_format = json.dumps(spec, ensure_ascii=False, sort_keys=True)
-    return ChatRequest(text, session_id, max_new, temperature, top_p, priority, seed, history, system, response_format)
+    logprobs = -1
+    raw_logprobs = _one(Chat.LOGPROBS, inputs.get(Chat.LOGPROBS))
+    if raw_logprobs is not None:
+        logprobs = int(raw_logprobs)
+        if not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"logprobs: {logprobs} is outside [0, {MAX_TOP_LOGPROBS}] (alternatives per token)")
+    return ChatRequest(
+        text, session_id, max_new, temperature, top_p, priority, seed, history, system, response_format, logprobs
+    )
 
 
 def parse_history(blob: str, limits: Limits) -> tuple[tuple[dict, ...], str | None]:

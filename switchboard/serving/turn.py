@@ -38,9 +38,12 @@ class Cancelled(RuntimeError):
 
 
 class Sink(Protocol):
-    """Where a turn's responses go, in order: text deltas, then one final response."""
+    """Where a turn's responses go, in order: text deltas, then one final response. With
+    logprobs asked, ``logprobs`` comes before the ``text`` or ``final`` that carries them."""
 
     def text(self, delta: str, priority: int) -> None: ...
+
+    def logprobs(self, entries: list[dict], priority: int) -> None: ...
 
     def final(self, stats: ChatStats, text: str, priority: int) -> None: ...
 
@@ -107,12 +110,14 @@ class ChatTurn:
             kv_reuse=self.kv_reuse,
             expected_reuse=expected,
             response_format=chat.response_format,
+            logprobs=chat.logprobs,
         )
         session_status = lookup.status if chat.session_id else SessionStatus.NONE
         _, preferred = self.router.route(len(prompt.ids) - expected)
 
         detok = IncrementalDetokenizer(self.decode, self.token_bytes)
         generated: list[int] = []
+        scored: list[dict] = []  # logprob entries not yet sent
         ttft_ms, engine_stats = None, EngineStats()
         failover_tokens = 0
         # A pool that fails before anything was sent is retried on the other pool (both serve
@@ -133,9 +138,13 @@ class ChatTurn:
                     ids = response.get(Pool.TOKEN_IDS)
                     if ids is not None:
                         generated.extend(ids)
+                        scored += self._scored(ids, response.get(Pool.LOGPROBS) or ())
                         delta = detok.add([t for t in ids if t not in self.stop_ids])
                         if delta:
                             ttft_ms = ttft_ms if ttft_ms is not None else (self.clock() - t0) * 1000
+                            if scored:
+                                sink.logprobs(scored, chat.priority)
+                                scored = []
                             sink.text(delta, chat.priority)
                     engine_stats = response.get(Pool.STATS, engine_stats)
                 break
@@ -183,7 +192,22 @@ class ChatTurn:
             model_version=self.version,
             failover_tokens=failover_tokens,
         )
+        if scored:
+            sink.logprobs(scored, chat.priority)
         sink.final(stats, tail, chat.priority)
+
+    def _scored(self, ids: list[int], logprobs) -> list[dict]:
+        """The pool's logprobs of ``ids`` as OpenAI's entries (the stop token's left out)."""
+
+        def entry(token: int, lp: float) -> dict:
+            raw = self.token_bytes(token) if self.token_bytes else self.decode([token]).encode("utf-8")
+            return {"token": raw.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(raw)}
+
+        return [
+            {**entry(token, lp), "top_logprobs": [entry(i, x) for i, x in top]}
+            for token, (lp, top) in zip(ids, logprobs)
+            if token not in self.stop_ids
+        ]
 
     @staticmethod
     def _resumed(gen: Generation, generated: list[int]) -> Generation:

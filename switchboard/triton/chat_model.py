@@ -11,6 +11,7 @@ was sent, is answered from the FAQ (``"fallback": true``).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -63,17 +64,29 @@ class TritonSink:
 
     def __init__(self, sender, gate: PriorityGate, finished):
         self.sender, self.gate, self.finished = sender, gate, finished
+        self._scored: list[dict] = []  # logprobs for the next response
+
+    def logprobs(self, entries: list[dict], priority: int) -> None:
+        self._scored += entries
+
+    def _logprobs_output(self) -> list:
+        if not self._scored:
+            return []
+        blob = json.dumps(self._scored, ensure_ascii=False).encode("utf-8")
+        self._scored = []
+        return [pb_utils.Tensor(Chat.LOGPROBS_OUTPUT, np.asarray([[blob]], np.object_))]
 
     def text(self, delta: str, priority: int) -> None:
         out = pb_utils.Tensor(Chat.TEXT_OUTPUT, np.asarray([[delta.encode("utf-8")]], np.object_))
         with self.gate(send_rank(priority, final=False)):
-            self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=[out, *self._logprobs_output()]))
 
     def final(self, stats: ChatStats, text: str, priority: int) -> None:
         """The last response: the rest of the text (if any) and ``stats``."""
         final = [
             pb_utils.Tensor(Chat.TEXT_OUTPUT, np.asarray([[text.encode("utf-8")]], np.object_)),
             pb_utils.Tensor(Chat.STATS, np.asarray([[stats.to_json().encode()]], np.object_)),
+            *self._logprobs_output(),
         ]
         with self.gate(send_rank(priority, final=True)):
             self.sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)

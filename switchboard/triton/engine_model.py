@@ -27,7 +27,7 @@ from switchboard.artifact.tokenizer import control_token_ids
 from switchboard.artifact.version import ModelVersion
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.loader import RuntimeChoice
-from switchboard.engine.scheduler import Engine, GenerationRequest
+from switchboard.engine.scheduler import MAX_TOP_LOGPROBS, Engine, GenerationRequest
 from switchboard.engine.sizing import compute_bound
 from switchboard.engine.stream import TokenStream
 from switchboard.kv.model import block_cache
@@ -213,12 +213,16 @@ class TritonPythonModel:
             a = input_array(request, name)
             return default if a is None else kind(a.reshape(-1)[0])
 
+        logprobs = params.get(Pool.LOGPROBS, -1)
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not -1 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"parameter logprobs: expected an integer in [-1, {MAX_TOP_LOGPROBS}]")
         constraint = None
         spec = params.get(Pool.RESPONSE_FORMAT)
         if spec is not None:
             constraint = self.grammars.matcher(parse_spec(str(spec)))  # GrammarError is a ValueError
         return GenerationRequest(
             constraint=constraint,
+            logprobs=logprobs,
             prompt=prompt,
             max_new_tokens=scalar(Pool.MAX_NEW_TOKENS, 64, int),
             temperature=scalar(Pool.TEMPERATURE, 0.0, float),

@@ -7,6 +7,7 @@ off that loop.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -40,6 +41,10 @@ class ResponseSink:
         # response was sent, so CancelWatch asks only while holding this and not done.
         self.lock = threading.Lock()
         self.done = False
+        # With logprobs asked: one entry per token not yet sent (the engine loop appends, the
+        # sender thread takes as many as the tokens it sends)
+        self._logprobs: list = []
+        self._logprobs_lock = threading.Lock()
 
     def cancelled(self) -> bool:
         # Watched from the engine's first question on (admission), so the round trips scale
@@ -48,6 +53,19 @@ class ResponseSink:
             self.watched = True
             self.watch.add(self)
         return self.broken or self.cancel_seen
+
+    def on_logprobs(self, entries: list) -> None:
+        with self._logprobs_lock:
+            self._logprobs.extend(entries)
+
+    def _logprobs_of(self, n: int) -> list[pb_utils.Tensor]:
+        """The output with the next ``n`` tokens' logprobs, if asked for."""
+        with self._logprobs_lock:
+            if not n or not self._logprobs:
+                return []
+            entries, self._logprobs = self._logprobs[:n], self._logprobs[n:]
+        blob = json.dumps([[round(lp, 5), [[i, round(x, 5)] for i, x in top]] for lp, top in entries])
+        return [pb_utils.Tensor(Pool.LOGPROBS, np.asarray([[blob.encode()]], np.object_))]
 
     def on_tokens(self, ids: list[int]) -> None:
         ids = self.stream.add(ids)
@@ -63,7 +81,7 @@ class ResponseSink:
     def deliver(self, ids: list[int], final, end: bool) -> None:
         if not end:
             out = pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32))
-            self.sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=[out, *self._logprobs_of(len(ids))]))
         elif isinstance(final, Exception):
             send_error(self.sender, f"generation failed: {final.__class__.__name__}")
         else:
@@ -87,6 +105,7 @@ class ResponseSink:
         outputs = [pb_utils.Tensor(Pool.STATS, np.asarray([[stats.to_json().encode()]], np.object_))]
         if ids and result.reason != FinishReason.CANCELLED:
             outputs.append(pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32)))
+            outputs += self._logprobs_of(len(ids))
         return pb_utils.InferenceResponse(output_tensors=outputs)
 
 

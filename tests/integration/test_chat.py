@@ -234,6 +234,15 @@ def test_a_json_schema_answer_over_grpc_validates_and_a_bad_schema_is_invalid_ar
     assert client.ready()
 
 
+def test_logprobs_over_grpc_come_with_the_tokens(client):
+    reply = client.chat("Where is my order?", stream=False, max_new_tokens=16, logprobs=2)
+    scored = reply.logprobs
+    assert len(scored) == reply.stats.generated_tokens - (reply.stats.raw["finish_reason"] == "stop")
+    assert bytes(b for e in scored for b in e["bytes"]).decode("utf-8") == reply.text
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in scored)
+    assert client.chat("Where is my order?", stream=False, max_new_tokens=16).logprobs is None
+
+
 def test_bad_priority_parameter(raw):
     _expect_invalid(raw, {"text": (b(b"hi"), "BYTES")}, {"chat_priority": 9}, "chat_priority")
 

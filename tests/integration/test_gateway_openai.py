@@ -146,6 +146,30 @@ def test_a_json_schema_answer_parses_and_validates(oai, stream):
         json.loads(free)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_logprobs_score_every_token_of_the_answer(oai, stream):
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "我的订单什么时候发货？"}], max_tokens=24)
+    ask.update(logprobs=True, top_logprobs=3, temperature=0)
+    if stream:
+        chunks = list(oai.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        usage, finish = chunks[-1].usage, [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        r = oai.chat.completions.create(**ask)
+        choice, usage = r.choices[0], r.usage
+        text, entries, finish = choice.message.content, choice.logprobs.content, choice.finish_reason
+    # one entry per generated token (the stop token is no content); their bytes are the text
+    assert len(entries) == usage.completion_tokens - (finish == "stop")
+    assert bytes(b for e in entries for b in e.bytes).decode("utf-8") == text
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        tops = [t.logprob for t in e.top_logprobs]
+        assert tops == sorted(tops, reverse=True) and e.logprob == pytest.approx(tops[0]), "greedy: the likeliest"
+    plain = oai.chat.completions.create(**{k: v for k, v in ask.items() if "logprobs" not in k})
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == text
+
+
 def test_json_mode_gives_a_json_object(oai):
     r = oai.chat.completions.create(
         model=MODEL,
@@ -310,7 +334,7 @@ BAD = [
         "include_usage: expected true or false",
     ),
     ("tools", body(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, "tools", "is not supported"),
-    ("logprobs", body(logprobs=True), {}, 400, "logprobs", "logprobs: true is not supported"),
+    ("top-logprobs-9", body(logprobs=True, top_logprobs=9), {}, 400, "top_logprobs", "integer in [0, 5]"),
     (
         "json-schema-unusable",
         body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}),

@@ -28,7 +28,7 @@ class FakeChat:
     def __init__(self):
         self.chats = 0
 
-    def stream(self, text, session_id=None, priority=2, *args, history=None, response_format=None):
+    def stream(self, text, session_id=None, priority=2, *args, history=None, response_format=None, logprobs=None):
         self.chats += 1
         return self._events()
 

@@ -117,6 +117,19 @@ def test_a_bad_response_format_is_refused_naming_the_problem(fmt, needle):
     assert e.value.status == 400 and e.value.param == "response_format" and needle in e.value.message
 
 
+def test_logprobs_and_top_logprobs():
+    assert req().logprobs is None and req(logprobs=False).logprobs is None
+    assert req(logprobs=True).logprobs == 0 and req(logprobs=True, top_logprobs=5).logprobs == 5
+    for kw, needle in (
+        ({"logprobs": "yes"}, "logprobs: expected true or false"),
+        ({"logprobs": True, "top_logprobs": 6}, "top_logprobs: expected an integer in [0, 5]"),
+        ({"top_logprobs": 2}, "top_logprobs: only with logprobs true"),
+    ):
+        with pytest.raises(APIError) as e:
+            req(**kw)
+        assert e.value.status == 400 and needle in e.value.message
+
+
 def test_another_model_is_404_and_bodies_must_be_json_objects():
     with pytest.raises(APIError) as e:
         parse_request({"model": "gpt-4o", "messages": []}, "m")

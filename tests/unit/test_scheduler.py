@@ -674,3 +674,26 @@ def test_a_grammar_that_allows_nothing_ends_the_row():
     e.submit(GenerationRequest([1, 2, 10], 6, constraint=Nothing([1])), s)
     drain(e, [s])
     assert s.tokens == [STOP] and s.result.reason == "stop"
+
+
+def test_logprobs_come_with_each_token_when_asked_and_only_then():
+    class LogSink(Sink):
+        def __init__(self):
+            super().__init__()
+            self.entries = []
+
+        def on_logprobs(self, entries):
+            self.entries += entries
+
+    e = engine()
+    asked, plain = LogSink(), Sink()
+    e.submit(GenerationRequest([1, 2, 10], 3, logprobs=2), asked)
+    e.submit(GenerationRequest([1, 2, 10], 3), plain)  # has no on_logprobs: never called
+    drain(e, [asked, plain])
+    assert asked.tokens == plain.tokens == [11, 12, 13] and len(asked.entries) == 3
+    # ScriptedDecoder: logit 1 for the next token, 0 for the others; an answer's first token
+    # is never the stop token, so it is out of the first distribution (what sampling saw)
+    for i, (token, (lp, top)) in enumerate(zip(asked.tokens, asked.entries)):
+        others = VOCAB - 1 - (i == 0)
+        assert lp == pytest.approx(1 - np.log(np.e + others)) and top[0] == (token, pytest.approx(lp))
+        assert len(top) == 2 and top[1][1] == pytest.approx(-np.log(np.e + others))
