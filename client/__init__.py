@@ -17,4 +17,13 @@ from switchboard.client.sdk import (
     VoiceReply,
 )
 
-__all__ = ["AsyncChatClient", "ChatClient", "ChatError", "ChatReply", "ChatStats", "Heard", "TokenLogprobs", "VoiceReply"]
+__all__ = [
+    "AsyncChatClient",
+    "ChatClient",
+    "ChatError",
+    "ChatReply",
+    "ChatStats",
+    "Heard",
+    "TokenLogprobs",
+    "VoiceReply",
+]

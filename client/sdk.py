@@ -177,22 +177,18 @@ class TokenLogprobs:
     entries: list[dict]
 
 
+def chat_io(text, session_id, max_new_tokens, temperature, top_p, history=None, **extra) -> tuple[list, tuple]:
+    """One chat's inputs (``chat_inputs``; ``extra``: response_format, logprobs) and the outputs to ask for."""
+    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, **extra)
+    return inputs, CHAT_OUTPUTS if extra.get("logprobs") is None else SCORED_OUTPUTS
+
+
 def stream_request(
-    model: str,
-    text,
-    session_id,
-    priority: int,
-    max_new_tokens,
-    temperature,
-    top_p,
-    seed,
-    history=None,
-    response_format=None,
-    logprobs=None,
+    model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p, seed, history=None, **extra
 ) -> dict:
-    """Keyword arguments of tritonclient's ``async_stream_infer`` for one chat (``chat_inputs``)."""
-    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, response_format, logprobs)
-    return stream_call(model, inputs, priority, seed, CHAT_OUTPUTS if logprobs is None else SCORED_OUTPUTS)
+    """Keyword arguments of tritonclient's ``async_stream_infer`` for one chat (``chat_io``)."""
+    inputs, outputs = chat_io(text, session_id, max_new_tokens, temperature, top_p, history, **extra)
+    return stream_call(model, inputs, priority, seed, outputs)
 
 
 def stream_call(model: str, inputs: list[tuple], priority: int, seed=None, outputs=CHAT_OUTPUTS) -> dict:
@@ -218,21 +214,11 @@ _RAW = {"INT32": struct.Struct("<i").pack, "FP32": struct.Struct("<f").pack}
 
 
 def request_message(
-    model: str,
-    text,
-    session_id,
-    priority: int,
-    max_new_tokens,
-    temperature,
-    top_p,
-    seed,
-    history=None,
-    response_format=None,
-    logprobs=None,
+    model: str, text, session_id, priority: int, max_new_tokens, temperature, top_p, seed, history=None, **extra
 ) -> service_pb2.ModelInferRequest:
     """The same chat as ``stream_request``, as the protobuf message of Triton's gRPC API."""
-    inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, response_format, logprobs)
-    return infer_message(model, inputs, priority, seed, CHAT_OUTPUTS if logprobs is None else SCORED_OUTPUTS)
+    inputs, outputs = chat_io(text, session_id, max_new_tokens, temperature, top_p, history, **extra)
+    return infer_message(model, inputs, priority, seed, outputs)
 
 
 def infer_message(

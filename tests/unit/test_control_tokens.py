@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models
 
 from switchboard.artifact.tokenizer import control_token_ids, token_bytes_table
+from tests.unit.bpe import byte_level_bpe
 
 
 def test_control_tokens_are_found_and_tab_and_newline_kept(tmp_path):
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tok.train_from_iterator(["hello\tworld\n", "a\x10\x10b", "订单\r\n"] * 20, trainer=trainer)
-    tok.add_special_tokens(["<|end|>"])
     path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
+    tok = byte_level_bpe(["hello\tworld\n", "a\x10\x10b", "订单\r\n"], path)
     banned = control_token_ids(path)
     texts = {i: tok.decode([i], skip_special_tokens=False) for i in range(tok.get_vocab_size())}
     control = {chr(c) for c in [*range(0x20), 0x7F]} - {"\t", "\n"}
@@ -30,15 +23,7 @@ def test_control_tokens_are_found_and_tab_and_newline_kept(tmp_path):
 
 def test_token_bytes_join_to_the_text_for_byte_level_and_byte_fallback_vocabularies(tmp_path):
     text = "订单 SB123 shipped ✅ 🙂"
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tok.train_from_iterator(["订单 shipped", "SB123"] * 20, trainer=trainer)
-    tok.add_special_tokens(["<|end|>"])
-    tok.save(str(tmp_path / "bytelevel.json"))
+    tok = byte_level_bpe(["订单 shipped", "SB123"], tmp_path / "bytelevel.json")
     table = token_bytes_table(tmp_path / "bytelevel.json")
     ids = tok.encode(text).ids
     assert b"".join(table[i] for i in ids) == text.encode()

@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from switchboard.artifact.grammar import MAX_SCHEMA_BYTES, GrammarError, Grammars, parse_spec
+from tests.unit.bpe import byte_level_bpe
 
 END = "<|end|>"
 ORDER = {
@@ -25,17 +25,9 @@ ORDER = {
 
 @pytest.fixture(scope="module")
 def grammars(tmp_path_factory):
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
     texts = ['{"order_id": "SB123456", "status": "shipped", "eta_days": 3}', "Your order has shipped. 订单已发货"]
-    tok.train_from_iterator(texts * 20, trainer=trainer)
-    tok.add_special_tokens([END])
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(path))
+    tok = byte_level_bpe(texts, path, vocab_size=400, special=END)
     width = tok.get_vocab_size() + 40  # a model's logits may be wider than its tokenizer
     return Grammars(path, width, tok.token_to_id(END)), tok
 
