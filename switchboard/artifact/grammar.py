@@ -51,9 +51,12 @@ class Grammars:
     def __init__(self, tokenizer_json: Path, logits_width: int, end_id: int):
         import llguidance  # only where constraints are used: the pools
 
-        text = Path(tokenizer_json).read_text(encoding="utf-8")
         self._ll = llguidance
-        self.tokenizer = llguidance.LLTokenizer(text, eos_token=end_id)
+        try:
+            text = Path(tokenizer_json).read_text(encoding="utf-8")
+            self.tokenizer = llguidance.LLTokenizer(text, eos_token=end_id)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise GrammarError(f"response_format: this model's tokenizer cannot constrain answers ({e})") from None
         self.vocab = self.tokenizer.vocab_size
         self.width = logits_width
         self.end_id = end_id

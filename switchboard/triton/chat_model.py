@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from switchboard.artifact.grammar import Grammars
+from switchboard.artifact.grammar import GrammarError, Grammars
 from switchboard.artifact.manifest import MANIFEST
 from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.artifact.version import ModelVersion
@@ -187,12 +187,21 @@ class TritonPythonModel:
                 faq=self.faq,
                 decode=tokenizer.decode,
                 token_bytes=tokenizer.token_bytes,
-                grammars=Grammars(model.directory / "tokenizer.json", manifest.vocab_size, manifest.end_of_turn_id),
+                grammars=self._grammars(model.directory, manifest),
                 stop_ids=set(manifest.eos_token_ids),
                 end_of_turn_id=manifest.end_of_turn_id,
                 kv_reuse=cfg.kv_reuse,
                 version=n,
             )
+
+    @staticmethod
+    def _grammars(directory, manifest) -> Grammars | None:
+        """JSON answers for this model (None: its tokenizer cannot drive them; such chats are refused)."""
+        try:
+            return Grammars(directory / "tokenizer.json", manifest.vocab_size, manifest.end_of_turn_id)
+        except GrammarError as e:
+            log.warning("%s", e)
+            return None
 
     def _setup_admission(self, cfg: ChatConfig) -> None:
         # Every response goes out through the gate, priority 1 first (PriorityGate, send_rank say why).

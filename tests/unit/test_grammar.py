@@ -102,3 +102,11 @@ def test_a_recursive_schema_works(grammars):
         c.mask(np.zeros(g.width, np.float32))
         c.accept(token)
     assert c.finished and not c.mask(np.zeros(g.width, np.float32)), "broken: nothing allowed, the row ends"
+
+
+def test_a_tokenizer_the_engine_cannot_read_is_a_clear_error(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"not": "a tokenizer"}')
+    with pytest.raises(GrammarError, match="cannot constrain answers"):
+        Grammars(tmp_path / "tokenizer.json", 100, 0)
+    with pytest.raises(GrammarError, match="cannot constrain answers"):
+        Grammars(tmp_path / "missing.json", 100, 0)
