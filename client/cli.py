@@ -4,17 +4,20 @@ One-shot:     switchboard-chat "How do I return a damaged item?"
 Spoken:       switchboard-chat --audio question.wav   (WAV, FLAC, OGG...: prints what was heard,
               then streams the answer; --language zh for Mandarin)
 Interactive:  switchboard-chat            (one session for the whole conversation)
+As JSON:      switchboard-chat --json-schema order.schema.json "Where is my order SB123456?"
+              (--json: any JSON object; an answer that ends parses, and matches the schema)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import uuid
 from pathlib import Path
 
-from switchboard.client.sdk import ChatClient, ChatError, ChatStats, Heard
+from switchboard.client.sdk import ChatClient, ChatError, ChatStats, Heard, TokenLogprobs
 
 
 def _stats_line(stats: ChatStats) -> str:
@@ -38,11 +41,19 @@ def ask(client: ChatClient, text: str, args, session_id: str | None) -> int:
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_p=args.top_p,
+            response_format=args.response_format,
+            logprobs=args.logprobs,
         ):
             if isinstance(event, ChatStats):
                 print()
                 if args.stats:
                     print(_stats_line(event), file=sys.stderr)
+            elif isinstance(event, TokenLogprobs):
+                for e in event.entries:
+                    alts = ", ".join(f"{t['token']!r} {t['logprob']:.2f}" for t in e["top_logprobs"])
+                    print(
+                        f"\n  [{e['token']!r} {e['logprob']:.2f}{'; ' + alts if alts else ''}]", end="", file=sys.stderr
+                    )
             else:
                 print(event, end="", flush=True)
     except ChatError as e:
@@ -111,7 +122,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, help="nucleus sampling threshold")
     p.add_argument("--stats", action=argparse.BooleanOptionalAction, default=True, help="print stats after each answer")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="the answer is a JSON object")
+    fmt.add_argument("--json-schema", type=Path, metavar="FILE", help="the answer is JSON valid against this schema")
+    p.add_argument(
+        "--logprobs",
+        type=int,
+        choices=range(6),
+        metavar="N",
+        help="print each token's log-probability and N alternatives",
+    )
     args = p.parse_args(argv)
+    args.response_format = None
+    if args.json:
+        args.response_format = {"type": "json_object"}
+    elif args.json_schema is not None:
+        try:
+            args.response_format = {"type": "json_schema", "schema": json.loads(args.json_schema.read_text())}
+        except (OSError, ValueError) as e:
+            p.error(f"--json-schema {args.json_schema}: {e}")
     client = ChatClient(args.url)
     if args.audio is not None:
         if args.text is not None:

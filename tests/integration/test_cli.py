@@ -1,5 +1,6 @@
 """The switchboard-chat CLI, as the README shows it, against the real server."""
 
+import json
 import re
 import subprocess
 import sys
@@ -41,3 +42,22 @@ def test_bad_input_is_reported_not_crashed(stack):
     )
     assert proc.returncode == 2
     assert "INVALID_ARGUMENT" in proc.stderr and "max_new_tokens" in proc.stderr
+
+
+def test_json_schema_answers_parse_and_logprobs_are_printed(stack, tmp_path):
+    schema = {
+        "type": "object",
+        "properties": {"intent": {"enum": ["order_status", "return", "other"]}, "urgent": {"type": "boolean"}},
+        "required": ["intent", "urgent"],
+        "additionalProperties": False,
+    }
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    cmd = [str(CLI), "--url", stack.grpc_url, "--json-schema", str(tmp_path / "s.json"), "--logprobs", "1"]
+    proc = subprocess.run([*cmd, "Where is my order?"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["intent"] in ("order_status", "return", "other") and isinstance(answer["urgent"], bool)
+    assert re.search(r"\[.+ -?\d+\.\d\d; .+ -?\d+\.\d\d\]", proc.stderr), proc.stderr
+    missing = [*cmd[:3], "--json-schema", str(tmp_path / "nope.json"), "hi"]
+    proc = subprocess.run(missing, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--json-schema" in proc.stderr
