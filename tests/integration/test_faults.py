@@ -174,7 +174,7 @@ def tight(artifacts, tmp_path_factory):
         run_dir=tmp_path_factory.mktemp("tight"),
         env={
             "SWITCHBOARD_MAX_INFLIGHT": "2",
-            "SWITCHBOARD_MAX_QUEUE_WAIT_S": "0.5",
+            "SWITCHBOARD_MAX_QUEUE_WAIT_S": "0.25",
             "SWITCHBOARD_ENGINE_FIRST_TOKEN_S": "4",
             "SWITCHBOARD_ENGINE_STALL_S": "4",
             "SWITCHBOARD_POOL_RETRY_AFTER_S": "600",
@@ -204,8 +204,10 @@ def test_burst_beyond_capacity_every_chat_is_answered_in_time_vip_first(tight):
         )
         return priority, r, time.monotonic() - t0
 
-    with ThreadPoolExecutor(48) as pool:
-        results = list(pool.map(one, range(96)))
+    # 96 chats at once for 2 slots: even at 20 ms a chat (a fast idle machine, short answers) the
+    # queue holds ~1 s of work, 4x the 0.25 s a chat may wait
+    with ThreadPoolExecutor(96) as pool:
+        results = list(pool.map(one, range(192)))
     fallbacks = [r for p, r, _ in results if r.stats.fallback]
     assert fallbacks, "a burst 48x the admission limit should shed some chats to the FAQ"
     for _, r, elapsed in results:
@@ -213,10 +215,11 @@ def test_burst_beyond_capacity_every_chat_is_answered_in_time_vip_first(tight):
         assert elapsed < 30
     assert all(r.stats.raw["fallback_reason"] in ("queue_timeout", "queue_full", "queue_forecast") for r in fallbacks)
     assert all(r.stats.raw["faq_id"] for r in fallbacks), "these questions are in the FAQ"
-    # Once chat knows how long a slot is held, a chat that would wait out the 0.5 s is answered on arrival.
+    # Once chat knows how long a slot is held, a chat that would wait out the 0.25 s is answered on
+    # arrival (its reason says so; FAQ answers leave at a bounded rate, hence the looser bound).
     early = [r for r in fallbacks if r.stats.raw["fallback_reason"] == "queue_forecast"]
-    assert early and all(r.stats.raw["total_ms"] < 500 for r in early), [r.stats.raw for r in fallbacks]
-    # Priority 1 goes first: far fewer of its chats wait out the 0.5 s (without priorities the
+    assert early and all(r.stats.raw["total_ms"] < 1000 for r in early), [r.stats.raw for r in fallbacks]
+    # Priority 1 goes first: far fewer of its chats wait out the 0.25 s (without priorities the
     # two shares are alike). Its share is not zero: 12 at once still queue for 2 slots.
     share = {
         p: sum(r.stats.fallback for q, r, _ in results if q == p) / sum(q == p for q, _, _ in results) for p in (1, 2)
