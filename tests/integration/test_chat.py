@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -241,6 +242,45 @@ def test_logprobs_over_grpc_come_with_the_tokens(client):
     assert bytes(b for e in scored for b in e["bytes"]).decode("utf-8") == reply.text
     assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in scored)
     assert client.chat("Where is my order?", stream=False, max_new_tokens=16).logprobs is None
+
+
+def test_constrained_rows_share_batches_leave_when_cancelled_and_store_their_kv(client, stack):
+    fmt = {"type": "json_schema", "schema": RETURN}
+    ask = dict(stream=False, max_new_tokens=64)
+    with ThreadPoolExecutor(8) as pool:
+        futures = [
+            pool.submit(
+                client.chat,
+                "I want to return order SB000123",
+                priority=1 if i % 4 == 0 else 2,
+                response_format=fmt if i % 2 else None,
+                **ask,
+            )
+            for i in range(8)
+        ]
+        replies = [f.result() for f in futures]
+    for reply in replies[1::2]:
+        assert set(json.loads(reply.text)) == {"order_id", "reason"}
+    assert all(r.text.strip() and not r.stats.fallback for r in replies)
+    assert max(r.stats.batch_size for r in replies) > 1, "constrained and free rows decode in one batch"
+    # a constrained answer's KV is stored like any: the session's next turn reuses it
+    client.chat("I want to return order SB000123", session_id="json-kv", response_format=fmt, **ask)
+    again = client.chat("Thanks. When is the refund?", session_id="json-kv", **ask)
+    assert again.stats.raw["session"] == "hit" and again.stats.reused_tokens > 16
+    # a constrained chat the client leaves is cancelled in the pool like any other (its schema
+    # holds it to 512 tokens, seconds here, past the pools' 50 ms cancel poll)
+    note = {"type": "object", "properties": {"note": {"type": "string", "minLength": 5000}}, "required": ["note"]}
+    long = {"type": "json_schema", "schema": note}
+    name = "switchboard_engine_finished_cancelled_total"
+    before = sum(_engine_metric(stack, name, pool) for pool in ("engine_short", "engine_long"))
+    events = client.chat("I want to return order SB000123", response_format=long, max_new_tokens=512)
+    next(events)
+    events.close()
+    deadline = time.monotonic() + 10  # the pools publish their counters once a second
+    while sum(_engine_metric(stack, name, pool) for pool in ("engine_short", "engine_long")) <= before:
+        assert time.monotonic() < deadline, "the constrained chat was not cancelled in its pool"
+        time.sleep(0.2)
+    assert client.ready()
 
 
 def test_bad_priority_parameter(raw):
