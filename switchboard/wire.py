@@ -29,6 +29,9 @@ PRIORITY_PARAMETER = "chat_priority"
 SESSION_HEADER = "x-session-id"
 
 
+MAX_TOP_LOGPROBS = 5  # logprobs: alternatives per token at most (the engine scores; OpenAI allows 20)
+
+
 class Chat:
     """Tensor names of the ``chat`` model (model_repository/chat/config.pbtxt)."""
 

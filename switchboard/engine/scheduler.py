@@ -58,7 +58,7 @@ from switchboard.engine.decoder import Decoder
 from switchboard.engine.policy import NORMAL, URGENT, Policy, make_policy
 from switchboard.engine.sampling import sample
 from switchboard.nice import lower_this_thread
-from switchboard.wire import FinishReason
+from switchboard.wire import MAX_TOP_LOGPROBS, FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,6 @@ class GenerationResult:
     prefill_ms: float
     batch_size_at_admission: int
     engine_ms: float = 0.0  # from submission to the last token
-
-
-MAX_TOP_LOGPROBS = 5
 
 
 class Sink(Protocol):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from switchboard.gateway.errors import APIError, bad_request
 from switchboard.serving.request import Limits, RequestError, check_text
-from switchboard.wire import ChatStats, FinishReason
+from switchboard.wire import MAX_TOP_LOGPROBS, ChatStats, FinishReason
 
 LIMITS = Limits()  # chat's own limits on each message (its defaults; chat checks again)
 MAX_MESSAGES = 257  # chat keeps a history of at most 256 messages, plus the new one
@@ -373,9 +373,6 @@ def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20
         response_format=response_format,
         logprobs=logprobs,
     )
-
-
-MAX_TOP_LOGPROBS = 5  # the engine's (OpenAI allows 20)
 
 
 def _logprobs(asked, top) -> int | None:

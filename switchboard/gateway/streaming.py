@@ -75,8 +75,8 @@ async def collect(
     scanner, parts, event = StopScanner(call.stop), [], first
     scored = None if call.logprobs is None else []
     while event is not None and not isinstance(event, ChatStats):
-        if isinstance(event, TokenLogprobs):
-            if scored is not None and not scanner.stopped:
+        if isinstance(event, TokenLogprobs):  # only when asked: scored is a list then
+            if not scanner.stopped:
                 scored += event.entries
         else:
             parts.append(scanner.feed(event))
@@ -104,7 +104,7 @@ async def sse_stream(
     try:
         while event is not None and not isinstance(event, ChatStats):
             if isinstance(event, TokenLogprobs):
-                scored += event.entries if call.logprobs is not None else []
+                scored += event.entries  # the SDK yields them only when asked
                 event = await next_event(events, call, retry_after_s)
                 continue
             text = scanner.feed(event)

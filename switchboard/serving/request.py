@@ -14,9 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from switchboard.artifact.grammar import MAX_SCHEMA_BYTES, GrammarError, parse_spec
-from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Chat
-
-MAX_TOP_LOGPROBS = 5  # the engine's (switchboard/engine/scheduler.py)
+from switchboard.wire import MAX_TOP_LOGPROBS, PRIORITY_DEFAULT, PRIORITY_PARAMETER, Chat
 
 
 class RequestError(ValueError):

@@ -27,7 +27,7 @@ from switchboard.artifact.tokenizer import control_token_ids
 from switchboard.artifact.version import ModelVersion
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.loader import RuntimeChoice
-from switchboard.engine.scheduler import MAX_TOP_LOGPROBS, Engine, GenerationRequest
+from switchboard.engine.scheduler import Engine, GenerationRequest
 from switchboard.engine.sizing import compute_bound
 from switchboard.engine.stream import TokenStream
 from switchboard.kv.model import block_cache
@@ -36,7 +36,7 @@ from switchboard.triton.common import input_array, load_config, request_paramete
 from switchboard.triton.config import EngineConfig
 from switchboard.triton.engine_metrics import EngineMetricsPublisher
 from switchboard.triton.engine_responses import FINAL, CancelWatch, ResponseSender, ResponseSink
-from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Pool
+from switchboard.wire import MAX_TOP_LOGPROBS, PRIORITY_DEFAULT, PRIORITY_PARAMETER, Pool
 
 log = logging.getLogger("switchboard.engine")
 
