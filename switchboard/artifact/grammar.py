@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from switchboard.artifact.tools import ToolFormat, ToolFormatError
+
 MAX_SCHEMA_BYTES = 64 * 1024  # a bigger schema is refused, not compiled
 
 
@@ -29,18 +31,36 @@ class GrammarError(ValueError):
 
 
 def parse_spec(blob: bytes | str) -> dict:
-    """A request's constraint as JSON: ``{"type": "json_object"}`` or ``{"type": "json_schema",
-    "schema": {...}}``; GrammarError when it is neither."""
+    """A request's constraint as JSON: ``{"type": "json_object"}``, ``{"type": "json_schema",
+    "schema": {...}}`` or ``{"type": "tool_calls", "mode": "auto"|"required", "tools": [{"name",
+    "parameters"}], "format": ToolFormat, "parallel": bool}``; GrammarError when it is none."""
     if len(blob) > MAX_SCHEMA_BYTES:
         raise GrammarError(f"response format: {len(blob)} bytes, more than the {MAX_SCHEMA_BYTES} allowed")
     try:
         spec = json.loads(blob)
     except (ValueError, UnicodeDecodeError) as e:
         raise GrammarError(f"response format: not JSON ({e})") from None
-    if not isinstance(spec, dict) or spec.get("type") not in ("json_object", "json_schema"):
-        raise GrammarError('response format: "type" must be "json_object" or "json_schema"')
+    if not isinstance(spec, dict) or spec.get("type") not in ("json_object", "json_schema", "tool_calls"):
+        raise GrammarError('response format: "type" must be "json_object", "json_schema" or "tool_calls"')
     if spec["type"] == "json_schema" and not isinstance(spec.get("schema"), dict):
         raise GrammarError('response format: json_schema needs a "schema" object')
+    if spec["type"] == "tool_calls":
+        tools = spec.get("tools")
+        if (
+            spec.get("mode") not in ("auto", "required")
+            or not isinstance(spec.get("format"), dict)
+            or not isinstance(tools, list)
+            or not tools
+            or not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)
+            or not all(isinstance(t.get("parameters", {}), dict) for t in tools)
+        ):
+            raise GrammarError(
+                'response format: tool_calls needs "mode", "format" and "tools" [{"name", "parameters"}]'
+            )
+        try:
+            ToolFormat.from_dict(spec["format"])
+        except ToolFormatError as e:
+            raise GrammarError(f"response format: {e}") from None
     return spec
 
 
@@ -61,20 +81,36 @@ class Grammars:
         self.width = logits_width
         self.end_id = end_id
         self._cache: dict[str, str] = {}
+        self._special = {
+            t["content"] for t in json.loads(text).get("added_tokens", []) if t.get("special") and "content" in t
+        }
+
+    def special(self, text: str) -> bool:
+        """``text`` is one of the tokenizer's special tokens (a tool-call tag may be one)."""
+        return text in self._special
 
     def grammar(self, spec: dict) -> str:
         """The grammar for a parsed spec (``parse_spec``), checked; GrammarError otherwise."""
-        schema = {"type": "object"} if spec["type"] == "json_object" else spec["schema"]
-        key = json.dumps(schema, sort_keys=True)
+        if spec["type"] == "tool_calls":
+            key = json.dumps(spec, sort_keys=True)
+            where = "tools"
+        else:
+            key = json.dumps({"type": "object"} if spec["type"] == "json_object" else spec["schema"], sort_keys=True)
+            where = "json_schema"
         if key in self._cache:
             return self._cache[key]
         try:
-            grammar = self._ll.LLMatcher.grammar_from_json_schema(key, defaults={"whitespace_flexible": False})
+            if spec["type"] == "tool_calls":
+                fmt = ToolFormat.from_dict(spec["format"])
+                lark = fmt.grammar(spec["tools"], spec["mode"], spec.get("parallel", True), self.special(fmt.trigger))
+                grammar = self._ll.LLMatcher.grammar_from_lark(lark)
+            else:
+                grammar = self._ll.LLMatcher.grammar_from_json_schema(key, defaults={"whitespace_flexible": False})
         except ValueError as e:
-            raise GrammarError(f"json_schema: {e}") from None
+            raise GrammarError(f"{where}: {e}") from None
         error = self._ll.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error and not error.startswith("WARNING"):
-            raise GrammarError(f"json_schema: {error}")
+            raise GrammarError(f"{where}: {error}")
         if len(self._cache) >= 256:
             self._cache.pop(next(iter(self._cache)))
         self._cache[key] = grammar
@@ -83,7 +119,7 @@ class Grammars:
     def matcher(self, spec: dict) -> RowConstraint:
         m = self._ll.LLMatcher(self.tokenizer, self.grammar(spec), log_level=0)
         if m.is_error():
-            raise GrammarError(f"json_schema: {m.get_error()}")
+            raise GrammarError(f"{'tools' if spec['type'] == 'tool_calls' else 'json_schema'}: {m.get_error()}")
         return RowConstraint(m, self.vocab, self.width)
 
 

@@ -29,17 +29,27 @@ def _raise(message: str):
     raise TemplateError(message)
 
 
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    # transformers' ``tojson``: plain JSON (Jinja's own escapes <, >, & and ' for HTML).
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class ChatTemplate:
     """A Hugging Face chat template rendered the way transformers renders it."""
 
     def __init__(self, source: str, bos_token: str | None, eos_token: str | None):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
+        env.filters["tojson"] = _tojson
         self._template = env.from_string(source)
         self._special = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._special)
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """``tools``: OpenAI's tool definitions (``{"type": "function", "function": {...}}``), as
+        transformers passes them; None: the template's rendering without tools."""
+        return self._template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **self._special
+        )
 
 
 def control_token_ids(tokenizer_json: Path, kept: str = "\t\n") -> list[int]:
