@@ -14,6 +14,7 @@ from switchboard.client.sdk import (
     ChatStats,
     Heard,
     TokenLogprobs,
+    ToolCallDeltas,
     VoiceReply,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "ChatStats",
     "Heard",
     "TokenLogprobs",
+    "ToolCallDeltas",
     "VoiceReply",
 ]

@@ -19,7 +19,7 @@ import queue
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import AsyncIterator, Iterator
 
@@ -64,19 +64,24 @@ class ChatReply:
     text: str
     stats: ChatStats
     logprobs: list[dict] | None = None  # with logprobs asked: every token's entry (TokenLogprobs)
+    # with tools: the calls the answer made, OpenAI's {"id", "type": "function", "function":
+    # {"name", "arguments": JSON text}} (stats.finish_reason "tool_calls")
+    tool_calls: list[dict] = field(default_factory=list)
 
 
 def collect_reply(events) -> ChatReply:
     """A chat's events as one ``ChatReply``."""
-    parts, stats, scored = [], None, None
+    parts, stats, scored, calls = [], None, None, []
     for event in events:
         if isinstance(event, ChatStats):
             stats = event
         elif isinstance(event, TokenLogprobs):
             scored = (scored or []) + event.entries
+        elif isinstance(event, ToolCallDeltas):
+            calls = event.joined(calls)
         else:
             parts.append(event)
-    return ChatReply("".join(parts), stats, scored)
+    return ChatReply("".join(parts), stats, scored, calls)
 
 
 # What Triton itself answers when the queue in front of a model is full or a request waited
@@ -109,21 +114,42 @@ def error_code(message: str, status: str | None = None) -> tuple[str | None, str
 
 
 def chat_inputs(
-    text, session_id, max_new_tokens, temperature, top_p, history=None, response_format=None, logprobs=None
+    text,
+    session_id,
+    max_new_tokens,
+    temperature,
+    top_p,
+    history=None,
+    response_format=None,
+    logprobs=None,
+    tools=None,
+    tool_choice=None,
+    tool_results=None,
 ) -> list[tuple]:
     """(name, value, numpy dtype, Triton datatype) of each input of one chat. ``history``: the
     conversation before ``text`` (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``)
     for a stateless chat. ``response_format``: ``{"type": "json_object"}`` or ``{"type":
     "json_schema", "schema": {...}}``: the answer is JSON (matching the schema). ``logprobs``
-    (0-5): each token's log-probability and that many alternatives (``TokenLogprobs`` events)."""
-    raw = text if isinstance(text, bytes) else text.encode("utf-8")
-    inputs = [
-        (Chat.TEXT, raw, np.object_, "BYTES"),
-        *turn_inputs(session_id, max_new_tokens, temperature, top_p, history),
-    ]
-    if response_format is not None:
-        blob = json.dumps(response_format, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
-        inputs.append((Chat.RESPONSE_FORMAT, blob, np.object_, "BYTES"))
+    (0-5): each token's log-probability and that many alternatives (``TokenLogprobs`` events).
+    ``tools``: OpenAI's function definitions the answer may call, ``tool_choice``: "auto",
+    "none", "required" or a function's name (``ToolCallDeltas`` events); ``tool_results``: the
+    last answer's calls' results, ``[{"tool_call_id", "content"}]``, before ``text`` (then
+    optional: None)."""
+    inputs = turn_inputs(session_id, max_new_tokens, temperature, top_p, history)
+    if text is not None:
+        raw = text if isinstance(text, bytes) else text.encode("utf-8")
+        inputs.insert(0, (Chat.TEXT, raw, np.object_, "BYTES"))
+    for name, value in (
+        (Chat.RESPONSE_FORMAT, response_format),
+        (Chat.TOOLS, tools),
+        (Chat.TOOL_RESULTS, tool_results),
+    ):
+        if value is not None:
+            blob = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+            inputs.append((name, blob, np.object_, "BYTES"))
+    if tool_choice is not None:
+        choice = tool_choice if isinstance(tool_choice, str) else json.dumps(tool_choice, separators=(",", ":"))
+        inputs.append((Chat.TOOL_CHOICE, choice.encode("utf-8"), np.object_, "BYTES"))
     if logprobs is not None:
         inputs.append((Chat.LOGPROBS, logprobs, np.int32, "INT32"))
     return inputs
@@ -170,6 +196,26 @@ SCORED_OUTPUTS = (*CHAT_OUTPUTS, Chat.LOGPROBS_OUTPUT)  # asked only with logpro
 
 
 @dataclass
+class ToolCallDeltas:
+    """With tools: the calls as the answer writes them, OpenAI's stream deltas: a call's first
+    ``{"index", "id", "type": "function", "function": {"name", "arguments"}}``, then ``{"index",
+    "function": {"arguments"}}`` with more of its arguments."""
+
+    deltas: list[dict]
+
+    def joined(self, calls: list[dict]) -> list[dict]:
+        """``calls`` (whole calls so far) with these deltas added."""
+        calls = [dict(c, function=dict(c["function"])) for c in calls]
+        for d in self.deltas:
+            if d["index"] >= len(calls):
+                calls.append({"id": d.get("id"), "type": "function", "function": {"name": "", "arguments": ""}})
+            fn = calls[d["index"]]["function"]
+            fn["name"] = d.get("function", {}).get("name") or fn["name"]
+            fn["arguments"] += d.get("function", {}).get("arguments", "")
+        return calls
+
+
+@dataclass
 class TokenLogprobs:
     """With ``logprobs``: the tokens' log-probabilities up to the text delta that follows, as
     OpenAI's ``logprobs.content`` entries (``token``, ``logprob``, ``bytes``, ``top_logprobs``)."""
@@ -178,9 +224,11 @@ class TokenLogprobs:
 
 
 def chat_io(text, session_id, max_new_tokens, temperature, top_p, history=None, **extra) -> tuple[list, tuple]:
-    """One chat's inputs (``chat_inputs``; ``extra``: response_format, logprobs) and the outputs to ask for."""
+    """One chat's inputs (``chat_inputs``; ``extra``: response_format, logprobs, tools...) and the
+    outputs to ask for (logprobs and tool_calls only when asked: older servers lack them)."""
     inputs = chat_inputs(text, session_id, max_new_tokens, temperature, top_p, history, **extra)
-    return inputs, CHAT_OUTPUTS if extra.get("logprobs") is None else SCORED_OUTPUTS
+    outputs = CHAT_OUTPUTS if extra.get("logprobs") is None else SCORED_OUTPUTS
+    return inputs, outputs + ((Chat.TOOL_CALLS,) if extra.get("tools") else ())
 
 
 def stream_request(
@@ -252,6 +300,8 @@ def chat_decoder(outputs: dict[str, bytes]) -> tuple[list, bool]:
     events: list = []
     if outputs.get(Chat.LOGPROBS_OUTPUT):
         events.append(TokenLogprobs(json.loads(outputs[Chat.LOGPROBS_OUTPUT])))
+    if outputs.get(Chat.TOOL_CALLS):
+        events.append(ToolCallDeltas(json.loads(outputs[Chat.TOOL_CALLS])))
     if outputs.get(Chat.TEXT_OUTPUT):
         events.append(outputs[Chat.TEXT_OUTPUT].decode("utf-8"))
     if Chat.STATS in outputs:
@@ -396,15 +446,25 @@ class ChatClient:
         history: list[dict] | None = None,
         response_format: dict | None = None,
         logprobs: int | None = None,
-    ) -> Iterator[str | TokenLogprobs | ChatStats] | ChatReply:
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        tool_results: list[dict] | None = None,
+    ) -> Iterator[str | TokenLogprobs | ToolCallDeltas | ChatStats] | ChatReply:
         """``stream=True``: an iterator of text deltas (str) ending with one ``ChatStats``.
         ``stream=False``: the whole ``ChatReply``. Raises ``ChatError`` on refusal.
         ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller.
         ``response_format`` (``chat_inputs``): the answer is JSON, matching a schema if given.
-        ``logprobs`` (0-5, ``chat_inputs``): ``TokenLogprobs`` events before the text they score."""
-        events = self._events(
-            text, session_id, priority, max_new_tokens, temperature, top_p, seed, history, response_format, logprobs
+        ``logprobs`` (0-5, ``chat_inputs``): ``TokenLogprobs`` events before the text they score.
+        ``tools``, ``tool_choice``, ``tool_results`` (``chat_inputs``): ``ToolCallDeltas`` events;
+        ``ChatReply.tool_calls``. ``text`` may be None when ``tool_results`` are sent."""
+        extra = dict(
+            response_format=response_format,
+            logprobs=logprobs,
+            tools=tools,
+            tool_choice=tool_choice,
+            tool_results=tool_results,
         )
+        events = self._events(text, session_id, priority, max_new_tokens, temperature, top_p, seed, history, **extra)
         return events if stream else collect_reply(events)
 
     def transcribe(
@@ -446,10 +506,10 @@ class ChatClient:
     def _events(
         self,
         text, session_id, priority, max_new_tokens, temperature, top_p, seed,
-        history=None, response_format=None, logprobs=None,
+        history=None, **extra,
     ):  # fmt: skip
         args = (self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
-        build = partial(stream_request, *args, response_format=response_format, logprobs=logprobs)
+        build = partial(stream_request, *args, **extra)
         return self._run(build, session_headers(session_id), chat_decoder)
 
     def _run(self, build, headers: dict | None, decode):
@@ -617,11 +677,15 @@ class AsyncChatClient:
         history: list[dict] | None = None,
         response_format: dict | None = None,
         logprobs: int | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        tool_results: list[dict] | None = None,
     ) -> ChatReply:
         """The whole answer. Raises ``ChatError`` on refusal."""
         events = self.stream(
             text, session_id, priority, max_new_tokens, temperature, top_p, seed,
             history=history, response_format=response_format, logprobs=logprobs,
+            tools=tools, tool_choice=tool_choice, tool_results=tool_results,
         )  # fmt: skip
         return collect_reply([event async for event in events])
 
@@ -638,13 +702,18 @@ class AsyncChatClient:
         history: list[dict] | None = None,
         response_format: dict | None = None,
         logprobs: int | None = None,
-    ) -> AsyncIterator[str | TokenLogprobs | ChatStats]:
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        tool_results: list[dict] | None = None,
+    ) -> AsyncIterator[str | TokenLogprobs | ToolCallDeltas | ChatStats]:
         """Text deltas (str) ending with one ``ChatStats``; leaving early cancels the chat.
         ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller.
         ``response_format`` (``chat_inputs``): the answer is JSON, matching a schema if given.
-        ``logprobs`` (0-5, ``chat_inputs``): ``TokenLogprobs`` events before the text they score."""
+        ``logprobs`` (0-5, ``chat_inputs``): ``TokenLogprobs`` events before the text they score.
+        ``tools``, ``tool_choice``, ``tool_results`` (``chat_inputs``): ``ToolCallDeltas`` events."""
         args = (self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
-        build = partial(request_message, *args, response_format=response_format, logprobs=logprobs)
+        extra = dict(tools=tools, tool_choice=tool_choice, tool_results=tool_results)
+        build = partial(request_message, *args, response_format=response_format, logprobs=logprobs, **extra)
         return self._exchange(build, session_headers(session_id), chat_decoder)
 
     async def transcribe(self, audio: bytes, language: str | None = None, priority: int = 2) -> AsrResult:

@@ -85,19 +85,23 @@ max_batch_size: 1
 model_transaction_policy { decoupled: true }
 
 input [
-  { name: "text" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "text" data_type: TYPE_STRING dims: [ 1 ] optional: true },
   { name: "session_id" data_type: TYPE_STRING dims: [ 1 ] optional: true },
   { name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },
   { name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
   { name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
   { name: "history" data_type: TYPE_STRING dims: [ 1 ] optional: true },
   { name: "response_format" data_type: TYPE_STRING dims: [ 1 ] optional: true },
-  { name: "logprobs" data_type: TYPE_INT32 dims: [ 1 ] optional: true }
+  { name: "logprobs" data_type: TYPE_INT32 dims: [ 1 ] optional: true },
+  { name: "tools" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "tool_choice" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "tool_results" data_type: TYPE_STRING dims: [ 1 ] optional: true }
 ]
 output [
   { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
   { name: "stats" data_type: TYPE_STRING dims: [ 1 ] },
-  { name: "logprobs" data_type: TYPE_STRING dims: [ 1 ] }
+  { name: "logprobs" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "tool_calls" data_type: TYPE_STRING dims: [ 1 ] }
 ]
 
 # No dynamic_batching, on purpose: Triton 2.51's batcher wakes for a new request only while an

@@ -48,12 +48,37 @@ class Chat:
     # {"type": "json_schema", "schema": {...}} (switchboard/artifact/grammar.py)
     RESPONSE_FORMAT = "response_format"
     LOGPROBS = "logprobs"  # INT32 [1], optional: each token's logprob and this many alternatives (0-5)
-    INPUTS = (TEXT, SESSION_ID, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, HISTORY, RESPONSE_FORMAT, LOGPROBS)
+    # BYTES [1], optional: the functions the answer may call, OpenAI's ``tools`` as JSON
+    # ([{"type": "function", "function": {"name", "description", "parameters"}}])
+    TOOLS = "tools"
+    # BYTES [1], optional: "auto" (the default with tools), "none", "required", or one
+    # function's name to call (OpenAI's {"type": "function", ...} as JSON works too)
+    TOOL_CHOICE = "tool_choice"
+    # BYTES [1], optional: the results of the last answer's calls, JSON list of
+    # {"tool_call_id", "content"}; they come before ``text``, which may then be left out
+    TOOL_RESULTS = "tool_results"
+    INPUTS = (
+        TEXT,
+        SESSION_ID,
+        MAX_NEW_TOKENS,
+        TEMPERATURE,
+        TOP_P,
+        HISTORY,
+        RESPONSE_FORMAT,
+        LOGPROBS,
+        TOOLS,
+        TOOL_CHOICE,
+        TOOL_RESULTS,
+    )
     TEXT_OUTPUT = "text_output"  # BYTES [1]: a text delta
     STATS = "stats"  # BYTES [1], on the last response: ChatStats as JSON
     # BYTES [1], when logprobs were asked: JSON list, per token up to this response's text, of
     # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]} (OpenAI's)
     LOGPROBS_OUTPUT = "logprobs"
+    # BYTES [1], when the answer calls tools: JSON list of OpenAI's stream deltas, the first of a
+    # call {"index", "id", "type": "function", "function": {"name", "arguments"}}, then
+    # {"index", "function": {"arguments"}} as its arguments arrive
+    TOOL_CALLS = "tool_calls"
 
 
 class Asr:
@@ -184,6 +209,7 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # max_new_tokens or the context window
     CANCELLED = "cancelled"  # the client left
     FALLBACK = "fallback"  # answered from the FAQ
+    TOOL_CALLS = "tool_calls"  # the answer ended after calling tools
 
 
 class SessionStatus(StrEnum):

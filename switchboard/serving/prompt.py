@@ -10,6 +10,7 @@ common prefix, never to wrong output.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from switchboard.artifact.tokenizer import TextTokenizer
@@ -25,7 +26,9 @@ class PromptTooLong(ValueError):
 class Conversation:
     """What a session stores between turns (plain data, JSON-serializable)."""
 
-    messages: list[dict] = field(default_factory=list)  # user/assistant turns in the window
+    # user/assistant turns in the window (an answer's tool calls with it, their results as
+    # ``tool`` messages)
+    messages: list[dict] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # ids of system + messages as the model saw them
     kv_tokens: int = 0  # tokens[:kv_tokens] had their KV computed (and stored as blocks by the pool)
 
@@ -42,21 +45,32 @@ class PromptBuilder:
     def __init__(self, tokenizer: TextTokenizer, system_prompt: str | None, max_turns: int, context_window: int):
         self.tok = tokenizer
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        self.max_messages = 2 * max_turns - 1  # the last `max_turns` user turns and answers between
+        self.max_turns = max_turns  # the last `max_turns` user turns and what answered them
         self.context_window = context_window
 
-    def build(self, history: Conversation | None, text: str, max_new_tokens: int, system: str | None = None) -> Prompt:
-        """``system``: the client's system prompt for this chat instead of the server's."""
+    def build(
+        self,
+        history: Conversation | None,
+        text: str,
+        max_new_tokens: int,
+        system: str | None = None,
+        tools: tuple[dict, ...] = (),
+        tool_results: tuple[dict, ...] = (),
+    ) -> Prompt:
+        """``system``: the client's system prompt for this chat instead of the server's;
+        ``tools``: the functions the template shows the model; ``tool_results``: ``tool``
+        messages answering the last answer's calls, before ``text`` (which may then be "")."""
         history = history or Conversation()
         head = self.system if system is None else [{"role": "system", "content": system}]
-        messages = [*history.messages, {"role": "user", "content": text}]
+        messages = [*history.messages, *tool_results, *([{"role": "user", "content": text}] if text else [])]
         dropped = 0
-        while len(messages) > self.max_messages:
-            messages, dropped = messages[2:], dropped + 1
-        ids = self._encode(head + messages, history if dropped == 0 else None)
-        while len(ids) + max_new_tokens > self.context_window and len(messages) > 1:
-            messages, dropped = messages[2:], dropped + 1
-            ids = self._encode(head + messages, None)
+        while sum(m["role"] == "user" for m in messages) > self.max_turns and (rest := _without_first_turn(messages)):
+            messages, dropped = rest, dropped + 1
+        tools = list(tools) or None
+        ids = self._encode(head + messages, history if dropped == 0 else None, tools)
+        while len(ids) + max_new_tokens > self.context_window and (rest := _without_first_turn(messages)):
+            messages, dropped = rest, dropped + 1
+            ids = self._encode(head + messages, None, tools)
         room = self.context_window - len(ids)
         if room < 1:
             raise PromptTooLong(
@@ -64,8 +78,8 @@ class PromptBuilder:
             )
         return Prompt(ids, messages, min(max_new_tokens, room), dropped)
 
-    def _encode(self, messages: list[dict], history: Conversation | None) -> list[int]:
-        text = self.tok.template.render(messages, add_generation_prompt=True)
+    def _encode(self, messages: list[dict], history: Conversation | None, tools: list[dict] | None) -> list[int]:
+        text = self.tok.template.render(messages, add_generation_prompt=True, tools=tools)
         if history and history.tokens:
             seen = self.tok.decode(history.tokens, skip_special_tokens=False)
             if text.startswith(seen):
@@ -73,10 +87,46 @@ class PromptBuilder:
         return self.tok.encode(text)
 
     @staticmethod
-    def after_answer(prompt: Prompt, answer_ids: list[int], answer_text: str, end_id: int) -> Conversation:
-        """The conversation to store once the model answered ``prompt``."""
+    def after_answer(
+        prompt: Prompt, answer_ids: list[int], answer_text: str, end_id: int, tool_calls: list[dict] | None = None
+    ) -> Conversation:
+        """The conversation to store once the model answered ``prompt`` (``answer_text``: its
+        content; ``tool_calls``: the calls it made, OpenAI's, arguments as JSON text)."""
         tokens = prompt.ids + answer_ids
         kv_tokens = len(tokens) - 1  # the last generated token was sampled, never fed back
         if not answer_ids or answer_ids[-1] != end_id:
             tokens.append(end_id)  # stopped by length: close the turn the way the template does
-        return Conversation([*prompt.messages, {"role": "assistant", "content": answer_text}], tokens, kv_tokens)
+        answer = {"role": "assistant", "content": answer_text}
+        if tool_calls:
+            answer["tool_calls"] = [_parsed(c) for c in tool_calls]
+        return Conversation([*prompt.messages, answer], tokens, kv_tokens)
+
+
+def _parsed(call: dict) -> dict:
+    """A call with its arguments as an object, as templates take them (text cut short by the
+    answer's length stays text)."""
+    fn = call["function"]
+    try:
+        args = json.loads(fn["arguments"])
+    except ValueError:
+        args = fn["arguments"]
+    return {"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
+def _without_first_turn(messages: list[dict]) -> list[dict] | None:
+    """``messages`` less the oldest turn (a user message and all that answered it); None when
+    only the last turn is left."""
+    nxt = next((i for i, m in enumerate(messages) if i > 0 and m["role"] == "user"), None)
+    return messages[nxt:] if nxt is not None else None
+
+
+def check_tool_results(messages: list[dict], results: tuple[dict, ...]) -> None:
+    """``ValueError`` naming the first result that answers no call of the last answer."""
+    last = messages[-1] if messages else {}
+    calls = {c["id"] for c in last.get("tool_calls", ())} if last.get("role") == "assistant" else set()
+    for i, r in enumerate(results):
+        if r["tool_call_id"] not in calls:
+            raise ValueError(
+                f"tool_results[{i}].tool_call_id: {r['tool_call_id'][:64]!r} is not a call of the last answer"
+                + ("" if calls else " (it made none)")
+            )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from switchboard.artifact.grammar import MAX_SCHEMA_BYTES, GrammarError, parse_spec
+from switchboard.artifact.tools import MAX_TOOLS, NAME
 from switchboard.wire import MAX_TOP_LOGPROBS, PRIORITY_DEFAULT, PRIORITY_PARAMETER, Chat
 
 
@@ -49,6 +50,23 @@ class ChatRequest:
     # itself is checked against the model's tokenizer when the chat is served.
     response_format: str | None = None
     logprobs: int = -1  # -1: none; 0-5: each token's log-probability and that many alternatives
+    # The functions the answer may call (OpenAI's definitions, checked), how (``auto``, ``none``,
+    # ``required``, or ``function`` with ``tool_name``), and the last answer's calls' results
+    # ({"tool_call_id", "content"}) that come before ``text``.
+    tools: tuple[dict, ...] = ()
+    tool_choice: str = "none"
+    tool_name: str | None = None
+    tool_results: tuple[dict, ...] = ()
+
+    @property
+    def must_generate(self) -> bool:
+        """The answer is held to a form (a schema, a tool to call): the FAQ cannot give it."""
+        return self.response_format is not None or self.tool_choice in ("required", "function")
+
+    @property
+    def calls_tools(self) -> bool:
+        """The answer may call a tool (and is parsed for calls)."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 def _one(name: str, array: np.ndarray | None):
@@ -130,11 +148,13 @@ def _int_param(name: str, value, lo: int, hi: int) -> int:
 
 
 def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, limits: Limits) -> ChatRequest:
+    raw_results = _one(Chat.TOOL_RESULTS, inputs.get(Chat.TOOL_RESULTS))
+    tool_results = () if raw_results is None else parse_tool_results(raw_results, limits)
     raw_text = _one(Chat.TEXT, inputs.get(Chat.TEXT))
-    if raw_text is None:
-        raise RequestError("text: required input is missing")
-    text = _utf8("text", raw_text, limits.max_text_bytes, controls="drop")
-    if not text.strip():
+    if raw_text is None and not tool_results:
+        raise RequestError("text: required input is missing (or send tool_results)")
+    text = "" if raw_text is None else _utf8("text", raw_text, limits.max_text_bytes, controls="drop")
+    if not text.strip() and not tool_results:
         raise RequestError("text: empty message")
 
     session_id = None
@@ -166,6 +186,16 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
                 "history: send either session_id (the server keeps the conversation) or history, not both"
             )
         history, system = parse_history(_utf8("history", raw_history, limits.max_history_bytes), limits)
+    tools = parse_tools(_one(Chat.TOOLS, inputs.get(Chat.TOOLS)))
+    tool_choice, tool_name = parse_tool_choice(_one(Chat.TOOL_CHOICE, inputs.get(Chat.TOOL_CHOICE)), tools)
+    names = {t["function"]["name"] for t in tools}
+    for i, m in enumerate(history or ()):
+        for j, call in enumerate(m.get("tool_calls", ())):
+            if call["function"]["name"] not in names:
+                raise RequestError(
+                    f"history[{i}].tool_calls[{j}].function.name: {call['function']['name']!r} is not one of "
+                    f"this request's tools ({', '.join(sorted(names)) or 'none sent'})"
+                )
     response_format = None
     raw_format = _one(Chat.RESPONSE_FORMAT, inputs.get(Chat.RESPONSE_FORMAT))
     if raw_format is not None:
@@ -174,6 +204,8 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
         except GrammarError as e:
             raise RequestError(str(e)) from None
         response_format = json.dumps(spec, ensure_ascii=False, sort_keys=True)
+        if tools and tool_choice != "none":
+            raise RequestError('response_format: not with tools (send tool_choice "none", or one of them)')
     logprobs = -1
     raw_logprobs = _one(Chat.LOGPROBS, inputs.get(Chat.LOGPROBS))
     if raw_logprobs is not None:
@@ -181,8 +213,145 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
         if not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"logprobs: {logprobs} is outside [0, {MAX_TOP_LOGPROBS}] (alternatives per token)")
     return ChatRequest(
-        text, session_id, max_new, temperature, top_p, priority, seed, history, system, response_format, logprobs
+        text,
+        session_id,
+        max_new,
+        temperature,
+        top_p,
+        priority,
+        seed,
+        history,
+        system,
+        response_format,
+        logprobs,
+        tools,
+        tool_choice,
+        tool_name,
+        tool_results,
     )
+
+
+def _json(name: str, raw, max_bytes: int):
+    blob = _utf8(name, raw, max_bytes)
+    try:
+        return json.loads(blob)
+    except (ValueError, RecursionError) as e:
+        raise RequestError(f"{name}: not valid JSON ({str(e).split(':')[0]})") from None
+
+
+def parse_tools(raw) -> tuple[dict, ...]:
+    """``tools`` (OpenAI's function definitions, JSON) checked: unique names of letters, digits,
+    _ and -, parameters a JSON Schema object; what the template and the grammar get."""
+    if raw is None:
+        return ()
+    tools = _json("tools", raw, MAX_SCHEMA_BYTES)
+    if not isinstance(tools, list):
+        raise RequestError('tools: expected a JSON list of {"type": "function", "function": {...}}')
+    if len(tools) > MAX_TOOLS:
+        raise RequestError(f"tools: {len(tools)} tools is over the limit of {MAX_TOOLS}")
+    out, seen = [], set()
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise RequestError(f'tools[{i}]: expected {{"type": "function", "function": {{"name", ...}}}}')
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise RequestError(f"tools[{i}].function.name: required, letters, digits, _ and - (at most 64)")
+        if name in seen:
+            raise RequestError(f"tools[{i}].function.name: {name!r} is defined twice")
+        seen.add(name)
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise RequestError(f"tools[{i}].function.parameters: expected a JSON Schema object")
+        if params.get("type", "object") != "object":
+            raise RequestError(f'tools[{i}].function.parameters: the arguments must be an object ("type": "object")')
+        description = fn.get("description")
+        if description is not None and not isinstance(description, str):
+            raise RequestError(f"tools[{i}].function.description: expected a string")
+        clean = {"name": name, "parameters": params}
+        if description:
+            clean["description"] = description
+        out.append({"type": "function", "function": clean})
+    return tuple(out)
+
+
+def parse_tool_choice(raw, tools: tuple[dict, ...]) -> tuple[str, str | None]:
+    """(``auto`` | ``none`` | ``required`` | ``function``, the function's name). Without tools
+    only ``none`` (or nothing) is allowed."""
+    names = [t["function"]["name"] for t in tools]
+    if raw is None:
+        return ("auto" if tools else "none"), None
+    choice = _utf8("tool_choice", raw, 4096).strip()
+    name = None
+    if choice.startswith("{"):
+        spec = _json("tool_choice", choice, 4096)
+        fn = spec.get("function") if isinstance(spec, dict) else None
+        if not isinstance(fn, dict) or spec.get("type") != "function" or not isinstance(fn.get("name"), str):
+            raise RequestError('tool_choice: expected "auto", "none", "required" or {"type": "function", ...}')
+        name = fn["name"]
+    elif choice not in ("auto", "none", "required"):
+        name = choice
+    if name is not None:
+        if name not in names:
+            raise RequestError(
+                f"tool_choice: {name[:64]!r} is not one of the tools ({', '.join(names) or 'none sent'})"
+            )
+        return "function", name
+    if choice != "none" and not tools:
+        raise RequestError(f"tool_choice: {choice!r} needs tools")
+    return choice, None
+
+
+def parse_tool_results(raw, limits: Limits) -> tuple[dict, ...]:
+    results = _json("tool_results", raw, limits.max_history_bytes)
+    if not isinstance(results, list) or not results:
+        raise RequestError('tool_results: expected a non-empty JSON list of {"tool_call_id", "content"}')
+    if len(results) > MAX_TOOLS:
+        raise RequestError(f"tool_results: {len(results)} results is over the limit of {MAX_TOOLS}")
+    out = []
+    for i, r in enumerate(results):
+        if not isinstance(r, dict) or set(r) != {"tool_call_id", "content"}:
+            raise RequestError(f'tool_results[{i}]: expected an object with exactly "tool_call_id" and "content"')
+        if not isinstance(r["tool_call_id"], str) or not r["tool_call_id"]:
+            raise RequestError(f"tool_results[{i}].tool_call_id: expected the call's id")
+        content = _utf8(
+            f"tool_results[{i}].content",
+            _text(r["content"], f"tool_results[{i}].content"),
+            limits.max_text_bytes,
+            controls="drop",
+        )
+        out.append({"role": "tool", "tool_call_id": r["tool_call_id"], "content": content})
+    return tuple(out)
+
+
+def _text(value, name: str) -> str:
+    if not isinstance(value, str):
+        raise RequestError(f"{name}: expected a string")
+    return value
+
+
+def _tool_calls(where: str, calls) -> list[dict]:
+    """An assistant message's ``tool_calls`` (OpenAI's) with the arguments parsed (a template
+    renders them as JSON)."""
+    if not isinstance(calls, list) or not calls or len(calls) > MAX_TOOLS:
+        raise RequestError(f"{where}: expected a list of 1 to {MAX_TOOLS} calls")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(call.get("id"), str) or not isinstance(fn.get("name"), str):
+            raise RequestError(
+                f'{where}[{j}]: expected {{"id", "type": "function", "function": {{"name", "arguments"}}}}'
+            )
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                raise RequestError(f"{where}[{j}].function.arguments: not valid JSON") from None
+        if not isinstance(args, dict):
+            raise RequestError(f"{where}[{j}].function.arguments: expected a JSON object")
+        out.append({"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": args}})
+    return out
 
 
 def parse_history(blob: str, limits: Limits) -> tuple[tuple[dict, ...], str | None]:
@@ -198,12 +367,19 @@ def parse_history(blob: str, limits: Limits) -> tuple[tuple[dict, ...], str | No
     if len(messages) > limits.max_history_messages:
         raise RequestError(f"history: {len(messages)} messages is over the limit of {limits.max_history_messages}")
     system, out = None, []
+    calls: set[str] = set()  # the ids of the last answer's calls, which tool messages answer
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or set(m) != {"role", "content"}:
-            raise RequestError(f'history[{i}]: expected an object with exactly "role" and "content"')
+        if not isinstance(m, dict) or not {"role", "content"} <= set(m):
+            raise RequestError(f'history[{i}]: expected an object with "role" and "content"')
         role, content = m["role"], m["content"]
-        if role not in ("system", "user", "assistant"):
-            raise RequestError(f"history[{i}].role: {str(role)[:32]!r} is not system, user or assistant")
+        extra = set(m) - {"role", "content"}
+        allowed = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}.get(role, set())
+        if role not in ("system", "user", "assistant", "tool"):
+            raise RequestError(f"history[{i}].role: {str(role)[:32]!r} is not system, user, assistant or tool")
+        if extra - allowed:
+            raise RequestError(f"history[{i}]: field {sorted(extra - allowed)[0][:32]!r} is not supported")
+        if content is None and role == "assistant" and m.get("tool_calls"):
+            content = ""
         if not isinstance(content, str):
             raise RequestError(f"history[{i}].content: expected a string")
         content = _utf8(f"history[{i}].content", content, limits.max_text_bytes, controls="drop")
@@ -211,6 +387,18 @@ def parse_history(blob: str, limits: Limits) -> tuple[tuple[dict, ...], str | No
             if i != 0:
                 raise RequestError(f"history[{i}]: a system message may only come first")
             system = content
+        elif role == "tool":
+            call_id = m.get("tool_call_id")
+            if call_id not in calls:
+                raise RequestError(
+                    f"history[{i}].tool_call_id: {str(call_id)[:64]!r} is not a call of the answer before it"
+                )
+            out.append({"role": "tool", "tool_call_id": call_id, "content": content})
+        elif m.get("tool_calls"):
+            made = _tool_calls(f"history[{i}].tool_calls", m["tool_calls"])
+            calls = {c["id"] for c in made}
+            out.append({"role": role, "content": content, "tool_calls": made})
         else:
+            calls = set()
             out.append({"role": role, "content": content})
     return tuple(out), system

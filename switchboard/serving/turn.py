@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from switchboard.artifact.grammar import GrammarError, Grammars
+from switchboard.artifact.tools import ToolCallParser, ToolFormat
 from switchboard.serving.detok import IncrementalDetokenizer
 from switchboard.serving.engine_client import stub_dead
 from switchboard.serving.fallback import FaqFallback
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import EngineError, EngineTimeout, Generation
-from switchboard.serving.prompt import Conversation, Prompt, PromptBuilder, PromptTooLong
+from switchboard.serving.prompt import Conversation, Prompt, PromptBuilder, PromptTooLong, check_tool_results
 from switchboard.serving.request import ChatRequest, RequestError
 from switchboard.serving.router import Router
 from switchboard.serving.session import Lookup, longest_common_prefix
@@ -44,6 +45,8 @@ class Sink(Protocol):
     def text(self, delta: str, priority: int) -> None: ...
 
     def logprobs(self, entries: list[dict], priority: int) -> None: ...
+
+    def tool_calls(self, deltas: list[dict], priority: int) -> None: ...
 
     def final(self, stats: ChatStats, text: str, priority: int) -> None: ...
 
@@ -76,6 +79,7 @@ class ChatTurn:
         clock: Callable[[], float] = time.perf_counter,
         token_bytes: Callable[[int], bytes] | None = None,
         grammars: Grammars | None = None,
+        tool_format: ToolFormat | None = None,
     ):
         self.prompts, self.sessions, self.router, self.pools = prompts, sessions, router, pools
         self.health, self.faq, self.decode = health, faq, decode
@@ -84,18 +88,28 @@ class ChatTurn:
         self.clock = clock
         self.token_bytes = token_bytes  # IncrementalDetokenizer's: invalid bytes streamed at once
         self.grammars = grammars  # checks a chat's response_format against the model's tokenizer
+        self.tool_format = tool_format  # how the model's template writes tool calls (None: it has none)
 
     def run(self, chat: ChatRequest, sink: Sink, cancelled: Callable[[], bool], t0: float) -> None:
         """Serve ``chat``, started at ``t0`` (``clock``). Raises ``RequestError`` (the prompt does
         not fit), ``EngineError`` (no pool answered and there is no FAQ, or a pool failed after
         text was sent) or ``Cancelled``; otherwise ``sink.final`` was called. A chat with a
-        ``response_format`` is never answered from the FAQ (its text would not match)."""
-        self.check_format(chat)
+        ``response_format`` or a tool it must call is never answered from the FAQ (its text
+        would not match). With tools, the answer's calls go to ``sink.tool_calls`` as they are
+        written, its other text to ``sink.text``."""
+        constraint = self.check_format(chat)
         lookup = self.sessions.load(chat.session_id) if chat.session_id else Lookup()
         if chat.history is not None:  # stateless: the client's history; its KV is found by content
             lookup = Lookup(Conversation([dict(m) for m in chat.history]))
+        if chat.tool_results:
+            try:
+                check_tool_results(lookup.conversation.messages if lookup.conversation else [], chat.tool_results)
+            except ValueError as e:
+                raise RequestError(str(e)) from None
         try:
-            prompt = self.prompts.build(lookup.conversation, chat.text, chat.max_new_tokens, chat.system)
+            prompt = self.prompts.build(
+                lookup.conversation, chat.text, chat.max_new_tokens, chat.system, chat.tools, chat.tool_results
+            )
         except PromptTooLong as e:
             raise RequestError(str(e)) from None
         stored = lookup.conversation.kv_tokens if lookup.conversation else 0
@@ -109,13 +123,16 @@ class ChatTurn:
             chat.seed,
             kv_reuse=self.kv_reuse,
             expected_reuse=expected,
-            response_format=chat.response_format,
+            response_format=constraint,
             logprobs=chat.logprobs,
         )
         session_status = lookup.status if chat.session_id else SessionStatus.NONE
         _, preferred = self.router.route(len(prompt.ids) - expected)
 
         detok = IncrementalDetokenizer(self.decode, self.token_bytes)
+        calls = (
+            ToolCallParser(self.tool_format, {t["function"]["name"] for t in chat.tools}) if chat.calls_tools else None
+        )
         generated: list[int] = []
         scored: list[dict] = []  # logprob entries not yet sent
         ttft_ms, engine_stats = None, EngineStats()
@@ -145,7 +162,7 @@ class ChatTurn:
                             if scored:
                                 sink.logprobs(scored, chat.priority)
                                 scored = []
-                            sink.text(delta, chat.priority)
+                            self._send(delta, calls, sink, chat.priority)
                     engine_stats = response.get(Pool.STATS, engine_stats)
                 break
             except EngineError as e:
@@ -158,7 +175,7 @@ class ChatTurn:
                         raise  # both pools failed mid-answer: an error, not a second answer
                     continue
                 if timed_out or attempt == 1:
-                    if self.faq is None or chat.response_format is not None:
+                    if self.faq is None or chat.must_generate:
                         raise
                     reason = FallbackReason.ENGINE_TIMEOUT if timed_out else FallbackReason.ENGINE_ERROR
                     return self.answer_from_faq(chat, sink, t0, reason, session_status, len(prompt.ids))
@@ -166,10 +183,19 @@ class ChatTurn:
             done = generated[-1] in self.stop_ids
             engine_stats = EngineStats(FinishReason.STOP if done else FinishReason.LENGTH, len(generated))
         tail = detok.flush()
+        content = detok.text
+        if calls is not None:
+            tail = self._send(tail, calls, sink, chat.priority, last=True)
+            content = calls.content
+            if calls.calls and engine_stats.reason == FinishReason.STOP:
+                engine_stats = dataclasses.replace(engine_stats, reason=FinishReason.TOOL_CALLS)
 
         if chat.session_id:
             self.sessions.save(
-                chat.session_id, self.prompts.after_answer(prompt, generated, detok.text, self.end_of_turn_id)
+                chat.session_id,
+                self.prompts.after_answer(
+                    prompt, generated, content, self.end_of_turn_id, calls.calls if calls is not None else None
+                ),
             )
         stats = ChatStats(
             prompt_tokens=len(prompt.ids),
@@ -195,6 +221,24 @@ class ChatTurn:
         if scored:
             sink.logprobs(scored, chat.priority)
         sink.final(stats, tail, chat.priority)
+
+    @staticmethod
+    def _send(delta: str, calls: ToolCallParser | None, sink: Sink, priority: int, last: bool = False) -> str:
+        """``delta`` out: as text, or, with tools, its calls to ``sink.tool_calls`` and its
+        other text (the last delta's returned, for the final response)."""
+        if calls is None:
+            if not last:
+                sink.text(delta, priority)
+            return delta
+        text, made = calls.feed(delta)
+        if last:
+            held, more = calls.flush()
+            text, made = text + held, made + more
+        if made:
+            sink.tool_calls(made, priority)
+        if text and not last:
+            sink.text(text, priority)
+        return text
 
     def _scored(self, ids: list[int], logprobs) -> list[dict]:
         """The pool's logprobs of ``ids`` as OpenAI's entries (the stop token's left out)."""
@@ -237,16 +281,34 @@ class ChatTurn:
             return CacheMiss.NONE_STORED
         return None
 
-    def check_format(self, chat: ChatRequest) -> None:
-        """``RequestError`` when the chat's response_format cannot constrain this model."""
-        if chat.response_format is None:
-            return
+    def check_format(self, chat: ChatRequest) -> str | None:
+        """The constraint the pool holds the answer to (``parse_spec``'s JSON: the chat's
+        response_format, or its tools' calls); ``RequestError`` when it cannot constrain this
+        model."""
+        if chat.calls_tools:
+            if self.tool_format is None:
+                raise RequestError("tools: this model's chat template has no tool-call format")
+            chosen = [t for t in chat.tools if chat.tool_name in (None, t["function"]["name"])]
+            spec = {
+                "type": "tool_calls",
+                "mode": "auto" if chat.tool_choice == "auto" else "required",
+                "tools": [{"name": t["function"]["name"], "parameters": t["function"]["parameters"]} for t in chosen],
+                "format": self.tool_format.to_dict(),
+                "parallel": chat.tool_name is None,
+            }
+        elif chat.response_format is not None:
+            spec = json.loads(chat.response_format)
+        else:
+            return None
         if self.grammars is None:
-            raise RequestError("response_format: this model's answers cannot be constrained")
+            raise RequestError(
+                f"{'tools' if chat.calls_tools else 'response_format'}: this model's answers cannot be constrained"
+            )
         try:
-            self.grammars.grammar(json.loads(chat.response_format))
+            self.grammars.grammar(spec)
         except GrammarError as e:
             raise RequestError(str(e)) from None
+        return json.dumps(spec, ensure_ascii=False, sort_keys=True)
 
     def answer_from_faq(
         self,

@@ -23,6 +23,7 @@ import triton_python_backend_utils as pb_utils
 from switchboard.artifact.grammar import GrammarError, Grammars
 from switchboard.artifact.manifest import MANIFEST
 from switchboard.artifact.tokenizer import TextTokenizer
+from switchboard.artifact.tools import ToolFormat, ToolFormatError
 from switchboard.artifact.version import ModelVersion
 from switchboard.engine.sizing import compute_bound
 from switchboard.engine.stream import CancelPoll
@@ -80,6 +81,16 @@ class TritonSink:
         out = pb_utils.Tensor(Chat.TEXT_OUTPUT, np.asarray([[delta.encode("utf-8")]], np.object_))
         with self.gate(send_rank(priority, final=False)):
             self.sender.send(pb_utils.InferenceResponse(output_tensors=[out, *self._logprobs_output()]))
+
+    def tool_calls(self, deltas: list[dict], priority: int) -> None:
+        blob = json.dumps(deltas, ensure_ascii=False).encode("utf-8")
+        out = [
+            pb_utils.Tensor(Chat.TEXT_OUTPUT, np.asarray([[b""]], np.object_)),
+            pb_utils.Tensor(Chat.TOOL_CALLS, np.asarray([[blob]], np.object_)),
+            *self._logprobs_output(),
+        ]
+        with self.gate(send_rank(priority, final=False)):
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=out))
 
     def final(self, stats: ChatStats, text: str, priority: int) -> None:
         """The last response: the rest of the text (if any) and ``stats``."""
@@ -188,6 +199,7 @@ class TritonPythonModel:
                 decode=tokenizer.decode,
                 token_bytes=tokenizer.token_bytes,
                 grammars=self._grammars(model.directory, manifest),
+                tool_format=self._tool_format(tokenizer),
                 stop_ids=set(manifest.eos_token_ids),
                 end_of_turn_id=manifest.end_of_turn_id,
                 kv_reuse=cfg.kv_reuse,
@@ -201,6 +213,16 @@ class TritonPythonModel:
             return Grammars(directory / "tokenizer.json", manifest.vocab_size, manifest.end_of_turn_id)
         except GrammarError as e:
             log.warning("%s", e)
+            return None
+
+    @staticmethod
+    def _tool_format(tokenizer: TextTokenizer) -> ToolFormat | None:
+        """How this model's template writes tool calls (None: it has no tool format; chats with
+        tools are refused naming that)."""
+        try:
+            return ToolFormat.of(tokenizer.template)
+        except ToolFormatError as e:
+            log.info("tools: %s", e)
             return None
 
     def _setup_admission(self, cfg: ChatConfig) -> None:
@@ -298,7 +320,7 @@ class TritonPythonModel:
     def _shed(self, job: _Job, reason: str) -> None:
         """No generation slot in time: answer from the FAQ. Not asked whether the client left
         (a round trip per answer, the FAQ's rate under a burst): a gone client drops the answer."""
-        if self.faq is None or job.chat.response_format is not None:  # the FAQ's text would not match
+        if self.faq is None or job.chat.must_generate:  # the FAQ's text would not match
             send_error(job.sender, f"overloaded ({reason}); try again later", "UNAVAILABLE")
             self.metrics.failed("unavailable", job.version)
         else:

@@ -117,7 +117,8 @@ def test_bad_input_is_invalid_arg_naming_the_field_and_never_reaches_the_turn(gl
     request = Request(None)
     model.execute([request])
     error = _error(request.sender)
-    assert error.code == "INVALID_ARG" and error.message == "[INVALID_ARG] text: required input is missing"
+    assert error.code == "INVALID_ARG"
+    assert error.message == "[INVALID_ARG] text: required input is missing (or send tool_results)"
     assert turn.ran == [] and _counted(model) == {"invalid": 1}
 
 

@@ -48,9 +48,10 @@ def test_history_is_parsed_into_messages_and_the_system_prompt():
 BAD = [
     ("not-json", "[{", "history: not valid JSON"),
     ("not-a-list", {"role": "user"}, "history: expected a JSON list"),
-    ("item-not-object", ["hi"], 'history[0]: expected an object with exactly "role" and "content"'),
-    ("extra-key", [{"role": "user", "content": "x", "name": "a"}], "history[0]: expected an object"),
-    ("tool-role", [{"role": "tool", "content": "x"}], "history[0].role: 'tool' is not system, user or assistant"),
+    ("item-not-object", ["hi"], 'history[0]: expected an object with "role" and "content"'),
+    ("extra-key", [{"role": "user", "content": "x", "name": "a"}], "history[0]: field 'name' is not supported"),
+    ("odd-role", [{"role": "robot", "content": "x"}], "history[0].role: 'robot' is not system, user, assistant"),
+    ("orphan-tool", [{"role": "tool", "content": "x", "tool_call_id": "c1"}], "history[0].tool_call_id: 'c1' is not"),
     ("content-null", [{"role": "assistant", "content": None}], "history[0].content: expected a string"),
     ("late-system", [*CONVERSATION[1:], {"role": "system", "content": "x"}], "history[2]: a system message"),
     ("lone-surrogate", '[{"role": "user", "content": "\\ud800"}]', "history[0].content: not valid UTF-8"),
@@ -81,7 +82,7 @@ def test_history_and_a_session_are_not_both_accepted():
 
 
 class Template:
-    def render(self, messages, add_generation_prompt):
+    def render(self, messages, add_generation_prompt, tools=None):
         return "".join(f"<{m['role']}>{m['content']}|" for m in messages) + (
             "<assistant>" if add_generation_prompt else ""
         )

@@ -29,14 +29,14 @@ def decode(ids):
 class Prompts:
     """Prompt ids: the history's tokens, then one id per character of the new message."""
 
-    def build(self, history, text, max_new_tokens, system=None):
+    def build(self, history, text, max_new_tokens, system=None, tools=(), tool_results=()):
         if text == "too long":
             raise PromptTooLong("prompt: 900 tokens do not fit the context window")
         head = list(history.tokens) if history else [1, 2, 3]
         return Prompt(head + [ord(c) % 50 for c in text], [{"role": "user", "content": text}], max_new_tokens)
 
     @staticmethod
-    def after_answer(prompt, answer_ids, answer_text, end_id):
+    def after_answer(prompt, answer_ids, answer_text, end_id, tool_calls=None):
         tokens = prompt.ids + answer_ids
         return Conversation([*prompt.messages, {"role": "assistant", "content": answer_text}], tokens, len(tokens) - 1)
 
@@ -187,7 +187,7 @@ def test_the_pools_miss_reason_is_the_turns():
 def test_a_slid_window_and_another_model_say_so():
     history = Conversation([], [5, 6, 7, 8], kv_tokens=4)
     turn = _turn(Sessions(Lookup(history, SessionStatus.HIT)), Pools(engine_short=[_answer([EOT])]))
-    turn.prompts.build = lambda h, text, max_new, system=None: Prompt([5, 9, 9], [], max_new, dropped_turns=1)
+    turn.prompts.build = lambda h, text, max_new, *rest: Prompt([5, 9, 9], [], max_new, dropped_turns=1)
     sink = _run(turn, _chat(session_id="s"))
     assert sink.stats["cache_miss"] == "window_slid" and turn.pools.calls[0][1].expected_reuse == 1
 
