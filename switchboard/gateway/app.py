@@ -34,6 +34,8 @@ ROUTES = [
     ("/healthz", routes.healthz, ["GET"]),  # the gateway runs
     ("/readyz", routes.readyz, ["GET"]),  # chat is ready behind it (and whether voice is)
     ("/", routes.index, ["GET"]),  # the web chat (its files: /static/)
+    ("/demo/tools", routes.demo_tools, ["GET"]),  # the web chat's order tools (a fake order service)
+    ("/demo/tools/{name}", routes.demo_call, ["POST"]),
 ]
 EXCEPTION_HANDLERS = [
     (APIError, routes.api_error),

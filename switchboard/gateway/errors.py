@@ -72,6 +72,9 @@ _CHAT_FIELDS = [
     (re.compile(r"^parameter chat_priority: "), "priority", "priority: "),
     (re.compile(r"^json_schema: "), "response_format", "response_format.json_schema.schema: "),
     (re.compile(r"^response.format: "), "response_format", "response_format: "),
+    (re.compile(r"^(?=tools)"), "tools", ""),  # tools[2].function.name: ..., tools: ... (as sent)
+    (re.compile(r"^(?=tool_choice: )"), "tool_choice", ""),
+    (re.compile(r"^tool_results(\[\d+\])?(\.\w+)?: "), "messages", "the tool messages that end the conversation: "),
 ]
 
 

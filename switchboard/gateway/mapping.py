@@ -41,8 +41,6 @@ NEUTRAL = {
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
     "logit_bias": ({},),
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
     "modalities": (["text"],),
@@ -71,10 +69,13 @@ KNOWN = {
     "response_format",
     "logprobs",
     "top_logprobs",
+    "tools",
+    "tool_choice",
     *NEUTRAL,
     *IGNORED,
 }
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+TOOL_CHOICES = ("auto", "none", "required")
 # input_audio's formats: OpenAI's ("wav", "mp3") and the containers the recognizer reads; the
 # server reads the format from the bytes, so this only refuses what cannot be audio it decodes.
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "webm", "m4a", "mp4", "mpeg", "mpga")
@@ -112,6 +113,10 @@ class CompletionCall:
     # ...}``); None: text
     response_format: dict | None = None
     logprobs: int | None = None  # with ``logprobs: true``: ``top_logprobs`` (0-5); None: not asked
+    tools: list[dict] | None = None  # OpenAI's, as sent (chat checks them)
+    tool_choice: str | dict | None = None
+    # the tool messages that end the conversation ({"tool_call_id", "content"}): this turn's input
+    tool_results: list[dict] | None = None
 
 
 def _is_number(v) -> bool:
@@ -215,13 +220,50 @@ def parse_messages(messages) -> tuple[str, list[dict]]:
     """(the last user message, the conversation before it) of OpenAI's ``messages``. System
     and developer messages may open the conversation (joined into one system prompt); messages
     in a row from one role are joined, so ``chat`` gets alternating turns."""
-    text, history, _ = parse_conversation(messages)
-    return text, history
+    conv = parse_conversation(messages)
+    return conv.text, conv.history
 
 
-def parse_conversation(messages, max_audio_bytes: int = 25 << 20) -> tuple[str, list[dict], AudioPart | None]:
-    """``parse_messages`` and the last user message's audio: a voice chat asks with audio only
-    in its last message (the turns before are text: a client keeps their transcripts)."""
+@dataclass(frozen=True)
+class Conversation:
+    """``messages`` as chat takes them: the new user message (``text``, "" when the turn is
+    tool results), the messages before it, the tool results that end it, a last message's audio."""
+
+    text: str
+    history: list[dict]
+    audio: AudioPart | None = None
+    tool_results: list[dict] | None = None
+
+
+def _calls(i: int, calls, tools: set[str] | None) -> list[dict]:
+    """An assistant message's ``tool_calls``, checked against the request's tools."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list) or not calls:
+        raise bad_request(f"{where}: expected a non-empty list of calls", "messages")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(call.get("id"), str) or not isinstance(fn.get("name"), str):
+            raise bad_request(
+                f'{where}[{j}]: expected {{"id", "type": "function", "function": {{"name", "arguments"}}}}', "messages"
+            )
+        if fn["name"] not in (tools or ()):
+            known = ", ".join(sorted(tools)) if tools else "none sent"
+            raise bad_request(
+                f"{where}[{j}].function.name: {fn['name'][:64]!r} is not one of the request's tools ({known})",
+                "messages",
+            )
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, str):
+            raise bad_request(f"{where}[{j}].function.arguments: expected a string (JSON)", "messages")
+        out.append({"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+def parse_conversation(messages, max_audio_bytes: int = 25 << 20, tools: set[str] | None = None) -> Conversation:
+    """``messages`` checked: a voice chat asks with audio only in its last message (the turns
+    before are text: a client keeps their transcripts); an answer's ``tool_calls`` name the
+    request's ``tools``; ``tool`` messages answer the calls of the answer before them."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages: expected a non-empty list of messages", "messages")
     if len(messages) > MAX_MESSAGES:
@@ -229,6 +271,7 @@ def parse_conversation(messages, max_audio_bytes: int = 25 << 20) -> tuple[str, 
     system: list[str] = []
     turns: list[dict] = []
     audio = None
+    calls: set[str] = set()  # the ids of the last answer's calls
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}]: expected an object", "messages")
@@ -237,17 +280,22 @@ def parse_conversation(messages, max_audio_bytes: int = 25 << 20) -> tuple[str, 
             raise bad_request(f"messages[{i}].role: required (one of {', '.join(ROLES)})", "messages")
         if role not in ROLES:
             raise bad_request(
-                f"messages[{i}].role: {role[:32]!r} is not supported (one of {', '.join(ROLES)}; no tools)", "messages"
+                f"messages[{i}].role: {role[:32]!r} is not supported (one of {', '.join(ROLES)})", "messages"
             )
+        allowed = {"assistant": ("tool_calls",), "tool": ("tool_call_id",)}.get(role, ())
         for key in m:
-            if key in ("role", "content", "name"):
+            if key in ("role", "content", "name", *allowed):
                 continue
             if key in ("tool_calls", "function_call", "audio", "refusal") and m[key] is None:
                 continue
             raise bad_request(f"messages[{i}]: field {key[:32]!r} is not supported", "messages")
-        if "content" not in m or m["content"] is None:
+        made = _calls(i, m["tool_calls"], tools) if role == "assistant" and m.get("tool_calls") else None
+        if made and m.get("content") is None:
+            content, part = "", None
+        elif "content" not in m or m["content"] is None:
             raise bad_request(f"messages[{i}].content: required", "messages")
-        content, part = _content(i, m["content"], max_audio_bytes)
+        else:
+            content, part = _content(i, m["content"], max_audio_bytes)
         role = ROLES[role]
         if part is not None:
             if role != "user" or i != len(messages) - 1:
@@ -266,14 +314,47 @@ def parse_conversation(messages, max_audio_bytes: int = 25 << 20) -> tuple[str, 
                     f"messages[{i}]: a {m['role']} message after the conversation started is not supported", "messages"
                 )
             system.append(content)
-        elif turns and turns[-1]["role"] == role:
+        elif role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str) or call_id not in calls:
+                raise bad_request(
+                    f"messages[{i}].tool_call_id: {str(call_id)[:64]!r} is not a call of the answer before it",
+                    "messages",
+                )
+            turns.append({"role": "tool", "tool_call_id": call_id, "content": content})
+        elif made:
+            calls = {c["id"] for c in made}
+            turns.append({"role": role, "content": content, "tool_calls": made})
+        elif turns and turns[-1]["role"] == role and "tool_calls" not in turns[-1]:
             turns[-1]["content"] += "\n\n" + content
         else:
+            calls = set()
             turns.append({"role": role, "content": content})
+    head = [{"role": "system", "content": "\n\n".join(system)}] if system else []
+    if turns and turns[-1]["role"] == "tool":
+        n = len(turns)
+        while turns[n - 1]["role"] == "tool":
+            n -= 1
+        results = [{"tool_call_id": t["tool_call_id"], "content": t["content"]} for t in turns[n:]]
+        return Conversation("", head + turns[:n], None, results)
     if not turns or turns[-1]["role"] != "user":
-        raise bad_request("messages: the last message must be the user's (role 'user')", "messages")
-    history = ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + turns[:-1]
-    return turns[-1]["content"], history, audio
+        raise bad_request("messages: the last message must be the user's (role 'user') or a tool's", "messages")
+    return Conversation(turns[-1]["content"], head + turns[:-1], audio)
+
+
+def _tools(body: dict) -> tuple[list[dict] | None, str | dict | None]:
+    """``tools`` and ``tool_choice`` in OpenAI's shapes (what is in them, chat checks)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise bad_request('tools: expected a list of {"type": "function", "function": {...}}', "tools")
+    if choice is not None:
+        named = isinstance(choice, dict) and isinstance(choice.get("function"), dict)
+        if not (choice in TOOL_CHOICES or (named and choice.get("type") == "function")):
+            raise bad_request(
+                'tool_choice: expected "auto", "none", "required" or {"type": "function", "function": {"name"}}',
+                "tool_choice",
+            )
+    return tools or None, choice
 
 
 def _optional_number(body: dict, name: str) -> float | None:
@@ -322,7 +403,14 @@ def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20
             "model",
             "model_not_found",
         )
-    text, history, audio = parse_conversation(body.get("messages"), max_audio_bytes)
+    tools, tool_choice = _tools(body)
+    names = {
+        t["function"]["name"] for t in tools or () if isinstance(t.get("function"), dict) and "name" in t["function"]
+    }
+    conv = parse_conversation(body.get("messages"), max_audio_bytes, names)
+    text, history, audio = conv.text, conv.history, conv.audio
+    if audio is not None and tools and tool_choice != "none":
+        raise bad_request("tools: not with an audio message (voice answers are text)", "tools")
 
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
@@ -372,6 +460,9 @@ def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20
         audio=audio,
         response_format=response_format,
         logprobs=logprobs,
+        tools=tools,
+        tool_choice=tool_choice,
+        tool_results=conv.tool_results,
     )
 
 
@@ -460,6 +551,8 @@ def finish_reason(stats: ChatStats | None, stopped: bool) -> str:
         return "stop"
     if stats is not None and stats.finish_reason == FinishReason.LENGTH:
         return "length"
+    if stats is not None and stats.finish_reason == FinishReason.TOOL_CALLS:
+        return "tool_calls"
     return "stop"  # a stop token, or the FAQ's whole answer (stats.fallback)
 
 
@@ -515,10 +608,11 @@ class Completion:
         with_stats: bool,
         heard: dict | None = None,
         scored: list[dict] | None = None,
+        tool_calls: list[dict] | None = None,
     ) -> dict:
-        """The whole answer; ``heard`` (a voice chat's transcript, language, asr_ms, audio_s)
-        under ``switchboard.asr`` whether or not the stats were asked for: it is what the
-        caller said."""
+        """The whole answer (with ``tool_calls``, its content is null when it wrote no text);
+        ``heard`` (a voice chat's transcript, language, asr_ms, audio_s) under ``switchboard.asr``
+        whether or not the stats were asked for: it is what the caller said."""
         out = {
             "id": self.id,
             "object": "chat.completion",
@@ -527,7 +621,12 @@ class Completion:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "message": {
+                        "role": "assistant",
+                        "content": None if tool_calls and not text.strip() else text,
+                        "refusal": None,
+                        **({"tool_calls": tool_calls} if tool_calls else {}),
+                    },
                     "finish_reason": finish_reason(stats, stopped),
                     "logprobs": None if scored is None else {"content": scored, "refusal": None},
                 }

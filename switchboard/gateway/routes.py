@@ -34,6 +34,7 @@ from switchboard.gateway.errors import APIError, overloaded
 from switchboard.gateway.mapping import Completion, parse_body, parse_request
 from switchboard.gateway.state import GatewayConfig, GatewayState
 from switchboard.gateway.streaming import ChatStreamResponse, ClientGone, collect, next_event, or_gone, sse_stream
+from switchboard.serving import order_demo
 
 log = logging.getLogger("switchboard.gateway")
 
@@ -60,13 +61,16 @@ async def chat_completions(request: Request):
     ask = (call.max_tokens, call.temperature, call.top_p, call.seed)
     if call.audio is None:
         events = state.client.stream(
-            call.text,
+            None if call.tool_results else call.text,  # a turn of tool results has no new text
             None,
             priority,
             *ask,
             history=call.history,
             response_format=call.response_format,
             logprobs=call.logprobs,
+            tools=call.tools,
+            tool_choice=call.tool_choice,
+            tool_results=call.tool_results,
         )
     else:
         language = call.audio.language
@@ -92,8 +96,8 @@ async def chat_completions(request: Request):
             headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             handed_over = True  # the response releases the slot when it ends, however it ends
             return ChatStreamResponse(body, release, media_type="text/event-stream", headers=headers)
-        text, stats, stopped, scored = await or_gone(request, collect(events, first, call, config.retry_after_s))
-        answer = completion.response(text, stats, stopped, with_stats, heard, scored)
+        text, stats, stopped, scored, calls = await or_gone(request, collect(events, first, call, config.retry_after_s))
+        answer = completion.response(text, stats, stopped, with_stats, heard, scored, calls)
         return JSONResponse(answer, headers=headers)
     except ClientGone:
         log.debug("client left before the answer: chat cancelled")
@@ -141,6 +145,24 @@ async def model(model_id: str, request: Request):
 
 async def healthz():
     return {"status": "ok"}
+
+
+# -- the order-tools demo (the web chat's "order tools" switch) ----------------------------------
+async def demo_tools(request: Request):
+    """The demo's tools, OpenAI's definitions (switchboard/serving/order_demo.py)."""
+    authenticate(request, state_of(request).config.keys)
+    return {"tools": order_demo.TOOLS}
+
+
+async def demo_call(name: str, request: Request):
+    """One call of a demo tool: the JSON arguments the model wrote in, the fake order service's
+    result out. Nothing here is a real order: it is what the page shows a tool loop with."""
+    authenticate(request, state_of(request).config.keys)
+    require_json(request)
+    if name not in order_demo.NAMES:
+        raise APIError(404, f"no demo tool {name[:64]!r} (one of {', '.join(order_demo.NAMES)})", None, "not_found")
+    arguments = parse_body(await read_body(request, 4096))
+    return order_demo.call(name, arguments)
 
 
 async def readyz(request: Request):

@@ -10,7 +10,7 @@ import contextlib
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from switchboard.client.sdk import ChatError, TokenLogprobs
+from switchboard.client.sdk import ChatError, TokenLogprobs, ToolCallDeltas
 from switchboard.gateway.errors import APIError, from_chat_error
 from switchboard.gateway.mapping import Completion, CompletionCall, StopScanner, finish_reason, sse
 from switchboard.wire import ChatStats
@@ -69,20 +69,22 @@ async def next_event(events, call: CompletionCall, retry_after_s: int):
 
 async def collect(
     events, first, call: CompletionCall, retry_after_s: int
-) -> tuple[str, ChatStats | None, bool, list[dict] | None]:
+) -> tuple[str, ChatStats | None, bool, list[dict] | None, list[dict]]:
     """The whole answer: (text cut at the first stop sequence, stats, whether a stop sequence cut
-    it, the tokens' logprobs when asked for)."""
-    scanner, parts, event = StopScanner(call.stop), [], first
+    it, the tokens' logprobs when asked for, the tool calls it made)."""
+    scanner, parts, event, calls = StopScanner(call.stop), [], first, []
     scored = None if call.logprobs is None else []
     while event is not None and not isinstance(event, ChatStats):
         if isinstance(event, TokenLogprobs):  # only when asked: scored is a list then
             if not scanner.stopped:
                 scored += event.entries
+        elif isinstance(event, ToolCallDeltas):
+            calls = event.joined(calls)
         else:
             parts.append(scanner.feed(event))
         event = await next_event(events, call, retry_after_s)  # after a stop sequence: on to the stats (usage)
     parts.append(scanner.flush())
-    return "".join(parts), event, scanner.stopped, scored
+    return "".join(parts), event, scanner.stopped, scored, calls
 
 
 async def sse_stream(
@@ -95,7 +97,7 @@ async def sse_stream(
     heard: dict | None = None,
 ):
     """The chat as OpenAI's stream: a first chunk with the role (and a voice chat's transcript,
-    ``heard``, under ``switchboard.asr``), content deltas, a chunk with the finish reason, the
+    ``heard``, under ``switchboard.asr``), content and tool-call deltas, a chunk with the finish reason, the
     usage chunk when asked for (with the stats under ``switchboard`` when asked for too),
     ``[DONE]``. An error after the first chunk is an ``error`` event (the status line is gone)."""
     scanner, event, opened, finished = StopScanner(call.stop), first, False, False
@@ -105,6 +107,14 @@ async def sse_stream(
         while event is not None and not isinstance(event, ChatStats):
             if isinstance(event, TokenLogprobs):
                 scored += event.entries  # the SDK yields them only when asked
+                event = await next_event(events, call, retry_after_s)
+                continue
+            if isinstance(event, ToolCallDeltas):
+                delta = {"tool_calls": event.deltas}
+                if not opened:
+                    delta = {"role": "assistant", "content": None, **delta}
+                yield sse(completion.chunk(delta, include_usage=usage, heard=None if opened else heard, scored=scored))
+                opened, scored = True, []
                 event = await next_event(events, call, retry_after_s)
                 continue
             text = scanner.feed(event)

@@ -99,7 +99,7 @@ class FakeServer:
             yield delta
         yield ChatStats(prompt_tokens=12, generated_tokens=5, asr=heard.to_dict())
 
-    def stream(self, text, session_id=None, priority=2, *args, history=None, response_format=None, logprobs=None):
+    def stream(self, text, session_id=None, priority=2, *args, history=None, **extra):
         self.calls.append(("chat", text, priority))
         return self._track(self._chat())
 

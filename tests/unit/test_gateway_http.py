@@ -14,9 +14,10 @@ import time
 import pytest
 import uvicorn
 
+from switchboard.client.sdk import ToolCallDeltas
 from switchboard.gateway.app import ROUTES, GatewayConfig, create_app
 from switchboard.gateway.server import HTTP_PROTOCOL
-from switchboard.wire import ChatStats
+from switchboard.wire import ChatStats, FinishReason
 
 ANSWER = ["You can ", "track it ", "in My Orders."]
 CHAT = {"model": "switchboard", "messages": [{"role": "user", "content": "Where is my order?"}]}
@@ -28,9 +29,17 @@ class FakeChat:
     def __init__(self):
         self.chats = 0
 
-    def stream(self, text, session_id=None, priority=2, *args, history=None, response_format=None, logprobs=None):
+    def stream(self, text, session_id=None, priority=2, *args, history=None, **extra):
         self.chats += 1
-        return self._events()
+        return self._calls() if extra.get("tools") else self._events()
+
+    async def _calls(self):  # with tools: one call, its arguments in two deltas
+        yield ToolCallDeltas(
+            [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}]
+        )
+        yield ToolCallDeltas([{"index": 0, "function": {"arguments": '{"a":'}}])
+        yield ToolCallDeltas([{"index": 0, "function": {"arguments": "1}"}}])
+        yield ChatStats(prompt_tokens=12, generated_tokens=7, finish_reason=FinishReason.TOOL_CALLS)
 
     async def _events(self):
         for delta in ANSWER:
@@ -214,3 +223,40 @@ def test_routes_are_module_level_handlers():
     for path, handler, methods in ROUTES:
         assert handler.__qualname__ == handler.__name__, f"{path}: {handler.__qualname__} is not module-level"
         assert methods and path.startswith("/")
+
+
+def test_tool_calls_whole_and_streamed(gateway):
+    tools = {"tools": [{"type": "function", "function": {"name": "f"}}]}
+    status, _, body = post(gateway, "application/json", {**CHAT, **tools})
+    choice = json.loads(body)["choices"][0]
+    assert status == 200 and choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+    ]
+    status, _, body = post(gateway, "application/json", {**CHAT, **tools, "stream": True})
+    chunks = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0]["role"] == "assistant" and deltas[0]["tool_calls"][0]["id"] == "call_1"
+    assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas if "tool_calls" in d) == '{"a":1}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_the_demo_order_service(gateway):
+    conn = http.client.HTTPConnection(*gateway, timeout=10)
+    try:
+        conn.request("GET", "/demo/tools")
+        r = conn.getresponse()
+        names = [t["function"]["name"] for t in json.loads(r.read())["tools"]]
+        assert r.status == 200 and names == ["get_order_status", "start_return", "transfer_to_human"]
+        for path, body, status, needle in [
+            ("/demo/tools/get_order_status", {"order_id": "SB12345675"}, 200, '"status":"shipped"'),
+            ("/demo/tools/get_order_status", {"order_id": "nope"}, 200, "order not found"),
+            ("/demo/tools/delete_everything", {}, 404, "no demo tool"),
+        ]:
+            conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            text = r.read().decode().replace(" ", "")
+            assert r.status == status and needle.replace(" ", "") in text, text
+    finally:
+        conn.close()

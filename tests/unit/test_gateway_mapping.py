@@ -224,3 +224,62 @@ def test_usage_counts_cached_tokens_and_the_shapes():
     chunk = c.chunk({"content": "x"}, include_usage=True)
     assert chunk["usage"] is None and chunk["id"] == r["id"] and json.dumps(chunk)
     assert c.usage_chunk(stats, False)["choices"] == []
+
+
+TOOL = {"type": "function", "function": {"name": "get_order_status", "parameters": {"type": "object"}}}
+CALLED = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_order_status", "arguments": "{}"}}],
+}
+
+
+def test_a_conversation_ending_in_tool_results_is_a_turn_of_results():
+    messages = [{"role": "user", "content": "where?"}, CALLED, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    call = req(messages=messages, tools=[TOOL], tool_choice="auto")
+    assert call.text == "" and call.tool_results == [{"tool_call_id": "c1", "content": "ok"}]
+    assert call.history == [{"role": "user", "content": "where?"}, {**CALLED, "content": ""}]
+    assert (call.tools, call.tool_choice) == ([TOOL], "auto")
+    later = req(
+        messages=[*messages, {"role": "assistant", "content": "Shipped."}, {"role": "user", "content": "thanks"}],
+        tools=[TOOL],
+    )
+    assert later.text == "thanks" and later.tool_results is None and later.history[2]["role"] == "tool"
+
+
+@pytest.mark.parametrize(
+    "kw, param, needle",
+    [
+        ({"tools": {"type": "function"}}, "tools", "tools: expected a list"),
+        ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "tool_choice: expected"),
+        (
+            {"messages": [{"role": "user", "content": "x"}, CALLED, {"role": "user", "content": "y"}]},
+            "messages",
+            "'get_order_status' is not one of the request's tools (none sent)",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c1", "content": "y"}],
+                "tools": [TOOL],
+            },
+            "messages",
+            "'c1' is not a call of the answer before it",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {**CALLED, "tool_calls": [{"id": "c1", "function": {"name": "get_order_status", "arguments": {}}}]},
+                    {"role": "user", "content": "y"},
+                ],
+                "tools": [TOOL],
+            },
+            "messages",
+            "arguments: expected a string",
+        ),
+    ],
+)
+def test_bad_tool_requests_name_the_field(kw, param, needle):
+    with pytest.raises(APIError) as e:
+        req(**kw)
+    assert e.value.status == 400 and e.value.param == param and needle in e.value.message, e.value.body()
