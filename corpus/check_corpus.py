@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Validate the customer-service corpus (faq.jsonl, heldout.jsonl, dialogs.jsonl).
+"""Validate the customer-service corpus (faq.jsonl, heldout.jsonl, dialogs.jsonl,
+and tools.jsonl when it exists).
 
 Usage: python3 corpus/check_corpus.py [corpus_dir]
 Exits 0 when everything passes, 1 otherwise. Standard library only.
@@ -23,8 +24,16 @@ ZH_SOFT_CHARS = 70
 MIN_Q, MAX_Q = 6, 8
 MIN_HELD, MAX_HELD = 1, 2
 MIN_USER_TURNS, MAX_USER_TURNS = 2, 4
+TOOLS = {"get_order_status", "start_return", "transfer_to_human"}
+MIN_TOOL_Q, MAX_TOOL_Q = 6, 10
+MIN_TOOL_HELD, MAX_TOOL_HELD = 2, 4
+# Placeholders allowed in tools.jsonl, with the value used to test-parse results.
+TOOL_SLOT_VALUES = {"order_id": "SB12345678", "days": "3"}
+TOOL_FIELDS = ("id", "lang", "tool", "arguments", "questions", "heldout", "results")
 
 SLOT_RE = re.compile(r"\{([^{}]*)\}")
+# In tool results (JSON text) only word-like names count as placeholders.
+RESULT_SLOT_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 CJK_RE = re.compile(r"[\u4e00-\u9fff]")
 
 errors: list[str] = []
@@ -163,7 +172,7 @@ def check_faq(path: Path) -> dict[str, dict]:
     return faq, seen_q
 
 
-def check_heldout(path: Path, faq: dict[str, dict], faq_q: dict[str, str]) -> int:
+def check_heldout(path: Path, faq: dict[str, dict], faq_q: dict[str, str]) -> tuple[int, set[str]]:
     covered: Counter[str] = Counter()
     seen: set[str] = set()
     total = 0
@@ -201,7 +210,7 @@ def check_heldout(path: Path, faq: dict[str, dict], faq_q: dict[str, str]) -> in
             err(path.name, f"no heldout questions for faq id {fid}")
         elif covered[fid] > 1:
             err(path.name, f"faq id {fid} has {covered[fid]} heldout lines (expected 1)")
-    return total
+    return total, seen
 
 
 def check_dialogs(path: Path) -> Counter:
@@ -258,11 +267,137 @@ def check_dialogs(path: Path) -> Counter:
     return per_lang
 
 
+def check_tool_slots(where: str, text: str) -> None:
+    """Like check_slots, but only the tools.jsonl placeholders are allowed."""
+    check_slots(where, text)
+    for name in slots_in(text):
+        if name in ALLOWED_SLOTS and name not in TOOL_SLOT_VALUES:
+            err(where, f"slot {{{name}}} not allowed in tools.jsonl (only {sorted(TOOL_SLOT_VALUES)}) in {text!r}")
+
+
+def check_tools(path: Path, faq_q: dict[str, str], held_q: set[str]) -> dict:
+    """tools.jsonl: tool-calling intents with questions, heldout questions and results."""
+    stats = {"entries": Counter(), "questions": Counter(), "heldout": 0, "results": 0}
+    ids: set[str] = set()
+    entries = []
+    train_q: dict[str, str] = {}
+    for ln, obj in load_jsonl(path):
+        where = f"{path.name}:{ln}"
+        missing = [k for k in TOOL_FIELDS if k not in obj]
+        if missing:
+            err(where, f"missing fields {missing}")
+            continue
+        extra = set(obj) - set(TOOL_FIELDS)
+        if extra:
+            err(where, f"unexpected fields {sorted(extra)}")
+        tid, lang, tool, args = obj["id"], obj["lang"], obj["tool"], obj["arguments"]
+        qs, held, results = obj["questions"], obj["heldout"], obj["results"]
+        if not isinstance(tid, str) or not tid:
+            err(where, "id must be a non-empty string")
+            continue
+        where = f"{path.name}:{ln} ({tid})"
+        if tid in ids:
+            err(where, "duplicate id")
+            continue
+        ids.add(tid)
+        if tool not in TOOLS:
+            err(where, f"unknown tool {tool!r} (expected one of {sorted(TOOLS)})")
+        if not isinstance(args, dict):
+            err(where, "arguments must be a JSON object")
+            continue
+        arg_slots: set[str] = set()
+        for k, v in args.items():
+            if "{" in k or "}" in k:
+                err(where, f"placeholder or brace in argument name {k!r}")
+            if isinstance(v, str):
+                check_tool_slots(where, v)
+                arg_slots |= slots_in(v)
+            elif isinstance(v, (dict, list)) and "{" in json.dumps(v, ensure_ascii=False):
+                err(where, f"argument {k!r}: placeholders may only appear in string values")
+        if not is_str_list(qs):
+            err(where, "questions must be a list of non-empty strings")
+            continue
+        if not is_str_list(held):
+            err(where, "heldout must be a list of non-empty strings")
+            continue
+        if not isinstance(results, list) or not results or not all(
+            isinstance(r, dict) and set(r) == {"result", "answer"}
+            and all(isinstance(r[k], str) and r[k].strip() for k in ("result", "answer"))
+            for r in results
+        ):
+            err(where, "results must be a non-empty list of {result, answer} objects with non-empty strings")
+            continue
+        if not check_lang(where, lang, tid, qs + held + [r["answer"] for r in results]):
+            continue
+        if not MIN_TOOL_Q <= len(qs) <= MAX_TOOL_Q:
+            err(where, f"{len(qs)} questions (need {MIN_TOOL_Q}-{MAX_TOOL_Q})")
+        if not MIN_TOOL_HELD <= len(held) <= MAX_TOOL_HELD:
+            err(where, f"{len(held)} heldout questions (need {MIN_TOOL_HELD}-{MAX_TOOL_HELD})")
+        for q in qs + held:
+            check_tool_slots(where, q)
+            lacking = arg_slots - slots_in(q)
+            if lacking:
+                err(where, f"question {q!r} lacks argument slot(s) {sorted(lacking)}")
+            for name in arg_slots & slots_in(q):
+                if q.count("{" + name + "}") > 1:
+                    warn(where, f"question {q!r} uses {{{name}}} more than once")
+        for q in qs:
+            key = normalize(q)
+            if key in train_q:
+                err(where, f"duplicate question {q!r} (also in {train_q[key]})")
+                continue
+            train_q[key] = tid
+            if key in held_q:
+                err(where, f"question {q!r} is a heldout.jsonl question (evaluation data)")
+            if key in faq_q:
+                warn(where, f"question {q!r} is also a faq.jsonl question ({faq_q[key]})")
+        for i, r in enumerate(results):
+            rwhere = f"{where} result {i}"
+            res, ans = r["result"], r["answer"]
+            res_slots = set(RESULT_SLOT_RE.findall(res))
+            for name in sorted(res_slots - set(TOOL_SLOT_VALUES)):
+                err(rwhere, f"unknown slot {{{name}}} in result {res!r}")
+            filled = res
+            for name, value in TOOL_SLOT_VALUES.items():
+                filled = filled.replace("{" + name + "}", value)
+            try:
+                parsed = json.loads(filled)
+            except json.JSONDecodeError as e:
+                err(rwhere, f"result is not valid JSON after filling slots ({e}): {res!r}")
+            else:
+                if not isinstance(parsed, dict):
+                    err(rwhere, f"result is not a JSON object: {res!r}")
+            check_tool_slots(rwhere, ans)
+            unseen = slots_in(ans) - res_slots - arg_slots
+            if unseen:
+                err(rwhere, f"answer uses slot(s) {sorted(unseen)} not in the result or arguments")
+            check_reply(rwhere, ans, lang)
+        entries.append((where, held))
+        stats["entries"][lang] += 1
+        stats["questions"][lang] += len(qs)
+        stats["results"] += len(results)
+    held_seen: dict[str, str] = {}
+    for where, held in entries:
+        for q in held:
+            stats["heldout"] += 1
+            key = normalize(q)
+            if key in train_q:
+                err(where, f"heldout question {q!r} is a training question in tools.jsonl ({train_q[key]})")
+            if key in faq_q:
+                err(where, f"heldout question {q!r} is a training question in faq.jsonl ({faq_q[key]})")
+            if key in held_seen:
+                err(where, f"duplicate heldout question {q!r} (also in {held_seen[key]})")
+            held_seen[key] = where
+    return stats
+
+
 def main() -> int:
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
     faq, faq_q = check_faq(root / "faq.jsonl")
-    held_total = check_heldout(root / "heldout.jsonl", faq, faq_q)
+    held_total, held_q = check_heldout(root / "heldout.jsonl", faq, faq_q)
     dialogs = check_dialogs(root / "dialogs.jsonl")
+    tools_path = root / "tools.jsonl"
+    tools = check_tools(tools_path, faq_q, held_q) if tools_path.exists() else None
 
     by_lang = Counter(e["lang"] for e in faq.values())
     q_by_lang = Counter()
@@ -276,6 +411,12 @@ def main() -> int:
     print(f"faq entries using slots: {slot_entries}")
     print(f"heldout questions: {held_total}")
     print(f"dialogs: {sum(dialogs.values())} ({', '.join(f'{k}={v}' for k, v in sorted(dialogs.items()))})")
+    if tools is not None:
+        te, tq = tools["entries"], tools["questions"]
+        print(f"tools entries: {sum(te.values())} ({', '.join(f'{k}={v}' for k, v in sorted(te.items()))})")
+        print(f"tools questions: {sum(tq.values())} ({', '.join(f'{k}={v}' for k, v in sorted(tq.items()))})")
+        print(f"tools heldout questions: {tools['heldout']}")
+        print(f"tools results: {tools['results']}")
     for w in warnings:
         print("WARNING", w)
     for e in errors:

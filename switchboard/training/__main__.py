@@ -27,6 +27,7 @@ SOURCES = ("__main__.py", "augment.py", "corpus.py", "tokenizer.py", "train.py")
 def inputs_digest(cfg, corpus_dir: Path) -> str:
     h = hashlib.sha256()
     files = sorted(corpus_dir.glob("*.jsonl")) + [Path(__file__).parent / name for name in SOURCES]
+    files.append(Path(__file__).parents[1] / "serving" / "order_demo.py")  # the tools conversations offer
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -55,7 +56,7 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
         data, cfg.conversations, seed=cfg.seed, rewrite=rewrite if cfg.question_noise else None
     )
 
-    texts = [DEFAULT_SYSTEM_PROMPT] + [m["content"] for c in convs for m in c]
+    texts = [DEFAULT_SYSTEM_PROMPT] + [tokmod.message_text(m) for c in convs for m in c if m["role"] != "tools"]
     tok = tokmod.train_tokenizer(texts, cfg.vocab_size, out, cfg.context_window)
     ids = {
         "bos": tok.token_to_id(tokmod.BOS),

@@ -113,9 +113,29 @@ class Dialog:
 
 
 @dataclass(frozen=True)
+class ToolEntry:
+    """A question answered by calling a tool (corpus/tools.jsonl): the call's arguments (slots
+    filled like the question's), and the tool's possible results, each with the answer to it."""
+
+    id: str
+    lang: str
+    tool: str
+    arguments: dict
+    questions: tuple[str, ...]
+    heldout: tuple[str, ...]
+    results: tuple[dict, ...]  # {"result": JSON text, "answer": text}
+
+    def call(self, slots: dict[str, str]) -> dict:
+        """The call with its arguments' slots filled: {"name", "arguments"}."""
+        filled = fill_slots(slots, json.dumps(self.arguments, ensure_ascii=False))
+        return {"name": self.tool, "arguments": json.loads(filled)}
+
+
+@dataclass(frozen=True)
 class Corpus:
     faq: tuple[FaqEntry, ...]
     dialogs: tuple[Dialog, ...]
+    tools: tuple[ToolEntry, ...] = ()
 
     def files(self) -> list[Path]:
         return sorted(CORPUS_DIR.glob("*.jsonl"))
@@ -147,7 +167,46 @@ def load(directory: Path = CORPUS_DIR) -> Corpus:
     dialogs = ()
     if (directory / "dialogs.jsonl").exists():
         dialogs = tuple(Dialog(r["id"], r["lang"], tuple(r["turns"])) for r in _read_jsonl(directory / "dialogs.jsonl"))
-    return Corpus(faq, dialogs)
+    tools = ()
+    if (directory / "tools.jsonl").exists():
+        tools = tuple(
+            ToolEntry(
+                r["id"],
+                r["lang"],
+                r["tool"],
+                r["arguments"],
+                tuple(r["questions"]),
+                tuple(r.get("heldout", ())),
+                tuple(r["results"]),
+            )
+            for r in _read_jsonl(directory / "tools.jsonl")
+        )
+    return Corpus(faq, dialogs, tools)
+
+
+# A conversation whose first message is {"role": TOOLS_ROLE, "content": "a,b,c"} is one where
+# the client offered those tools (the template lists them in the system message).
+TOOLS_ROLE = "tools"
+TOOL_SHARE = 0.16  # of all conversations: a question answered through a tool call
+TOOLS_LISTED_SHARE = 0.06  # tools offered, a question the FAQ answers in text
+# FAQ topics a tool answers when tools are offered (not trained as text then)
+TOOL_TOPICS = {"order_status", "tracking", "returns", "contact"}
+
+
+def tool_exchange(
+    rng: random.Random, entry: ToolEntry, slots: dict[str, str], rewrite=None, heldout: bool = False
+) -> list[dict]:
+    """A question, the call that answers it, the tool's result and the answer to that."""
+    question = rng.choice(entry.heldout if heldout else entry.questions)
+    if rewrite is not None:
+        question = rewrite(rng, question, entry.lang)
+    outcome = rng.choice(entry.results)
+    return [
+        {"role": "user", "content": fill_slots(slots, question)},
+        {"role": "assistant", "content": "", "tool_calls": [entry.call(slots)]},
+        {"role": "tool", "content": fill_slots(slots, outcome["result"])},
+        {"role": "assistant", "content": fill_slots(slots, outcome["answer"])},
+    ]
 
 
 def training_conversations(
@@ -159,6 +218,10 @@ def training_conversations(
 ) -> list[list[dict]]:
     """Seeded conversations (lists of user/assistant messages) for supervised training.
 
+    With tools in the corpus, some conversations offer the demo's tools (a first ``TOOLS_ROLE``
+    message): most of those ask what a tool answers (the call, the tool's result, the answer
+    to it; ``tool_exchange``), the rest what the FAQ answers, in text, tools or not.
+
     Single-turn FAQ pairs dominate; the rest chain several FAQ pairs or replay a dialog so
     the model learns to answer the latest question with earlier turns in its context.
     ``rewrite(rng, question, lang)``, if given, may change each FAQ question template before
@@ -169,7 +232,27 @@ def training_conversations(
     for e in corpus.faq:
         by_lang.setdefault(e.lang, []).append(e)
     out: list[list[dict]] = []
+    from switchboard.serving.order_demo import NAMES
+
     for _ in range(n):
+        if corpus.tools and (share := rng.random()) < TOOL_SHARE + TOOLS_LISTED_SHARE:
+            lang = rng.choice(sorted(by_lang))
+            slots = sample_slots(rng, lang)
+            conv = [{"role": TOOLS_ROLE, "content": ",".join(NAMES)}]
+            if share >= TOOL_SHARE or rng.random() < 0.3:  # a question the FAQ answers, tools or not
+                e = rng.choice([e for e in by_lang[lang] if e.topic not in TOOL_TOPICS])
+                question = rng.choice(e.questions)
+                if rewrite is not None:
+                    question = rewrite(rng, question, e.lang)
+                conv += [
+                    {"role": "user", "content": fill_slots(slots, question)},
+                    {"role": "assistant", "content": fill_slots(slots, e.answer)},
+                ]
+            if share < TOOL_SHARE:
+                entry = rng.choice([t for t in corpus.tools if t.lang == lang] or corpus.tools)
+                conv += tool_exchange(rng, entry, slots, rewrite)
+            out.append(conv)
+            continue
         kind = rng.random()
         if kind < 0.12 and corpus.dialogs:
             d = rng.choice(corpus.dialogs)

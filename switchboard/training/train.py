@@ -52,12 +52,18 @@ def encode_conversation(
     """Token ids and labels for ``<|bos|>`` + ``<|role|>content<|end|>`` per message.
 
     Encoding message by message gives the same ids as encoding the rendered template (the
-    special tokens cut the text there anyway) and tells which ids are the assistant's.
+    special tokens cut the text there anyway) and tells which ids are the assistant's. A first
+    ``{"role": "tools"}`` message lists the offered tools in the system message; a tool's
+    result is the user's turn, as the template writes it (``message_text``).
     """
+    from switchboard.training.tokenizer import message_text
+
     input_ids, labels = [ids["bos"]], [IGNORE]
+    if conv and conv[0]["role"] == "tools":
+        system, conv = system + "<tools>" + conv[0]["content"] + "</tools>", conv[1:]
     for m in [{"role": "system", "content": system}, *conv]:
-        content = tok.encode(m["content"], add_special_tokens=False).ids
-        piece = [ids[m["role"]], *content, ids["end"]]
+        content = tok.encode(message_text(m), add_special_tokens=False).ids
+        piece = [ids["user" if m["role"] == "tool" else m["role"]], *content, ids["end"]]
         input_ids += piece
         labels += ([IGNORE] + content + [ids["end"]]) if m["role"] == "assistant" else [IGNORE] * len(piece)
     if len(input_ids) > max_len:
