@@ -256,6 +256,12 @@ def _calls(i: int, calls, tools: set[str] | None) -> list[dict]:
         args = fn.get("arguments", "{}")
         if not isinstance(args, str):
             raise bad_request(f"{where}[{j}].function.arguments: expected a string (JSON)", "messages")
+        try:
+            parsed = json.loads(args)
+        except (ValueError, RecursionError):
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise bad_request(f"{where}[{j}].function.arguments: not valid JSON (an object)", "messages")
         out.append({"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": args}})
     return out
 

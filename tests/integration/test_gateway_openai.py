@@ -234,7 +234,15 @@ BAD = [
     ("messages-string", body(messages="hi"), {}, 400, "messages", "messages: expected a non-empty list"),
     ("message-not-object", body(messages=["hi"]), {}, 400, "messages", "messages[0]: expected an object"),
     ("role-missing", body(messages=[{"content": "hi"}]), {}, 400, "messages", "messages[0].role: required"),
-    ("role-tool", body(messages=[{"role": "tool", "content": "x"}]), {}, 400, "messages", "'tool' is not supported"),
+    ("role-robot", body(messages=[{"role": "robot", "content": "x"}]), {}, 400, "messages", "'robot' is not supported"),
+    (
+        "orphan-tool",
+        body(messages=[{"role": "tool", "content": "x"}]),
+        {},
+        400,
+        "messages",
+        "is not a call of the answer",
+    ),
     ("content-missing", body(messages=[{"role": "user"}]), {}, 400, "messages", "messages[0].content: required"),
     ("content-number", user(5), {}, 400, "messages", "messages[0].content: expected a string or a list"),
     ("content-image", user([{"type": "image_url", "image_url": {"url": "x"}}]), {}, 400, "messages", "text only"),
@@ -333,7 +341,22 @@ BAD = [
         "stream_options",
         "include_usage: expected true or false",
     ),
-    ("tools", body(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, "tools", "is not supported"),
+    (
+        "tool-name",
+        body(tools=[{"type": "function", "function": {"name": "a b"}}]),
+        {},
+        400,
+        "tools",
+        "tools[0].function.name",
+    ),
+    (
+        "tool-choice",
+        body(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="g"),
+        {},
+        400,
+        "tool_choice",
+        "expected",
+    ),
     ("top-logprobs-9", body(logprobs=True, top_logprobs=9), {}, 400, "top_logprobs", "integer in [0, 5]"),
     (
         "json-schema-unusable",
@@ -555,12 +578,20 @@ def test_a_streamed_answer_to_http_1_1_is_still_chunked(gateway):
 # The default model answers this at length (all 512 tokens, greedy): about a second of generation
 # to hold a slot or to leave in the middle of.
 LONG = [{"role": "user", "content": "订单" * 100}]
+# An answer that cannot end early, whatever the model would say: a string of 400 characters at least.
+GOES_ON = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "long",
+        "schema": {"type": "object", "properties": {"a": {"type": "string", "minLength": 400}}, "required": ["a"]},
+    },
+}
 
 
 def _long_stream(url: str, key: str = STANDARD_KEY):
     """A streaming chat that goes on, its first chunk read: (connection, response)."""
     conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=60)
-    payload = body(messages=LONG, max_tokens=512, temperature=0, stream=True)
+    payload = body(messages=LONG, max_tokens=512, temperature=0, stream=True, response_format=GOES_ON)
     conn.request(
         "POST",
         "/v1/chat/completions",
@@ -635,7 +666,7 @@ def test_a_client_that_leaves_cancels_its_chat(stack, gateway, stream):
         conn, _ = _long_stream(gateway.url)
     else:
         conn = http.client.HTTPConnection(gateway.url.removeprefix("http://"), timeout=60)
-        payload = body(messages=LONG, max_tokens=512, temperature=0)
+        payload = body(messages=LONG, max_tokens=512, temperature=0, response_format=GOES_ON)
         conn.request(
             "POST",
             "/v1/chat/completions",
@@ -668,7 +699,8 @@ def test_chat_takes_the_history_over_grpc_and_refuses_a_bad_one(client, raw):
 
     for blob, needle in [
         (b"[{", "[INVALID_ARG] history: not valid JSON"),
-        (b'[{"role": "tool", "content": "x"}]', "[INVALID_ARG] history[0].role: 'tool' is not"),
+        (b'[{"role": "robot", "content": "x"}]', "[INVALID_ARG] history[0].role: 'robot' is not"),
+        (b'[{"role": "tool", "content": "x"}]', "[INVALID_ARG] history[0].tool_call_id: 'None' is not a call"),
     ]:
         _, error = raw({"text": b(b"hi"), "history": b(blob)})
         assert error is not None and error.message().startswith(needle), error

@@ -5,6 +5,7 @@ and English, and the page fetches nothing from anywhere but the gateway."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -112,6 +113,46 @@ def test_a_customer_chats_in_the_browser(gateway, browser, tmp_path):
 
     page.click('[data-testid="new"]')
     assert page.locator('[data-testid="msg-user"]').count() == 0
+    context.close()
+
+
+def test_the_order_tools_demo_looks_an_order_up_and_answers_from_it(gateway, browser):
+    """The page's tool loop: the answer's call shown, run by the gateway's fake order service, its
+    result sent back as a tool message, the answer to it shown. The model's own choice of tool is
+    scored by tool_eval, not here: the first request is sent with tool_choice "required" and the
+    next with "none", so what is checked is the page and the server, whatever the model prefers."""
+    context = browser.new_context(locale="en-US")
+    page = context.new_page()
+    sent = []
+
+    def steer(route):
+        body = json.loads(route.request.post_data)
+        body["tool_choice"] = "required" if not sent else "none"
+        sent.append(body)
+        route.continue_(post_data=json.dumps(body))
+
+    page.route("**/v1/chat/completions", steer)
+    page.goto(gateway.url)
+    page.fill('[data-testid="key"]', LIVE_KEY)
+    page.press('[data-testid="key"]', "Tab")
+    page.check('[data-testid="tools"]')
+    page.fill('[data-testid="input"]', "Where is my order SB12345675?")
+    page.press('[data-testid="input"]', "Enter")
+    answers = page.locator('[data-testid="msg-assistant"]')
+    answers.nth(1).locator('[data-testid="stats-toggle"]').wait_for(timeout=60_000)  # the answer to the result
+    call = page.locator('[data-testid="tool-call"]').first.inner_text()
+    assert re.match(r"called (get_order_status|start_return|transfer_to_human)\(\{", call), call
+    assert page.locator(".msg.tool").count() >= 1 and "result" in page.locator(".msg.tool").first.inner_text()
+    assert answers.nth(1).locator(".text").inner_text().strip()
+    assert len(sent) == 2 and [t["function"]["name"] for t in sent[0]["tools"]] == [
+        "get_order_status",
+        "start_return",
+        "transfer_to_human",
+    ]
+    called, results = sent[1]["messages"][1], sent[1]["messages"][2:]
+    assert called["role"] == "assistant" and called["tool_calls"][0]["id"] == results[0]["tool_call_id"]
+    assert results[0]["role"] == "tool" and json.loads(results[0]["content"])
+    assert page.locator('[data-testid="error"]').is_hidden()
     context.close()
 
 

@@ -6,6 +6,10 @@
 // (recorder-worklet.js), encodes 16 kHz mono 16-bit WAV here (MediaRecorder's WebM/Opus is not
 // what the server decodes) and sends it as OpenAI's input_audio in the last user message; the
 // answer's first chunk says what was heard (switchboard.asr), which becomes the user's bubble.
+//
+// Order tools (the header's switch): the chat offers the demo's tools (GET /demo/tools); the
+// calls an answer makes are run against the gateway's fake order service (POST /demo/tools/NAME),
+// their results go back as "tool" messages and the model answers from them, as an agent would.
 "use strict";
 
 const STORE = "switchboard.chat.v1";
@@ -15,7 +19,8 @@ const T = {
         placeholder: "Ask about an order, a refund, delivery… (Enter sends, Shift+Enter: new line)",
         reused: "reused", of: "of", prompt: "prompt tokens", ttft: "time to first token", server: "server",
         tokens: "tokens", faq: "FAQ answer", p1: "priority 1", stopped: "(stopped)", lang: "中文",
-        mic: "Speak", micstop: "■ Stop and send", listening: "…", heard: "heard",
+        mic: "Speak", micstop: "■ Stop and send", listening: "…", heard: "heard", tools: "Order tools (demo)",
+        called: "called", result: "result",
         micdenied: "Microphone access was denied. Allow the microphone for this site in the browser's settings, then try again.",
         nomic: "No microphone here: the browser allows recording only on secure (HTTPS) pages or on localhost.",
         nodevice: "No microphone was found.",
@@ -28,7 +33,8 @@ const T = {
         placeholder: "询问订单、退款、配送……（回车发送，Shift+回车换行）",
         reused: "复用", of: "/", prompt: "个提示词元", ttft: "首字时间", server: "服务端",
         tokens: "个词元", faq: "常见问题答案", p1: "优先级 1", stopped: "（已停止）", lang: "English",
-        mic: "说话", micstop: "■ 停止并发送", listening: "…", heard: "识别",
+        mic: "说话", micstop: "■ 停止并发送", listening: "…", heard: "识别", tools: "订单工具（演示）",
+        called: "调用", result: "结果",
         micdenied: "麦克风权限被拒绝。请在浏览器设置中允许本站使用麦克风，然后重试。",
         nomic: "无法使用麦克风：浏览器只允许在安全（HTTPS）页面或 localhost 上录音。",
         nodevice: "未找到麦克风。",
@@ -41,6 +47,8 @@ const T = {
 const $ = (id) => document.getElementById(id);
 const SAMPLE_RATE = 16000;  // what the recognizer takes (the server resamples anything else)
 const MAX_RECORD_MS = 60_000;  // then the recording stops and is sent
+const MAX_TOOL_ROUNDS = 3;  // answers that call tools, per question, before the page stops asking
+let demoTools = null;  // the demo's tool definitions, once fetched
 let state = load();
 let controller = null;
 let recorder = null;  // while recording: { stream, context, source, node, chunks, timer }
@@ -49,9 +57,9 @@ function load() {
   try {
     const s = JSON.parse(localStorage.getItem(STORE) || "{}");
     return { messages: Array.isArray(s.messages) ? s.messages : [], key: s.key || "",
-             priority: !!s.priority, lang: s.lang === "zh" ? "zh" : "en" };
+             priority: !!s.priority, tools: !!s.tools, lang: s.lang === "zh" ? "zh" : "en" };
   } catch (e) {
-    return { messages: [], key: "", priority: false, lang: "en" };
+    return { messages: [], key: "", priority: false, tools: false, lang: "en" };
   }
 }
 function save() { localStorage.setItem(STORE, JSON.stringify(state)); }
@@ -88,8 +96,15 @@ function bubble(m, i) {
   div.dataset.index = String(i);
   const text = document.createElement("span");
   text.className = "text";
-  text.textContent = m.content;
+  text.textContent = m.role === "tool" ? `${t("result")}: ${m.content}` : m.content;
   div.appendChild(text);
+  for (const call of m.tool_calls || []) {
+    const line = document.createElement("div");
+    line.className = "call";
+    line.dataset.testid = "tool-call";
+    line.textContent = `${t("called")} ${call.function.name}(${call.function.arguments})`;
+    div.appendChild(line);
+  }
   if (m.role === "assistant" && !m.streaming && (m.stats || m.ttft_ms !== undefined)) {
     const meta = document.createElement("div");
     meta.className = "meta";
@@ -127,6 +142,35 @@ function showError(text) {
   $("error").hidden = !text;
 }
 
+// The conversation as the API takes it: answers with their calls, the tools' results.
+function apiMessages() {
+  return state.messages.filter((m) => (m.content || m.tool_calls) && !m.pending).map((m) => {
+    if (m.role === "tool") return { role: "tool", tool_call_id: m.tool_call_id, content: m.content };
+    if (m.tool_calls) return { role: m.role, content: m.content || null, tool_calls: m.tool_calls };
+    return { role: m.role, content: m.content };
+  });
+}
+
+async function toolDefinitions(headers) {
+  if (demoTools === null) {
+    const r = await fetch("/demo/tools", { headers });
+    if (!r.ok) throw await apiError(r);
+    demoTools = (await r.json()).tools;
+  }
+  return demoTools;
+}
+
+// Each call of ``answer`` run by the demo's order service, its result a "tool" message.
+async function runCalls(answer, headers) {
+  for (const call of answer.tool_calls) {
+    const r = await fetch(`/demo/tools/${encodeURIComponent(call.function.name)}`, {
+      method: "POST", headers, body: call.function.arguments || "{}" });
+    if (!r.ok) throw await apiError(r);
+    state.messages.push({ role: "tool", tool_call_id: call.id, content: JSON.stringify(await r.json()) });
+  }
+  render();
+}
+
 function busy(on) {
   $("send").hidden = on;
   $("stop").hidden = !on;
@@ -162,29 +206,50 @@ function sendVoice(wav) {
   return converse(asked, [{ type: "input_audio", input_audio: { data: base64(wav), format: "wav" } }]);
 }
 
-// One turn: ``asked`` shown as the user's bubble, ``content`` sent as the last message's.
+// One turn: ``asked`` shown as the user's bubble, ``content`` sent as the last message's; with
+// the order tools on, the answers that call tools and the answers to their results.
 async function converse(asked, content) {
   showError("");
-  const history = state.messages.filter((m) => m.content && !m.pending)
-    .map((m) => ({ role: m.role, content: m.content }));
+  const history = apiMessages();
   history.push({ role: "user", content });
   const priority = state.priority ? 1 : 2;
   state.messages.push(asked);
-  const answer = { role: "assistant", content: "", streaming: true, priority };
-  state.messages.push(answer);
-  render();
   const headers = { "Content-Type": "application/json", "X-Switchboard-Stats": "1",
                     "X-Switchboard-Priority": String(priority) };
   if (state.key) headers.Authorization = `Bearer ${state.key}`;
   controller = new AbortController();
   busy(true);
+  try {
+    const tools = state.tools ? await toolDefinitions(headers) : null;
+    for (let round = 0; round < MAX_TOOL_ROUNDS; round++) {
+      const answer = await answerOnce(round ? apiMessages() : history, asked, headers, priority, tools);
+      if (!answer || !answer.tool_calls) break;
+      await runCalls(answer, headers);
+    }
+  } catch (e) {
+    if (e.name !== "AbortError") showError(errorText(e));
+  } finally {
+    controller = null;
+    busy(false);
+    save();
+    render();
+    $("input").focus();
+  }
+}
+
+// One answer, streamed into a new bubble; null when nothing was answered (the question can be
+// sent again). Errors other than the Stop button's are thrown after the bubble is settled.
+async function answerOnce(messages, asked, headers, priority, tools) {
+  const answer = { role: "assistant", content: "", streaming: true, priority };
+  state.messages.push(answer);
+  render();
   const t0 = performance.now();
+  const body = { model: window.SWITCHBOARD_MODEL || "switchboard", messages, stream: true,
+                 stream_options: { include_usage: true } };
+  if (tools) body.tools = tools;
   try {
     const response = await fetch("/v1/chat/completions", {
-      method: "POST", headers, signal: controller.signal,
-      body: JSON.stringify({ model: window.SWITCHBOARD_MODEL || "switchboard", messages: history, stream: true,
-                             stream_options: { include_usage: true } }),
-    });
+      method: "POST", headers, signal: controller.signal, body: JSON.stringify(body) });
     if (!response.ok) throw await apiError(response);
     await readEvents(response, (chunk) => {
       if (chunk.error) throw Object.assign(new Error(chunk.error.message), { code: chunk.error.code });
@@ -196,8 +261,16 @@ async function converse(asked, content) {
       }
       for (const c of chunk.choices || []) {
         const text = c.delta && c.delta.content;
+        if (answer.ttft_ms === undefined && (text || (c.delta && c.delta.tool_calls))) {
+          answer.ttft_ms = performance.now() - t0;
+        }
+        for (const d of (c.delta && c.delta.tool_calls) || []) {  // OpenAI's deltas: the first names the call
+          answer.tool_calls = answer.tool_calls || [];
+          if (d.id) answer.tool_calls[d.index] = { id: d.id, type: "function", function: { name: d.function.name, arguments: "" } };
+          answer.tool_calls[d.index].function.arguments += (d.function && d.function.arguments) || "";
+          render();
+        }
         if (text) {
-          if (answer.ttft_ms === undefined) answer.ttft_ms = performance.now() - t0;
           answer.content += text;
           const last = $("log").lastElementChild;
           if (last) last.querySelector(".text").textContent = answer.content;
@@ -206,20 +279,22 @@ async function converse(asked, content) {
       if (chunk.usage) answer.stats = { ...(chunk.switchboard || {}), prompt_tokens: chunk.usage.prompt_tokens,
         reused_tokens: chunk.usage.prompt_tokens_details ? chunk.usage.prompt_tokens_details.cached_tokens : 0 };
     });
+    return answer;
   } catch (e) {
     if (e.name === "AbortError" && !asked.pending) {
       answer.content += " " + t("stopped");
-    } else {
-      if (e.name !== "AbortError") showError(errorText(e));
-      if (!answer.content) state.messages.splice(-2, 2);  // nothing answered: the question can be sent again
+      answer.tool_calls = undefined;  // a call cut short is not run
+      return null;
     }
+    if (!answer.content && !answer.tool_calls) {  // nothing answered: the bubble goes...
+      const i = state.messages.indexOf(answer);
+      const first = state.messages[i - 1] === asked;  // ...and the question with it, to be sent again
+      state.messages.splice(first ? i - 1 : i, first ? 2 : 1);
+    }
+    if (e.name === "AbortError") return null;
+    throw e;
   } finally {
     answer.streaming = false;
-    controller = null;
-    busy(false);
-    save();
-    render();
-    $("input").focus();
   }
 }
 
@@ -371,6 +446,8 @@ function base64(bytes) {
 function init() {
   $("key").value = state.key;
   $("priority").checked = state.priority;
+  $("tools").checked = state.tools;
+  $("tools").addEventListener("change", () => { state.tools = $("tools").checked; save(); });
   $("key").addEventListener("change", () => { state.key = $("key").value.trim(); save(); discoverModel(); });
   $("priority").addEventListener("change", () => { state.priority = $("priority").checked; save(); });
   $("lang").addEventListener("click", () => { state.lang = state.lang === "en" ? "zh" : "en"; save(); applyLanguage(); });
