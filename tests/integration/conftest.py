@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from switchboard.client import ChatClient
 from switchboard.client.sdk import close_stream
 from switchboard.ops.launch import Ports, Stack
+from tests.integration.gatewaytools import STANDARD_KEY, Gateway
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +39,23 @@ def replica(stack, tmp_path_factory):
 @pytest.fixture(scope="session")
 def client(stack) -> ChatClient:
     return ChatClient(stack.grpc_url, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def gateway(stack, tmp_path_factory):
+    """The HTTP gateway in front of the stack, its log free of tracebacks at the end."""
+    g = Gateway(stack.grpc_url, tmp_path_factory.mktemp("gateway"))
+    yield g
+    g.stop()
+    assert "Traceback" not in g.logs(), g.logs()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def oai(gateway):
+    """The official openai client on ``gateway`` (a module may bring its own gateway)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=STANDARD_KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="session")

@@ -23,19 +23,6 @@ from tests.integration.gatewaytools import LIVE_KEY, STANDARD_KEY, Gateway
 MODEL = "switchboard"
 
 
-@pytest.fixture(scope="module")
-def gateway(stack, tmp_path_factory):
-    g = Gateway(stack.grpc_url, tmp_path_factory.mktemp("gateway"))
-    yield g
-    g.stop()
-    assert "Traceback" not in g.logs(), g.logs()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def oai(gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=STANDARD_KEY, max_retries=0, timeout=120)
-
-
 def test_a_whole_answer_with_usage(oai):
     r = oai.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Where is my order?"}], temperature=0, max_tokens=48

@@ -14,24 +14,11 @@ from pydantic import BaseModel, Field
 
 from switchboard.client import ChatError
 from switchboard.serving.order_demo import TOOLS
-from tests.integration.gatewaytools import STANDARD_KEY, Gateway
+from tests.integration.gatewaytools import STANDARD_KEY
 
 MODEL = "switchboard"
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "Where is my order SB12345678?"}]
-
-
-@pytest.fixture(scope="module")
-def gateway(stack, tmp_path_factory):
-    g = Gateway(stack.grpc_url, tmp_path_factory.mktemp("gateway"))
-    yield g
-    g.stop()
-    assert "Traceback" not in g.logs(), g.logs()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def oai(gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=STANDARD_KEY, max_retries=0, timeout=120)
 
 
 def _valid(calls) -> list[tuple[str, dict]]:

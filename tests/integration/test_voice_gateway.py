@@ -112,11 +112,6 @@ def gateway(stack, speech_ready, tmp_path_factory):
     assert "Traceback" not in g.logs(), g.logs()[-3000:]
 
 
-@pytest.fixture(scope="module")
-def oai(gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=STANDARD_KEY, max_retries=0, timeout=120)
-
-
 def transcribe(oai, audio: bytes, name: str = "question.wav", **kw):
     return oai.audio.transcriptions.create(file=(name, audio), **{"model": MODEL, **kw})
 

@@ -32,13 +32,17 @@ def grammars(tmp_path_factory):
     return Grammars(path, width, tok.token_to_id(END)), tok
 
 
-def decode_with_random_logits(grammars, spec, seed, max_tokens=200):
+def decode_with_random_logits(grammars, spec, seed, max_tokens=200, bias=None):
+    """The answer random logits give under ``spec``: (text, ids). ``bias(logits, ids)`` may
+    change each step's logits before the grammar masks them."""
     g, tok = grammars
     c = g.matcher(spec)
     rng = np.random.default_rng(seed)
     ids = []
     while not c.finished and len(ids) < max_tokens:
         logits = rng.normal(size=g.width).astype(np.float32)
+        if bias is not None:
+            bias(logits, ids)
         assert c.mask(logits)
         assert np.isneginf(logits[g.vocab :]).all(), "no row past the tokenizer's ids"
         token = int(np.argmax(logits))

@@ -17,6 +17,7 @@ from switchboard.serving.request import Limits, RequestError, parse_chat_request
 from switchboard.training.tokenizer import CHAT_TEMPLATE
 from switchboard.wire import EngineStats
 from tests.unit.bpe import byte_level_bpe
+from tests.unit.test_grammar import decode_with_random_logits
 
 END = "<|end|>"
 # Qwen2.5's template, the parts that write tools and calls (its layout, abridged).
@@ -110,20 +111,8 @@ def _spec(mode, tools=TOOLS, fmt=None, parallel=True):
     return {"type": "tool_calls", "mode": mode, "tools": tools, "format": fmt.to_dict(), "parallel": parallel}
 
 
-def _decode(grammars, spec, seed, bias=None, max_tokens=400):
-    g, tok = grammars
-    c = g.matcher(spec)
-    rng = np.random.default_rng(seed)
-    ids = []
-    while not c.finished and len(ids) < max_tokens:
-        logits = rng.normal(size=g.width).astype(np.float32)
-        if bias is not None:
-            bias(logits, ids)
-        assert c.mask(logits)
-        token = int(np.argmax(logits))
-        assert c.accept(token), c.error
-        ids.append(token)
-    return ids
+def _decode(grammars, spec, seed, bias=None):
+    return decode_with_random_logits(grammars, spec, seed, max_tokens=400, bias=bias)[1]
 
 
 def _calls(text: str, fmt: ToolFormat | None = None, piece: int = 1):
