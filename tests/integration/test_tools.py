@@ -163,6 +163,15 @@ def test_bad_tools_are_400s_naming_the_problem(oai):
             "tools",
         ),
         ([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)], "over the limit of 128"),
+        (  # a schema past chat's 64 KiB
+            [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object", "description": "x" * 70_000}},
+                }
+            ],
+            "bytes is over the limit",
+        ),
     ]
     for tools, needle in cases:
         with pytest.raises(openai.BadRequestError) as e:

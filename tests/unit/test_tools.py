@@ -158,6 +158,29 @@ def test_auto_is_free_text_until_the_trigger_then_a_call(grammars):
     jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), SCHEMAS[calls[0]["function"]["name"]])
 
 
+def test_a_recursive_parameters_schema_gives_calls_that_validate(grammars):
+    _, tok = grammars
+    tree = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 5},
+            "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
+        },
+        "required": ["name", "children"],
+        "additionalProperties": False,
+    }
+    spec = _spec("required", tools=[{"name": "plant", "parameters": tree}], parallel=False)
+    complete = 0
+    for seed in range(4):
+        ids = _decode(grammars, spec, seed)
+        p = ToolCallParser(default_format(), {"plant"})
+        p.feed(tok.decode(ids))
+        if len(ids) < 400:  # not cut at the walk's length
+            jsonschema.validate(json.loads(p.calls[0]["function"]["arguments"]), tree)
+            complete += 1
+    assert complete >= 2
+
+
 def test_a_bad_parameters_schema_is_a_grammar_error(grammars):
     g, _ = grammars
     with pytest.raises(GrammarError, match="tools"):
