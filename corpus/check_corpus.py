@@ -320,10 +320,15 @@ def check_tools(path: Path, faq_q: dict[str, str], held_q: set[str]) -> dict:
         if not is_str_list(held):
             err(where, "heldout must be a list of non-empty strings")
             continue
-        if not isinstance(results, list) or not results or not all(
-            isinstance(r, dict) and set(r) == {"result", "answer"}
-            and all(isinstance(r[k], str) and r[k].strip() for k in ("result", "answer"))
-            for r in results
+        if (
+            not isinstance(results, list)
+            or not results
+            or not all(
+                isinstance(r, dict)
+                and set(r) == {"result", "answer"}
+                and all(isinstance(r[k], str) and r[k].strip() for k in ("result", "answer"))
+                for r in results
+            )
         ):
             err(where, "results must be a non-empty list of {result, answer} objects with non-empty strings")
             continue

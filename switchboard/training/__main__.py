@@ -53,7 +53,12 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
         return noisy(rng, question, lang, cfg.noise_drop) if rng.random() < cfg.question_noise else question
 
     convs = corpus_mod.training_conversations(
-        data, cfg.conversations, seed=cfg.seed, rewrite=rewrite if cfg.question_noise else None
+        data,
+        cfg.conversations,
+        seed=cfg.seed,
+        rewrite=rewrite if cfg.question_noise else None,
+        tool_share=cfg.tool_share,
+        tools_listed_share=cfg.tools_listed_share,
     )
 
     texts = [DEFAULT_SYSTEM_PROMPT] + [tokmod.message_text(m) for c in convs for m in c if m["role"] != "tools"]
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out.line(
             f"training the default model from {args.corpus.name}/ ({cfg.steps} steps, seed {cfg.seed}; "
-            f"about 3 minutes on 2 cores; detail in {out.log_path or 'the terminal'})"
+            f"about 5 minutes on 2 cores; detail in {out.log_path or 'the terminal'})"
         )
         args.out.mkdir(parents=True, exist_ok=True)
         stamp.unlink(missing_ok=True)

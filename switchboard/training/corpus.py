@@ -187,8 +187,6 @@ def load(directory: Path = CORPUS_DIR) -> Corpus:
 # A conversation whose first message is {"role": TOOLS_ROLE, "content": "a,b,c"} is one where
 # the client offered those tools (the template lists them in the system message).
 TOOLS_ROLE = "tools"
-TOOL_SHARE = 0.16  # of all conversations: a question answered through a tool call
-TOOLS_LISTED_SHARE = 0.06  # tools offered, a question the FAQ answers in text
 # FAQ topics a tool answers when tools are offered (not trained as text then)
 TOOL_TOPICS = {"order_status", "tracking", "returns", "contact"}
 
@@ -215,6 +213,8 @@ def training_conversations(
     seed: int = 0,
     max_exchanges: int = 4,
     rewrite: Callable[[random.Random, str, str], str] | None = None,
+    tool_share: float = 0.25,
+    tools_listed_share: float = 0.06,
 ) -> list[list[dict]]:
     """Seeded conversations (lists of user/assistant messages) for supervised training.
 
@@ -224,6 +224,8 @@ def training_conversations(
 
     Single-turn FAQ pairs dominate; the rest chain several FAQ pairs or replay a dialog so
     the model learns to answer the latest question with earlier turns in its context.
+    ``tool_share`` of them go through a tool call, ``tools_listed_share`` offer the tools and are
+    answered in text.
     ``rewrite(rng, question, lang)``, if given, may change each FAQ question template before
     its slots are filled (augmentation).
     """
@@ -235,11 +237,11 @@ def training_conversations(
     from switchboard.serving.order_demo import NAMES
 
     for _ in range(n):
-        if corpus.tools and (share := rng.random()) < TOOL_SHARE + TOOLS_LISTED_SHARE:
+        if corpus.tools and (share := rng.random()) < tool_share + tools_listed_share:
             lang = rng.choice(sorted(by_lang))
             slots = sample_slots(rng, lang)
             conv = [{"role": TOOLS_ROLE, "content": ",".join(NAMES)}]
-            if share >= TOOL_SHARE or rng.random() < 0.3:  # a question the FAQ answers, tools or not
+            if share >= tool_share or rng.random() < 0.3:  # a question the FAQ answers, tools or not
                 e = rng.choice([e for e in by_lang[lang] if e.topic not in TOOL_TOPICS])
                 question = rng.choice(e.questions)
                 if rewrite is not None:
@@ -248,8 +250,10 @@ def training_conversations(
                     {"role": "user", "content": fill_slots(slots, question)},
                     {"role": "assistant", "content": fill_slots(slots, e.answer)},
                 ]
-            if share < TOOL_SHARE:
-                entry = rng.choice([t for t in corpus.tools if t.lang == lang] or corpus.tools)
+            if share < tool_share:
+                mine = [t for t in corpus.tools if t.lang == lang] or list(corpus.tools)
+                tool = rng.choice(sorted({t.tool for t in mine}))  # each tool as often, whatever its intents
+                entry = rng.choice([t for t in mine if t.tool == tool])
                 conv += tool_exchange(rng, entry, slots, rewrite)
             out.append(conv)
             continue

@@ -23,30 +23,27 @@ def _same(answer: str, expected: str, chars: int = 24) -> bool:
     return a[:chars] == e[:chars]
 
 
-def answer_accuracy(
-    artifacts, precision: str = "fp32", per_entry: int = 1, seed: int = 0, max_new_tokens: int = 24
-) -> Accuracy:
+def load(artifacts, precision: str = "fp32"):
+    """(manifest, tokenizer, an engine of up to 32 rows) of an exported model."""
     from switchboard.artifact.manifest import Manifest
     from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.engine.runtime import OnnxDecoder
-    from switchboard.engine.scheduler import Engine, GenerationRequest
+    from switchboard.engine.scheduler import Engine
 
     manifest = Manifest.load(artifacts)
-    tok = TextTokenizer(artifacts)
     engine = Engine(
         OnnxDecoder(artifacts, manifest, precision),
         max_batch=32,
         max_waiting=1 << 16,
         stop_ids=set(manifest.eos_token_ids),
     )
-    rng = random.Random(seed)
-    system = [{"role": "system", "content": manifest.system_prompt}] if manifest.system_prompt else []
-    cases = []  # (split, question, expected)
-    for e in corpus_mod.load().faq:
-        for split, pool in (("train", e.questions), ("heldout", e.heldout)):
-            for q in rng.sample(list(pool), min(per_entry, len(pool))):
-                slots = corpus_mod.sample_slots(rng, e.lang)
-                cases.append((split, corpus_mod.fill_slots(slots, q), corpus_mod.fill_slots(slots, e.answer)))
+    return manifest, TextTokenizer(artifacts), engine
+
+
+def generate(engine, requests) -> list[list[int]]:
+    """Each (prompt ids, max new tokens, constraint or None) through ``engine`` at once, greedy:
+    the generated ids of each."""
+    from switchboard.engine.scheduler import GenerationRequest
 
     class Sink:
         def __init__(self):
@@ -65,16 +62,33 @@ def answer_accuracy(
             return False
 
     sinks = []
-    for _, q, _ in cases:
-        ids = tok.encode(tok.template.render(system + [{"role": "user", "content": q}]))
+    for prompt, max_new, constraint in requests:
         sinks.append(Sink())
-        engine.submit(GenerationRequest(ids, max_new_tokens), sinks[-1])
+        engine.submit(GenerationRequest(prompt, max_new, constraint=constraint), sinks[-1])
     while not all(s.done for s in sinks):
         engine.step()
+    return [s.tokens for s in sinks]
+
+
+def answer_accuracy(
+    artifacts, precision: str = "fp32", per_entry: int = 1, seed: int = 0, max_new_tokens: int = 24
+) -> Accuracy:
+    manifest, tok, engine = load(artifacts, precision)
+    rng = random.Random(seed)
+    system = [{"role": "system", "content": manifest.system_prompt}] if manifest.system_prompt else []
+    cases = []  # (split, question, expected)
+    for e in corpus_mod.load().faq:
+        for split, pool in (("train", e.questions), ("heldout", e.heldout)):
+            for q in rng.sample(list(pool), min(per_entry, len(pool))):
+                slots = corpus_mod.sample_slots(rng, e.lang)
+                cases.append((split, corpus_mod.fill_slots(slots, q), corpus_mod.fill_slots(slots, e.answer)))
+
+    prompts = [tok.encode(tok.template.render(system + [{"role": "user", "content": q}])) for _, q, _ in cases]
+    answers = generate(engine, [(ids, max_new_tokens, None) for ids in prompts])
     hits = {"train": [], "heldout": []}
     samples = []
-    for (split, q, expected), s in zip(cases, sinks):
-        answer = tok.decode(s.tokens)
+    for (split, q, expected), tokens in zip(cases, answers):
+        answer = tok.decode(tokens)
         hits[split].append(_same(answer, expected))
         samples.append((split, q, expected, answer))
     rate = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 
 from switchboard.training import corpus as corpus_mod
+from switchboard.training.evaluate import generate, load
 
 
 @dataclass
@@ -26,53 +27,14 @@ class Case:
     answer: str = ""  # to the tool's result (auto's first call)
 
 
-def _generate(engine, requests) -> list[list[int]]:
-    from switchboard.engine.scheduler import GenerationRequest
-
-    class Sink:
-        def __init__(self):
-            self.tokens, self.done = [], False
-
-        def on_tokens(self, ids):
-            self.tokens += ids
-
-        def on_finish(self, result):
-            self.done = True
-
-        def on_error(self, error):
-            raise error
-
-        def cancelled(self):
-            return False
-
-    sinks = []
-    for prompt, max_new, constraint in requests:
-        sinks.append(Sink())
-        engine.submit(GenerationRequest(prompt, max_new, constraint=constraint), sinks[-1])
-    while not all(s.done for s in sinks):
-        engine.step()
-    return [s.tokens for s in sinks]
-
-
 def tool_accuracy(artifacts, precision: str = "fp32", seed: int = 0, negatives: int = 42) -> list[Case]:
     from switchboard.artifact.grammar import Grammars
-    from switchboard.artifact.manifest import Manifest
-    from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.artifact.tools import ToolCallParser, ToolFormat
-    from switchboard.engine.runtime import OnnxDecoder
-    from switchboard.engine.scheduler import Engine
     from switchboard.serving import order_demo
 
-    manifest = Manifest.load(artifacts)
-    tok = TextTokenizer(artifacts)
+    manifest, tok, engine = load(artifacts, precision)
     fmt = ToolFormat.of(tok.template)
     grammars = Grammars(artifacts / "tokenizer.json", manifest.vocab_size, manifest.end_of_turn_id)
-    engine = Engine(
-        OnnxDecoder(artifacts, manifest, precision),
-        max_batch=32,
-        max_waiting=1 << 16,
-        stop_ids=set(manifest.eos_token_ids),
-    )
     data = corpus_mod.load()
     rng = random.Random(seed)
     cases = []
@@ -102,7 +64,7 @@ def tool_accuracy(artifacts, precision: str = "fp32", seed: int = 0, negatives: 
         spec = {"type": "tool_calls", "mode": mode, "tools": schemas, "format": fmt.to_dict(), "parallel": True}
         todo = [c for c in cases if mode == "auto" or c.tool]
         asked = [(prompt([{"role": "user", "content": c.question}]), 96, grammars.matcher(spec)) for c in todo]
-        for case, ids in zip(todo, _generate(engine, asked)):
+        for case, ids in zip(todo, generate(engine, asked)):
             case.called[mode] = calls(ids)
 
     # the answer to the first call's result (the fake order service's), as the web demo gets it
@@ -117,7 +79,7 @@ def tool_accuracy(artifacts, precision: str = "fp32", seed: int = 0, negatives: 
             {"role": "tool", "content": json.dumps(result, ensure_ascii=False, separators=(",", ":"))},
         ]
         asked.append((prompt(messages), 96, None))
-    for case, ids in zip(follow, _generate(engine, asked)):
+    for case, ids in zip(follow, generate(engine, asked)):
         case.answer = tok.decode(ids)
     return cases
 
@@ -128,8 +90,9 @@ def _parsed(call: dict) -> dict:
 
 
 def summary(cases: list[Case]) -> dict:
-    """Rates per language and overall: the right tool (auto, required), the right arguments,
-    calls made for FAQ questions, answers that restate the order from the tool's result."""
+    """Rates per language, per expected tool and overall: the right tool (auto, required), the
+    right arguments, calls made for FAQ questions, answers that restate the order from the
+    tool's result."""
 
     def first(c: Case, mode: str) -> dict | None:
         made = c.called.get(mode) or []
@@ -139,8 +102,9 @@ def summary(cases: list[Case]) -> dict:
         return round(sum(hits) / len(hits), 3) if hits else None
 
     out = {}
-    for lang in ("en", "zh", "all"):
-        mine = [c for c in cases if lang == "all" or c.lang == lang]
+    tools = sorted({c.tool for c in cases if c.tool})
+    for lang in ("en", "zh", *tools, "all"):
+        mine = [c for c in cases if lang in ("all", c.lang, c.tool)]
         tools = [c for c in mine if c.tool]
         row = {"tool_questions": len(tools), "faq_questions": len(mine) - len(tools)}
         for mode in ("auto", "required"):
@@ -176,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     table = summary(cases)
     keys = list(table["all"])
     print(f"{args.artifacts} {args.precision}")
-    print(f"{'':24}" + "".join(f"{lang:>8}" for lang in table))
+    width = max(len(k) for k in table) + 2
+    print(f"{'':24}" + "".join(f"{k:>{width}}" for k in table))
     for k in keys:
-        print(f"{k:24}" + "".join(f"{'-' if table[lang][k] is None else table[lang][k]:>8}" for lang in table))
+        print(f"{k:24}" + "".join(f"{'-' if table[c][k] is None else table[c][k]:>{width}}" for c in table))
     for c in cases[: args.samples] + [c for c in cases if not c.tool][:2]:
         made = [f"{x['function']['name']}({x['function']['arguments']})" for x in c.called.get("auto", [])]
         print(

@@ -33,7 +33,7 @@ class TrainConfig:
     intermediate_size: int = 512
     vocab_size: int = 4096
     context_window: int = 1024
-    steps: int = 700
+    steps: int = 1400
     batch_size: int = 16
     max_len: int = 256
     lr: float = 2e-3
@@ -44,6 +44,8 @@ class TrainConfig:
     noise_drop: float = 0.15  # its chance of dropping each word / character
     lead_tokens: int = 3  # the first tokens of every answer, where it picks which answer...
     lead_weight: float = 4.0  # ...weigh this much in the loss
+    tool_share: float = 0.25  # conversations answered through a tool call (corpus/tools.jsonl)
+    tools_listed_share: float = 0.06  # conversations offering the tools, answered in text
 
 
 def encode_conversation(
