@@ -93,9 +93,10 @@ def test_training_conversations_rewrite_questions_before_filling_slots():
         return question.upper().replace("{ORDER_ID}", "{order_id}") if "{" not in question else question
 
     convs = corpus.training_conversations(data, 50, rewrite=rewrite)
-    assert seen and all("{" not in m["content"] for c in convs for m in c)
-    questions = {q for e in data.faq for q in e.questions}
+    assert seen and not any(corpus.SLOT_RE.search(m["content"]) for c in convs for m in c)
+    questions = {q for e in data.faq for q in e.questions} | {q for t in data.tools for q in t.questions}
     assert all(q in questions for q in seen)
+    assert any(c[0]["role"] == corpus.TOOLS_ROLE for c in convs), "tool conversations are rewritten too"
 
 
 def test_set_overrides_take_the_settings_type_and_name_what_is_wrong():
