@@ -348,8 +348,9 @@ def parse_conversation(messages, max_audio_bytes: int = 25 << 20, tools: set[str
     return Conversation(turns[-1]["content"], head + turns[:-1], audio)
 
 
-def _tools(body: dict) -> tuple[list[dict] | None, str | dict | None]:
-    """``tools`` and ``tool_choice`` in OpenAI's shapes (what is in them, chat checks)."""
+def _tools(body: dict) -> tuple[list[dict] | None, str | dict | None, set[str]]:
+    """``tools`` and ``tool_choice`` in OpenAI's shapes (what is in them, chat checks), and the
+    names the tools give (what an answer in the history may have called)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise bad_request('tools: expected a list of {"type": "function", "function": {...}}', "tools")
@@ -360,7 +361,8 @@ def _tools(body: dict) -> tuple[list[dict] | None, str | dict | None]:
                 'tool_choice: expected "auto", "none", "required" or {"type": "function", "function": {"name"}}',
                 "tool_choice",
             )
-    return tools or None, choice
+    names = {t["function"].get("name") for t in tools or () if isinstance(t.get("function"), dict)}
+    return tools or None, choice, names
 
 
 def _optional_number(body: dict, name: str) -> float | None:
@@ -409,10 +411,7 @@ def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20
             "model",
             "model_not_found",
         )
-    tools, tool_choice = _tools(body)
-    names = {
-        t["function"]["name"] for t in tools or () if isinstance(t.get("function"), dict) and "name" in t["function"]
-    }
+    tools, tool_choice, names = _tools(body)
     conv = parse_conversation(body.get("messages"), max_audio_bytes, names)
     text, history, audio = conv.text, conv.history, conv.audio
     if audio is not None and tools and tool_choice != "none":

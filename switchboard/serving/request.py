@@ -231,12 +231,16 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
     )
 
 
-def _json(name: str, raw, max_bytes: int):
-    blob = _utf8(name, raw, max_bytes)
+def _loads(name: str, text: str):
+    """``text`` as JSON data (never evaluated); RequestError naming ``name`` otherwise."""
     try:
-        return json.loads(blob)
+        return json.loads(text)
     except (ValueError, RecursionError) as e:
         raise RequestError(f"{name}: not valid JSON ({str(e).split(':')[0]})") from None
+
+
+def _json(name: str, raw, max_bytes: int):
+    return _loads(name, _utf8(name, raw, max_bytes))
 
 
 def parse_tools(raw) -> tuple[dict, ...]:
@@ -358,10 +362,7 @@ def parse_history(blob: str, limits: Limits) -> tuple[tuple[dict, ...], str | No
     """``history`` (JSON: ``[{"role": ..., "content": ...}, ...]``) as (user and assistant
     messages, the system prompt or None). A system message may only come first; every content
     is text held to the rules of ``text``. Parsed as JSON data only, never evaluated."""
-    try:
-        messages = json.loads(blob)
-    except (ValueError, RecursionError) as e:
-        raise RequestError(f"history: not valid JSON ({str(e).split(':')[0]})") from None
+    messages = _loads("history", blob)
     if not isinstance(messages, list):
         raise RequestError('history: expected a JSON list of {"role": ..., "content": ...}')
     if len(messages) > limits.max_history_messages:
