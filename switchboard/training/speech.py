@@ -204,6 +204,13 @@ def random_voice(rng: random.Random, lang: str) -> Voice:
     return Voice(name, speed, pitch, gap)
 
 
+def home_voice(lang: str) -> Voice:
+    """The language's plain voice at espeak-ng's default speed and pitch: the training voice the
+    held-out questions are spoken in."""
+    _check_lang(lang)
+    return Voice(SEEN_VOICES[lang])
+
+
 def plain_voice(rng: random.Random, lang: str) -> Voice:
     """A training accent in its plain variant, near the default speed and pitch: the easy
     voices a model first learns to listen with."""

@@ -106,7 +106,7 @@ def test_utterances_walk_the_sentences_and_mix_voices():
     from switchboard.training import corpus as corpus_mod
 
     corpus = corpus_mod.load(corpus_mod.CORPUS_DIR)
-    cfg = data_mod.DataConfig(utterances=400, salad=0.5, plain=0.5)
+    cfg = data_mod.DataConfig(utterances=400, salad=0.5, home=0.0, plain=0.5)
     items = data_mod.utterances(corpus, cfg)
     assert items == data_mod.utterances(corpus, cfg)  # seeded
     assert [u.lang for u in items[:4]] == ["en", "zh", "en", "zh"]
@@ -115,6 +115,20 @@ def test_utterances_walk_the_sentences_and_mix_voices():
     plain = [u for u in items if "+" not in u.voice.name]
     assert 0.4 < len(plain) / len(items) < 0.8
     assert {u.voice.name.partition("+")[0] for u in items} <= {a for v in speech.TRAIN_ACCENTS.values() for a in v}
+
+
+def test_a_home_share_is_spoken_in_the_heldout_sets_training_voice():
+    from switchboard.training import corpus as corpus_mod
+
+    corpus = corpus_mod.load(corpus_mod.CORPUS_DIR)
+    items = data_mod.utterances(corpus, data_mod.DataConfig(utterances=400, home=0.5))
+    home = [u for u in items if u.voice == speech.home_voice(u.lang)]
+    assert 0.4 < len(home) / len(items) < 0.6
+    assert {u.lang for u in home} == set(speech.LANGS)
+    none = data_mod.utterances(corpus, data_mod.DataConfig(utterances=400, home=0.0))
+    assert len([u for u in none if u.voice == speech.home_voice(u.lang)]) < 0.05 * len(none)
+    clip = next(c for c in speech.heldout_clips("zh") if c.seen_voice)  # the voice the report's "training voice" is
+    assert np.array_equal(speech.speak(clip.text, "zh", speech.home_voice("zh")), clip.samples)
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,15 @@ Trained on the corpus's sentences alone, a tiny model recites them: it picks the
 sentence it knows and writes it out, whatever was said (held-out WER 0.66 in the issue's
 experiment). Word sequences built from short spans of corpus text ("salad": "refund my the
 tracking number arrived") have no sentence to recite, so the model must hear every word; they
-keep the corpus vocabulary and its local word order. Half the utterances are spoken in a plain
-voice (a training accent near default speed and pitch: easy to align on), half in a random
-training voice (accent, variant, speed, pitch, gaps: what makes it listen to an unseen one),
-and some get waveform augmentation (``speech.augment``).
+keep the corpus vocabulary and its local word order.
+
+Voices: half the utterances are spoken in each language's home voice (espeak-ng's plain
+``en-us`` / ``cmn`` at its default speed and pitch, the training voice of the held-out report):
+one voice to align sound and text on is what teaches the tiny model to listen within its
+budget. Of the rest, most are in a plain voice (a training accent near default speed and pitch)
+and the others in a random training voice (accent, variant, speed, pitch, gaps: what makes it
+listen to an unseen one); some get waveform augmentation (``speech.augment``). The shares were
+measured against each other (docs/benchmarks.md, "Speech").
 
 Rendering (synthesis, augmentation, log-mel) runs in worker processes, in order, so the
 result does not depend on their number. It is cached on disk by a digest of what it is made
@@ -46,12 +51,14 @@ _ZH_PUNCT = re.compile(r"[，。？！、；：“”‘’（）,.?!;:()\s]")
 @dataclass(frozen=True)
 class DataConfig:
     """What is synthesized: how many utterances, which share is word salad (the rest walks
-    through the corpus's sentences, each once before any twice), which share is spoken in a
-    plain voice (a training accent, near-default speed and pitch) rather than a random one,
-    how many are augmented, the longest kept (the model's window)."""
+    through the corpus's sentences, each once before any twice), which share is spoken in the
+    language's home voice, which share of the others in a plain voice (a training accent,
+    near-default speed and pitch) rather than a random one, how many are augmented, the
+    longest kept (the model's window)."""
 
     utterances: int = 6000
     salad: float = 0.68
+    home: float = 0.5
     plain: float = 0.7
     augmented: float = 0.2
     max_seconds: float = 5.0
@@ -132,7 +139,12 @@ def utterances(corpus: corpus_mod.Corpus, cfg: DataConfig) -> list[Utterance]:
                 sentences[lang] = rng.sample(templates[lang], len(templates[lang]))
             template = sentences[lang].pop()
         text = corpus_mod.fill_slots(corpus_mod.sample_slots(rng, lang), template).strip()
-        voice = speech.plain_voice(rng, lang) if rng.random() < cfg.plain else speech.random_voice(rng, lang)
+        if rng.random() < cfg.home:
+            voice = speech.home_voice(lang)
+        elif rng.random() < cfg.plain:
+            voice = speech.plain_voice(rng, lang)
+        else:
+            voice = speech.random_voice(rng, lang)
         out.append(Utterance(text, lang, voice, rng.randrange(2**31), rng.random() < cfg.augmented))
     return out
 
