@@ -100,19 +100,20 @@ def test_the_tools_results_go_into_the_next_turn(oai):
     assert second.usage.prompt_tokens_details.cached_tokens >= 16
 
 
+def _called(name: str, arguments: str, result: str) -> list[dict]:
+    """The question, an answer calling ``name`` with ``arguments`` (id c1), and its result."""
+    call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return [
+        *ASK,
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": result},
+    ]
+
+
 BAD = [
     (
         "unknown-tool-in-history",
-        [
-            *ASK,
-            {
-                "role": "assistant",
-                "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "drop_tables", "arguments": "{}"}}
-                ],
-            },
-            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
-        ],
+        _called("drop_tables", "{}", "ok"),
         "messages",
         "'drop_tables' is not one of the request's tools",
     ),
@@ -124,16 +125,7 @@ BAD = [
     ),
     (
         "arguments-not-json",
-        [
-            *ASK,
-            {
-                "role": "assistant",
-                "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "get_order_status", "arguments": "{oops"}}
-                ],
-            },
-            {"role": "tool", "tool_call_id": "c1", "content": "x"},
-        ],
+        _called("get_order_status", "{oops", "x"),
         "messages",
         "arguments: not valid JSON",
     ),
