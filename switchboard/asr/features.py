@@ -66,9 +66,25 @@ def log_mel(samples: np.ndarray, n_mels: int = 80, frames: int | None = None) ->
 
     Without ``frames`` the result has ``len(samples) // HOP`` frames (at least 1)."""
     samples = np.asarray(samples, dtype=np.float32).reshape(-1)
-    if frames is not None:
-        want = frames * HOP
-        samples = samples[:want] if len(samples) >= want else np.pad(samples, (0, want - len(samples)))
+    if frames is None:
+        return _scaled(_log_power(samples, n_mels))
+    # Padded to the window, a 3 s question is 90% zeros. A frame whose 400 samples are all zeros
+    # has no power, so only the frames that reach the spoken samples go through the FFT; the
+    # rest are the floor, as the FFT would have made them (a tenth of the work on a 30 s window).
+    spoken = min(len(samples), frames * HOP)
+    live = min(frames, (spoken + N_FFT // 2) // HOP + 2)  # every frame reaching a spoken sample
+    want = min(frames, live + N_FFT // HOP + 1) * HOP  # those frames' samples, trailing zeros included
+    head = samples[:want] if spoken >= want else np.pad(samples[:spoken], (0, want - spoken))
+    log_spec = np.full((n_mels, frames), _FLOOR)
+    log_spec[:, :live] = _log_power(head, n_mels)[:, :live]
+    return _scaled(log_spec)
+
+
+_FLOOR = -10.0  # log10 of the power floor: what a frame of zeros gets
+
+
+def _log_power(samples: np.ndarray, n_mels: int) -> np.ndarray:
+    """[n_mels, len(samples) // HOP] log10 mel power (at least one frame), before Whisper's clamp."""
     if len(samples) < HOP:  # at least one frame: a click of a few samples is still audio
         samples = np.pad(samples, (0, HOP - len(samples)))
     pad = N_FFT // 2
@@ -78,7 +94,11 @@ def log_mel(samples: np.ndarray, n_mels: int = 80, frames: int | None = None) ->
     framed = np.lib.stride_tricks.as_strided(padded, shape=(n_frames, N_FFT), strides=strides)
     spec = np.abs(np.fft.rfft(framed * _window(), n=N_FFT)) ** 2  # [frames, freqs]
     mel = spec @ mel_filters(n_mels).astype(np.float64)  # [frames, n_mels]
-    log_spec = np.log10(np.maximum(mel, 1e-10)).T[:, :-1]
+    return np.log10(np.maximum(mel, 10**_FLOOR)).T[:, :-1]
+
+
+def _scaled(log_spec: np.ndarray) -> np.ndarray:
+    """Whisper's clamp (8 below the loudest) and scale."""
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
 

@@ -117,3 +117,17 @@ def test_pad_batch_equals_whisper_zero_padding_for_audio_without_silence():
     n = len(noisy) // HOP
     # past the frames whose STFT window still overlaps the audio's end
     np.testing.assert_allclose(ours[:, n + 2 :], ref[:, n + 2 :], atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [0, 1, 159, 199, 200, 201, 400, 48_000, 479_801, 480_000, 600_000])
+@pytest.mark.parametrize("frames", [1, 3, 500, 3000])
+def test_windowed_features_skip_only_frames_of_zeros(n, frames):
+    """log_mel puts through the FFT only the frames that reach spoken samples (the window's
+    zero padding is the floor): the result is the full window's, to the bit."""
+    from switchboard.asr import features
+
+    samples = (np.random.default_rng(n).standard_normal(n) * 0.1).astype(np.float32)
+    want = frames * HOP
+    full = samples[:want] if n >= want else np.pad(samples, (0, want - n))
+    expected = features._scaled(features._log_power(full, 80))
+    np.testing.assert_array_equal(log_mel(samples, 80, frames=frames), expected)
