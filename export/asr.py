@@ -5,18 +5,9 @@ Writes ``encoder.onnx`` and ``decoder.onnx`` (the graphs and their inputs are de
 ``tokenizer.json`` and the manifest ``asr.json``; checks the graphs against PyTorch; measures
 the encoder and a decoding step; optionally installs everything into ``model_repository/asr/1``.
 
-The graphs are written out by hand over the checkpoint's own modules (its Linear, LayerNorm
-and Conv1d weights) rather than traced through ``WhisperForConditionalGeneration``:
-
-- variable-length input: transformers' encoder refuses anything but 2 * max_source_positions
-  frames; here the positional embedding is sliced to the input's length (conv1 -> gelu ->
-  conv2 -> gelu -> + embed_positions[:T/2] -> layers -> layer_norm), the encoder the embedded
-  default model is trained with. For pretrained Whisper (a fixed 3,000-frame window) the
-  slice is the whole table and the graph is transformers' encoder;
-- the cache: the decoder takes and returns plain per-layer tensors, so there is no Cache
-  object for the exporter to see through, and the cross-attention keys and values come from
-  the encoder graph, computed once per utterance;
-- the decoder computes the logits of the last position only: all greedy decoding reads.
+The graphs are exported from ``switchboard/asr/graphs.py``'s modules, written out over the
+checkpoint's own Linear, LayerNorm and Conv1d weights (variable-length input, a plain-tensor
+cache, the last position's logits only); ``runtime: torch`` runs the same modules.
 
 The parity check compares both graphs with transformers' own model (its encoder and decoder
 forward, no cache, on the same tokens), so the hand-written attention is held to the stock one.
@@ -38,7 +29,6 @@ import hashlib
 import json
 import logging
 import math
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -47,7 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from switchboard import paths
-from switchboard.asr.runtime import TOKENIZER, AsrManifest, decoder_io, encoder_outputs
+from switchboard.asr.checkpoint import copy_tokenizer, describe, read_json
+from switchboard.asr.graphs import modules as graph_modules
+from switchboard.asr.runtime import AsrManifest, decoder_io, encoder_outputs
 
 log = logging.getLogger("switchboard.export.asr")
 HERE = Path(__file__).resolve().parent
@@ -65,107 +57,11 @@ def graph_files(precision: str) -> tuple[str, str]:
 # --- the graphs ------------------------------------------------------------------------------
 
 
-def _graph_modules():
-    """The torch modules, built on first use: importing this file must not need torch (the
-    gate's helpers and ``install`` run without it)."""
-    import torch
-    from torch import nn
-
-    def heads(x, n: int):
-        """[B, T, D] -> [B, n, T, D / n]"""
-        b, t, _ = x.shape
-        return x.reshape(b, t, n, -1).transpose(1, 2)
-
-    def merge(x):
-        """[B, n, T, hd] -> [B, T, n * hd]"""
-        b, _, t, _ = x.shape
-        return x.transpose(1, 2).reshape(b, t, -1)
-
-    def attend(q, k_t, v, mask=None):
-        """softmax(q k^T + mask) v with the keys already transposed ([B, H, hd, K]). Whisper
-        scales the queries before the product (its projection's output), as here."""
-        scores = torch.matmul(q, k_t)
-        if mask is not None:
-            scores = scores + mask
-        return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-    class EncoderGraph(nn.Module):
-        """input_features [B, n_mels, T] -> cross_key.{i} [B, H, hd, T'], cross_value.{i}
-        [B, H, T', hd] for each decoder layer i (T' = ceil(T / 2))."""
-
-        def __init__(self, model):
-            super().__init__()
-            self.encoder = model.model.encoder
-            self.cross = nn.ModuleList(layer.encoder_attn for layer in model.model.decoder.layers)
-            self.heads = model.config.encoder_attention_heads
-            self.decoder_heads = model.config.decoder_attention_heads
-
-        def forward(self, input_features):
-            enc = self.encoder
-            x = nn.functional.gelu(enc.conv1(input_features))
-            x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1)
-            h = x + enc.embed_positions.weight[: x.shape[1]]
-            for layer in enc.layers:
-                a = layer.self_attn
-                y = layer.self_attn_layer_norm(h)
-                q = heads(a.q_proj(y) * a.scaling, self.heads)
-                k_t = heads(a.k_proj(y), self.heads).transpose(2, 3)
-                h = h + a.out_proj(merge(attend(q, k_t, heads(a.v_proj(y), self.heads))))
-                y = layer.final_layer_norm(h)
-                h = h + layer.fc2(layer.activation_fn(layer.fc1(y)))
-            h = enc.layer_norm(h)
-            keys = [heads(c.k_proj(h), self.decoder_heads).transpose(2, 3).contiguous() for c in self.cross]
-            values = [heads(c.v_proj(h), self.decoder_heads).contiguous() for c in self.cross]
-            return (*keys, *values)
-
-    class DecoderGraph(nn.Module):
-        """input_ids [B, S], then past_key.{i}, past_value.{i} [B, H, P, hd] per layer, then
-        cross_key.{i}, cross_value.{i} per layer -> logits [B, V] (the last position's),
-        present_key.{i}, present_value.{i} [B, H, P + S, hd]."""
-
-        def __init__(self, model):
-            super().__init__()
-            self.decoder = model.model.decoder
-            self.proj_out = model.proj_out
-            self.heads = model.config.decoder_attention_heads
-            self.num_layers = model.config.decoder_layers
-
-        def forward(self, input_ids, *kv):
-            n = self.num_layers
-            past, cross = kv[: 2 * n], kv[2 * n :]
-            dec = self.decoder
-            s, p = input_ids.shape[1], past[0].shape[2]
-            h = dec.embed_tokens(input_ids) + dec.embed_positions.weight[p : p + s]
-            # Causal within the new tokens (a prompt of several); every past position is seen.
-            query_pos = torch.arange(s).unsqueeze(1) + p
-            key_pos = torch.arange(p + s).unsqueeze(0)
-            mask = (key_pos > query_pos).float() * torch.finfo(torch.float32).min
-            present = []
-            for i, layer in enumerate(dec.layers):
-                a = layer.self_attn
-                y = layer.self_attn_layer_norm(h)
-                q = heads(a.q_proj(y) * a.scaling, self.heads)
-                k = torch.cat([past[2 * i], heads(a.k_proj(y), self.heads)], dim=2)
-                v = torch.cat([past[2 * i + 1], heads(a.v_proj(y), self.heads)], dim=2)
-                present += [k, v]
-                h = h + a.out_proj(merge(attend(q, k.transpose(2, 3), v, mask)))
-                c = layer.encoder_attn
-                y = layer.encoder_attn_layer_norm(h)
-                q = heads(c.q_proj(y) * c.scaling, self.heads)
-                h = h + c.out_proj(merge(attend(q, cross[2 * i], cross[2 * i + 1])))
-                y = layer.final_layer_norm(h)
-                h = h + layer.fc2(layer.activation_fn(layer.fc1(y)))
-            logits = self.proj_out(dec.layer_norm(h[:, -1]))
-            return (logits, *present)
-
-    return EncoderGraph, DecoderGraph
-
-
 def export_graphs(model, out: Path) -> tuple[Path, Path]:
     """``encoder.onnx`` and ``decoder.onnx`` of ``model`` (eval mode, fp32) in ``out``."""
     import torch
 
-    encoder_graph, decoder_graph = _graph_modules()
+    encoder_graph, decoder_graph = graph_modules()
     cfg = model.config
     n, heads = cfg.decoder_layers, cfg.decoder_attention_heads
     hd = cfg.d_model // heads
@@ -212,115 +108,6 @@ def export_graphs(model, out: Path) -> tuple[Path, Path]:
         )
     program.save(str(paths_[1]), external_data=large)
     return paths_
-
-
-# --- the manifest ----------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def window_frames(config: dict) -> int | None:
-    """The input frames the checkpoint takes: ``switchboard_window_frames`` in config.json
-    (null: variable length), by default pretrained Whisper's 2 * max_source_positions."""
-    full = 2 * config["max_source_positions"]
-    if "switchboard_window_frames" not in config:
-        return full
-    value = config["switchboard_window_frames"]
-    if value is None:
-        return None
-    if not isinstance(value, int) or not 1 <= value <= full:
-        raise ValueError(
-            f"switchboard_window_frames = {value!r}: expected null or 1..{full} (2 * max_source_positions)"
-        )
-    return value
-
-
-def describe(model_dir: Path, tokenizer) -> AsrManifest:
-    """The manifest of a checkpoint, before any graph exists: geometry from config.json, the
-    prompt and suppression tokens from generation_config.json (the fields transformers'
-    Whisper generation reads), tokens it lacks looked up by name in the tokenizer."""
-    config = _read_json(model_dir / "config.json")
-    gen = _read_json(model_dir / "generation_config.json")
-    info = _read_json(model_dir / "switchboard.json")
-    if config.get("model_type") != "whisper":
-        raise ValueError(f"{model_dir}/config.json: model_type {config.get('model_type')!r}, expected 'whisper'")
-
-    def token(field_value, name: str, what: str) -> int:
-        value = field_value[0] if isinstance(field_value, list) and field_value else field_value
-        if isinstance(value, int):
-            return value
-        found = tokenizer.token_to_id(name)
-        if found is None:
-            raise ValueError(f"{model_dir}: no {what} (generation_config.json) and no {name} token in the tokenizer")
-        return found
-
-    special = {
-        "start": token(
-            gen.get("decoder_start_token_id", config.get("decoder_start_token_id")),
-            "<|startoftranscript|>",
-            "decoder_start_token_id",
-        ),
-        "eos": token(gen.get("eos_token_id", config.get("eos_token_id")), "<|endoftext|>", "eos_token_id"),
-        "notimestamps": token(gen.get("no_timestamps_token_id"), "<|notimestamps|>", "no_timestamps_token_id"),
-    }
-    lang_to_id = gen.get("lang_to_id") or {}
-    multilingual = bool(gen.get("is_multilingual", len(lang_to_id) > 1))
-    transcribe = (gen.get("task_to_id") or {}).get("transcribe")
-    if multilingual:
-        if not lang_to_id:
-            raise ValueError(f"{model_dir}/generation_config.json: is_multilingual but no lang_to_id")
-        special["transcribe"] = token(transcribe, "<|transcribe|>", "task_to_id.transcribe")
-        languages = {k.strip("<|>"): v for k, v in lang_to_id.items()}
-    else:  # the prompt has no language or task token; English is what the model speaks
-        found = transcribe if isinstance(transcribe, int) else tokenizer.token_to_id("<|transcribe|>")
-        if found is not None:
-            special["transcribe"] = found
-        languages = {"en": lang_to_id.get("<|en|>", tokenizer.token_to_id("<|en|>"))}
-    suppress = gen.get("suppress_tokens", config.get("suppress_tokens")) or []
-    begin = gen.get("begin_suppress_tokens", config.get("begin_suppress_tokens")) or []
-    max_target = int(config["max_target_positions"])
-    if isinstance(gen.get("max_length"), int):
-        max_target = min(max_target, gen["max_length"])
-    heads = int(config["decoder_attention_heads"])
-    return AsrManifest(
-        name=info.get("name", model_dir.name),
-        source=str(model_dir),
-        n_mels=int(config["num_mel_bins"]),
-        window_frames=window_frames(config),
-        max_source_positions=int(config["max_source_positions"]),
-        max_target_positions=max_target,
-        multilingual=multilingual,
-        languages=languages,
-        special=special,
-        suppress_tokens=sorted(int(t) for t in suppress),
-        begin_suppress_tokens=sorted(int(t) for t in begin),
-        num_layers=int(config["decoder_layers"]),
-        num_heads=heads,
-        head_dim=int(config["d_model"]) // heads,
-        vocab_size=int(config["vocab_size"]),
-    )
-
-
-def copy_tokenizer(model_dir: Path, out: Path) -> Path:
-    """``tokenizer.json`` into ``out``, written by transformers when the checkpoint has only
-    the slow tokenizer's files (vocab.json and merges.txt)."""
-    target = out / TOKENIZER
-    if (model_dir / TOKENIZER).is_file():
-        shutil.copy2(model_dir / TOKENIZER, target)
-        return target
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(model_dir)
-    except Exception as e:  # a checkpoint without any tokenizer: say so, not a traceback
-        raise ValueError(f"{model_dir}: no tokenizer.json and no tokenizer transformers can load ({e})") from None
-    staging = out / ".tokenizer"
-    tok.save_pretrained(staging)
-    shutil.move(staging / TOKENIZER, target)
-    shutil.rmtree(staging)
-    return target
 
 
 # --- the PyTorch reference and the parity check ----------------------------------------------
@@ -713,7 +500,7 @@ def run_export(
     tok_path = copy_tokenizer(model_dir, out)
     manifest = describe(model_dir, Tokenizer.from_file(str(tok_path)))
     model = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    info = _read_json(model_dir / "switchboard.json")
+    info = read_json(model_dir / "switchboard.json")
     parameters = sum(p.numel() for p in model.parameters())
     window = f"{manifest.window_frames}-frame window" if manifest.window_frames else "variable-length input"
     say.line(
@@ -851,7 +638,8 @@ def _inputs_digest(model_dir: Path, options: list[str]) -> str:
 
     files = [p for p in sorted(model_dir.iterdir()) if p.is_file() and not p.name.startswith(".")]
     asr = paths.ROOT / "switchboard" / "asr"
-    code = [HERE / "asr.py", *(asr / f for f in ("runtime.py", "model.py", "features.py", "wer.py"))]
+    names = ("runtime.py", "model.py", "features.py", "wer.py", "graphs.py", "checkpoint.py")
+    code = [HERE / "asr.py", *(asr / f for f in names)]
     code.append(paths.ROOT / "switchboard" / "training" / "speech.py")  # the gate's clips
     h = hashlib.sha256(file_digest(files).encode())
     for f in code:

@@ -135,8 +135,6 @@ class AsrModel:
     def load(cls, directory: Path, precision: str = "fp32", threads: int = 0) -> AsrModel:
         """The artifacts in ``directory`` (``python -m switchboard.export.asr``) on ONNX Runtime.
         ValueError names what is missing or wrong."""
-        from tokenizers import Tokenizer as HFTokenizer
-
         from switchboard.asr.runtime import OnnxWhisper
 
         directory = Path(directory)
@@ -144,9 +142,33 @@ class AsrModel:
         tok_path = directory / TOKENIZER
         if not tok_path.is_file():
             raise ValueError(f"{tok_path} missing (written by python -m switchboard.export.asr)")
+        return cls._with_tokenizer(OnnxWhisper(directory, manifest, precision, threads), manifest, tok_path)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Path, device: str = "cuda", dtype: str | None = None, **kw) -> AsrModel:
+        """A Hugging Face Whisper checkpoint run in PyTorch (``torch_runtime.TorchWhisper``, which
+        takes ``kw``), with no export: the GPU path where ONNX Runtime has no CUDA provider."""
+        import tempfile
+
+        from tokenizers import Tokenizer as HFTokenizer
+
+        from switchboard.asr.checkpoint import copy_tokenizer, describe
+        from switchboard.asr.torch_runtime import TorchWhisper
+
+        checkpoint = Path(checkpoint)
+        with tempfile.TemporaryDirectory() as tmp:
+            tok_path = copy_tokenizer(checkpoint, Path(tmp))
+            manifest = describe(checkpoint, HFTokenizer.from_file(str(tok_path)))
+            runtime = TorchWhisper.load(checkpoint, manifest, device, dtype, **kw)
+            return cls._with_tokenizer(runtime, manifest, tok_path)
+
+    @classmethod
+    def _with_tokenizer(cls, runtime: Runtime, manifest: AsrManifest, tok_path: Path) -> AsrModel:
+        from tokenizers import Tokenizer as HFTokenizer
+
         tokenizer = HFTokenizer.from_file(str(tok_path))
         hidden = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special or _MARKUP.match(t.content)}
-        return cls(OnnxWhisper(directory, manifest, precision, threads), manifest, tokenizer, hidden)
+        return cls(runtime, manifest, tokenizer, hidden)
 
     # --- what callers need to know -----------------------------------------------------------
 

@@ -326,3 +326,26 @@ def test_graphs_that_do_not_fit_the_manifest_fail_at_load(english, tmp_path):
     export_asr._with(m, num_layers=3).save(copy)
     with pytest.raises(ValueError, match=r"encoder.onnx: inputs/outputs .* do not match asr.json \(3 decoder layers\)"):
         AsrModel.load(copy)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("which", ["multilingual", "english"])
+def test_torch_runtime_transcribes_as_the_exported_graphs(which, fused, request):
+    """The GPU path (the checkpoint in PyTorch, switchboard/asr/torch_runtime.py), run here on
+    the CPU in float32: each row's tokens and language are the ONNX graphs', and so are the
+    first step's logits, with PyTorch's fused attention or the graphs' plain products."""
+    ckpt, out, m = request.getfixturevalue(which)
+    onnx, torch_ = AsrModel.load(out), AsrModel.from_checkpoint(ckpt, device="cpu", fused=fused)
+    assert torch_.manifest.prompt_length == onnx.manifest.prompt_length
+    frames = [100, 100, 100] if m.window_frames else [160, 90, 250]
+    feats = noise_features(m, frames, seed=5)
+    langs = [None, "zh", "en"] if m.multilingual else [None, "en", None]
+    want, got = (x.transcribe(feats, langs, max_new_tokens=16) for x in (onnx, torch_))
+    assert [(t.tokens, t.language) for t in got] == [(t.tokens, t.language) for t in want]
+    batch = pad_batch(feats, m.window_frames)
+    ids = np.full((len(feats), 1), m.special["start"], np.int64)
+    logits = []
+    for runtime in (onnx.runtime, torch_.runtime):
+        cross = runtime.encode(batch)
+        logits.append(runtime.decode(ids, runtime.empty_past(len(feats)), cross)[0])
+    np.testing.assert_allclose(logits[1], logits[0], atol=1e-4)
