@@ -12,13 +12,18 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from switchboard import paths
 from switchboard.asr.batcher import make_batcher
 from switchboard.asr.model import AsrModel
+from switchboard.asr.runtime import AsrManifest
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
+from switchboard.asr.torch_runtime import DTYPES
 from switchboard.engine.stream import CancelPoll
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import AsrConfig
@@ -92,7 +97,7 @@ class TritonPythonModel:
         log.info(
             "asr ready: %s %s, %s batching (at most %d chunks, %.0f s of audio), %d worker(s)",
             self.model.manifest.name,
-            cfg.precision,
+            cfg.precision if cfg.runtime == "onnx" else f"in PyTorch on {cfg.device}",
             cfg.batching,
             cfg.max_batch,
             cfg.batch_audio_s,
@@ -105,8 +110,30 @@ class TritonPythonModel:
                 f"asr/config.pbtxt: no recognizer is installed in {version} (`make serve` builds and installs the "
                 "default one; `python -m switchboard.export.asr --install` installs any Whisper checkpoint)"
             )
+        if cfg.runtime == "torch":
+            return self._load_checkpoint(version, cfg)
+        if cfg.runtime != "onnx":
+            raise ConfigError(f"asr/config.pbtxt: parameter 'runtime' = {cfg.runtime!r}: expected onnx or torch")
         threads = cfg.threads or len(os.sched_getaffinity(0))
         return AsrModel.load(version, precision=cfg.precision, threads=threads)
+
+    def _load_checkpoint(self, version, cfg: AsrConfig) -> AsrModel:
+        """runtime torch: the checkpoint the installed graphs came from, on ``device``."""
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.device):
+            raise ConfigError(f"asr/config.pbtxt: parameter 'device' = {cfg.device!r}: expected cpu, cuda or cuda:N")
+        if cfg.torch_dtype not in ("auto", *DTYPES):
+            raise ConfigError(
+                f"asr/config.pbtxt: parameter 'torch_dtype' = {cfg.torch_dtype!r}: expected auto or {', '.join(DTYPES)}"
+            )
+        source = Path(AsrManifest.load(version).source)
+        checkpoint = source if source.is_absolute() else paths.ROOT / source
+        if not (checkpoint / "config.json").is_file():
+            raise FileNotFoundError(
+                f"asr/config.pbtxt: runtime torch runs the checkpoint the recognizer was exported from, "
+                f"{checkpoint} (asr.json's source), and it is not there"
+            )
+        dtype = None if cfg.torch_dtype == "auto" else cfg.torch_dtype
+        return AsrModel.from_checkpoint(checkpoint, device=cfg.device, dtype=dtype)
 
     def _batcher(self, cfg: AsrConfig):
         wait_s = cfg.max_wait_ms / 1000

@@ -227,6 +227,16 @@ class AsrConfig(_Config):
         1, "batches run at once (each on the runtime's threads): 2 lets a short batch overtake a long one", 1, 8
     )
     threads: int = setting(0, "ONNX Runtime threads per batch; 0: one per core this process may use", 0, 256)
+    runtime: str = setting(
+        "onnx",
+        "onnx: the exported graphs on ONNX Runtime (precision, threads); torch: the checkpoint they were exported "
+        "from (asr.json's source) in PyTorch on `device`, the same modules as the graphs: the GPU path where ONNX "
+        "Runtime has no CUDA provider (docs/voice.md)",
+    )
+    device: str = setting("cuda", "with runtime torch: cpu, cuda or cuda:N")
+    torch_dtype: str = setting(
+        "auto", "with runtime torch: float16, bfloat16 or float32; auto: float16 on a GPU, float32 on the CPU"
+    )
     cancel_poll_ms: int = setting(50, "how often a transcription asks whether its client left", 1, 10_000)
 
 
