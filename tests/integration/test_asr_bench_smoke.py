@@ -5,20 +5,11 @@ summary and plot come out. The side-by-side runs are `make bench-asr`."""
 from __future__ import annotations
 
 import json
-import shutil
-
-import pytest
 
 from switchboard.perf import asr_bench
+from tests.integration.speechtools import NEEDS_TINY_EN
 
-TINY = asr_bench.MODELS["test-tiny-en"]
-pytestmark = [
-    pytest.mark.skipif(
-        not (TINY.artifacts / "asr.json").is_file() or not (TINY.checkpoint / "config.json").is_file(),
-        reason=f"tiny.en is not exported to {TINY.artifacts} (make test-recognizer)",
-    ),
-    pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="Debian's espeak-ng is not installed"),
-]
+pytestmark = NEEDS_TINY_EN
 
 
 def test_asr_bench_smoke(tmp_path):

@@ -5,11 +5,8 @@ transcribe. Run here on the CPU in float32, in a repository holding ``asr`` alon
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
-
-import pytest
 
 from switchboard.asr import segment
 from switchboard.asr.audio import decode
@@ -17,15 +14,9 @@ from switchboard.asr.model import AsrModel
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, children
 from switchboard.perf import asr_bench, asr_load
+from tests.integration.speechtools import NEEDS_TINY_EN, TINY
 
-TINY = asr_bench.MODELS["test-tiny-en"]
-pytestmark = [
-    pytest.mark.skipif(
-        not (TINY.artifacts / "asr.json").is_file() or not (TINY.checkpoint / "config.json").is_file(),
-        reason=f"tiny.en is not exported to {TINY.artifacts} (make test-recognizer)",
-    ),
-    pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="Debian's espeak-ng is not installed"),
-]
+pytestmark = NEEDS_TINY_EN
 
 
 def onnx_transcripts(clips: list) -> list[str]:
