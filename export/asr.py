@@ -179,7 +179,7 @@ def probe_features(manifest: AsrManifest, seconds: tuple[float, ...] = (1.0, 2.6
         t = np.arange(int(s * SAMPLE_RATE)) / SAMPLE_RATE
         tone = 0.3 * np.sin(2 * np.pi * (200 + 150 * i + 300 * t) * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2
         samples = (tone + 0.02 * rng.standard_normal(len(t))).astype(np.float32)
-        out.append(log_mel(samples, manifest.n_mels, frames=manifest.window_frames))
+        out.append(log_mel(samples, manifest.n_mels, frames=manifest.window_frames, hop=manifest.hop_length))
     return out
 
 
@@ -365,7 +365,6 @@ def gate_clips(manifest: AsrManifest, per_language: int) -> list:
     ``per_language`` clips each (0: all), spread evenly over the set (both voices, every FAQ
     entry). A model is judged on the clips its input takes whole (its window, or the
     variable-length limit): a longer one would be cut, which serving never does."""
-    from switchboard.asr.features import HOP
     from switchboard.training import speech
 
     clips = []
@@ -373,7 +372,7 @@ def gate_clips(manifest: AsrManifest, per_language: int) -> list:
         if lang not in manifest.languages:
             continue
         pool = speech.heldout_clips(lang)
-        pool = [c for c in pool if len(c.samples) // HOP <= manifest.max_frames]
+        pool = [c for c in pool if len(c.samples) // manifest.hop_length <= manifest.max_frames]
         n = min(len(pool), per_language or len(pool))
         clips += [pool[i * len(pool) // n] for i in range(n)]
     return clips
@@ -442,7 +441,7 @@ def benchmark(
     manifest = AsrManifest.load(out)
     rng = np.random.default_rng(0)
     samples = (0.1 * rng.standard_normal(int(seconds * SAMPLE_RATE))).astype(np.float32)
-    one = log_mel(samples, manifest.n_mels, frames=manifest.window_frames)
+    one = log_mel(samples, manifest.n_mels, frames=manifest.window_frames, hop=manifest.hop_length)
     prompt = manifest.prompt(next(iter(manifest.languages.values())) if manifest.multilingual else None)
     token = manifest.special["start"]  # any token: the timing does not depend on which
     figures = {}

@@ -248,9 +248,13 @@ def transformers_peer(checkpoint: Path, clips: list, cap: int | None, device: st
     import torch
     from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
+    from switchboard.asr.checkpoint import hop_length
+
     model = WhisperForConditionalGeneration.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).to(device).eval()
     features = WhisperFeatureExtractor(
-        feature_size=model.config.num_mel_bins, chunk_length=int(asr_load.window_seconds(checkpoint))
+        feature_size=model.config.num_mel_bins,
+        hop_length=hop_length(checkpoint),
+        chunk_length=int(asr_load.window_seconds(checkpoint)),
     )
     kwargs = {"do_sample": False, "num_beams": 1} | ({"max_new_tokens": cap} if cap else {})
     multilingual = asr_load.multilingual(checkpoint)

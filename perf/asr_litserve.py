@@ -20,6 +20,7 @@ class WhisperAPI(ls.LitAPI):
         from tokenizers import Tokenizer
         from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
+        from switchboard.asr.checkpoint import hop_length
         from switchboard.perf.asr_load import multilingual, window_seconds
 
         if self.threads:
@@ -28,7 +29,9 @@ class WhisperAPI(ls.LitAPI):
         self.model = WhisperForConditionalGeneration.from_pretrained(self.checkpoint).eval()
         # Stock transformers takes only the model's whole window: every input is padded to it.
         self.features = WhisperFeatureExtractor(
-            feature_size=self.model.config.num_mel_bins, chunk_length=int(window_seconds(self.checkpoint))
+            feature_size=self.model.config.num_mel_bins,
+            hop_length=hop_length(self.checkpoint),
+            chunk_length=int(window_seconds(self.checkpoint)),
         )
         self.tokenizer = Tokenizer.from_file(str(self.checkpoint / "tokenizer.json"))
         self.multilingual = multilingual(self.checkpoint)

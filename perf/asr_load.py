@@ -379,9 +379,12 @@ def ratio(a: float, b: float) -> float:
 
 # -- checkpoints and audio, shared by the bench and its peers ---------------------------------
 def window_seconds(checkpoint: Path) -> float:
-    """The input window stock Whisper code pads to: ``2 * max_source_positions`` frames."""
+    """The input window stock Whisper code pads to: ``2 * max_source_positions`` frames, of
+    ``hop_length`` samples each."""
+    from switchboard.asr.checkpoint import hop_length
+
     config = json.loads((Path(checkpoint) / "config.json").read_text())
-    return 2 * config["max_source_positions"] / 100
+    return 2 * config["max_source_positions"] * hop_length(checkpoint) / SAMPLE_RATE
 
 
 def generation(checkpoint: Path) -> dict:

@@ -45,6 +45,7 @@ import time
 import uuid
 from pathlib import Path
 
+from switchboard.asr.checkpoint import hop_length
 from switchboard.perf import asr_load
 from switchboard.perf.asr_load import Clip, Reply
 from switchboard.perf.peers import HttpChatClient
@@ -74,20 +75,21 @@ def ct2_model(checkpoint: Path, cache: Path) -> Path:
     TransformersConverter(str(checkpoint), copy_files=[f for f in CT2_FILES if (checkpoint / f).is_file()]).convert(
         str(tmp), quantization=None
     )
-    write_window(tmp, asr_load.window_seconds(checkpoint))
+    write_window(tmp, asr_load.window_seconds(checkpoint), hop_length(checkpoint))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
 
 
-def write_window(directory: Path, seconds: float) -> None:
-    """faster-whisper's feature extractor pads to ``chunk_length`` seconds: the model's window."""
+def write_window(directory: Path, seconds: float, hop: int = 160) -> None:
+    """faster-whisper's feature extractor pads to ``chunk_length`` seconds: the model's window
+    (frames ``hop`` samples apart)."""
     path = Path(directory) / "preprocessor_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {"feature_size": 80}
     if config.get("chunk_length") == seconds:
         return
     n = int(seconds * asr_load.SAMPLE_RATE)
-    config |= {"chunk_length": int(seconds), "n_samples": n, "nb_max_frames": n // 160}
+    config |= {"chunk_length": int(seconds), "n_samples": n, "nb_max_frames": n // hop, "hop_length": hop}
     path.unlink(missing_ok=True)  # it may be a link to the checkpoint's own
     path.write_text(json.dumps(config, indent=2) + "\n")
 
@@ -108,7 +110,7 @@ class _Multilingual:
 def pad_to_window(frames: int) -> None:
     """faster-whisper pads every window to 3,000 frames (``audio.pad_or_trim``'s default)
     whatever the feature extractor says; a model with a shorter window (the embedded default's
-    500) is refused by CTranslate2 then. Its module's ``pad_or_trim`` is pointed at the
+    250 frames) is refused by CTranslate2 then. Its module's ``pad_or_trim`` is pointed at the
     model's window: one model per process, so the change is this process's alone."""
     import faster_whisper.transcribe as fw_transcribe
     from faster_whisper.audio import pad_or_trim

@@ -15,6 +15,15 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def hop_length(model_dir: Path) -> int:
+    """Samples between feature frames: ``hop_length`` in preprocessor_config.json (Whisper's 160,
+    10 ms, when it says none)."""
+    value = read_json(Path(model_dir) / "preprocessor_config.json").get("hop_length", 160)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 16_000:
+        raise ValueError(f"{model_dir}/preprocessor_config.json: hop_length {value!r}: expected samples, 1..16000")
+    return value
+
+
 def window_frames(config: dict) -> int | None:
     """The input frames the checkpoint takes: ``switchboard_window_frames`` in config.json
     (null: variable length), by default pretrained Whisper's 2 * max_source_positions."""
@@ -94,6 +103,7 @@ def describe(model_dir: Path, tokenizer) -> AsrManifest:
         num_heads=heads,
         head_dim=int(config["d_model"]) // heads,
         vocab_size=int(config["vocab_size"]),
+        hop_length=hop_length(model_dir),
     )
 
 

@@ -61,36 +61,37 @@ def _window() -> np.ndarray:
     return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float64)
 
 
-def log_mel(samples: np.ndarray, n_mels: int = 80, frames: int | None = None) -> np.ndarray:
+def log_mel(samples: np.ndarray, n_mels: int = 80, frames: int | None = None, hop: int = HOP) -> np.ndarray:
     """[n_mels, frames] features of 16 kHz mono float samples in [-1, 1].
 
-    Without ``frames`` the result has ``len(samples) // HOP`` frames (at least 1)."""
+    Without ``frames`` the result has ``len(samples) // hop`` frames (at least 1). ``hop``: samples
+    between frames (Whisper's 160, 10 ms; the embedded default's 320)."""
     samples = np.asarray(samples, dtype=np.float32).reshape(-1)
     if frames is None:
-        return _scaled(_log_power(samples, n_mels))
+        return _scaled(_log_power(samples, n_mels, hop))
     # Padded to the window, a 3 s question is 90% zeros. A frame whose 400 samples are all zeros
     # has no power, so only the frames that reach the spoken samples go through the FFT; the
     # rest are the floor, as the FFT would have made them (a tenth of the work on a 30 s window).
-    spoken = min(len(samples), frames * HOP)
-    live = min(frames, (spoken + N_FFT // 2) // HOP + 2)  # every frame reaching a spoken sample
-    want = min(frames, live + N_FFT // HOP + 1) * HOP  # those frames' samples, trailing zeros included
+    spoken = min(len(samples), frames * hop)
+    live = min(frames, (spoken + N_FFT // 2) // hop + 2)  # every frame reaching a spoken sample
+    want = min(frames, live + N_FFT // hop + 1) * hop  # those frames' samples, trailing zeros included
     head = samples[:want] if spoken >= want else np.pad(samples[:spoken], (0, want - spoken))
     log_spec = np.full((n_mels, frames), _FLOOR)
-    log_spec[:, :live] = _log_power(head, n_mels)[:, :live]
+    log_spec[:, :live] = _log_power(head, n_mels, hop)[:, :live]
     return _scaled(log_spec)
 
 
 _FLOOR = -10.0  # log10 of the power floor: what a frame of zeros gets
 
 
-def _log_power(samples: np.ndarray, n_mels: int) -> np.ndarray:
-    """[n_mels, len(samples) // HOP] log10 mel power (at least one frame), before Whisper's clamp."""
-    if len(samples) < HOP:  # at least one frame: a click of a few samples is still audio
-        samples = np.pad(samples, (0, HOP - len(samples)))
+def _log_power(samples: np.ndarray, n_mels: int, hop: int = HOP) -> np.ndarray:
+    """[n_mels, len(samples) // hop] log10 mel power (at least one frame), before Whisper's clamp."""
+    if len(samples) < hop:  # at least one frame: a click of a few samples is still audio
+        samples = np.pad(samples, (0, hop - len(samples)))
     pad = N_FFT // 2
     padded = np.pad(samples.astype(np.float64), (pad, pad), mode="reflect" if len(samples) > pad else "constant")
-    n_frames = 1 + (len(padded) - N_FFT) // HOP
-    strides = (padded.strides[0] * HOP, padded.strides[0])
+    n_frames = 1 + (len(padded) - N_FFT) // hop
+    strides = (padded.strides[0] * hop, padded.strides[0])
     framed = np.lib.stride_tricks.as_strided(padded, shape=(n_frames, N_FFT), strides=strides)
     spec = np.abs(np.fft.rfft(framed * _window(), n=N_FFT)) ** 2  # [frames, freqs]
     mel = spec @ mel_filters(n_mels).astype(np.float64)  # [frames, n_mels]

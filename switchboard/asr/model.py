@@ -43,7 +43,7 @@ from typing import Protocol
 
 import numpy as np
 
-from switchboard.asr.features import HOP, SAMPLE_RATE, log_mel, pad_batch
+from switchboard.asr.features import SAMPLE_RATE, log_mel, pad_batch
 from switchboard.asr.runtime import KV, TOKENIZER, AsrManifest
 from switchboard.serving.detok import IncrementalDetokenizer
 
@@ -188,7 +188,7 @@ class AsrModel:
     def max_seconds(self) -> float:
         """The longest audio one input holds (the window, or the variable-length limit): the
         serving path cuts longer audio into chunks of at most this."""
-        return self.max_frames * HOP / SAMPLE_RATE
+        return self.max_frames * self.manifest.hop_length / SAMPLE_RATE
 
     @property
     def languages(self) -> list[str]:
@@ -200,7 +200,7 @@ class AsrModel:
 
     def features(self, samples: np.ndarray) -> np.ndarray:
         """[n_mels, T] log-mel features of 16 kHz mono samples, as this model takes them."""
-        return log_mel(samples, self.n_mels, frames=self.window_frames)
+        return log_mel(samples, self.n_mels, frames=self.window_frames, hop=self.manifest.hop_length)
 
     # --- decoding ----------------------------------------------------------------------------
 
@@ -282,7 +282,7 @@ class AsrModel:
         if self.window_frames is None and f.shape[1] > self.max_frames:
             raise ValueError(
                 f"features[{i}]: {f.shape[1]} frames, more than this model's {self.max_frames} "
-                f"({self.max_frames // 100} s): cut the audio into shorter pieces"
+                f"({self.max_seconds:g} s): cut the audio into shorter pieces"
             )
         if not np.isfinite(f).all():
             raise ValueError(f"features[{i}]: not finite (NaN or infinity)")

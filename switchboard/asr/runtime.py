@@ -53,6 +53,7 @@ class AsrManifest:
     num_heads: int
     head_dim: int
     vocab_size: int
+    hop_length: int = 160  # samples between feature frames (preprocessor_config.json; Whisper's 10 ms)
     precisions: dict[str, dict] = field(default_factory=dict)  # name -> {encoder, decoder, accuracy...}
     left_out: dict[str, list[str]] = field(default_factory=dict)  # precision -> the gate's reasons
     gate: dict = field(default_factory=dict)  # the accuracy gate's rule and figures
@@ -112,6 +113,9 @@ class AsrManifest:
         missing = sorted(required - set(data))
         if missing:
             raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
+        hop = data.get("hop_length", 160)
+        if not isinstance(hop, int) or isinstance(hop, bool) or hop < 1:
+            raise ValueError(f"{path}: hop_length {hop!r}: expected a positive number of samples")
         keys = ("start", "eos", "notimestamps") + (("transcribe",) if data["multilingual"] else ())
         for key in keys:
             if not isinstance(data["special"].get(key), int):

@@ -286,13 +286,24 @@ def test_write_window_sets_the_padding_and_replaces_a_link(tmp_path):
     (tmp_path / "ct2" / "preprocessor_config.json").hardlink_to(source)
     asr_peers.write_window(tmp_path / "ct2", 15.0)
     written = json.loads((tmp_path / "ct2" / "preprocessor_config.json").read_text())
-    assert written == {"feature_size": 80, "chunk_length": 15, "n_samples": 240000, "nb_max_frames": 1500}
+    assert written == {
+        "feature_size": 80,
+        "chunk_length": 15,
+        "n_samples": 240000,
+        "nb_max_frames": 1500,
+        "hop_length": 160,
+    }
     assert json.loads(source.read_text())["chunk_length"] == 30
+    asr_peers.write_window(tmp_path / "ct2", 5.0, hop=320)
+    written = json.loads((tmp_path / "ct2" / "preprocessor_config.json").read_text())
+    assert (written["n_samples"], written["nb_max_frames"], written["hop_length"]) == (80000, 250, 320)
 
 
 def test_window_and_languages_come_from_the_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"max_source_positions": 750}))
     assert asr_load.window_seconds(tmp_path) == 15.0
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"hop_length": 320}))
+    assert asr_load.window_seconds(tmp_path) == 30.0  # frames 20 ms apart
     assert not asr_load.multilingual(tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"is_multilingual": True}))
     assert asr_load.multilingual(tmp_path)

@@ -4,9 +4,14 @@ deltas, and the errors bad input gets."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 
+from switchboard.asr import checkpoint
+from switchboard.asr.features import log_mel
 from switchboard.asr.model import AsrModel, Repetition
 from switchboard.asr.runtime import AsrManifest
 
@@ -295,3 +300,35 @@ def test_load_names_what_is_missing(tmp_path):
     (tmp_path / "asr.json").write_text('{"name": "x"}')
     with pytest.raises(ValueError, match="missing field"):
         AsrModel.load(tmp_path)
+
+
+def test_the_manifests_hop_sets_the_features_and_the_longest_chunk(tmp_path):
+    """A checkpoint with frames 20 ms apart (the embedded default's ``hop_length`` 320): the
+    pool computes its features at that hop and cuts audio at its window in seconds."""
+    asr, _ = model([[0]], multilingual=False, window=50)
+    assert asr.max_seconds == 0.5 and asr.features(np.zeros(1600, np.float32)).shape == (4, 50)
+    asr.manifest = dataclasses.replace(asr.manifest, hop_length=320)
+    assert asr.max_seconds == 1.0
+    speech = np.random.default_rng(0).standard_normal(16_000).astype(np.float32) * 0.1
+    np.testing.assert_array_equal(asr.features(speech), log_mel(speech, 4, frames=50, hop=320))
+    # what the export writes, read back; a bad hop is named
+    asr.manifest.save(tmp_path)
+    assert AsrManifest.load(tmp_path).hop_length == 320
+    data = json.loads((tmp_path / "asr.json").read_text())
+    (tmp_path / "asr.json").write_text(json.dumps(data | {"hop_length": 0}))
+    with pytest.raises(ValueError, match="hop_length 0"):
+        AsrManifest.load(tmp_path)
+
+
+@pytest.mark.parametrize(("config", "hop"), [(None, 160), ({}, 160), ({"hop_length": 320}, 320)])
+def test_a_checkpoints_hop_comes_from_its_preprocessor_config(tmp_path, config, hop):
+    if config is not None:
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    assert checkpoint.hop_length(tmp_path) == hop
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "320", True])
+def test_a_bad_hop_in_the_preprocessor_config_is_named(tmp_path, bad):
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"hop_length": bad}))
+    with pytest.raises(ValueError, match="preprocessor_config.json: hop_length"):
+        checkpoint.hop_length(tmp_path)

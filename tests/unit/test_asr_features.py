@@ -121,13 +121,29 @@ def test_pad_batch_equals_whisper_zero_padding_for_audio_without_silence():
 
 @pytest.mark.parametrize("n", [0, 1, 159, 199, 200, 201, 400, 48_000, 479_801, 480_000, 600_000])
 @pytest.mark.parametrize("frames", [1, 3, 500, 3000])
-def test_windowed_features_skip_only_frames_of_zeros(n, frames):
+@pytest.mark.parametrize("hop", [HOP, 320])
+def test_windowed_features_skip_only_frames_of_zeros(n, frames, hop):
     """log_mel puts through the FFT only the frames that reach spoken samples (the window's
     zero padding is the floor): the result is the full window's, to the bit."""
     from switchboard.asr import features
 
     samples = (np.random.default_rng(n).standard_normal(n) * 0.1).astype(np.float32)
-    want = frames * HOP
+    want = frames * hop
     full = samples[:want] if n >= want else np.pad(samples, (0, want - n))
-    expected = features._scaled(features._log_power(full, 80))
-    np.testing.assert_array_equal(log_mel(samples, 80, frames=frames), expected)
+    expected = features._scaled(features._log_power(full, 80, hop))
+    np.testing.assert_array_equal(log_mel(samples, 80, frames=frames, hop=hop), expected)
+
+
+@pytest.mark.parametrize("frames", [None, 250])
+def test_a_20_ms_hop_equals_transformers(frames):
+    """The embedded default's features (``hop_length`` 320) are transformers' with that hop."""
+    extractor = transformers.WhisperFeatureExtractor(feature_size=80, hop_length=320, chunk_length=5)
+    samples = (np.random.default_rng(7).standard_normal(30_000) * 0.1).astype(np.float32)
+    if frames is None:
+        want = extractor(samples, sampling_rate=SAMPLE_RATE, return_tensors="np", padding=False)
+        want = want.input_features[0][:, : len(samples) // 320]
+    else:
+        want = extractor(samples, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
+    got = log_mel(samples, 80, frames=frames, hop=320)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=2e-4)
