@@ -25,7 +25,8 @@ MICRO = [
     "ffn=64",
     "vocab_size=300",
     "max_target_positions=24",
-    "window_frames=300",
+    "window_frames=150",
+    "max_seconds=3",
     "batch=4",
     "warmup=2",
     "probe_every=2",
@@ -144,7 +145,9 @@ def micro_build(tmp_path_factory):
 def test_a_micro_build_is_a_whisper_directory_transformers_loads(micro_build):
     out, _ = micro_build
     config = json.loads((out / "config.json").read_text())
-    assert config["switchboard_window_frames"] == 300 and config["max_source_positions"] == 150
+    assert config["switchboard_window_frames"] == 150 and config["max_source_positions"] == 75
+    preprocessor = json.loads((out / "preprocessor_config.json").read_text())
+    assert preprocessor["hop_length"] == 320 and preprocessor["chunk_length"] == 3
     model = WhisperForConditionalGeneration.from_pretrained(out).eval()
     tok = WhisperTokenizer.from_pretrained(out, language="zh", task="transcribe")
     gen = model.generation_config
@@ -157,7 +160,7 @@ def test_a_micro_build_is_a_whisper_directory_transformers_loads(micro_build):
     ]
     assert gen.no_timestamps_token_id == len(tok) - 1  # no id is taken for a timestamp
     assert tok.decode(tok("订单SB12345678", add_special_tokens=False).input_ids) == "订单SB12345678"
-    x = torch.from_numpy(feat.log_mel(speech.synthesize("hello", "en"), 80, frames=300))[None]
+    x = torch.from_numpy(feat.log_mel(speech.synthesize("hello", "en"), 80, frames=150, hop=320))[None]
     ids = model_mod.greedy_decode(model, x, [tok.prefix_tokens], gen.eos_token_id, max_new_tokens=5)
     assert len(ids) == 1 and len(ids[0]) <= 5
     report = json.loads((out / REPORT).read_text())
@@ -176,3 +179,13 @@ def test_the_same_inputs_skip_the_build_and_a_change_rebuilds(micro_build, capfd
     assert "up to date" not in capfd.readouterr().out
     assert (out / "model.safetensors").stat().st_mtime_ns != weights
     assert json.loads((out / REPORT).read_text())["steps"] == 2
+
+
+def test_a_window_that_is_not_max_seconds_of_frames_is_refused(tmp_path, capsys):
+    argv = ["--out", str(tmp_path / "m"), "--cache", str(tmp_path / "c"), "--utterances", "4", "--steps", "1"]
+    argv += [a for kv in [*MICRO, "window_frames=300"] for a in ("--set", kv)]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "window_frames 300 of 320 samples is not max_seconds 3 s: set window_frames=150" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.asr.features import SAMPLE_RATE
 from switchboard.training import corpus as corpus_mod
 from switchboard.training import speech
 from switchboard.training.asr import data as data_mod
@@ -50,6 +51,17 @@ def inputs_digest(cfg: BuildConfig, corpus_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def check_window(cfg: BuildConfig) -> None:
+    """The model's window holds the longest utterance kept: window_frames frames of ``hop``
+    samples make max_seconds."""
+    frames, hop, seconds = cfg.model.window_frames, cfg.data.hop, cfg.data.max_seconds
+    if frames * hop != round(seconds * SAMPLE_RATE):
+        raise ValueError(
+            f"window_frames {frames} of {hop} samples is not max_seconds {seconds:g} s: "
+            f"set window_frames={round(seconds * SAMPLE_RATE / hop)}"
+        )
+
+
 def build(
     out: Path, cfg: BuildConfig, corpus_dir: Path, cache_dir: Path | None = CACHE_DIR, workers: int = 2, bar=None
 ) -> dict:
@@ -64,7 +76,8 @@ def build(
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     t0 = time.time()
-    mcfg = cfg.model
+    check_window(cfg)
+    mcfg, hop = cfg.model, cfg.data.hop
     data, cached = data_mod.load(
         cfg.data, corpus_dir, cache_dir, workers, bar=(lambda n: bar(n, "speaking", "clip")) if bar else None
     )
@@ -73,8 +86,8 @@ def build(
     log.info(
         "speech: %d utterances, %.1f s of audio on average (%.0f s in all), %s in %.0f s",
         len(frames),
-        frames.mean() / 100,
-        frames.sum() / 100,
+        frames.mean() * hop / SAMPLE_RATE,
+        frames.sum() * hop / SAMPLE_RATE,
         "from the cache" if cached else "synthesized",
         synthesis_s,
     )
@@ -95,7 +108,7 @@ def build(
 
     def probe(step: int) -> None:
         t = time.time()
-        log.info("step %d: held-out error rates %s", step, evaluate.probe(model, tok, ids))
+        log.info("step %d: held-out error rates %s", step, evaluate.probe(model, tok, ids, hop))
         probe_s[0] += time.time() - t
 
     losses = model_mod.train(
@@ -113,7 +126,8 @@ def build(
     model.config.switchboard_window_frames = mcfg.window_frames
     model.save_pretrained(out)
     _generation_config(GenerationConfig, ids, mcfg).save_pretrained(out)
-    WhisperFeatureExtractor(feature_size=80, chunk_length=mcfg.window_frames // 100).save_pretrained(out)
+    window_s = mcfg.window_frames * hop // SAMPLE_RATE
+    WhisperFeatureExtractor(feature_size=80, hop_length=hop, chunk_length=window_s).save_pretrained(out)
     # Written last and explicitly: whether an extra key survives save_pretrained is
     # transformers' business; readers need it there.
     config_path = out / "config.json"
@@ -122,14 +136,14 @@ def build(
     config_path.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
 
     t2 = time.time()
-    heldout = evaluate.report(model, tok, ids) if cfg.evaluate else {}
+    heldout = evaluate.report(model, tok, ids, hop) if cfg.evaluate else {}
     info = {
         "name": "switchboard-asr-default",
         "parameters": params,
         "steps": mcfg.steps,
         "training_utterances": len(frames),
-        "training_mean_seconds": round(float(frames.mean()) / 100, 2),
-        "training_audio_hours": round(float(frames.sum()) / 100 / 3600, 2),
+        "training_mean_seconds": round(float(frames.mean()) * hop / SAMPLE_RATE, 2),
+        "training_audio_hours": round(float(frames.sum()) * hop / SAMPLE_RATE / 3600, 2),
         "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
         "loss_every_100_steps": [
             round(sum(losses[i : i + 100]) / len(losses[i : i + 100]), 4) for i in range(0, len(losses), 100)
@@ -227,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for kv in args.set:
             cfg = _setting(cfg, kv)
+        check_window(cfg)
     except ValueError as e:
         p.error(f"--set: {e}")
     if args.workers < 1:

@@ -22,31 +22,32 @@ log = logging.getLogger(__name__)
 BATCH = 32
 
 
-def transcribe(model, tok, ids: dict[str, int], clips: list[speech.Clip]) -> list[str]:
+def transcribe(model, tok, ids: dict[str, int], clips: list[speech.Clip], hop: int) -> list[str]:
     """Greedy transcripts of ``clips`` in their own language, as serving makes them: audio
     longer than the model's window cut at its pauses (``segment.split``), every chunk padded
-    to the window, the chunks' texts joined."""
+    to the window (features ``hop`` samples apart), the chunks' texts joined."""
     window = 2 * model.config.max_source_positions  # the window: every input is padded to it
+    seconds = window * hop / feat.SAMPLE_RATE
     chunks = []  # (clip index, features)
     for i, clip in enumerate(clips):
-        for a, b in segment.split(clip.samples, max_s=window * feat.HOP / feat.SAMPLE_RATE, rate=feat.SAMPLE_RATE):
-            chunks.append((i, feat.log_mel(clip.samples[a:b], 80, frames=window)))
+        for a, b in segment.split(clip.samples, max_s=seconds, rate=feat.SAMPLE_RATE):
+            chunks.append((i, feat.log_mel(clip.samples[a:b], 80, frames=window, hop=hop)))
     texts: list[list[str]] = [[] for _ in clips]
     for start in range(0, len(chunks), BATCH):
         part = chunks[start : start + BATCH]
         x = torch.from_numpy(feat.pad_batch([f for _, f in part], window))
         prompts = [prompt(ids, clips[i].lang) for i, _ in part]
         # A character takes 50 ms or more to say: a longer transcript is babble.
-        limit = window // 5 + 8
+        limit = int(seconds * 20) + 8
         for (i, _), tokens in zip(part, greedy_decode(model, x, prompts, ids["<|endoftext|>"], limit), strict=True):
             texts[i].append(tok.decode(tokens).strip())
     return [(" " if c.lang == "en" else "").join(t for t in texts[i] if t) for i, c in enumerate(clips)]
 
 
-def report(model, tok, ids: dict[str, int]) -> dict:
+def report(model, tok, ids: dict[str, int], hop: int) -> dict:
     """Error rates per language and voice, the held-out set's size and a few examples."""
     clips = speech.heldout_clips()
-    hyps = transcribe(model, tok, ids, clips)
+    hyps = transcribe(model, tok, ids, clips, hop)
     rates: dict[str, dict] = {}
     examples = []
     for lang in speech.LANGS:
@@ -72,7 +73,7 @@ def report(model, tok, ids: dict[str, int]) -> dict:
     }
 
 
-def probe(model, tok, ids: dict[str, int], per_group: int = 12) -> dict[str, float]:
+def probe(model, tok, ids: dict[str, int], hop: int, per_group: int = 12) -> dict[str, float]:
     """A quick look during training: error rates on the first ``per_group`` held-out clips
     of each language and voice."""
     clips = speech.heldout_clips()
@@ -80,7 +81,7 @@ def probe(model, tok, ids: dict[str, int], per_group: int = 12) -> dict[str, flo
     for lang in speech.LANGS:
         for seen in (True, False):
             group = [c for c in clips if c.lang == lang and c.seen_voice == seen][:per_group]
-            hyps = transcribe(model, tok, ids, group)
+            hyps = transcribe(model, tok, ids, group, hop)
             name = f"{lang}/{'training' if seen else 'unseen'}"
             out[name] = round(wer.error_rate([c.text for c in group], hyps, lang), 3)
     return out
