@@ -59,7 +59,7 @@ class DataConfig:
     encoder's work of Whisper's 10 ms, which bought 55% more training steps in the same time and
     lower error rates: docs/benchmarks.md)."""
 
-    utterances: int = 6000
+    utterances: int = 9000
     salad: float = 0.68
     home: float = 0.5
     plain: float = 0.7
