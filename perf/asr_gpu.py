@@ -198,12 +198,16 @@ def measure(model, clips: list, max_batch: int, callers: int, workers: int, requ
     """One closed-loop run of a fresh pool over ``model``; ``busy``: the share of the measured
     time a batch was running (near 1 with one worker: the batches are the limit, not the
     audio's preparation or the callers)."""
-    from switchboard.asr.batcher import make_batcher
+    from switchboard.asr.batcher import length_ratio, make_batcher
     from switchboard.asr.service import AsrJob, AsrService
+    from switchboard.triton.config import AsrConfig
 
-    ratio = float("inf") if model.window_frames else 2.0
-    batcher = make_batcher("length", budget_s=60.0, max_batch=max_batch, max_ratio=ratio, max_wait_s=0.01)
-    service = AsrService(model, batcher, chunk_s=min(15.0, model.max_seconds), workers=workers)
+    cfg = AsrConfig()  # asr/config.pbtxt's defaults
+    ratio = length_ratio(cfg.max_length_ratio, fixed_window=model.window_frames is not None)
+    batcher = make_batcher(
+        "length", budget_s=cfg.batch_audio_s, max_batch=max_batch, max_ratio=ratio, max_wait_s=cfg.max_wait_ms / 1000
+    )
+    service = AsrService(model, batcher, chunk_s=min(cfg.chunk_s, model.max_seconds), workers=workers)
     spans: list[tuple[float, float]] = []
     transcribe = model.transcribe
 

@@ -191,6 +191,13 @@ class LengthBatcher(_Queue):
 _BATCHERS = {"length": LengthBatcher, "count": CountBatcher}
 
 
+def length_ratio(configured: float, fixed_window: bool) -> float:
+    """``LengthBatcher``'s ``max_ratio`` for a pool (asr/config.pbtxt's ``max_length_ratio``, 0:
+    automatic): none for a model that pads every chunk to a fixed window (the padding costs the
+    same whatever the mix), 2 for one that takes audio of any length."""
+    return configured or (math.inf if fixed_window else 2.0)
+
+
 def make_batcher(name: str, **kw: Any) -> LengthBatcher | CountBatcher:
     """The batcher called ``name`` ("length" or "count") with its parameters; a ValueError names
     an unknown batcher or a parameter it does not take."""

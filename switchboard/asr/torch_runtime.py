@@ -17,6 +17,7 @@ float16 unless ``dtype`` says otherwise; on the CPU in float32.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ class TorchWhisper:
         float16 or bfloat16 (default: float16 on CUDA, float32 elsewhere); ``fused``: attention
         through ``scaled_dot_product_attention`` (else the exported graphs' plain products)."""
         import torch
-        from torch.nn.attention import SDPBackend
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
         from switchboard.asr.graphs import modules
 
@@ -48,7 +49,8 @@ class TorchWhisper:
         encoder_graph, decoder_graph = modules(fused=fused)
         self.encoder, self.decoder = encoder_graph(model).eval(), decoder_graph(model).eval()
         self._torch = torch
-        self._backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        self._kernels = functools.partial(sdpa_kernel, backends)
 
     @classmethod
     def load(cls, checkpoint: Path, manifest: AsrManifest, device: str = "cuda", dtype: str | None = None, **kw):
@@ -57,10 +59,8 @@ class TorchWhisper:
         return cls(WhisperForConditionalGeneration.from_pretrained(checkpoint), manifest, device, dtype, **kw)
 
     def encode(self, features: np.ndarray) -> KV:
-        from torch.nn.attention import sdpa_kernel
-
         torch = self._torch
-        with torch.inference_mode(), sdpa_kernel(self._backends):
+        with torch.inference_mode(), self._kernels():
             out = self.encoder(torch.from_numpy(np.ascontiguousarray(features)).to(self.device, self.dtype))
         n = self.manifest.num_layers
         return list(zip(out[:n], out[n:]))
@@ -75,10 +75,8 @@ class TorchWhisper:
         ]
 
     def decode(self, input_ids: np.ndarray, past: KV, cross: KV) -> tuple[np.ndarray, KV]:
-        from torch.nn.attention import sdpa_kernel
-
         torch = self._torch
         ids = torch.from_numpy(np.asarray(input_ids, np.int64)).to(self.device)
-        with torch.inference_mode(), sdpa_kernel(self._backends):
+        with torch.inference_mode(), self._kernels():
             out = self.decoder(ids, *(t for kv in past for t in kv), *(t for kv in cross for t in kv))
         return out[0].float().cpu().numpy(), list(zip(out[1::2], out[2::2]))

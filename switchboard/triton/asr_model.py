@@ -10,7 +10,6 @@ the reason's code in brackets (``[too_long] ...``: switchboard.wire.AsrError).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from switchboard import paths
-from switchboard.asr.batcher import make_batcher
+from switchboard.asr.batcher import length_ratio, make_batcher
 from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
@@ -138,7 +137,7 @@ class TritonPythonModel:
     def _batcher(self, cfg: AsrConfig):
         wait_s = cfg.max_wait_ms / 1000
         if cfg.batching == "length":
-            ratio = cfg.max_length_ratio or (math.inf if self.model.window_frames else 2.0)
+            ratio = length_ratio(cfg.max_length_ratio, fixed_window=self.model.window_frames is not None)
             if ratio < 1:
                 raise ConfigError(
                     f"asr/config.pbtxt: parameter 'max_length_ratio' = {ratio:g}: expected 0 (automatic) or at least 1"
