@@ -14,15 +14,22 @@ under load (docs/reliability.md, "Priority 1 under a burst"). So:
   priority 1 uses interval 0, one send per token.
 - ``CancelPoll`` asks whether the client cancelled at most once per ``interval_s``; a
   cancelled sequence is noticed at most that much later.
+- ``ResponseSender`` is that one sender thread and ``CancelWatch`` a thread that asks about
+  cancellation for every live stream, so neither kind of round trip runs on the loop. Both
+  serve any decoupled pool (the generation pools and ``asr``): what they need of a stream is
+  ``Sink``.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Protocol
+
+log = logging.getLogger("switchboard.stream")
 
 
 class TokenStream:
@@ -104,3 +111,82 @@ class Outbox:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+
+
+class Sink(Protocol):
+    """One stream as ``ResponseSender`` and ``CancelWatch`` see it. ``lock`` guards ``final_sent``:
+    Triton 2.51 segfaults in ``is_cancelled()`` on a request whose final response was sent, so
+    the watch asks only while holding it and not done."""
+
+    request: object  # has is_cancelled()
+    lock: threading.Lock
+    final_sent: bool
+    cancel_seen: bool  # the client cancelled (CancelWatch)
+    broken: bool  # a send failed (ResponseSender)
+
+    def deliver(self, items: list, final, end: bool) -> None: ...
+
+
+class CancelWatch:
+    """Asks Triton every ``interval_s`` whether each live request was cancelled, on its own
+    thread: ``is_cancelled`` is a round trip to the server that the decoding loop must not wait on."""
+
+    def __init__(self, name: str, interval_s: float):
+        self.interval_s = max(interval_s, 0.001)
+        self._live: set[Sink] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-cancel-watch", daemon=True)
+        self._thread.start()
+
+    def add(self, sink: Sink) -> None:
+        with self._lock:
+            self._live.add(sink)
+
+    def discard(self, sink: Sink) -> None:
+        with self._lock:
+            self._live.discard(sink)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                live = list(self._live)
+            for sink in live:
+                with sink.lock:
+                    if sink.final_sent:
+                        continue
+                    try:
+                        if sink.request.is_cancelled():
+                            sink.cancel_seen = True
+                    except Exception:  # the request is gone: nobody to answer
+                        sink.cancel_seen = True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5 * self.interval_s + 1)
+
+
+class ResponseSender:
+    """The one thread that sends a pool's responses, priority 1 first (Outbox says why)."""
+
+    def __init__(self, name: str, watch: CancelWatch):
+        self.outbox, self.watch = Outbox(), watch
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-sender", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while (item := self.outbox.take()) is not None:
+            sink, items, final, end = item
+            if end:
+                self.watch.discard(sink)
+                with sink.lock:
+                    sink.final_sent = True
+            try:
+                sink.deliver(items, final, end)
+            except Exception:  # the client is gone: the loop drops the stream at its next step
+                log.exception("send failed; dropping the stream")
+                sink.broken = True
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.outbox.close()
+        self._thread.join(timeout)

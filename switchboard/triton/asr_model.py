@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
 from switchboard.asr.torch_runtime import DTYPES
-from switchboard.engine.stream import CancelPoll
+from switchboard.engine.stream import CancelWatch, Outbox, ResponseSender
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import AsrConfig
 from switchboard.triton.params import ConfigError
@@ -38,29 +39,55 @@ def _text(name: str, value: str) -> pb_utils.Tensor:
 
 
 class TritonSink:
-    """One request's responses: text deltas, then the final result or an error."""
+    """One request's way back: text deltas, then the final result or an error.
 
-    def __init__(self, sender, cancelled):
-        self.sender, self.cancelled = sender, cancelled
+    The batch worker only queues them (``delta``, ``done``, ``error``); the pool's sender thread
+    sends them (``deliver``), all of a request's queued deltas in one response, and its cancel
+    watch asks whether the client left. Every send and every ``is_cancelled`` is a round trip to
+    the server: a send per character per row, made on the decoding loop, had every row of the
+    batch wait on each (switchboard/engine/stream.py; docs/benchmarks.md has the figures).
+    """
+
+    def __init__(self, request, priority: int, outbox: Outbox, watch: CancelWatch):
+        self.request, self.sender = request, request.get_response_sender()
+        self.priority, self.outbox, self.watch = priority, outbox, watch
+        self.lock = threading.Lock()  # guards final_sent (stream.Sink says why)
+        self.final_sent = self.cancel_seen = self.broken = self.watched = False
+
+    def cancelled(self) -> bool:
+        if not self.watched:  # watched from its first batch on, not while it only waits
+            self.watched = True
+            self.watch.add(self)
+        return self.cancel_seen or self.broken
 
     def delta(self, text: str) -> None:
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=[_text(Asr.TEXT, text), _text(Asr.RESULT, "")]))
+        self.outbox.put(self, self.priority, [text])
 
     def done(self, result: AsrResult) -> None:
-        if self.cancelled():
-            send_error(self.sender, "cancelled by the client", "CANCELLED")
-            return
-        out = [_text(Asr.TEXT, ""), _text(Asr.RESULT, result.to_json())]
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL)
+        self.outbox.put(self, self.priority, (), result, end=True)
 
     def error(self, error: Exception) -> None:
-        if isinstance(error, AsrRequestError):
-            if error.code == "unavailable":
-                send_error(self.sender, str(error), "UNAVAILABLE")
+        self.outbox.put(self, self.priority, (), error, end=True)
+
+    def deliver(self, texts: list[str], final, end: bool) -> None:
+        """The sender thread: the queued text in one response, then the end if it came."""
+        if texts:
+            out = [_text(Asr.TEXT, "".join(texts)), _text(Asr.RESULT, "")]
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=out))
+        if not end:
+            return
+        if self.cancel_seen:
+            send_error(self.sender, "cancelled by the client", "CANCELLED")
+        elif isinstance(final, AsrRequestError):
+            if final.code == "unavailable":
+                send_error(self.sender, str(final), "UNAVAILABLE")
             else:
-                send_error(self.sender, f"[{error.code}] {error}", "INVALID_ARG")
-        else:
+                send_error(self.sender, f"[{final.code}] {final}", "INVALID_ARG")
+        elif isinstance(final, Exception):
             send_error(self.sender, "internal error")
+        else:
+            out = [_text(Asr.TEXT, ""), _text(Asr.RESULT, final.to_json())]
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL)
 
 
 def _language(request) -> str | None:
@@ -83,6 +110,8 @@ class TritonPythonModel:
         require_decoupled(config)
         cfg = AsrConfig.load(config, "asr/config.pbtxt")
         self.cfg = cfg
+        self.watch = CancelWatch("asr", cfg.cancel_poll_ms / 1000)
+        self.sender = ResponseSender("asr", self.watch)
         self.model = self._load_model(version, cfg)
         self.service = AsrService(
             self.model,
@@ -151,21 +180,17 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
             audio = input_array(request, Asr.AUDIO)
             if audio is None or audio.size != 1 or not isinstance(audio.reshape(-1)[0], bytes):
-                send_error(sender, "audio: expected one audio file as bytes", "INVALID_ARG")
+                send_error(request.get_response_sender(), "audio: expected one audio file as bytes", "INVALID_ARG")
                 continue
-            cancelled = CancelPoll(request.is_cancelled, self.cfg.cancel_poll_ms / 1000)
-            job = AsrJob(
-                audio=audio.reshape(-1)[0],
-                sink=TritonSink(sender, cancelled),
-                language=_language(request),
-                priority=_priority(request),
-                cancelled=cancelled,
-            )
+            priority = _priority(request)
+            sink = TritonSink(request, priority, self.sender.outbox, self.watch)
+            job = AsrJob(audio.reshape(-1)[0], sink, _language(request), priority, sink.cancelled)
             self.service.submit(job)
         return None
 
     def finalize(self):
         self.service.close()
+        self.sender.close()
+        self.watch.close()

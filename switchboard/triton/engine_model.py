@@ -29,13 +29,13 @@ from switchboard.engine.decoder import Decoder
 from switchboard.engine.loader import RuntimeChoice
 from switchboard.engine.scheduler import Engine, GenerationRequest
 from switchboard.engine.sizing import compute_bound
-from switchboard.engine.stream import TokenStream
+from switchboard.engine.stream import CancelWatch, ResponseSender, TokenStream
 from switchboard.kv.model import block_cache
 from switchboard.kv.tiers import BlockCache, Reuse
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import EngineConfig
 from switchboard.triton.engine_metrics import EngineMetricsPublisher
-from switchboard.triton.engine_responses import FINAL, CancelWatch, ResponseSender, ResponseSink
+from switchboard.triton.engine_responses import FINAL, ResponseSink
 from switchboard.wire import MAX_TOP_LOGPROBS, PRIORITY_DEFAULT, PRIORITY_PARAMETER, Pool
 
 log = logging.getLogger("switchboard.engine")

@@ -1,26 +1,23 @@
 """A generation pool's way back to ``chat``: each sequence's responses (token ids as the engine
-makes them, then a final response with stats, then its new KV blocks stored), one sender thread
-that sends them priority 1 first, and one thread that asks Triton which requests were cancelled.
-The engine loop only queues (``ResponseSink.on_*``); everything that talks to Triton runs here,
-off that loop.
+makes them, then a final response with stats, then its new KV blocks stored). The engine loop
+only queues (``ResponseSink.on_*``); the pool's sender thread and cancel watch
+(switchboard/engine/stream.py) do everything that talks to Triton, off that loop.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from switchboard.engine.scheduler import GenerationResult
-from switchboard.engine.stream import Outbox, TokenStream
+from switchboard.engine.stream import CancelWatch, Outbox, TokenStream
 from switchboard.kv.tiers import BlockCache, Reuse
 from switchboard.triton.common import send_error
 from switchboard.wire import EngineStats, FinishReason, Pool
 
-log = logging.getLogger("switchboard.engine")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -37,10 +34,8 @@ class ResponseSink:
         self.reuse = Reuse()
         self.broken = False  # a send failed (sender thread)
         self.cancel_seen = False  # the client cancelled (CancelWatch)
-        # Guards `done`: Triton 2.51 segfaults in is_cancelled() on a request whose final
-        # response was sent, so CancelWatch asks only while holding this and not done.
-        self.lock = threading.Lock()
-        self.done = False
+        self.lock = threading.Lock()  # guards final_sent (stream.Sink says why)
+        self.final_sent = False
         # With logprobs asked: one entry per token not yet sent (the engine loop appends, the
         # sender thread takes as many as the tokens it sends)
         self._logprobs: list = []
@@ -107,68 +102,3 @@ class ResponseSink:
             outputs.append(pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32)))
             outputs += self._logprobs_of(len(ids))
         return pb_utils.InferenceResponse(output_tensors=outputs)
-
-
-class CancelWatch:
-    """Asks Triton every ``interval_s`` whether each live request was cancelled, on its own
-    thread: ``is_cancelled`` is a round trip to the server that the engine loop must not wait on."""
-
-    def __init__(self, name: str, interval_s: float):
-        self.interval_s = max(interval_s, 0.001)
-        self._live: set[ResponseSink] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"{name}-cancel-watch", daemon=True)
-        self._thread.start()
-
-    def add(self, sink: ResponseSink) -> None:
-        with self._lock:
-            self._live.add(sink)
-
-    def discard(self, sink: ResponseSink) -> None:
-        with self._lock:
-            self._live.discard(sink)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            with self._lock:
-                live = list(self._live)
-            for sink in live:
-                with sink.lock:
-                    if sink.done:
-                        continue
-                    try:
-                        if sink.request.is_cancelled():
-                            sink.cancel_seen = True
-                    except Exception:  # the request is gone: nobody to answer
-                        sink.cancel_seen = True
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5 * self.interval_s + 1)
-
-
-class ResponseSender:
-    """The one thread that sends the engine's responses, priority 1 first (Outbox says why)."""
-
-    def __init__(self, name: str, watch: CancelWatch):
-        self.outbox, self.watch = Outbox(), watch
-        self._thread = threading.Thread(target=self._loop, name=f"{name}-sender", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while (item := self.outbox.take()) is not None:
-            sink, ids, final, end = item
-            if end:
-                self.watch.discard(sink)
-                with sink.lock:
-                    sink.done = True
-            try:
-                sink.deliver(ids, final, end)
-            except Exception:  # the client is gone: the engine drops the sequence at its next step
-                log.exception("send failed; dropping the sequence")
-                sink.broken = True
-
-    def close(self, timeout: float = 5.0) -> None:
-        self.outbox.close()
-        self._thread.join(timeout)

@@ -1,14 +1,19 @@
-"""The asr glue's choice of runtime (asr/config.pbtxt's ``runtime``, ``device``, ``torch_dtype``),
-with a stubbed ``triton_python_backend_utils``: a wrong value fails the load naming the parameter,
-and ``runtime: torch`` names the checkpoint it needs when it is not there."""
+"""The asr glue with a stubbed ``triton_python_backend_utils``: its choice of runtime
+(asr/config.pbtxt's ``runtime``, ``device``, ``torch_dtype``: a wrong value fails the load
+naming the parameter, and ``runtime: torch`` names the checkpoint it needs when it is not
+there), and its way back (deltas queued off the decoding loop, coalesced, the end last)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import threading
+import time
 
 import pytest
 
 from switchboard.asr.runtime import AsrManifest
+from switchboard.wire import AsrResult
 from tests.unit.pb_stub import forget, stub_glue
 
 
@@ -48,3 +53,105 @@ def test_the_torch_runtime_names_the_checkpoint_it_cannot_find(glue, version, de
     cfg = dataclasses.replace(glue.AsrConfig(), runtime="torch", device=device)
     with pytest.raises(FileNotFoundError, match=f"{version / 'gone'}.*asr.json's source"):
         glue.TritonPythonModel()._load_model(version, cfg)
+
+
+# -- the way back: queued by the batch worker, sent by the sender thread -----------------------
+
+
+class Sender:
+    def __init__(self, gate=None):
+        self.sent, self.gate, self.entered = [], gate, threading.Event()
+
+    def send(self, response, flags=0):
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.sent.append((response, flags))
+
+
+class Request:
+    def __init__(self, sender, cancelled=False):
+        self.sender, self.cancelled = sender, cancelled
+
+    def get_response_sender(self):
+        return self.sender
+
+    def is_cancelled(self):
+        return self.cancelled
+
+
+@pytest.fixture
+def way_back(glue):
+    watch = glue.CancelWatch("asr", 0.005)
+    sender = glue.ResponseSender("asr", watch)
+    yield glue, sender, watch
+    sender.close()
+    watch.close()
+
+
+def _texts(sender):
+    return [r.outputs["text"][0][0].decode() for r, flags in sender.sent if r.error is None and not flags]
+
+
+def _final(sender, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not any(flags for _, flags in sender.sent):
+        assert time.monotonic() < deadline, "no final response"
+        time.sleep(0.002)
+    [(response, _)] = [(r, f) for r, f in sender.sent if f]
+    return response
+
+
+def test_deltas_queued_while_a_send_is_slow_leave_in_one_response_before_the_final(way_back):
+    glue, sender_thread, watch = way_back
+    gate = threading.Event()
+    first, second = Sender(gate), Sender()
+    sink = glue.TritonSink(Request(first), 2, sender_thread.outbox, watch)
+    sink.delta(" Where")  # the sender thread takes it and waits in send...
+    assert first.entered.wait(10)
+    for text in (" is", " my", " order?"):  # ...while the worker goes on queueing
+        sink.delta(text)
+    result = AsrResult(" Where is my order?".strip(), "en", 2.0, [], 10.0, 1.0, 1, 1)
+    sink.done(result)
+    gate.set()
+    final = _final(first)
+    assert _texts(first) == [" Where", " is my order?"]
+    assert json.loads(final.outputs["result"][0][0])["text"] == "Where is my order?"
+    assert first.sent[-1][0] is final  # nothing after the final
+    assert not second.sent
+
+
+def test_a_cancelled_request_ends_cancelled_and_is_no_longer_asked_after_its_end(way_back):
+    glue, sender_thread, watch = way_back
+    request = Request(Sender(), cancelled=True)
+    sink = glue.TritonSink(request, 1, sender_thread.outbox, watch)
+    assert not sink.cancelled()  # the first question puts it under watch
+    deadline = time.monotonic() + 10
+    while not sink.cancelled():
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    sink.done(AsrResult("", "en", 1.0, [], 1.0, 0.0, 1, 1))
+    final = _final(request.sender)
+    assert final.error.code == "CANCELLED"
+    assert sink.final_sent and sink not in watch._live
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "message"),
+    [
+        ("bad", "INVALID_ARG", "[not_audio] no"),
+        ("full", "UNAVAILABLE", "full"),
+        ("bug", "INTERNAL", "internal error"),
+    ],
+)
+def test_errors_end_the_stream_with_their_code(way_back, error, code, message):
+    glue, sender_thread, watch = way_back
+    failure = {
+        "bad": glue.AsrRequestError("not_audio", "no"),
+        "full": glue.AsrRequestError("unavailable", "full"),
+        "bug": RuntimeError("boom"),
+    }[error]
+    request = Request(Sender())
+    glue.TritonSink(request, 2, sender_thread.outbox, watch).error(failure)
+    final = _final(request.sender)
+    assert final.error.code == code and message in final.error.message
