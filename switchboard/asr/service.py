@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -30,6 +31,20 @@ from switchboard.wire import AsrError, AsrResult
 
 log = logging.getLogger("switchboard.asr")
 SAMPLE_RATE = 16_000
+
+
+def _gap(before: str, text: str) -> str:
+    """What goes between a recording's text so far and its next chunk's: a blank where the
+    model gave none and both sides are a script written with blanks between words (Whisper's
+    tokens carry their leading blank, the embedded default's characters do not; Chinese takes
+    none), else nothing."""
+    if not before or not text or before[-1].isspace() or text[0].isspace():
+        return ""
+    return "" if _unspaced(before[-1]) or _unspaced(text[0]) else " "
+
+
+def _unspaced(ch: str) -> bool:
+    return unicodedata.east_asian_width(ch) in ("W", "F")  # CJK characters and their punctuation
 
 
 class AsrRequestError(ValueError):
@@ -246,12 +261,20 @@ class AsrService:
             chunk = state.chunks[i]
             chunk.text += text
             if i == state.emitted and not state.failed and len(chunk.text) > chunk.sent:
-                new = chunk.text[chunk.sent :]
-                before = "".join(c.text for c in state.chunks[:i]) + chunk.text[: chunk.sent]
-                chunk.sent = len(chunk.text)
-                out = new if before.strip() else new.lstrip()  # no blank before the transcript's first word
-                if out:
-                    state.job.sink.delta(out)
+                self._pass_on(state, i)
+
+    def _pass_on(self, state: _Transcription, i: int) -> None:
+        """Chunk i's text the sink has not heard (every earlier chunk's went out whole); under
+        ``state.lock``."""
+        chunk = state.chunks[i]
+        sent, new, chunk.sent = chunk.sent, chunk.text[chunk.sent :], len(chunk.text)
+        earlier = "".join(c.text for c in state.chunks[:i])
+        if not (earlier + chunk.text[:sent]).strip():  # no blank before the transcript's first word
+            new = new.lstrip()
+        elif sent == 0:
+            new = _gap(earlier, new) + new
+        if new:
+            state.job.sink.delta(new)
 
     def _chunk_done(self, state: _Transcription, i: int, result) -> None:
         with state.lock:
@@ -264,11 +287,7 @@ class AsrService:
             while state.emitted < len(state.chunks) and state.chunks[state.emitted].done:
                 state.emitted += 1
                 if state.emitted < len(state.chunks):
-                    later = state.chunks[state.emitted]
-                    buffered, later.sent = later.text[later.sent :], len(later.text)
-                    if buffered:
-                        before = "".join(c.text for c in state.chunks[: state.emitted]).strip()
-                        state.job.sink.delta(buffered if before else buffered.lstrip())
+                    self._pass_on(state, state.emitted)
             finished = state.emitted == len(state.chunks)
         if finished:
             self._release(state)
@@ -285,7 +304,7 @@ class AsrService:
                     "text": chunk.text.strip(),
                 }
             )
-            start_text += chunk.text
+            start_text += _gap(start_text, chunk.text) + chunk.text
         queue_ms = None if state.started is None else (state.started - state.arrival) * 1000
         return AsrResult(
             text=start_text.strip(),

@@ -247,3 +247,27 @@ def test_too_much_audio_waiting_is_refused_as_unavailable(service_for):
     gate.set()
     assert first.finished.wait(10) and first.failure is None
     assert service.pending_s == 0.0
+
+
+class CharRecognizer(FakeRecognizer):
+    """Like the embedded default: characters, no blank before a chunk's first word."""
+
+    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None):
+        out = []
+        for row, f in enumerate(features):
+            text = f"{'词' * round(float(f[0, 0]))}。" if languages[row] == "zh" else f"Part {round(float(f[0, 0]))}."
+            for ch in text if on_delta else ():
+                on_delta(row, ch)
+            out.append(Transcript(text, languages[row], []))
+        for row in range(len(out)):
+            self.ended(row, None, out, on_done)
+        return out
+
+
+@pytest.mark.parametrize(("language", "joined"), [("en", " "), ("zh", "")])
+def test_chunks_of_a_model_without_leading_blanks_join_as_their_language_writes(service_for, language, joined):
+    sink = run(service_for(CharRecognizer(), chunk_s=5.0), speech(4.0, 3.0, 4.0, 2.0), language=language)
+    assert sink.failure is None and sink.result.chunks >= 3
+    spoken = [s["text"] for s in sink.result.segments if s["text"]]
+    assert len(spoken) >= 3 and sink.result.text == joined.join(spoken)
+    assert "".join(sink.deltas) == sink.result.text
