@@ -75,6 +75,9 @@ def build(
     from switchboard.training.asr import tokenizer as tokmod
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+    # Without it two builds of one seed on one machine differed after 60 steps (a threaded
+    # kernel's sums in another order), and after 3,400 the models heard differently.
+    torch.use_deterministic_algorithms(True)
     t0 = time.time()
     check_window(cfg)
     mcfg, hop = cfg.model, cfg.data.hop
