@@ -117,8 +117,8 @@ class LengthBatcher(_Queue):
        group shortest first, taking those that keep the batch's longest within ``max_ratio``
        of its shortest (a batch costs its longest item: mixing lengths makes the short ones
        pay for the long), its total audio within ``budget_s`` (what one batch may hold in
-       memory and time) and its size within ``max_batch``. An item longer than the budget
-       runs alone.
+       memory and time; each item counted as at least ``window_s``) and its size within
+       ``max_batch``. An item longer than the budget runs alone.
     3. When it runs: at once when it is full (``max_batch`` items, or no item that could still
        join, one at least its longest / ``max_ratio`` long, would fit the budget), else when
        the anchor has waited ``max_wait_s`` (so a lone request is not held for company).
@@ -126,6 +126,11 @@ class LengthBatcher(_Queue):
     ``starve_s`` (2 s) bounds what shortest-first costs a long item: small against the 30 s of
     audio such an item carries, and far above ``max_wait_s``, so under a mixed load the short
     ones still go first.
+
+    ``window_s``: what every item costs of the budget at least, for a model that pads each chunk
+    to a fixed window (Whisper's 30 s): its encoder works on the window whatever was said, so a
+    2 s question costs a 30 s batch row, and the budget bounds what a batch costs (and what the
+    questions in it wait for) only if it counts that.
     """
 
     def __init__(
@@ -135,6 +140,7 @@ class LengthBatcher(_Queue):
         max_ratio: float = 2.0,
         max_wait_s: float = 0.01,
         starve_s: float = 2.0,
+        window_s: float = 0.0,
     ):
         super().__init__(max_batch, max_wait_s)
         if not budget_s > 0:
@@ -143,7 +149,12 @@ class LengthBatcher(_Queue):
             raise ValueError(f"batcher: max_ratio must be >= 1, got {max_ratio}")
         if not starve_s >= max_wait_s:
             raise ValueError(f"batcher: starve_s ({starve_s}) must be >= max_wait_s ({max_wait_s})")
-        self.budget_s, self.max_ratio, self.starve_s = budget_s, max_ratio, starve_s
+        if not (math.isfinite(window_s) and window_s >= 0):
+            raise ValueError(f"batcher: window_s must be finite and >= 0, got {window_s}")
+        self.budget_s, self.max_ratio, self.starve_s, self.window_s = budget_s, max_ratio, starve_s, window_s
+
+    def _cost(self, seconds: float) -> float:
+        return max(seconds, self.window_s)
 
     def _anchor(self, now: float) -> tuple[int, Item]:
         top = min(item.priority for _, item in self._queue)
@@ -157,7 +168,7 @@ class LengthBatcher(_Queue):
 
     def _plan(self, now: float) -> tuple[list[tuple[int, Item]], float]:
         anchor = self._anchor(now)
-        batch, total = [anchor], anchor[1].seconds
+        batch, total = [anchor], self._cost(anchor[1].seconds)
         lo = hi = anchor[1].seconds
         if total > self.budget_s:
             return batch, -math.inf
@@ -169,11 +180,11 @@ class LengthBatcher(_Queue):
             if len(batch) == self.max_batch:
                 break
             s = entry[1].seconds
-            if total + s > self.budget_s or max(hi, s) > self.max_ratio * min(lo, s):
+            if total + self._cost(s) > self.budget_s or max(hi, s) > self.max_ratio * min(lo, s):
                 continue
             batch.append(entry)
-            total, lo, hi = total + s, min(lo, s), max(hi, s)
-        full = len(batch) == self.max_batch or total + hi / self.max_ratio > self.budget_s
+            total, lo, hi = total + self._cost(s), min(lo, s), max(hi, s)
+        full = len(batch) == self.max_batch or total + self._cost(hi / self.max_ratio) > self.budget_s
         due = -math.inf if full else anchor[1].arrival + self.max_wait_s
         # ageing can change the anchor before that: an item of the anchor's priority reaching
         # starve_s becomes the anchor and, having waited longer than max_wait_s, is due at once
@@ -196,6 +207,16 @@ def length_ratio(configured: float, fixed_window: bool) -> float:
     automatic): none for a model that pads every chunk to a fixed window (the padding costs the
     same whatever the mix), 2 for one that takes audio of any length."""
     return configured or (math.inf if fixed_window else 2.0)
+
+
+def length_batcher(
+    window_s: float | None, *, budget_s: float, max_batch: int, max_length_ratio: float, max_wait_s: float
+) -> LengthBatcher:
+    """The pool's ``LengthBatcher`` for a model whose every chunk is padded to ``window_s`` (None:
+    one that takes audio of any length), from asr/config.pbtxt's settings."""
+    fixed = window_s is not None
+    ratio = length_ratio(max_length_ratio, fixed_window=fixed)
+    return LengthBatcher(budget_s, max_batch, ratio, max_wait_s, window_s=window_s if fixed else 0.0)
 
 
 def make_batcher(name: str, **kw: Any) -> LengthBatcher | CountBatcher:

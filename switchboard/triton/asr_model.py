@@ -19,7 +19,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from switchboard import paths
-from switchboard.asr.batcher import length_ratio, make_batcher
+from switchboard.asr.batcher import length_batcher, make_batcher
 from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
@@ -166,13 +166,18 @@ class TritonPythonModel:
     def _batcher(self, cfg: AsrConfig):
         wait_s = cfg.max_wait_ms / 1000
         if cfg.batching == "length":
-            ratio = length_ratio(cfg.max_length_ratio, fixed_window=self.model.window_frames is not None)
-            if ratio < 1:
+            if cfg.max_length_ratio and cfg.max_length_ratio < 1:
                 raise ConfigError(
-                    f"asr/config.pbtxt: parameter 'max_length_ratio' = {ratio:g}: expected 0 (automatic) or at least 1"
+                    f"asr/config.pbtxt: parameter 'max_length_ratio' = {cfg.max_length_ratio:g}: expected 0 "
+                    "(automatic) or at least 1"
                 )
-            return make_batcher(
-                "length", budget_s=cfg.batch_audio_s, max_batch=cfg.max_batch, max_ratio=ratio, max_wait_s=wait_s
+            window_s = self.model.max_seconds if self.model.window_frames is not None else None
+            return length_batcher(
+                window_s,
+                budget_s=cfg.batch_audio_s,
+                max_batch=cfg.max_batch,
+                max_length_ratio=cfg.max_length_ratio,
+                max_wait_s=wait_s,
             )
         if cfg.batching == "count":
             return make_batcher("count", max_batch=cfg.max_batch, max_wait_s=wait_s)

@@ -207,7 +207,13 @@ class AsrConfig(_Config):
         "dynamic batcher's rule, for comparison)",
     )
     max_batch: int = setting(8, "chunks of audio decoded together", 1, 64)
-    batch_audio_s: float = setting(60.0, "the most seconds of audio in one batch (a longer chunk runs alone)", 1.0)
+    batch_audio_s: float = setting(
+        60.0,
+        "the most seconds of audio in one batch (a longer chunk runs alone); a model that pads every chunk to a "
+        "fixed window counts each as the window, what its encoder does (Whisper's 30 s: 2 chunks a batch at 60 on "
+        "a CPU; on a GPU, where max_batch windows cost little more than one, raise it to max_batch windows)",
+        1.0,
+    )
     max_length_ratio: float = setting(
         0.0,
         "with batching length: the longest chunk of a batch at most this many times its shortest; 0: 2 for a "

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from switchboard.asr.batcher import CountBatcher, Item, LengthBatcher, make_batcher
+from switchboard.asr.batcher import CountBatcher, Item, LengthBatcher, length_batcher, make_batcher
 
 
 def keys(batch):
@@ -52,6 +52,31 @@ def test_the_budget_is_respected():
     batches = drain(b)
     assert [len(batch) for batch in batches] == [2, 2, 1]
     assert all(sum(item.seconds for item in batch) <= 60.0 for batch in batches)
+
+
+def test_a_fixed_window_counts_each_item_as_the_window():
+    # Whisper's 30 s window: a 2 s question costs the encoder a 30 s row
+    b = filled(
+        LengthBatcher(budget_s=60.0, max_batch=8, max_ratio=math.inf, window_s=30.0), *(Item(i, 2.0) for i in range(5))
+    )
+    assert b.next_due(0.0) == 0.0  # two rows fill the budget: full, due at once
+    assert [len(batch) for batch in drain(b)] == [2, 2, 1]
+    # items longer than the window (none reach the model, but the rule holds) count as themselves
+    b = filled(
+        LengthBatcher(budget_s=60.0, max_batch=8, max_ratio=math.inf, window_s=5.0), *(Item(i, 25.0) for i in range(3))
+    )
+    assert [len(batch) for batch in drain(b)] == [2, 1]
+
+
+def test_the_pools_batcher_follows_the_models_window():
+    settings = {"budget_s": 60.0, "max_batch": 8, "max_length_ratio": 0.0, "max_wait_s": 0.01}
+    fixed, free = length_batcher(30.0, **settings), length_batcher(None, **settings)
+    assert (fixed.window_s, fixed.max_ratio) == (30.0, math.inf)
+    assert (free.window_s, free.max_ratio) == (0.0, 2.0)
+    assert length_batcher(30.0, **(settings | {"max_length_ratio": 3.0})).max_ratio == 3.0
+    filled(fixed, *(Item(i, 2.0) for i in range(8)))
+    filled(free, *(Item(i, 2.0) for i in range(8)))
+    assert len(fixed.take(0.0)) == 2 and len(free.take(0.0)) == 8
 
 
 def test_max_batch_is_respected():
@@ -176,7 +201,14 @@ def test_bad_items_and_parameters_are_refused():
         with pytest.raises(ValueError, match="batcher"):
             b.add(bad)
     assert len(b) == 0
-    for kw in ({"max_batch": 0}, {"budget_s": 0}, {"max_ratio": 0.5}, {"max_wait_s": 1.0, "starve_s": 0.5}):
+    for kw in (
+        {"max_batch": 0},
+        {"budget_s": 0},
+        {"max_ratio": 0.5},
+        {"max_wait_s": 1.0, "starve_s": 0.5},
+        {"window_s": -1.0},
+        {"window_s": math.inf},
+    ):
         with pytest.raises(ValueError, match="batcher"):
             LengthBatcher(**kw)
 
