@@ -189,3 +189,27 @@ def test_a_window_that_is_not_max_seconds_of_frames_is_refused(tmp_path, capsys)
     assert e.value.code == 2
     assert "window_frames 300 of 320 samples is not max_seconds 3 s: set window_frames=150" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_vtlp_moves_formants_by_the_drawn_factor_and_keeps_the_shape():
+    """A band at 1 kHz read from a throat 10% shorter (alpha 1.1) sits about 10% higher."""
+    centers = model_mod._mel_centers(80)
+    band = int(np.argmin(np.abs(centers - 1000)))
+    x = np.full((1, 80, 5), -1.0, np.float32)
+    x[0, band] = 1.0
+
+    class Fixed:  # rng.uniform -> the factor asked for
+        def __init__(self, alpha):
+            self.alpha = alpha
+
+        def uniform(self, lo, hi):
+            assert lo < self.alpha < hi
+            return self.alpha
+
+    for alpha in (1.1, 0.9):
+        y = x.copy()
+        model_mod._vtlp(y, model_mod.ModelConfig(vtlp=0.15), Fixed(alpha))
+        assert y.shape == x.shape and y.min() >= -1.0 and y.max() <= 1.0
+        peak = centers[int(np.argmax(y[0, :, 0]))]
+        assert peak == pytest.approx(1000 * alpha, rel=0.05), alpha
+        assert (y[0, :, 0] == y[0, :, 4]).all()  # the same warp for every frame of an item

@@ -62,6 +62,7 @@ class ModelConfig:
     freq_width: int = 10
     time_masks: int = 0  # ...and stretches of frames, each up to time_width of the window
     time_width: float = 0.05
+    vtlp: float = 0.0  # vocal tract length perturbation: each item's frequencies stretched by up to this (0.1: +-10%)
     pack: float = 0.0  # share of items spoken on into a second one of their language when both fit the window
     pack_gap_frames: int = 15  # the pause between the two (0.3 s)
     probe_every: int = 1000  # steps between held-out checks in the log (0: none)
@@ -159,6 +160,8 @@ def _batch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     pairs = [packer.item(i, pad_id, rng) if packer else (data.features[i], seqs[i]) for i in index]
     x = window_features([f for f, _ in pairs], cfg.window_frames)
+    if cfg.vtlp:
+        _vtlp(x.numpy(), cfg, rng)
     if cfg.freq_masks or cfg.time_masks:
         _spec_augment(x.numpy(), cfg, rng)
     longest = max(len(s) for _, s in pairs)
@@ -187,6 +190,34 @@ def _spec_augment(x: np.ndarray, cfg: ModelConfig, rng: np.random.Generator) -> 
             w = int(rng.integers(0, int(cfg.time_width * frames) + 1))
             t0 = int(rng.integers(0, frames - w + 1))
             x[row, :, t0 : t0 + w] = floor
+
+
+def _mel_centers(n_mels: int, top_hz: float = 8000.0) -> np.ndarray:
+    """Centre frequencies (Hz) of ``n_mels`` Slaney-scale mel bands up to ``top_hz`` (Whisper's)."""
+
+    def to_mel(f):
+        f = np.asarray(f, np.float64)
+        return np.where(f < 1000, f * 3 / 200, 15 + np.log(np.maximum(f, 1e-9) / 1000) * 27 / np.log(6.4))
+
+    def to_hz(m):
+        return np.where(m < 15, m * 200 / 3, 1000 * np.exp((m - 15) * np.log(6.4) / 27))
+
+    return to_hz(np.linspace(to_mel(0.0), to_mel(top_hz), n_mels + 2)[1:-1])
+
+
+def _vtlp(x: np.ndarray, cfg: ModelConfig, rng: np.random.Generator) -> None:
+    """In place, per item: the frequency axis stretched by a random factor within ``cfg.vtlp``
+    (vocal tract length perturbation: the same words from a longer or shorter throat, formants
+    moved up or down), the bands read off the item's own by interpolation."""
+    n_mels = x.shape[1]
+    centers = _mel_centers(n_mels)
+    for row in range(x.shape[0]):
+        alpha = rng.uniform(1 - cfg.vtlp, 1 + cfg.vtlp)
+        source = np.interp(centers / alpha, centers, np.arange(n_mels, dtype=np.float64))
+        lo = np.floor(source).astype(int)
+        hi = np.minimum(lo + 1, n_mels - 1)
+        frac = (source - lo).astype(np.float32)[:, None]
+        x[row] = (1 - frac) * x[row, lo] + frac * x[row, hi]
 
 
 def learning_rate(step: int, cfg: ModelConfig) -> float:
