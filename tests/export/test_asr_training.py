@@ -213,3 +213,24 @@ def test_vtlp_moves_formants_by_the_drawn_factor_and_keeps_the_shape():
         peak = centers[int(np.argmax(y[0, :, 0]))]
         assert peak == pytest.approx(1000 * alpha, rel=0.05), alpha
         assert (y[0, :, 0] == y[0, :, 4]).all()  # the same warp for every frame of an item
+
+
+def test_a_build_runs_deterministic_kernels_and_restores_torchs_settings(monkeypatch, tmp_path):
+    from switchboard.training.asr import __main__ as asr_main
+
+    seen = []
+
+    def failing_build(*args):
+        seen.append((torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()))
+        raise RuntimeError("stop here")
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(asr_main, "_build", failing_build)
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(RuntimeError, match="stop here"):
+            asr_main.build(tmp_path, asr_main.BuildConfig(), tmp_path)
+        assert seen == [(1, True)]
+        assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (1, False)
+    finally:
+        torch.set_num_threads(threads)

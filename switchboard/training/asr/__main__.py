@@ -66,7 +66,23 @@ def build(
     out: Path, cfg: BuildConfig, corpus_dir: Path, cache_dir: Path | None = CACHE_DIR, workers: int = 2, bar=None
 ) -> dict:
     """Synthesize, train and evaluate into ``out``; ``bar(total, desc, unit)``, if given,
-    makes the progress bars. Returns the report (also written to ``out/asr_report.json``)."""
+    makes the progress bars. Returns the report (also written to ``out/asr_report.json``).
+    Torch's thread count and kernel choice are set for the build and restored after it."""
+    import torch
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(max(1, min(threads, 2)))
+    # Without it two builds of one seed on one machine differed after 60 steps (a threaded
+    # kernel's sums in another order), and after 3,400 the models heard differently.
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _build(out, cfg, corpus_dir, cache_dir, workers, bar)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _build(out: Path, cfg: BuildConfig, corpus_dir: Path, cache_dir: Path | None, workers: int, bar) -> dict:
     import torch
     from transformers import GenerationConfig, WhisperFeatureExtractor
 
@@ -74,10 +90,6 @@ def build(
     from switchboard.training.asr import model as model_mod
     from switchboard.training.asr import tokenizer as tokmod
 
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
-    # Without it two builds of one seed on one machine differed after 60 steps (a threaded
-    # kernel's sums in another order), and after 3,400 the models heard differently.
-    torch.use_deterministic_algorithms(True)
     t0 = time.time()
     check_window(cfg)
     mcfg, hop = cfg.model, cfg.data.hop
