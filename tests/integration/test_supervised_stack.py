@@ -97,12 +97,38 @@ def _wait_for_reload(run, reloads: int, timeout: float = 180) -> dict:
     raise AssertionError(f"no reload {reloads} within {timeout:.0f} s: {_state(run)}")
 
 
+def _aborted(run, pid: int) -> bool:
+    """Whether tritonserver ``pid`` died of 2.51's race on a killed stub's shared-memory mutex."""
+    log = next(run.glob("tritonserver-*.log")).read_text(errors="replace")
+    return "boost::interprocess::lock_exception" in log and f" {pid} " in log
+
+
+def _kill_stub_until_reloaded(run, model: str, attempts: int = 2) -> tuple[dict, dict]:
+    """Kill ``model``'s stub and wait for the supervisor to reload it alone: (state before the
+    kill, state after the reload). Sometimes the kill aborts the whole 2.51 server instead
+    (docs/reliability.md) and the supervisor restarts it; only then is the kill tried again, on
+    the new server."""
+    for _ in range(attempts):
+        before = _state(run)
+        os.kill(children(before["tritonserver_pid"])[model], signal.SIGKILL)
+        deadline = time.monotonic() + 240  # a bound against a hang, not a timing check
+        while time.monotonic() < deadline:
+            state = _state(run)
+            if state["reloads"] > before["reloads"]:
+                return before, state
+            if state["tritonserver_pid"] != before["tritonserver_pid"] and state["ready"]:
+                assert _aborted(run, before["tritonserver_pid"]), f"restarted, not reloaded: {state}"
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"no reload of {model} within 240 s: {state}")
+    raise AssertionError(f"every kill of {model}'s stub aborted the server: {_state(run)}")
+
+
 def test_a_dead_chat_stub_is_reloaded_alone_without_restarting_the_server(supervised):
     ports, run = supervised
     client = ChatClient(f"127.0.0.1:{ports.grpc}", timeout_s=60)
-    before = _state(run)
-    os.kill(children(before["tritonserver_pid"])["chat"], signal.SIGKILL)
-    state = _wait_for_reload(run, before["reloads"] + 1)
+    before, state = _kill_stub_until_reloaded(run, "chat")
     assert state["tritonserver_pid"] == before["tritonserver_pid"] and state["restarts"] == before["restarts"]
     assert state["last_reload"].startswith("chat in"), state
     assert client.chat("Where is my order?", stream=False, max_new_tokens=8).stats.generated_tokens > 0
