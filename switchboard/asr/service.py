@@ -90,6 +90,7 @@ class _Transcription:
     language: str | None = None
     chunks: list[_Chunk] = field(default_factory=list)
     emitted: int = 0  # chunks whose text went out whole; deltas of chunk `emitted` go out live
+    said: str = ""  # the last character the sink heard ("": nothing yet)
     started: float | None = None
     batch_size: int | None = None
     failed: bool = False
@@ -268,12 +269,12 @@ class AsrService:
         ``state.lock``."""
         chunk = state.chunks[i]
         sent, new, chunk.sent = chunk.sent, chunk.text[chunk.sent :], len(chunk.text)
-        earlier = "".join(c.text for c in state.chunks[:i])
-        if not (earlier + chunk.text[:sent]).strip():  # no blank before the transcript's first word
+        if not state.said:  # no blank before the transcript's first word
             new = new.lstrip()
         elif sent == 0:
-            new = _gap(earlier, new) + new
+            new = _gap(state.said, new) + new
         if new:
+            state.said = new[-1]
             state.job.sink.delta(new)
 
     def _chunk_done(self, state: _Transcription, i: int, result) -> None:
