@@ -24,13 +24,15 @@ from typing import Any
 
 @dataclass
 class Item:
-    """One queued request: ``seconds`` of audio; ``priority`` 1 is VIP, larger waits; ``arrival``
-    on the caller's clock."""
+    """One queued request, or one chunk of it: ``seconds`` of audio; ``priority`` 1 is VIP, larger
+    waits; ``arrival`` on the caller's clock; ``audio_s`` the whole request's audio when this is a
+    chunk of it (None: ``seconds``)."""
 
     key: Any
     seconds: float
     priority: int = 2
     arrival: float = 0.0
+    audio_s: float | None = None
 
 
 class _Queue:
@@ -50,6 +52,8 @@ class _Queue:
             raise ValueError(f"batcher: an item's seconds must be finite and >= 0, got {item.seconds!r}")
         if not math.isfinite(item.arrival):
             raise ValueError(f"batcher: an item's arrival must be finite, got {item.arrival!r}")
+        if item.audio_s is not None and not (math.isfinite(item.audio_s) and item.audio_s >= item.seconds):
+            raise ValueError(f"batcher: an item's audio_s must be finite and >= its seconds, got {item.audio_s!r}")
         self._queue.append((self._seq, item))
         self._seq += 1
 
@@ -73,7 +77,12 @@ class _Queue:
             return []
         taken = {seq for seq, _ in batch}
         self._queue = [entry for entry in self._queue if entry[0] not in taken]
-        return [item for _, item in batch]
+        items = [item for _, item in batch]
+        self._taken(items, now)
+        return items
+
+    def _taken(self, batch: list[Item], now: float) -> None:
+        """Called with each batch ``take`` hands out, after it left the queue."""
 
     def next_due(self, now: float) -> float | None:
         """When ``take`` returns a batch if nothing else arrives: ``now`` or later; None when empty."""
@@ -104,15 +113,20 @@ class LengthBatcher(_Queue):
 
     Policy, in the order it decides:
 
-    1. The anchor, the item the next batch is built around: from the highest priority present
-       (lowest number: priority 1 never waits behind priority 2), among the items that have
-       waited ``starve_s`` or more the one that has waited longest for its length (ageing: a
-       long item cannot be passed over forever by a stream of short ones, yet under a backlog
-       where every item has waited that long a 3 s question still goes before a 30 s recording
-       that has not waited ten times as long: highest response ratio next), else the shortest,
-       oldest first among equals
-       (shortest job first: a 2 s question does not wait for a 30 s voicemail that came just
-       before it; the latency it saves is the voicemail's, which hardly notices).
+    1. The anchor, the item the next batch is built around, from the highest priority present
+       (lowest number: priority 1 never waits behind priority 2):
+       - Short audio first: a chunk of a long request (its whole audio over ``long_s``) anchors
+         only when no short request waits, or when it has waited ``starve_s`` and ``long_every``
+         - 1 batches went by since long audio last ran while one such chunk waited. Under an
+         overload long recordings get every ``long_every``-th batch at least and the questions
+         the rest, so the backlog lands on the recordings, as if they had a pool of their own
+         (seed 001's own remedy), yet they never starve.
+       - Within the class: among the items that have waited ``starve_s`` or more the one that
+         has waited longest for its length (ageing: a long item cannot be passed over forever
+         by a stream of short ones, yet under a backlog a 3 s question still goes before a
+         12 s one that has not waited four times as long: highest response ratio next), else
+         the shortest, oldest first among equals (shortest job first: a 2 s question does not
+         wait for a 30 s voicemail that came just before it).
     2. The batch: the anchor, then other items of its priority, then lower priorities, each
        group shortest first, taking those that keep the batch's longest within ``max_ratio``
        of its shortest (a batch costs its longest item: mixing lengths makes the short ones
@@ -123,9 +137,8 @@ class LengthBatcher(_Queue):
        join, one at least its longest / ``max_ratio`` long, would fit the budget), else when
        the anchor has waited ``max_wait_s`` (so a lone request is not held for company).
 
-    ``starve_s`` (2 s) bounds what shortest-first costs a long item: small against the 30 s of
-    audio such an item carries, and far above ``max_wait_s``, so under a mixed load the short
-    ones still go first.
+    ``starve_s`` (2 s) is far above ``max_wait_s``, so under a mixed load the short ones still go
+    first, and small against the 30 s of audio a long recording carries.
 
     ``window_s``: what every item costs of the budget at least, for a model that pads each chunk
     to a fixed window (Whisper's 30 s): its encoder works on the window whatever was said, so a
@@ -141,6 +154,8 @@ class LengthBatcher(_Queue):
         max_wait_s: float = 0.01,
         starve_s: float = 2.0,
         window_s: float = 0.0,
+        long_s: float = 15.0,
+        long_every: int = 3,
     ):
         super().__init__(max_batch, max_wait_s)
         if not budget_s > 0:
@@ -151,23 +166,49 @@ class LengthBatcher(_Queue):
             raise ValueError(f"batcher: starve_s ({starve_s}) must be >= max_wait_s ({max_wait_s})")
         if not (math.isfinite(window_s) and window_s >= 0):
             raise ValueError(f"batcher: window_s must be finite and >= 0, got {window_s}")
+        if not long_s > 0:
+            raise ValueError(f"batcher: long_s must be > 0, got {long_s}")
+        if not (isinstance(long_every, int) and long_every >= 1):
+            raise ValueError(f"batcher: long_every must be a whole number >= 1, got {long_every!r}")
         self.budget_s, self.max_ratio, self.starve_s, self.window_s = budget_s, max_ratio, starve_s, window_s
+        self.long_s, self.long_every = long_s, long_every
+        self._passed = 0  # batches without long audio since it last ran while a starving long chunk waited
 
     def _cost(self, seconds: float) -> float:
         return max(seconds, self.window_s)
 
-    def _anchor(self, now: float) -> tuple[int, Item]:
-        top = min(item.priority for _, item in self._queue)
-        same = [e for e in self._queue if e[1].priority == top]
+    def _long(self, item: Item) -> bool:
+        return (item.seconds if item.audio_s is None else item.audio_s) > self.long_s
+
+    def _starving(self, item: Item, now: float) -> bool:
         # arrival + starve_s <= now, not now - arrival >= starve_s: the same sum next_due reports,
         # so take(next_due(now)) sees the item as starving whatever the rounding
-        starving = [e for e in same if e[1].arrival + self.starve_s <= now]
+        return item.arrival + self.starve_s <= now
+
+    def _pool(self, now: float) -> tuple[list[tuple[int, Item]], list[float]]:
+        """The items the anchor is chosen from, and when a long chunk starting to starve would
+        change that (the class rule of step 1)."""
+        top = min(item.priority for _, item in self._queue)
+        same = [e for e in self._queue if e[1].priority == top]
+        short = [e for e in same if not self._long(e[1])]
+        long = [e for e in same if self._long(e[1])]
+        if not short or not long:
+            return same, []
+        if self._passed < self.long_every - 1:
+            return short, []
+        if any(self._starving(e[1], now) for e in long):
+            return long, []
+        return short, [min(e[1].arrival for e in long) + self.starve_s]
+
+    def _anchor(self, pool: list[tuple[int, Item]], now: float) -> tuple[int, Item]:
+        starving = [e for e in pool if self._starving(e[1], now)]
         if starving:  # the longest wait for its length first: under a backlog, still short first
             return min(starving, key=lambda e: (-(now - e[1].arrival) / max(e[1].seconds, 0.5), e[1].arrival, e[0]))
-        return min(same, key=lambda e: (e[1].seconds, e[1].arrival, e[0]))
+        return min(pool, key=lambda e: (e[1].seconds, e[1].arrival, e[0]))
 
     def _plan(self, now: float) -> tuple[list[tuple[int, Item]], float]:
-        anchor = self._anchor(now)
+        pool, switch = self._pool(now)
+        anchor = self._anchor(pool, now)
         batch, total = [anchor], self._cost(anchor[1].seconds)
         lo = hi = anchor[1].seconds
         if total > self.budget_s:
@@ -186,17 +227,22 @@ class LengthBatcher(_Queue):
             total, lo, hi = total + self._cost(s), min(lo, s), max(hi, s)
         full = len(batch) == self.max_batch or total + self._cost(hi / self.max_ratio) > self.budget_s
         due = -math.inf if full else anchor[1].arrival + self.max_wait_s
-        # ageing can change the anchor before that: an item of the anchor's priority reaching
-        # starve_s becomes the anchor and, having waited longer than max_wait_s, is due at once
-        ageing = [
-            e[1].arrival + self.starve_s
-            for e in self._queue
-            if e[1].priority == anchor[1].priority and e[1].arrival + self.starve_s > now
-        ]
+        # ageing can change the anchor before that: an item of the pool reaching starve_s (or a
+        # long chunk that turns the pool over to long audio) becomes the anchor and, having
+        # waited longer than max_wait_s, is due at once
+        ageing = switch + [e[1].arrival + self.starve_s for e in pool if not self._starving(e[1], now)]
         if ageing:
             due = min(due, min(ageing))
         batch.sort(key=lambda e: (e[1].seconds, e[1].arrival, e[0]))
         return batch, due
+
+    def _taken(self, batch: list[Item], now: float) -> None:
+        if any(self._long(item) for item in batch):
+            self._passed = 0
+            return
+        top = min(item.priority for item in batch)
+        if any(self._long(e[1]) and e[1].priority == top and self._starving(e[1], now) for e in self._queue):
+            self._passed += 1
 
 
 _BATCHERS = {"length": LengthBatcher, "count": CountBatcher}
@@ -210,13 +256,28 @@ def length_ratio(configured: float, fixed_window: bool) -> float:
 
 
 def length_batcher(
-    window_s: float | None, *, budget_s: float, max_batch: int, max_length_ratio: float, max_wait_s: float
+    window_s: float | None,
+    *,
+    budget_s: float,
+    max_batch: int,
+    max_length_ratio: float,
+    max_wait_s: float,
+    long_s: float = 15.0,
+    long_every: int = 3,
 ) -> LengthBatcher:
     """The pool's ``LengthBatcher`` for a model whose every chunk is padded to ``window_s`` (None:
     one that takes audio of any length), from asr/config.pbtxt's settings."""
     fixed = window_s is not None
     ratio = length_ratio(max_length_ratio, fixed_window=fixed)
-    return LengthBatcher(budget_s, max_batch, ratio, max_wait_s, window_s=window_s if fixed else 0.0)
+    return LengthBatcher(
+        budget_s,
+        max_batch,
+        ratio,
+        max_wait_s,
+        window_s=window_s if fixed else 0.0,
+        long_s=long_s,
+        long_every=long_every,
+    )
 
 
 def make_batcher(name: str, **kw: Any) -> LengthBatcher | CountBatcher:

@@ -174,7 +174,7 @@ class AsrService:
             for i, chunk in enumerate(state.chunks):
                 if not chunk.done:
                     seconds = (chunk.end - chunk.start) / SAMPLE_RATE
-                    self.batcher.add(Item((state, i), seconds, state.job.priority, state.arrival))
+                    self.batcher.add(Item((state, i), seconds, state.job.priority, state.arrival, state.seconds))
             self._cond.notify_all()
 
     def _chunk(self, samples: np.ndarray, start: int, end: int) -> _Chunk:

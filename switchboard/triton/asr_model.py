@@ -178,6 +178,8 @@ class TritonPythonModel:
                 max_batch=cfg.max_batch,
                 max_length_ratio=cfg.max_length_ratio,
                 max_wait_s=wait_s,
+                long_s=cfg.long_audio_s,
+                long_every=cfg.long_every,
             )
         if cfg.batching == "count":
             return make_batcher("count", max_batch=cfg.max_batch, max_wait_s=wait_s)

@@ -222,6 +222,15 @@ class AsrConfig(_Config):
         0.0,
     )
     max_wait_ms: float = setting(10.0, "how long a batch waits to fill before it runs", 0.0, 10_000.0)
+    long_audio_s: float = setting(
+        15.0,
+        "with batching length: a request with more audio than this is long; its chunks wait while questions do, "
+        "but one that has waited 2 s gets every long_every-th batch (seed 001: long audio as if in its own pool)",
+        1.0,
+    )
+    long_every: int = setting(
+        3, "with batching length: long audio's share of batches under load, one in this many at least", 1, 100
+    )
     chunk_s: float = setting(
         15.0, "audio longer than this is cut at silences into chunks of at most this (streamed in order)", 1.0, 30.0
     )

@@ -112,7 +112,7 @@ def test_priority_2_fills_room_left_in_a_vip_batch():
 
 
 def test_ageing_prevents_starvation():
-    b = LengthBatcher(max_wait_s=0.01, starve_s=2.0)
+    b = LengthBatcher(max_wait_s=0.01, starve_s=2.0, long_every=3)
     b.add(Item("long", 30.0, arrival=0.0))
     t = 0.0
     served = []
@@ -122,7 +122,35 @@ def test_ageing_prevents_starvation():
         b.add(Item(f"s{t:.1f}", 2.0, arrival=t))
         served += keys(b.take(t + 0.02))
         assert t < 3.0, "the long item starved"
-    assert 1.95 <= t <= 2.05
+    # it starved at 2.0 s; the questions of 2.0 and 2.1 s went first, then the long one
+    assert 2.15 <= t <= 2.25
+
+
+def test_under_an_overload_long_audio_gets_every_third_batch():
+    """Questions and a recording's chunks arrive faster than batches run: the chunks that have
+    waited starve_s anchor one batch in long_every, the questions the rest, so the backlog lands
+    on the recordings and a question waits a few batches, not starve_s."""
+    b = LengthBatcher(budget_s=60.0, max_batch=2, max_wait_s=0.01, starve_s=2.0, window_s=30.0, long_every=3)
+    for i in range(24):  # chunks of 30 s recordings, queued long before
+        b.add(Item(f"chunk{i}", 15.0, arrival=0.0, audio_s=30.0))
+    now, anchored, question_waits = 10.0, [], []
+    for n in range(30):
+        b.add(Item(f"q{n}", 2.0 + n % 3, arrival=now))
+        batch = b.take(now + 0.01)  # a lone question waits max_wait_s for company
+        anchored.append("long" if any(k.startswith("chunk") for k in keys(batch)) else "short")
+        question_waits += [now + 0.01 - item.arrival for item in batch if item.key.startswith("q")]
+        now += 0.5
+    assert anchored[:9] == ["short", "short", "long"] * 3
+    assert anchored.count("long") == 10
+    assert max(question_waits) <= 1.0 + 1e-9  # the backlog waits, not the questions
+
+
+def test_a_chunk_is_as_long_as_its_recording():
+    """A 10 s chunk of a 30 s recording is long audio; a 10 s question is not."""
+    b = LengthBatcher(budget_s=60.0, max_batch=1, starve_s=2.0, long_every=3)
+    filled(b, Item("chunk", 10.0, arrival=0.0, audio_s=30.0), Item("question", 12.0, arrival=1.0))
+    assert keys(b.take(5.0)) == ["question"]  # both starving; long audio waits for its turn
+    assert keys(b.take(5.0)) == ["chunk"]  # alone: no question to go before it
 
 
 def test_ageing_within_a_priority_only():
@@ -156,7 +184,9 @@ def test_next_due_is_exactly_when_take_answers(seed):
     b = LengthBatcher(budget_s=60.0, max_batch=4, max_wait_s=0.05, starve_s=0.5)
     now = 0.0
     for i in range(30):
-        b.add(Item(i, rng.choice([1.0, 2.0, 3.0, 15.0, 30.0, 70.0]), rng.choice([1, 2, 2]), now))
+        seconds = rng.choice([1.0, 2.0, 3.0, 15.0, 30.0, 70.0])
+        audio_s = rng.choice([None, None, seconds * 3])  # some are chunks of a longer recording
+        b.add(Item(i, seconds, rng.choice([1, 2, 2]), now, audio_s))
         now += rng.random() * 0.05
         due = b.next_due(now)
         assert due >= now
@@ -197,7 +227,14 @@ def test_remove_a_queued_item():
 
 def test_bad_items_and_parameters_are_refused():
     b = LengthBatcher()
-    for bad in (Item("x", -1.0), Item("x", math.nan), Item("x", math.inf), Item("x", 1.0, arrival=math.nan)):
+    for bad in (
+        Item("x", -1.0),
+        Item("x", math.nan),
+        Item("x", math.inf),
+        Item("x", 1.0, arrival=math.nan),
+        Item("x", 5.0, audio_s=4.0),
+        Item("x", 5.0, audio_s=math.inf),
+    ):
         with pytest.raises(ValueError, match="batcher"):
             b.add(bad)
     assert len(b) == 0
@@ -208,6 +245,9 @@ def test_bad_items_and_parameters_are_refused():
         {"max_wait_s": 1.0, "starve_s": 0.5},
         {"window_s": -1.0},
         {"window_s": math.inf},
+        {"long_s": 0.0},
+        {"long_every": 0},
+        {"long_every": 2.5},
     ):
         with pytest.raises(ValueError, match="batcher"):
             LengthBatcher(**kw)
@@ -237,6 +277,17 @@ def test_under_a_backlog_short_work_still_goes_first():
     b.add(Item("short", 3.0, arrival=5.0))
     batch = b.take(10.0)  # the longs waited 7-10 s for 30 s of audio, the short 5 s for 3 s
     assert [item.key for item in batch] == ["short"]
-    # a long recording that has waited ten times its share goes first again
-    b.add(Item("late short", 3.0, arrival=699.0))
-    assert b.take(700.0)[0].key == "long0"
+    b.add(Item("late short", 3.0, arrival=9.5))
+    assert keys(b.take(10.0)) == ["late short"]
+    # two batches passed a starving recording over: the third is the longest waiting one's
+    b.add(Item("later short", 3.0, arrival=9.9))
+    assert keys(b.take(10.0))[0] == "long0"
+    assert keys(b.take(10.0)) == ["later short"]
+
+
+def test_among_questions_the_longest_wait_for_its_length_goes_first():
+    b = LengthBatcher(budget_s=60.0, max_batch=1, max_ratio=2.0, max_wait_s=0.01, starve_s=2.0)
+    filled(b, Item("twelve", 12.0, arrival=0.0), Item("three", 3.0, arrival=5.0))
+    assert keys(b.take(10.0)) == ["three"]  # 5 s for 3 s against 10 s for 12 s
+    b.add(Item("late three", 3.0, arrival=45.0))
+    assert keys(b.take(50.0)) == ["twelve"]  # 50 s for 12 s against 5 s for 3 s
