@@ -276,6 +276,7 @@ def plot(results: dict, path: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     runs = by_run(results.get("throughput", []))
     seed = results.get("seed001", [])
@@ -318,6 +319,10 @@ def plot(results: dict, path: Path) -> Path | None:
                 ax.step(lat, [(i + 1) / len(lat) for i in range(len(lat))], where="post",
                         label=f"batching={row['batching']}, workers={row['workers']}")  # fmt: skip
         ax.set_xscale("log")
+        # seconds as plain numbers; matplotlib labels a log axis's minor ticks over each other
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("2 s question's latency (s)")
         ax.set_ylabel("share of requests")
         model = results.get("preset", {}).get("seed001_model")
