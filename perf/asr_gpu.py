@@ -198,18 +198,15 @@ def measure(model, clips: list, max_batch: int, callers: int, workers: int, requ
     """One closed-loop run of a fresh pool over ``model``; ``busy``: the share of the measured
     time a batch was running (near 1 with one worker: the batches are the limit, not the
     audio's preparation or the callers)."""
-    from switchboard.asr.batcher import length_batcher
+    from switchboard.asr.batcher import audio_budget, length_batcher
     from switchboard.asr.service import AsrJob, AsrService
     from switchboard.triton.config import AsrConfig
 
-    cfg = AsrConfig()  # asr/config.pbtxt's defaults, but for the budget:
+    cfg = AsrConfig()  # asr/config.pbtxt's defaults: the automatic budget, on a GPU max_batch windows
     window_s = model.max_seconds if model.window_frames is not None else None
-    # on a GPU a batch of max_batch windows costs little more than one (docs/voice.md: raise
-    # batch_audio_s there), so the budget is what lets max_batch rows in
-    budget_s = max(cfg.batch_audio_s, max_batch * (window_s or 0.0))
     batcher = length_batcher(
         window_s,
-        budget_s=budget_s,
+        budget_s=audio_budget(cfg.batch_audio_s, window_s, max_batch, gpu=True),
         max_batch=max_batch,
         max_length_ratio=cfg.max_length_ratio,
         max_wait_s=cfg.max_wait_ms / 1000,

@@ -255,6 +255,21 @@ def length_ratio(configured: float, fixed_window: bool) -> float:
     return configured or (math.inf if fixed_window else 2.0)
 
 
+CPU_BUDGET_S = 60.0  # asr/config.pbtxt's batch_audio_s when it says 0 and the pool runs on a CPU
+
+
+def audio_budget(configured: float, window_s: float | None, max_batch: int, gpu: bool) -> float:
+    """The seconds of audio a batch may hold: asr/config.pbtxt's ``batch_audio_s``, or for 0
+    (automatic) 60 s on a CPU, where a batch costs about its rows one by one (two of Whisper's
+    30 s windows), and ``max_batch`` windows of a fixed-window model on a GPU, where they cost
+    little more than one."""
+    if configured:
+        return configured
+    if gpu and window_s:
+        return max(CPU_BUDGET_S, max_batch * window_s)
+    return CPU_BUDGET_S
+
+
 def length_batcher(
     window_s: float | None,
     *,

@@ -19,7 +19,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from switchboard import paths
-from switchboard.asr.batcher import length_batcher, make_batcher
+from switchboard.asr.batcher import audio_budget, length_batcher, make_batcher
 from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
@@ -113,6 +113,9 @@ class TritonPythonModel:
         self.watch = CancelWatch("asr", cfg.cancel_poll_ms / 1000)
         self.sender = ResponseSender("asr", self.watch)
         self.model = self._load_model(version, cfg)
+        self.window_s = self.model.max_seconds if self.model.window_frames is not None else None
+        on_gpu = cfg.runtime == "torch" and cfg.device.startswith("cuda")
+        self.budget_s = audio_budget(cfg.batch_audio_s, self.window_s, cfg.max_batch, gpu=on_gpu)
         self.service = AsrService(
             self.model,
             self._batcher(cfg),
@@ -128,7 +131,7 @@ class TritonPythonModel:
             cfg.precision if cfg.runtime == "onnx" else f"in PyTorch on {cfg.device}",
             cfg.batching,
             cfg.max_batch,
-            cfg.batch_audio_s,
+            self.budget_s,
             cfg.workers,
         )
 
@@ -171,10 +174,14 @@ class TritonPythonModel:
                     f"asr/config.pbtxt: parameter 'max_length_ratio' = {cfg.max_length_ratio:g}: expected 0 "
                     "(automatic) or at least 1"
                 )
-            window_s = self.model.max_seconds if self.model.window_frames is not None else None
+            if 0 < cfg.batch_audio_s < 1:
+                raise ConfigError(
+                    f"asr/config.pbtxt: parameter 'batch_audio_s' = {cfg.batch_audio_s:g}: expected 0 "
+                    "(automatic) or at least 1"
+                )
             return length_batcher(
-                window_s,
-                budget_s=cfg.batch_audio_s,
+                self.window_s,
+                budget_s=self.budget_s,
                 max_batch=cfg.max_batch,
                 max_length_ratio=cfg.max_length_ratio,
                 max_wait_s=wait_s,

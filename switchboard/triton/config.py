@@ -208,11 +208,12 @@ class AsrConfig(_Config):
     )
     max_batch: int = setting(8, "chunks of audio decoded together", 1, 64)
     batch_audio_s: float = setting(
-        60.0,
+        0.0,
         "the most seconds of audio in one batch (a longer chunk runs alone); a model that pads every chunk to a "
-        "fixed window counts each as the window, what its encoder does (Whisper's 30 s: 2 chunks a batch at 60 on "
-        "a CPU; on a GPU, where max_batch windows cost little more than one, raise it to max_batch windows)",
-        1.0,
+        "fixed window counts each as the window, what its encoder does; 0: automatic, 60 on a CPU (Whisper's "
+        "30 s: 2 chunks a batch) and max_batch windows on a GPU (runtime torch), where they cost little more "
+        "than one",
+        0.0,
     )
     max_length_ratio: float = setting(
         0.0,

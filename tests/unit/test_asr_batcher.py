@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from switchboard.asr.batcher import CountBatcher, Item, LengthBatcher, length_batcher, make_batcher
+from switchboard.asr.batcher import CountBatcher, Item, LengthBatcher, audio_budget, length_batcher, make_batcher
 
 
 def keys(batch):
@@ -291,3 +291,11 @@ def test_among_questions_the_longest_wait_for_its_length_goes_first():
     assert keys(b.take(10.0)) == ["three"]  # 5 s for 3 s against 10 s for 12 s
     b.add(Item("late three", 3.0, arrival=45.0))
     assert keys(b.take(50.0)) == ["twelve"]  # 50 s for 12 s against 5 s for 3 s
+
+
+def test_the_automatic_budget_is_two_windows_on_a_cpu_and_max_batch_on_a_gpu():
+    assert audio_budget(0.0, 30.0, 8, gpu=False) == 60.0  # two of Whisper's windows
+    assert audio_budget(0.0, 30.0, 8, gpu=True) == 240.0  # eight cost little more than one
+    assert audio_budget(0.0, 5.0, 8, gpu=True) == 60.0  # never below the CPU's
+    assert audio_budget(0.0, None, 8, gpu=True) == 60.0  # audio of any length: no window to count
+    assert audio_budget(90.0, 30.0, 8, gpu=True) == 90.0  # a configured budget is kept
