@@ -6,6 +6,8 @@ whole server (boost::interprocess::lock_exception). Readiness alone cannot see t
 So the supervisor probes with real requests every few seconds (one priority-1 chat, and one
 token from each engine pool directly) and restarts tritonserver when it has exited or failed
 ``failures`` probes in a row. redis-server keeps running across restarts: sessions survive.
+A dead stub is reloaded alone (``with_reloads``); a server whose log says it crashed
+(``CrashLog``) is restarted at once, not waited for while it writes its stack trace.
 
 After each (re)start the first round is a warm-up: the same probe with a few generated tokens,
 sent at once. The supervisor calls itself ready only once it has answered and no probe has
@@ -24,6 +26,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import sys
 import threading
@@ -43,6 +46,42 @@ PROBE_TEXT = "Where is my order?"
 WARM_UP_TOKENS = 8  # past the first token: the warm-up runs decode steps too
 LIVENESS_PATH = "/livez"
 READINESS_PATH = "/readyz"
+# What tritonserver writes as it crashes (src/triton_signal.cc's ErrorSignalHandler, SIGABRT or
+# SIGSEGV) before it symbolizes a stack trace, which can take minutes before the process ends.
+FATAL_SIGNAL = re.compile(rb"Signal \((6|11)\) received\.")
+
+
+class CrashLog:
+    """tritonserver's log, read for the line it writes as it crashes: a server that aborted
+    (2.51's race when a stub is killed) answers nothing yet runs on while it writes its stack
+    trace, so a reload sent to it waits out its whole timeout."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.tail = path, 0, b""
+
+    def mark(self) -> None:
+        """Only what the log gets from now on counts (call as a server starts)."""
+        try:
+            self.offset = self.path.stat().st_size
+        except OSError:
+            self.offset = 0
+        self.tail = b""
+
+    def crashed(self) -> str | None:
+        """The crash line, once the log has one since ``mark``; None otherwise."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                new = f.read()
+        except OSError:
+            return None
+        self.offset += len(new)
+        text, self.tail = self.tail + new, (self.tail + new)[-64:]  # a line split across two reads
+        found = FATAL_SIGNAL.search(text)
+        if found is None:
+            return None
+        self.tail = text[found.end() :][-64:]  # reported once
+        return f"tritonserver crashed ({found.group().decode()} in {self.path.name})"
 
 
 def _pool_request(
@@ -201,6 +240,7 @@ class Supervisor:
     reloads: int = 0
     last_reload: str | None = None
     known_stubs: dict = field(default_factory=dict)
+    crash_log: CrashLog | None = None  # tritonserver's log, for the line it writes as it crashes
 
     def why_not_ready(self) -> str | None:
         """None while tritonserver runs, has answered its warm-up and no probe failed since."""
@@ -250,6 +290,8 @@ class Supervisor:
         log.error("restarting tritonserver (restart %d): %s", self.restarts, reason)
         self.warmed, self.failures, self.known_stubs = False, 0, {}  # none of the old server's
         self.stack.restart_triton()
+        if self.crash_log is not None:  # the new server's log from here (the old one's end is not its)
+            self.crash_log.mark()
         self.known_stubs = self.stubs() if self.stubs is not None else {}  # every model is ready now
         self.restarted_at = time.monotonic()
         log.info("tritonserver ready again (pid %d)", self.stack.triton.pid)
@@ -259,9 +301,10 @@ class Supervisor:
         still loaded died (Triton 2.51 keeps it READY) and is reloaded at once (``recover``); one
         whose version was unloaded (a rollout's canary) is left alone. Returns why tritonserver
         must restart, or None."""
+        failure = self.gone()
+        if failure is not None:
+            return failure
         proc = self.stack.triton
-        if proc is not None and proc.poll() is not None:
-            return f"tritonserver exited with code {proc.returncode}"
         if self.stubs is None or proc is None:
             return None
         now = self.stubs()
@@ -276,16 +319,27 @@ class Supervisor:
                 return self.last_failure
         return None
 
+    def gone(self) -> str | None:
+        """Why tritonserver is gone or going: it exited, or its log says it crashed."""
+        proc = self.stack.triton
+        if proc is not None and proc.poll() is not None:
+            return f"tritonserver exited with code {proc.returncode}"
+        return self.crash_log.crashed() if self.crash_log is not None else None
+
     def recover(self, model: str, reason: str) -> bool:
         """Reload ``model`` alone (Triton 2.51 never restarts a dead stub, and a server restart
-        takes every model away for seconds); True once it answers its probe again."""
+        takes every model away for seconds); True once it answers its probe again. A server that
+        exits or crashes meanwhile is not waited for."""
         if self.reload is None or self.model_probe is None:
             return False
         t0 = time.monotonic()
         log.error("%s; reloading %s alone", reason, model)
         try:
-            self.reload(model)
-            failure = self.model_probe(model, None)
+            failure = self._watched(lambda: self.reload(model))
+            if failure is None:
+                failure = self.model_probe(model, None)
+            else:
+                self.last_failure = failure
         except Exception as e:  # noqa: BLE001 - any failure here means: restart the server
             failure = str(e)
         if failure is not None:
@@ -298,6 +352,29 @@ class Supervisor:
         log.warning("%s reloaded and answering again %.1f s later", model, time.monotonic() - t0)
         self.write_state()
         return True
+
+    def _watched(self, call: Callable[[], None]) -> str | None:
+        """Run ``call`` (a reload) while watching the server every ``watch_s``: None once it
+        returned, why the server is gone if it went first (the call is left to fail on its own);
+        what ``call`` raised is raised."""
+        done, raised = threading.Event(), []
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                raised.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="supervisor-reload", daemon=True).start()
+        while not done.wait(self.watch_s):
+            failure = self.gone()
+            if failure is not None:
+                return failure
+        if raised:
+            raise raised[0]
+        return None
 
     def run(self, stop: threading.Event) -> None:
         backoff, wait = 0.0, 0.0  # the first round, the warm-up, at once
@@ -375,6 +452,13 @@ def with_reloads(supervisor: Supervisor, timeout_s: float = 120.0) -> Supervisor
     supervisor.model_probe = lambda model, version: probe_model(stack.grpc_url, model, 10.0, version=version)
     supervisor.reload = lambda model: reload_model(http, model, key, timeout_s=timeout_s)
     supervisor.loaded = lambda model, version: version_ready(http, model, version)
+    return supervisor
+
+
+def with_crash_log(supervisor: Supervisor) -> Supervisor:
+    """``supervisor`` reading its stack's tritonserver log for a crash, from now on."""
+    supervisor.crash_log = CrashLog(supervisor.stack.triton_log)
+    supervisor.crash_log.mark()
     return supervisor
 
 
@@ -485,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:
         log.error("the stack did not start: %s", e)
         return 1
+    with_crash_log(supervisor)
     log.info("serving: gRPC %s; warming up, then probing every %.0f s", stack.grpc_url, args.interval_s)
     try:
         supervisor.run(stop)

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from switchboard.ops.launch import free_port
-from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH, ProbeServer, Supervisor
+from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH, CrashLog, ProbeServer, Supervisor
 
 
 class FakeProc:
@@ -363,3 +363,54 @@ def test_between_rounds_a_dead_stub_is_reloaded_within_the_watch_interval():
     finally:
         stop.set()
         runner.join(5)
+
+
+CRASH = "Signal (6) received.\n 0# 0x00005555 in /opt/tritonserver/bin/tritonserver\n"
+
+
+def test_the_crash_log_reports_a_crash_line_once_and_only_after_its_mark(tmp_path):
+    path = tmp_path / "tritonserver.log"
+    path.write_text("I1126 model loaded\n" + CRASH)  # the last server's crash
+    log = CrashLog(path)
+    log.mark()
+    assert log.crashed() is None
+    with path.open("a") as f:
+        f.write("E1126 Stub process 'chat_0_0' is not healthy.\nterminate called after throwing 'lock_exception'\nSig")
+    assert log.crashed() is None
+    with path.open("a") as f:
+        f.write("nal (6) received.\n")  # the line split across two reads
+    assert "Signal (6) received." in log.crashed()
+    assert log.crashed() is None, "reported once"
+    with path.open("a") as f:
+        f.write("Signal (15) received.\n")  # SIGTERM: a stop, not a crash
+    assert log.crashed() is None
+    assert CrashLog(tmp_path / "none.log").crashed() is None
+
+
+def test_a_reload_sent_to_a_server_that_crashed_is_not_waited_for(tmp_path):
+    """2.51 sometimes aborts when a stub is killed; the aborting server runs on while it writes
+    its stack trace and the reload would wait out its whole timeout."""
+    stack, sup, r = repairable(watch_s=0.01)
+    sup.crash_log = CrashLog(tmp_path / "tritonserver.log")
+    sup.crash_log.mark()
+    hung = threading.Event()
+    sup.reload = lambda model: hung.wait(30)  # the server never answers
+    sup.watch()
+    r.kill("chat")
+    (tmp_path / "tritonserver.log").write_text(CRASH)
+    t0 = time.monotonic()
+    reason = sup.watch()
+    hung.set()
+    assert time.monotonic() - t0 < 10, "a bound against the reload's own 30 s, not a timing check"
+    assert reason is not None and "crashed" in reason and sup.reloads == 0
+    sup.restart(reason)
+    assert stack.restarted == 1 and sup.crash_log.crashed() is None
+
+
+def test_a_crash_in_the_log_is_seen_between_rounds(tmp_path):
+    stack, sup, _ = repairable()
+    sup.crash_log = CrashLog(tmp_path / "tritonserver.log")
+    sup.crash_log.mark()
+    assert sup.watch() is None
+    (tmp_path / "tritonserver.log").write_text("Signal (11) received.\n")
+    assert "Signal (11) received." in sup.watch()
