@@ -52,8 +52,8 @@ class _Queue:
             raise ValueError(f"batcher: an item's seconds must be finite and >= 0, got {item.seconds!r}")
         if not math.isfinite(item.arrival):
             raise ValueError(f"batcher: an item's arrival must be finite, got {item.arrival!r}")
-        if item.audio_s is not None and not (math.isfinite(item.audio_s) and item.audio_s >= item.seconds):
-            raise ValueError(f"batcher: an item's audio_s must be finite and >= its seconds, got {item.audio_s!r}")
+        if item.audio_s is not None and not (math.isfinite(item.audio_s) and item.audio_s >= 0):
+            raise ValueError(f"batcher: an item's audio_s must be finite and >= 0, got {item.audio_s!r}")
         self._queue.append((self._seq, item))
         self._seq += 1
 
@@ -178,7 +178,8 @@ class LengthBatcher(_Queue):
         return max(seconds, self.window_s)
 
     def _long(self, item: Item) -> bool:
-        return (item.seconds if item.audio_s is None else item.audio_s) > self.long_s
+        # a source's duration and its resampled chunks' can differ by a sample: the larger counts
+        return max(item.seconds, item.audio_s or 0.0) > self.long_s
 
     def _starving(self, item: Item, now: float) -> bool:
         # arrival + starve_s <= now, not now - arrival >= starve_s: the same sum next_due reports,

@@ -168,14 +168,21 @@ class AsrService:
                 state.job.sink.error(AsrRequestError("unavailable", "the speech recognizer is full; try again later"))
                 return
             self._pending_s += state.seconds
-            # chunks of silence are done already: past leading ones, the first spoken one streams live
-            while state.chunks[state.emitted].done:
-                state.emitted += 1
-            for i, chunk in enumerate(state.chunks):
-                if not chunk.done:
-                    seconds = (chunk.end - chunk.start) / SAMPLE_RATE
-                    self.batcher.add(Item((state, i), seconds, state.job.priority, state.arrival, state.seconds))
+            failure = None
+            try:
+                # chunks of silence are done already: past leading ones, the first spoken one streams live
+                while state.chunks[state.emitted].done:
+                    state.emitted += 1
+                for i, chunk in enumerate(state.chunks):
+                    if not chunk.done:
+                        seconds = (chunk.end - chunk.start) / SAMPLE_RATE
+                        self.batcher.add(Item((state, i), seconds, state.job.priority, state.arrival, state.seconds))
+            except Exception as e:  # a bug: this request fails (its queued chunks are skipped), never hangs
+                log.exception("queueing audio failed")
+                failure = e
             self._cond.notify_all()
+        if failure is not None:
+            self._fail(state, failure)
 
     def _chunk(self, samples: np.ndarray, start: int, end: int) -> _Chunk:
         """A chunk to transcribe, or one already done (empty) when it is all silence: a long

@@ -145,6 +145,14 @@ def test_under_an_overload_long_audio_gets_every_third_batch():
     assert max(question_waits) <= 1.0 + 1e-9  # the backlog waits, not the questions
 
 
+def test_a_source_a_sample_shorter_than_its_resampled_chunk_is_queued():
+    """A 44.1 kHz file's duration and its 16 kHz samples' can differ by a sample (a request that
+    was refused here once hung its caller: the service queues chunks after the audio checks)."""
+    b = LengthBatcher()
+    b.add(Item("q", 3.0000625, arrival=0.0, audio_s=3.0))
+    assert keys(b.take(1.0)) == ["q"]
+
+
 def test_a_chunk_is_as_long_as_its_recording():
     """A 10 s chunk of a 30 s recording is long audio; a 10 s question is not."""
     b = LengthBatcher(budget_s=60.0, max_batch=1, starve_s=2.0, long_every=3)
@@ -232,7 +240,7 @@ def test_bad_items_and_parameters_are_refused():
         Item("x", math.nan),
         Item("x", math.inf),
         Item("x", 1.0, arrival=math.nan),
-        Item("x", 5.0, audio_s=4.0),
+        Item("x", 5.0, audio_s=-1.0),
         Item("x", 5.0, audio_s=math.inf),
     ):
         with pytest.raises(ValueError, match="batcher"):

@@ -130,6 +130,24 @@ def test_long_audio_is_cut_into_chunks_whose_text_goes_out_in_order(service_for)
     assert all(s["end"] - s["start"] <= 5.0 + 1e-6 for s in sink.result.segments)
 
 
+def test_a_request_the_batcher_refuses_fails_and_the_pool_goes_on(service_for):
+    """A bug between the audio checks and the queue fails that request, never hangs it."""
+    service = service_for(FakeRecognizer(), chunk_s=5.0)
+    add, calls = service.batcher.add, []
+
+    def refusing(item):
+        calls.append(item)
+        if len(calls) == 2:  # the second chunk of the first recording
+            raise ValueError("batcher: refused")
+        add(item)
+
+    service.batcher.add = refusing
+    sink = run(service, speech(4.0, 4.0))
+    assert isinstance(sink.failure, ValueError) and sink.result is None
+    assert service.pending_s == 0.0
+    assert run(service, speech(2.0)).result.text, "the next request is heard"
+
+
 def test_an_undecodable_file_fails_alone(service_for):
     service = service_for(FakeRecognizer())
     bad, good = Sink(), Sink()
