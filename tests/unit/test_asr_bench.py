@@ -266,6 +266,8 @@ def test_the_large_model_sends_fewer_requests_in_whole_rounds():
     assert bench.requests(asr_bench.MODELS["tiny-en"], 8) == 48
     assert bench.requests(asr_bench.MODELS["large"], 8) == 16
     assert bench.requests(asr_bench.MODELS["large"], 1) == 3
+    # the embedded default answers in milliseconds: more requests, or the run is over in a blink
+    assert bench.requests(asr_bench.MODELS["default"], 8) == 384
 
 
 def test_bad_arguments_are_refused_by_name(capsys):
