@@ -191,8 +191,9 @@ class LengthBatcher(_Queue):
         change that (the class rule of step 1)."""
         top = min(item.priority for _, item in self._queue)
         same = [e for e in self._queue if e[1].priority == top]
-        short = [e for e in same if not self._long(e[1])]
-        long = [e for e in same if self._long(e[1])]
+        short, long = [], []
+        for e in same:
+            (long if self._long(e[1]) else short).append(e)
         if not short or not long:
             return same, []
         if self._passed < self.long_every - 1:
@@ -278,8 +279,8 @@ def length_batcher(
     max_batch: int,
     max_length_ratio: float,
     max_wait_s: float,
-    long_s: float = 15.0,
-    long_every: int = 3,
+    long_s: float,
+    long_every: int,
 ) -> LengthBatcher:
     """The pool's ``LengthBatcher`` for a model whose every chunk is padded to ``window_s`` (None:
     one that takes audio of any length), from asr/config.pbtxt's settings."""

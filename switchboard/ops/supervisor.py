@@ -76,7 +76,8 @@ class CrashLog:
         except OSError:
             return None
         self.offset += len(new)
-        text, self.tail = self.tail + new, (self.tail + new)[-64:]  # a line split across two reads
+        text = self.tail + new
+        self.tail = text[-64:]  # a line split across two reads
         found = FATAL_SIGNAL.search(text)
         if found is None:
             return None

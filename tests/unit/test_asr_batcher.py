@@ -69,7 +69,14 @@ def test_a_fixed_window_counts_each_item_as_the_window():
 
 
 def test_the_pools_batcher_follows_the_models_window():
-    settings = {"budget_s": 60.0, "max_batch": 8, "max_length_ratio": 0.0, "max_wait_s": 0.01}
+    settings = {
+        "budget_s": 60.0,
+        "max_batch": 8,
+        "max_length_ratio": 0.0,
+        "max_wait_s": 0.01,
+        "long_s": 15.0,
+        "long_every": 3,
+    }
     fixed, free = length_batcher(30.0, **settings), length_batcher(None, **settings)
     assert (fixed.window_s, fixed.max_ratio) == (30.0, math.inf)
     assert (free.window_s, free.max_ratio) == (0.0, 2.0)
