@@ -61,7 +61,7 @@ def export_graphs(model, out: Path) -> tuple[Path, Path]:
     """``encoder.onnx`` and ``decoder.onnx`` of ``model`` (eval mode, fp32) in ``out``."""
     import torch
 
-    encoder_graph, decoder_graph = graph_modules()
+    encoder_graph, decoder_graph, _ = graph_modules()
     cfg = model.config
     n, heads = cfg.decoder_layers, cfg.decoder_attention_heads
     hd = cfg.d_model // heads

@@ -291,7 +291,14 @@ def transformers_peer(checkpoint: Path, clips: list, cap: int | None, device: st
 
 
 def run(
-    pack_dir: Path | None, out: Path, work: Path, models: list[str], dtypes: list[str], requests: dict, device: str
+    pack_dir: Path | None,
+    out: Path,
+    work: Path,
+    models: list[str],
+    dtypes: list[str],
+    requests: dict,
+    device: str,
+    steps: list[str] = ("graphs", "growing"),
 ) -> dict:
     import torch
 
@@ -306,22 +313,36 @@ def run(
         clips = clips_of(langs, pack_dir)
         checkpoint = checkpoint_of(name, pack_dir, work)
         for dtype in dtypes:
-            model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype), cap)
+            model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype, steps=steps[0]), cap)
             warm = [model.features(asr_load.decode_audio(c.wav)) for c in clips[:8]]
-            for size in range(1, len(warm) + 1):  # every batch size once: first-call costs stay out
-                model.transcribe(warm[:size], [c.lang for c in clips[:size]])
-            for label, max_batch, callers, workers in SETTINGS:
-                started = time.monotonic()
-                row = measure(model, clips, max_batch, callers, workers, requests[callers], warmup=2 * callers)
-                row |= {"model": name, "dtype": dtype, "setting": label, "max_batch": max_batch, "callers": callers}
-                results["rows"].append(row)
-                print(
-                    f"{name:12s} {dtype:8s} {label:24s} {row['audio_s_per_s']:8.1f} audio s/s  "
-                    f"p50 {row['latency_p50_s'] * 1000:6.0f} ms  batch {row['mean_batch']:.1f}  "
-                    f"busy {row['busy']:.2f}  failed {row['failed']}  {row['errors']}  "
-                    f"({time.monotonic() - started:.0f} s)",
-                    flush=True,
-                )
+            tokens = {}
+            for mode in steps:
+                model.runtime.steps_mode = mode  # one copy of the weights for every mode
+                for size in range(1, len(warm) + 1):  # every batch size once: first-call costs stay out
+                    model.transcribe(warm[:size], [c.lang for c in clips[:size]])
+                tokens[mode] = [t.tokens for t in model.transcribe(warm, [c.lang for c in clips[:8]])]
+                same = float(np.mean([a == b for a, b in zip(tokens[mode], tokens[steps[0]])]))
+                for label, max_batch, callers, workers in SETTINGS:
+                    started = time.monotonic()
+                    row = measure(model, clips, max_batch, callers, workers, requests[callers], warmup=2 * callers)
+                    row |= {
+                        "model": name,
+                        "dtype": dtype,
+                        "steps": mode,
+                        "setting": label,
+                        "max_batch": max_batch,
+                        "callers": callers,
+                        "same_tokens": same,  # rows of a batch of 8 decoded as the first mode did
+                    }
+                    results["rows"].append(row)
+                    print(
+                        f"{name:12s} {dtype:8s} {mode:8s} {label:24s} {row['audio_s_per_s']:8.1f} audio s/s  "
+                        f"p50 {row['latency_p50_s'] * 1000:6.0f} ms  batch {row['mean_batch']:.1f}  "
+                        f"busy {row['busy']:.2f}  failed {row['failed']}  {row['errors']}  same {same:.2f}  "
+                        f"({time.monotonic() - started:.0f} s)",
+                        flush=True,
+                    )
+                (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")  # so far
             del model
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
@@ -343,21 +364,26 @@ def summary(results: dict) -> str:
     lines = [
         f"ASR pool on {results['gpu']} ({results['device']}), torch {results['torch']}",
         "",
-        "Audio seconds per wall second. transformers: generate on batches formed in advance.",
+        "Audio seconds per wall second. steps: graphs (a CUDA graph per step) or growing (kernels one by one); "
+        "transformers: generate on batches formed in advance.",
         "",
-        "| model | dtype | 1 caller | 8 callers | 8 callers, batches of 1 | 8 callers, 2 workers | best 8 / 1 "
+        "| model | dtype | steps | 1 caller | 8 callers | 8 callers, batches of 1 | 8 callers, 2 workers | best 8 / 1 "
         "| best 8 / (8, batches of 1) | transformers, batches of 1 | of 8 | pool (8 callers) / transformers (of 8) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    by = {}
+    by, peers = {}, {}
     for r in results["rows"]:
-        by.setdefault((r["model"], r["dtype"]), {})[r["setting"]] = r["audio_s_per_s"]
-    for (model, dtype), s in by.items():
+        if r["setting"].startswith("transformers"):
+            peers.setdefault((r["model"], r["dtype"]), {})[r["setting"]] = r["audio_s_per_s"]
+        else:
+            by.setdefault((r["model"], r["dtype"], r.get("steps", "growing")), {})[r["setting"]] = r["audio_s_per_s"]
+    for (model, dtype, steps), s in by.items():
         one, eight, unbatched, two = (s.get(label, float("nan")) for label, *_ in SETTINGS)
-        hf1, hf8 = (s.get(f"transformers generate, batches of {n}", float("nan")) for n in (1, 8))
+        peer = peers.get((model, dtype), {})
+        hf1, hf8 = (peer.get(f"transformers generate, batches of {n}", float("nan")) for n in (1, 8))
         best = max(eight, two)
         lines.append(
-            f"| {model} | {dtype} | {one:.1f} | {eight:.1f} | {unbatched:.1f} | {two:.1f} | "
+            f"| {model} | {dtype} | {steps} | {one:.1f} | {eight:.1f} | {unbatched:.1f} | {two:.1f} | "
             f"{asr_load.ratio(best, one):.2f}x | {asr_load.ratio(best, unbatched):.2f}x | "
             f"{hf1:.1f} | {hf8:.1f} | {asr_load.ratio(best, hf8):.2f}x |"
         )
@@ -381,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--dtypes", default="float16,float32", help="comma-separated: float32, float16, bfloat16")
     b.add_argument("--device", default="cuda")
     b.add_argument("--requests", default="16,64", help="requests measured with 1 caller, with 8")
+    b.add_argument(
+        "--steps",
+        default="graphs,growing",
+        help="comma-separated decoding modes (graphs, growing, static; torch_runtime.py), each measured on one "
+        "copy of the weights; same_tokens compares each mode's transcripts to the first's",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.step == "pack":
@@ -392,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(MODELS)})")
     one, eight = (int(x) for x in args.requests.split(","))
     dtypes = [d for d in args.dtypes.split(",") if d]
-    run(args.pack, args.out, args.work, models, dtypes, {1: one, 8: eight}, args.device)
+    steps = [m for m in args.steps.split(",") if m]
+    wrong = [m for m in steps if m not in ("graphs", "growing", "static")]
+    if wrong or not steps:
+        p.error(f"--steps: {', '.join(wrong) or 'none given'} (known: graphs, growing, static)")
+    run(args.pack, args.out, args.work, models, dtypes, {1: one, 8: eight}, args.device, steps)
     return 0
 
 

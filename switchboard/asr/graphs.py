@@ -19,7 +19,7 @@ from __future__ import annotations
 
 
 def modules(fused: bool = False):
-    """(EncoderGraph, DecoderGraph), built on first use: importing this file must not need torch
+    """(EncoderGraph, DecoderGraph, StaticDecoderGraph), built on first use: importing this file must not need torch
     (the export's gate helpers and the serving path run without it). ``fused``: attention through PyTorch's
     ``scaled_dot_product_attention`` (its flash and memory-efficient kernels), for running the
     modules in PyTorch (``switchboard.asr.torch_runtime``); the exported graphs keep the plain
@@ -116,4 +116,40 @@ def modules(fused: bool = False):
             logits = self.proj_out(dec.layer_norm(h[:, -1]))
             return (logits, *present)
 
-    return EncoderGraph, DecoderGraph
+    class StaticDecoderGraph(nn.Module):
+        """DecoderGraph over caches of a fixed size, written in place: what ``torch_runtime``
+        replays as one CUDA graph per batch size (every tensor's shape and address the same at
+        every step). input_ids [B, S]; positions [S] (where the new tokens go); self_keys,
+        self_values: per layer [B, H, L, hd], the new tokens' keys and values written at
+        ``positions``, later positions masked out; cross_keys [B, H, hd, T'], cross_values
+        [B, H, T', hd] per layer; cross_mask: None, or [B, 1, 1, T'] added to the cross
+        attention's scores (a batch's encoder output shorter than T') -> logits [B, V]."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.decoder = model.model.decoder
+            self.proj_out = model.proj_out
+            self.heads = model.config.decoder_attention_heads
+
+        def forward(self, input_ids, positions, self_keys, self_values, cross_keys, cross_values, cross_mask=None):
+            dec = self.decoder
+            h = dec.embed_tokens(input_ids) + dec.embed_positions.weight.index_select(0, positions)
+            key_pos = torch.arange(self_keys[0].shape[2], device=h.device)
+            mask = (key_pos.unsqueeze(0) > positions.unsqueeze(1)).to(h.dtype) * torch.finfo(h.dtype).min
+            for i, layer in enumerate(dec.layers):
+                a = layer.self_attn
+                y = layer.self_attn_layer_norm(h)
+                q = heads(a.q_proj(y) * a.scaling, self.heads)
+                k, v = self_keys[i], self_values[i]
+                k.index_copy_(2, positions, heads(a.k_proj(y), self.heads))
+                v.index_copy_(2, positions, heads(a.v_proj(y), self.heads))
+                h = h + a.out_proj(merge(attend(q, k.transpose(2, 3), v, mask)))
+                c = layer.encoder_attn
+                y = layer.encoder_attn_layer_norm(h)
+                q = heads(c.q_proj(y) * c.scaling, self.heads)
+                h = h + c.out_proj(merge(attend(q, cross_keys[i], cross_values[i], cross_mask)))
+                y = layer.final_layer_norm(h)
+                h = h + layer.fc2(layer.activation_fn(layer.fc1(y)))
+            return self.proj_out(dec.layer_norm(h[:, -1]))
+
+    return EncoderGraph, DecoderGraph, StaticDecoderGraph

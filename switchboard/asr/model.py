@@ -80,7 +80,10 @@ class Repetition:
 
 
 class Runtime(Protocol):
-    """What decoding needs from an exported Whisper (``runtime.OnnxWhisper``; fakes in tests)."""
+    """What decoding needs from an exported Whisper (``runtime.OnnxWhisper``; fakes in tests).
+    A runtime that keeps its own per-batch state also has ``steps(cross, batch) -> Steps | None``
+    (``torch_runtime.TorchWhisper``: fixed-size buffers and CUDA graphs); the others decode on
+    a ``GrowingCache``."""
 
     def encode(self, features: np.ndarray) -> KV: ...
 
@@ -228,8 +231,22 @@ class AsrModel:
         codes = [self._language(i, lang) for i, lang in enumerate(languages)]
         batch = pad_batch([self._checked(i, f) for i, f in enumerate(features)], self.window_frames)
         rows = [_Row(i, code, IncrementalDetokenizer(self._decode)) for i, code in enumerate(codes)]
-        cross = self.runtime.encode(batch)
-        past, prompt = self._prompt(rows, cross)
+        steps = self._steps(self.runtime.encode(batch), len(rows))
+        try:
+            self._decode_rows(rows, steps, max_new_tokens, on_delta, cancelled, on_done)
+        finally:
+            steps.close()
+        return [r.transcript() for r in rows]
+
+    def _steps(self, cross: KV, batch: int) -> Steps:
+        """The runtime's own decoding state for this batch if it keeps one (``TorchWhisper``'s
+        fixed-size cache and CUDA graphs), else the growing cache every runtime has."""
+        start = getattr(self.runtime, "steps", None)
+        own = start(cross, batch) if start is not None else None
+        return own if own is not None else GrowingCache(self.runtime, cross, batch)
+
+    def _decode_rows(self, rows: list[_Row], steps: Steps, max_new_tokens, on_delta, cancelled, on_done) -> None:
+        prompt = self._prompt(rows, steps)
         limit = self.manifest.max_target_positions - self.manifest.prompt_length
         budget = min(max_new_tokens or limit, limit)
         live = list(rows)
@@ -251,18 +268,17 @@ class AsrModel:
                     if cancelled(row.index):
                         row.finish_reason = CANCELLED
                 report([r for r in live if r.finish_reason is not None])
-                live, past, cross = self._keep(live, past, cross)
+                live = self._keep(live, steps)
                 if not live:
                     break
             # The first step feeds the prompt, every later one the token each row chose last.
             ids = np.asarray([r.tokens[-1:] or prompt[r.index] for r in live], np.int64)
-            logits, past = self.runtime.decode(ids, past, cross)
+            logits = steps.step(ids)
             for row, token in zip(live, self._next_tokens(logits, first=step == 0)):
                 self._advance(row, int(token), budget, on_delta)
             report([r for r in live if r.finish_reason is not None])
-            live, past, cross = self._keep(live, past, cross)
+            live = self._keep(live, steps)
             step += 1
-        return [r.transcript() for r in rows]
 
     def _language(self, i: int, lang: str | None) -> str | None:
         if lang is None:
@@ -288,22 +304,20 @@ class AsrModel:
             raise ValueError(f"features[{i}]: not finite (NaN or infinity)")
         return f.astype(np.float32, copy=False)
 
-    def _prompt(self, rows: list[_Row], cross: KV) -> tuple[KV, list[list[int]]]:
-        """The cache after any language detection, and each row's prompt tokens still to feed
-        (all of one length)."""
-        past = self.runtime.empty_past(len(rows))
+    def _prompt(self, rows: list[_Row], steps: Steps) -> list[list[int]]:
+        """Each row's prompt tokens still to feed (all of one length), after any language
+        detection (one step on the start token, on ``steps``)."""
         m = self.manifest
         if not m.multilingual:
-            return past, [m.prompt(None) for _ in rows]
+            return [m.prompt(None) for _ in rows]
         if any(r.language is None for r in rows):
-            start = np.full((len(rows), 1), m.special["start"], np.int64)
-            logits, past = self.runtime.decode(start, past, cross)
+            logits = steps.step(np.full((len(rows), 1), m.special["start"], np.int64))
             best = np.asarray(logits)[:, self._language_ids].argmax(axis=1)
             for row, j in zip(rows, best):
                 if row.language is None:
                     row.language = self._language_codes[int(j)]
-            return past, [m.prompt(m.languages[r.language])[1:] for r in rows]
-        return past, [m.prompt(m.languages[r.language]) for r in rows]
+            return [m.prompt(m.languages[r.language])[1:] for r in rows]
+        return [m.prompt(m.languages[r.language]) for r in rows]
 
     def _next_tokens(self, logits: np.ndarray, first: bool) -> np.ndarray:
         logits = np.array(logits, dtype=np.float32)  # a copy: suppressing writes into it
@@ -337,19 +351,51 @@ class AsrModel:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     @staticmethod
-    def _keep(live: list[_Row], past: KV, cross: KV) -> tuple[list[_Row], KV, KV]:
-        """The rows still decoding, and the caches without the rows that finished."""
+    def _keep(live: list[_Row], steps: Steps) -> list[_Row]:
+        """The rows still decoding; ``steps`` drops the ones that finished."""
         keep = [j for j, r in enumerate(live) if r.finish_reason is None]
-        if len(keep) == len(live):
-            return live, past, cross
-        if not keep:
-            return [], [], []
+        if len(keep) < len(live):
+            steps.keep(keep)
+        return [live[j] for j in keep]
+
+
+class Steps(Protocol):
+    """One batch's decoding state: what ``AsrModel`` asks of it between the encoder and the
+    last row's end."""
+
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        """Feed [B, S] tokens (B: the rows still decoding); the logits of the last position, [B, V]."""
+        ...
+
+    def keep(self, rows: list[int]) -> None:
+        """Only ``rows`` (ascending indices into the current rows) decode from now on."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class GrowingCache:
+    """Decoding on any ``Runtime``: the self-attention cache grows by a position each step, and
+    the rows that finish are cut out of it and of the encoder's keys and values, so the
+    remaining rows' steps read and copy less."""
+
+    def __init__(self, runtime: Runtime, cross: KV, batch: int):
+        self.runtime, self.cross, self.past = runtime, cross, runtime.empty_past(batch)
+
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        logits, self.past = self.runtime.decode(input_ids, self.past, self.cross)
+        return logits
+
+    def keep(self, rows: list[int]) -> None:
+        if not rows:
+            self.past, self.cross = [], []
+            return
         # The rows left as a leading run are a view of the arrays; others are copied out (the
         # cross cache of a 30 s window is 9 MB per row in tiny.en: one copy, then every later
         # step reads less).
-        rows = slice(0, len(keep)) if keep[-1] == len(keep) - 1 else keep
-        return (
-            [live[j] for j in keep],
-            [(k[rows], v[rows]) for k, v in past],
-            [(k[rows], v[rows]) for k, v in cross],
-        )
+        which = slice(0, len(rows)) if rows[-1] == len(rows) - 1 else rows
+        self.past = [(k[which], v[which]) for k, v in self.past]
+        self.cross = [(k[which], v[which]) for k, v in self.cross]
+
+    def close(self) -> None:
+        self.past, self.cross = [], []

@@ -13,11 +13,30 @@ The caches stay on the device between steps as torch tensors (``AsrModel._keep``
 as it slices NumPy arrays); only each step's last-position logits ([B, V]) come back to the
 host, where ``AsrModel`` suppresses tokens and picks the next ones. On CUDA the weights run in
 float16 unless ``dtype`` says otherwise; on the CPU in float32.
+
+How a batch's decoding steps run (``steps``):
+
+- ``graphs`` (the default on CUDA): every step of a batch of B rows is one replayed CUDA graph,
+  captured once per B. A step of whisper-small is some 300 kernels; launched one by one from
+  Python, a batch of 6 cost 3 times a batch of 1 where the GPU's arithmetic says about the same
+  (docs/benchmarks.md). A graph needs every tensor at the same address at every step, so the
+  cache is one fixed-size buffer per layer ([max_batch, H, max_target_positions, hd]) written
+  in place at the step's position, later positions masked; the encoder's keys and values are
+  copied into buffers of the encoder's full length (a shorter batch's rest masked). Rows that
+  finish are moved out of the leading rows (``keep``) and the batch replays the smaller
+  graph. A batch holds its buffers until its last row ends; batches decoding at once (workers)
+  each get a set. The prompt (several tokens at once) runs outside the graphs, on the same
+  buffers.
+- ``static``: the same buffers and modules without the graphs (what the graphs replay; the CPU
+  tests hold it to ``growing``).
+- ``growing`` (the default on the CPU): the cache grows by a position each step
+  (``model.GrowingCache``).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +44,26 @@ import numpy as np
 from switchboard.asr.runtime import KV, AsrManifest
 
 DTYPES = ("float16", "bfloat16", "float32")
+STEPS = ("auto", "graphs", "static", "growing")
 
 
 class TorchWhisper:
     def __init__(
-        self, model, manifest: AsrManifest, device: str = "cuda", dtype: str | None = None, fused: bool = True
+        self,
+        model,
+        manifest: AsrManifest,
+        device: str = "cuda",
+        dtype: str | None = None,
+        fused: bool = True,
+        steps: str = "auto",
+        max_batch: int = 8,
     ):
         """``model``: a transformers ``WhisperForConditionalGeneration``; ``dtype``: float32,
         float16 or bfloat16 (default: float16 on CUDA, float32 elsewhere); ``fused``: attention
-        through ``scaled_dot_product_attention`` (else the exported graphs' plain products)."""
+        through ``scaled_dot_product_attention`` (else the exported graphs' plain products);
+        ``steps``: graphs, static or growing (see the module docstring; auto: graphs on CUDA,
+        growing elsewhere); ``max_batch``: the most rows the fixed-size buffers hold (a larger
+        batch decodes growing)."""
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -44,13 +74,26 @@ class TorchWhisper:
         name = dtype or ("float16" if self.device.type == "cuda" else "float32")
         if name not in DTYPES:
             raise ValueError(f"dtype {name!r}: expected {', '.join(DTYPES)}")
+        if steps not in STEPS:
+            raise ValueError(f"steps {steps!r}: expected {', '.join(STEPS)}")
+        if steps == "auto":
+            steps = "graphs" if self.device.type == "cuda" else "growing"
+        if steps == "graphs" and self.device.type != "cuda":
+            raise ValueError(f"steps 'graphs' needs a CUDA device, not {device!r}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch {max_batch}: expected at least 1")
+        self.steps_mode, self.max_batch = steps, max_batch
         self.dtype = getattr(torch, name)
         model = model.to(device=self.device, dtype=self.dtype).eval()
-        encoder_graph, decoder_graph = modules(fused=fused)
+        encoder_graph, decoder_graph, static_graph = modules(fused=fused)
         self.encoder, self.decoder = encoder_graph(model).eval(), decoder_graph(model).eval()
+        self.static = static_graph(model).eval()
         self._torch = torch
         backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         self._kernels = functools.partial(sdpa_kernel, backends)
+        self._free: list[_Buffers] = []  # buffer sets no batch holds
+        self._lock = threading.Lock()
+        self._capturing = threading.Lock()  # one capture at a time
 
     @classmethod
     def load(cls, checkpoint: Path, manifest: AsrManifest, device: str = "cuda", dtype: str | None = None, **kw):
@@ -80,3 +123,135 @@ class TorchWhisper:
         with torch.inference_mode(), self._kernels():
             out = self.decoder(ids, *(t for kv in past for t in kv), *(t for kv in cross for t in kv))
         return out[0].float().cpu().numpy(), list(zip(out[1::2], out[2::2]))
+
+    def steps(self, cross: KV, batch: int) -> StaticSteps | None:
+        """A batch's decoding on fixed-size buffers (``model.AsrModel`` asks); None: decode
+        growing (``steps`` growing, or more rows than ``max_batch``)."""
+        if self.steps_mode == "growing" or batch > self.max_batch:
+            return None
+        with self._lock:
+            buffers = self._free.pop() if self._free else None
+        if buffers is None:
+            buffers = _Buffers(self)
+        return StaticSteps(self, buffers, cross, batch)
+
+    def _release(self, buffers: _Buffers) -> None:
+        with self._lock:
+            self._free.append(buffers)
+
+    def _run_static(self, buffers: _Buffers, batch: int, input_ids, positions):
+        return self.static(input_ids, positions, *buffers.views(batch))
+
+    def _replay(self, buffers: _Buffers, batch: int):
+        """Step ``batch`` rows by the graph captured for that many (captured here the first
+        time: two runs on a side stream, then the capture; each writes the step's keys and
+        values at the step's position, the same values the replay writes again)."""
+        torch = self._torch
+        entry = buffers.graphs.get(batch)
+        if entry is None:
+            with self._capturing:
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        self._run_static(buffers, batch, buffers.ids[:batch], buffers.position)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    logits = self._run_static(buffers, batch, buffers.ids[:batch], buffers.position)
+                entry = buffers.graphs[batch] = (graph, logits)
+        graph, logits = entry
+        graph.replay()
+        return logits
+
+
+class _Buffers:
+    """One batch's fixed-size caches on the device, for up to ``max_batch`` rows, and the CUDA
+    graphs captured over them (by batch size)."""
+
+    def __init__(self, runtime: TorchWhisper):
+        torch, m = runtime._torch, runtime.manifest
+        b, heads, hd = runtime.max_batch, m.num_heads, m.head_dim
+        length, frames = m.max_target_positions, m.max_source_positions
+
+        def zeros(*shape):
+            return torch.zeros(shape, device=runtime.device, dtype=runtime.dtype)
+
+        with torch.inference_mode():
+            n = m.num_layers
+            self.self_keys = [zeros(b, heads, length, hd) for _ in range(n)]
+            self.self_values = [zeros(b, heads, length, hd) for _ in range(n)]
+            self.cross_keys = [zeros(b, heads, hd, frames) for _ in range(n)]
+            self.cross_values = [zeros(b, heads, frames, hd) for _ in range(n)]
+            # A model of fixed window always fills the encoder's length; others mask the rest.
+            self.cross_mask = zeros(b, 1, 1, frames) if m.window_frames is None else None
+            self.ids = torch.zeros((b, 1), device=runtime.device, dtype=torch.int64)
+            self.position = torch.zeros(1, device=runtime.device, dtype=torch.int64)
+        self.graphs: dict = {}
+
+    def views(self, batch: int) -> tuple:
+        """The static decoder's cache arguments for the leading ``batch`` rows."""
+        return (
+            [k[:batch] for k in self.self_keys],
+            [v[:batch] for v in self.self_values],
+            [k[:batch] for k in self.cross_keys],
+            [v[:batch] for v in self.cross_values],
+            None if self.cross_mask is None else self.cross_mask[:batch],
+        )
+
+    def every(self) -> list:
+        tensors = self.self_keys + self.self_values + self.cross_keys + self.cross_values
+        return tensors + ([self.cross_mask] if self.cross_mask is not None else [])
+
+
+class StaticSteps:
+    """One batch decoding on a ``_Buffers`` set (``model.Steps``); gives the set back at close."""
+
+    def __init__(self, runtime: TorchWhisper, buffers: _Buffers, cross: KV, batch: int):
+        torch = runtime._torch
+        self.runtime, self.buffers, self.batch, self.position = runtime, buffers, batch, 0
+        frames = cross[0][0].shape[-1]
+        with torch.inference_mode():
+            # The last batch's cache is zeroed rather than only masked: a value that overflowed
+            # there must not reach this batch's softmax (0 * inf).
+            for t in buffers.self_keys + buffers.self_values:
+                t[:batch].zero_()
+            for (k, v), keys, values in zip(cross, buffers.cross_keys, buffers.cross_values):
+                keys[:batch, :, :, :frames].copy_(k)
+                values[:batch, :, :frames].copy_(v)
+                if frames < keys.shape[-1]:
+                    keys[:batch, :, :, frames:].zero_()
+                    values[:batch, :, frames:].zero_()
+            if buffers.cross_mask is not None:
+                buffers.cross_mask[:batch].zero_()
+                buffers.cross_mask[:batch, :, :, frames:] = torch.finfo(runtime.dtype).min
+
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        rt, buffers, torch = self.runtime, self.buffers, self.runtime._torch
+        ids = torch.from_numpy(np.asarray(input_ids, np.int64))
+        width = ids.shape[1]
+        with torch.inference_mode(), rt._kernels():
+            if width == 1 and rt.steps_mode == "graphs":
+                buffers.ids[: self.batch].copy_(ids)
+                buffers.position.fill_(self.position)
+                logits = rt._replay(buffers, self.batch)
+            else:
+                positions = torch.arange(self.position, self.position + width, device=rt.device)
+                logits = rt._run_static(buffers, self.batch, ids.to(rt.device), positions)
+            out = logits.float().cpu().numpy()
+        self.position += width
+        return out
+
+    def keep(self, rows: list[int]) -> None:
+        torch = self.runtime._torch
+        if rows and rows != list(range(len(rows))):
+            which = torch.tensor(rows, device=self.runtime.device)
+            with torch.inference_mode():
+                for t in self.buffers.every():
+                    t[: len(rows)] = t.index_select(0, which)
+        self.batch = len(rows)
+
+    def close(self) -> None:
+        if self.buffers is not None:
+            self.runtime._release(self.buffers)
+            self.buffers = None

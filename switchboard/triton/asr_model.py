@@ -23,7 +23,7 @@ from switchboard.asr.batcher import audio_budget, length_batcher, make_batcher
 from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
-from switchboard.asr.torch_runtime import DTYPES
+from switchboard.asr.torch_runtime import DTYPES, STEPS
 from switchboard.engine.stream import CancelWatch, Outbox, ResponseSender
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import AsrConfig
@@ -128,7 +128,9 @@ class TritonPythonModel:
         log.info(
             "asr ready: %s %s, %s batching (at most %d chunks, %.0f s of audio), %d worker(s)",
             self.model.manifest.name,
-            cfg.precision if cfg.runtime == "onnx" else f"in PyTorch on {cfg.device}",
+            cfg.precision
+            if cfg.runtime == "onnx"
+            else f"in PyTorch on {cfg.device} ({self.model.runtime.steps_mode} steps)",
             cfg.batching,
             cfg.max_batch,
             self.budget_s,
@@ -163,8 +165,16 @@ class TritonPythonModel:
                 f"asr/config.pbtxt: runtime torch runs the checkpoint the recognizer was exported from, "
                 f"{checkpoint} (asr.json's source), and it is not there"
             )
+        if cfg.torch_steps not in STEPS:
+            raise ConfigError(
+                f"asr/config.pbtxt: parameter 'torch_steps' = {cfg.torch_steps!r}: expected {', '.join(STEPS)}"
+            )
+        if cfg.torch_steps == "graphs" and not cfg.device.startswith("cuda"):
+            raise ConfigError(f"asr/config.pbtxt: torch_steps graphs needs a CUDA device, not {cfg.device!r}")
         dtype = None if cfg.torch_dtype == "auto" else cfg.torch_dtype
-        return AsrModel.from_checkpoint(checkpoint, device=cfg.device, dtype=dtype)
+        return AsrModel.from_checkpoint(
+            checkpoint, device=cfg.device, dtype=dtype, steps=cfg.torch_steps, max_batch=cfg.max_batch
+        )
 
     def _batcher(self, cfg: AsrConfig):
         wait_s = cfg.max_wait_ms / 1000

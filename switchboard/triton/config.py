@@ -253,6 +253,12 @@ class AsrConfig(_Config):
     torch_dtype: str = setting(
         "auto", "with runtime torch: float16, bfloat16 or float32; auto: float16 on a GPU, float32 on the CPU"
     )
+    torch_steps: str = setting(
+        "auto",
+        "with runtime torch: graphs (each decoding step one replayed CUDA graph over a fixed-size cache: the "
+        "GPU default), growing (each step's kernels launched one by one, the cache growing: the CPU default) or "
+        "static (the graphs' cache without the graphs); auto picks",
+    )
     cancel_poll_ms: int = setting(50, "how often a transcription asks whether its client left", 1, 10_000)
 
 

@@ -349,3 +349,55 @@ def test_torch_runtime_transcribes_as_the_exported_graphs(which, fused, request)
         cross = runtime.encode(batch)
         logits.append(runtime.decode(ids, runtime.empty_past(len(feats)), cross)[0])
     np.testing.assert_allclose(logits[1], logits[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("which", ["multilingual", "english"])
+def test_fixed_size_cache_decodes_as_the_growing_one(which, request):
+    """``steps static``: the buffers and module the CUDA graphs replay (torch_runtime.py), run
+    eagerly on the CPU: the same tokens and languages as the growing cache, with rows leaving
+    out of order (the rows left are moved to the front) and, for the multilingual model,
+    inputs of different lengths (the encoder's keys and values padded and masked). A second
+    batch reuses the first's buffers."""
+    ckpt, _, m = request.getfixturevalue(which)
+    growing = AsrModel.from_checkpoint(ckpt, device="cpu", steps="growing")
+    static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=4)
+    frames = [100, 100, 100, 100] if m.window_frames else [160, 90, 250, 40]
+    langs = [None, "zh", "en", None] if m.multilingual else [None, "en", None, "en"]
+
+    def cancel_after(stops: list[int]):
+        calls = [0] * len(stops)
+
+        def cancelled(i: int) -> bool:
+            calls[i] += 1
+            return calls[i] > stops[i]
+
+        return cancelled
+
+    for seed, stops in ((5, [6, 2, 9, 4]), (6, [9, 9, 1, 9])):
+        feats = noise_features(m, frames, seed=seed)
+        want, got = (
+            x.transcribe(feats, langs, max_new_tokens=12, cancelled=cancel_after(stops)) for x in (growing, static)
+        )
+        assert [(t.tokens, t.language, t.finish_reason) for t in got] == [
+            (t.tokens, t.language, t.finish_reason) for t in want
+        ]
+        assert {len(t.tokens) for t in want} != {len(want[0].tokens)}  # the rows did leave at different steps
+    assert len(static.runtime._free) == 1  # one set of buffers, given back after each batch
+
+
+def test_more_rows_than_the_buffers_hold_decode_growing(multilingual):
+    ckpt, _, m = multilingual
+    static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=2)
+    feats = noise_features(m, [100, 120, 80], seed=3)
+    assert static.runtime.steps(static.runtime.encode(pad_batch(feats, None)), 3) is None
+    assert [t.tokens for t in static.transcribe(feats, ["en"] * 3, max_new_tokens=4)] == [
+        t.tokens for t in AsrModel.from_checkpoint(ckpt, device="cpu").transcribe(feats, ["en"] * 3, max_new_tokens=4)
+    ]
+
+
+def test_graphs_need_cuda(english):
+    ckpt, _, _ = english
+    with pytest.raises(ValueError, match="CUDA"):
+        AsrModel.from_checkpoint(ckpt, device="cpu", steps="graphs")
+    with pytest.raises(ValueError, match="steps 'sometimes'"):
+        AsrModel.from_checkpoint(ckpt, device="cpu", steps="sometimes")

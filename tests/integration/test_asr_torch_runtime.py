@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from switchboard.asr import segment
 from switchboard.asr.audio import decode
 from switchboard.asr.model import AsrModel
@@ -31,10 +33,18 @@ def onnx_transcripts(clips: list) -> list[str]:
     return out
 
 
-def test_the_torch_runtime_transcribes_what_the_exported_graphs_do(tmp_path: Path):
+@pytest.mark.parametrize("steps", ["auto", "static"])
+def test_the_torch_runtime_transcribes_what_the_exported_graphs_do(steps: str, tmp_path: Path):
+    """auto: the growing cache on the CPU; static: the fixed-size buffers that CUDA graphs replay
+    on a GPU (torch_steps graphs), here without the graphs."""
     clips = asr_load.question_clips(("en",), 3, seed=0)
     repository = asr_bench.asr_repository(TINY.artifacts, tmp_path / "repository")
-    env = {"SWITCHBOARD_RUNTIME": "torch", "SWITCHBOARD_DEVICE": "cpu", "SWITCHBOARD_TORCH_DTYPE": "float32"}
+    env = {
+        "SWITCHBOARD_RUNTIME": "torch",
+        "SWITCHBOARD_DEVICE": "cpu",
+        "SWITCHBOARD_TORCH_DTYPE": "float32",
+        "SWITCHBOARD_TORCH_STEPS": steps,
+    }
     stack = Stack(Ports.free(), repository=repository, run_dir=tmp_path / "run", env=env)
     stack.start_triton()
     try:
@@ -50,3 +60,17 @@ def test_the_torch_runtime_transcribes_what_the_exported_graphs_do(tmp_path: Pat
         stack.stop_triton()
     assert [r.text for r in got] == onnx_transcripts(clips)
     assert all(r.text for r in got)
+
+
+def test_a_setting_from_the_environment_reaches_the_torch_runtime(tmp_path: Path):
+    """What makes the test above run the static buffers: SWITCHBOARD_TORCH_STEPS is read (graphs
+    on the CPU fails the load, naming why, and the server does not start)."""
+    repository = asr_bench.asr_repository(TINY.artifacts, tmp_path / "repository")
+    env = {"SWITCHBOARD_RUNTIME": "torch", "SWITCHBOARD_DEVICE": "cpu", "SWITCHBOARD_TORCH_STEPS": "graphs"}
+    stack = Stack(Ports.free(), repository=repository, run_dir=tmp_path / "run", env=env)
+    try:
+        with pytest.raises(RuntimeError, match="tritonserver"):
+            stack.start_triton()
+    finally:
+        stack.stop_triton()
+    assert "torch_steps graphs needs a CUDA device, not 'cpu'" in stack.triton_log.read_text()

@@ -1,5 +1,5 @@
 """The asr glue with a stubbed ``triton_python_backend_utils``: its choice of runtime
-(asr/config.pbtxt's ``runtime``, ``device``, ``torch_dtype``: a wrong value fails the load
+(asr/config.pbtxt's ``runtime``, ``device``, ``torch_dtype``, ``torch_steps``: a wrong value fails the load
 naming the parameter, and ``runtime: torch`` names the checkpoint it needs when it is not
 there), and its way back (deltas queued off the decoding loop, coalesced, the end last)."""
 
@@ -41,6 +41,8 @@ def version(tmp_path):
         ({"runtime": "torch", "device": "gpu0"}, "'device' = 'gpu0'"),
         ({"runtime": "torch", "device": "cuda:x"}, "'device' = 'cuda:x'"),
         ({"runtime": "torch", "torch_dtype": "int8"}, "'torch_dtype' = 'int8'"),
+        ({"runtime": "torch", "torch_steps": "sometimes"}, "'torch_steps' = 'sometimes'"),
+        ({"runtime": "torch", "device": "cpu", "torch_steps": "graphs"}, "graphs needs a CUDA device, not 'cpu'"),
     ],
 )
 def test_a_wrong_runtime_setting_fails_the_load_naming_it(glue, version, changes, named):

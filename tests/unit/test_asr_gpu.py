@@ -51,5 +51,5 @@ def test_summary_takes_the_better_of_one_and_two_workers_for_the_ratios():
     peer = "transformers generate, batches of 8"
     rows += [{"model": "m", "dtype": "float16", "setting": peer, "audio_s_per_s": 50.0}]
     text = asr_gpu.summary({"gpu": "G", "device": "cuda", "torch": "t", "rows": rows})
-    line = next(x for x in text.splitlines() if x.startswith("| m |"))
+    line = next(x for x in text.splitlines() if x.startswith("| m | float16 | growing |"))
     assert "| 4.00x | 3.33x |" in line and line.endswith("| 0.80x |")
