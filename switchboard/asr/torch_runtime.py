@@ -135,6 +135,29 @@ class TorchWhisper:
             buffers = _Buffers(self)
         return StaticSteps(self, buffers, cross, batch)
 
+    def warm(self, sets: int = 1) -> int:
+        """Make ``sets`` buffer sets and, with graphs, capture every batch size's graph on each
+        (at load, so no caller waits for a capture; one set per batch decoding at once). Returns
+        the graphs captured."""
+        if self.steps_mode == "growing":
+            return 0
+        with self._lock:
+            have = list(self._free)
+        made = [_Buffers(self) for _ in range(max(0, sets - len(have)))]
+        captured = 0
+        if self.steps_mode == "graphs":
+            torch = self._torch
+            with torch.inference_mode(), self._kernels():
+                for buffers in have + made:
+                    for batch in range(1, self.max_batch + 1):
+                        if batch not in buffers.graphs:
+                            self._replay(buffers, batch)  # on zeros, at position 0
+                            captured += 1
+                torch.cuda.synchronize(self.device)
+        for buffers in made:
+            self._release(buffers)
+        return captured
+
     def _release(self, buffers: _Buffers) -> None:
         with self._lock:
             self._free.append(buffers)

@@ -113,6 +113,8 @@ class TritonPythonModel:
         self.watch = CancelWatch("asr", cfg.cancel_poll_ms / 1000)
         self.sender = ResponseSender("asr", self.watch)
         self.model = self._load_model(version, cfg)
+        if cfg.runtime == "torch":  # buffers and CUDA graphs made now, not by the first callers
+            self.model.runtime.warm(cfg.workers)
         self.window_s = self.model.max_seconds if self.model.window_frames is not None else None
         on_gpu = cfg.runtime == "torch" and cfg.device.startswith("cuda")
         self.budget_s = audio_budget(cfg.batch_audio_s, self.window_s, cfg.max_batch, gpu=on_gpu)

@@ -395,6 +395,18 @@ def test_more_rows_than_the_buffers_hold_decode_growing(multilingual):
     ]
 
 
+def test_warm_makes_a_buffer_set_per_worker_up_front(english):
+    ckpt, _, m = english
+    static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=2)
+    assert static.runtime.warm(2) == 0 and len(static.runtime._free) == 2  # no graphs on the CPU
+    static.runtime.warm(2)
+    assert len(static.runtime._free) == 2  # the sets it has count
+    static.transcribe(noise_features(m, [100, 100], seed=2), ["en", "en"], max_new_tokens=3)
+    assert len(static.runtime._free) == 2
+    growing = AsrModel.from_checkpoint(ckpt, device="cpu")
+    assert growing.runtime.warm(2) == 0 and not growing.runtime._free
+
+
 def test_graphs_need_cuda(english):
     ckpt, _, _ = english
     with pytest.raises(ValueError, match="CUDA"):
