@@ -360,6 +360,43 @@ def run(
     return results
 
 
+def first_batches(pack_dir: Path | None, out: Path, work: Path, models: list[str], dtype: str, device: str) -> None:
+    """What a freshly loaded pool's first batches cost with the graphs captured at load
+    (``TorchWhisper.warm``, two buffer sets) and without (captured by the batches themselves):
+    each model loaded four times in turn, batches of 8 and 3 rows transcribed alternately."""
+    import torch
+
+    from switchboard.asr.model import AsrModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name in models:
+        langs, cap = MODELS[name]
+        checkpoint, clips = checkpoint_of(name, pack_dir, work), clips_of(langs, pack_dir)
+        for warm in (True, False, True, False):
+            model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype), cap)
+            torch.cuda.synchronize()
+            base, started = torch.cuda.memory_allocated(), time.perf_counter()
+            captured = model.runtime.warm(2) if warm else 0
+            torch.cuda.synchronize()
+            took, memory = time.perf_counter() - started, (torch.cuda.memory_allocated() - base) / 2**20
+            feats = [model.features(asr_load.decode_audio(c.wav)) for c in clips[:8]]
+            times = []
+            for size in (8, 3) * 4:
+                started = time.perf_counter()
+                model.transcribe(feats[:size], [c.lang for c in clips[:size]])
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - started)
+            lines.append(
+                f"{name:12s} {'captured at load' if warm else 'not':16s} {captured} graphs in {took * 1000:.0f} ms, "
+                f"{memory:.0f} MiB; batches of 8, 3, ...: " + ", ".join(f"{x * 1000:.0f}" for x in times) + " ms"
+            )
+            print(lines[-1], flush=True)
+            del model
+            torch.cuda.empty_cache()
+    (out / "first-batches.txt").write_text("\n".join(lines) + "\n")
+
+
 def summary(results: dict) -> str:
     lines = [
         f"ASR pool on {results['gpu']} ({results['device']}), torch {results['torch']}",
@@ -413,6 +450,13 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated decoding modes (graphs, growing, static; torch_runtime.py), each measured on one "
         "copy of the weights; same_tokens compares each mode's transcripts to the first's",
     )
+    c = sub.add_parser("first", help="a fresh pool's first batches, graphs captured at load or not (on the GPU)")
+    c.add_argument("--pack", type=Path)
+    c.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
+    c.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"))
+    c.add_argument("--models", default=",".join(MODELS))
+    c.add_argument("--dtype", default="float16")
+    c.add_argument("--device", default="cuda")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.step == "pack":
@@ -422,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         p.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(MODELS)})")
+    if args.step == "first":
+        first_batches(args.pack, args.out, args.work, models, args.dtype, args.device)
+        return 0
     one, eight = (int(x) for x in args.requests.split(","))
     dtypes = [d for d in args.dtypes.split(",") if d]
     steps = [m for m in args.steps.split(",") if m]
