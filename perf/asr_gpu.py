@@ -318,6 +318,7 @@ def run(
             tokens = {}
             for mode in steps:
                 model.runtime.steps_mode = mode  # one copy of the weights for every mode
+                model.runtime.warm(2)  # as the server does at load: a buffer set per worker, graphs captured
                 for size in range(1, len(warm) + 1):  # every batch size once: first-call costs stay out
                     model.transcribe(warm[:size], [c.lang for c in clips[:size]])
                 tokens[mode] = [t.tokens for t in model.transcribe(warm, [c.lang for c in clips[:8]])]

@@ -9,8 +9,8 @@ tests/integration/test_asr_torch_runtime.py hold this runtime to the ONNX graphs
 Attention goes through PyTorch's fused kernels, flash and memory-efficient only: cuDNN's builds
 a plan for every new shape, and decoding makes one per step (the cache grows by a position).
 
-The caches stay on the device between steps as torch tensors (``AsrModel._keep`` slices them
-as it slices NumPy arrays); only each step's last-position logits ([B, V]) come back to the
+The caches stay on the device between steps as torch tensors (``model.GrowingCache`` slices
+them as it slices NumPy arrays); only each step's last-position logits ([B, V]) come back to the
 host, where ``AsrModel`` suppresses tokens and picks the next ones. On CUDA the weights run in
 float16 unless ``dtype`` says otherwise; on the CPU in float32.
 
@@ -253,6 +253,8 @@ class StaticSteps:
         rt, buffers, torch = self.runtime, self.buffers, self.runtime._torch
         ids = torch.from_numpy(np.asarray(input_ids, np.int64))
         width = ids.shape[1]
+        if self.position + width > buffers.self_keys[0].shape[2]:  # on the GPU: a device-side assert
+            raise ValueError(f"decoding past the decoder's {buffers.self_keys[0].shape[2]} positions")
         with torch.inference_mode(), rt._kernels():
             if width == 1 and rt.steps_mode == "graphs":
                 buffers.ids[: self.batch].copy_(ids)
