@@ -407,6 +407,19 @@ def test_warm_makes_a_buffer_set_per_worker_up_front(english):
     assert growing.runtime.warm(2) == 0 and not growing.runtime._free
 
 
+def test_the_fixed_size_cache_refuses_to_step_past_its_positions(english):
+    """On a GPU an index past the buffers would be a device-side assert (every later CUDA call
+    of the process fails): a ValueError instead, before anything runs."""
+    ckpt, _, m = english
+    runtime = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=1).runtime
+    steps = runtime.steps(runtime.encode(pad_batch(noise_features(m, [100]), m.window_frames)), 1)
+    steps.step(np.zeros((1, m.max_target_positions - 1), np.int64))
+    steps.step(np.zeros((1, 1), np.int64))  # the last position
+    with pytest.raises(ValueError, match=f"past the decoder's {m.max_target_positions} positions"):
+        steps.step(np.zeros((1, 1), np.int64))
+    steps.close()
+
+
 def test_graphs_need_cuda(english):
     ckpt, _, _ = english
     with pytest.raises(ValueError, match="CUDA"):
