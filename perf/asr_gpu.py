@@ -5,7 +5,10 @@ wall second) than one. On 2 CPU cores that cannot hold (a batch of 8 costs 8 sin
 GPU, where a batch of 8 costs about what one does, it is what batching is for.
 
 ``run`` measures, for each model (the embedded default, tiny.en, the whisper-small shape with
-random weights and 12-token transcripts) and each ``--dtypes``, the pool's own code in process:
+random weights and 12-token transcripts), each ``--dtypes`` and each ``--steps`` (CUDA graphs
+replayed per decoding step, or the kernels launched one by one: ``torch_runtime.py``; one copy
+of the weights, and ``same_tokens`` says whether a batch of 8 decodes the same in each), the
+pool's own code in process:
 ``service.AsrService`` with the length batcher as ``asr/config.pbtxt`` sets it (at most 8 chunks,
 10 ms to fill, 60 s of audio), the recognizer on ``torch_runtime.TorchWhisper`` (what
 ``runtime: torch`` serves), driven by ``asr_load.closed_loop`` with 1 caller, 8 callers, 8
@@ -22,7 +25,11 @@ per-row INT8 (150 MB of float weights are more than a lease carries; ``run --pac
 back into a float checkpoint, and the error rates say what the rounding cost) and the tokenizer
 files the whisper-small shape is built from.
 
-Writes ``results.json`` and ``summary.md`` to ``--out``; ``docs/benchmarks.md`` keeps the figures.
+``first`` loads each model four times in turn, with its graphs captured at load
+(``TorchWhisper.warm``, what the server does) and without, and times the first batches.
+
+Writes ``results.json`` and ``summary.md`` (``first``: ``first-batches.txt``) to ``--out``;
+``docs/benchmarks.md`` keeps the figures.
 """
 
 from __future__ import annotations
