@@ -160,6 +160,12 @@ class TritonPythonModel:
             raise ConfigError(
                 f"asr/config.pbtxt: parameter 'torch_dtype' = {cfg.torch_dtype!r}: expected auto or {', '.join(DTYPES)}"
             )
+        if cfg.torch_steps not in STEPS:
+            raise ConfigError(
+                f"asr/config.pbtxt: parameter 'torch_steps' = {cfg.torch_steps!r}: expected {', '.join(STEPS)}"
+            )
+        if cfg.torch_steps == "graphs" and not cfg.device.startswith("cuda"):
+            raise ConfigError(f"asr/config.pbtxt: torch_steps graphs needs a CUDA device, not {cfg.device!r}")
         source = Path(AsrManifest.load(version).source)
         checkpoint = source if source.is_absolute() else paths.ROOT / source
         if not (checkpoint / "config.json").is_file():
@@ -167,12 +173,6 @@ class TritonPythonModel:
                 f"asr/config.pbtxt: runtime torch runs the checkpoint the recognizer was exported from, "
                 f"{checkpoint} (asr.json's source), and it is not there"
             )
-        if cfg.torch_steps not in STEPS:
-            raise ConfigError(
-                f"asr/config.pbtxt: parameter 'torch_steps' = {cfg.torch_steps!r}: expected {', '.join(STEPS)}"
-            )
-        if cfg.torch_steps == "graphs" and not cfg.device.startswith("cuda"):
-            raise ConfigError(f"asr/config.pbtxt: torch_steps graphs needs a CUDA device, not {cfg.device!r}")
         dtype = None if cfg.torch_dtype == "auto" else cfg.torch_dtype
         return AsrModel.from_checkpoint(
             checkpoint, device=cfg.device, dtype=dtype, steps=cfg.torch_steps, max_batch=cfg.max_batch
