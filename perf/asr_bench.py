@@ -7,7 +7,7 @@ the same generation cap for every system (issue 38, "Measured"):
    concurrent callers:
    - ``switchboard``: the served ``asr`` pool, a real tritonserver with a repository of its
      own holding only ``asr`` (the model's config and glue, the exported artifacts linked in),
-     called over gRPC through the SDK (``ChatClient.transcribe``), FP32 and INT8
+     called over gRPC through the SDK (``AsyncChatClient.transcribe``, one channel), FP32 and INT8
      (``SWITCHBOARD_PRECISION``);
    - ``faster-whisper``: CTranslate2 on the same weights (the bundled tiny.en conversion, the
      others converted here), int8 and float32, in process (``switchboard.perf.asr_peers``);
@@ -291,16 +291,8 @@ class Bench:
         self.say(f"{name}: tritonserver ready in {time.monotonic() - t0:.0f} s")
         return stack
 
-    def switchboard_call(self, stack):
-        from switchboard.client import ChatClient
-
-        client = ChatClient(stack.grpc_url, timeout_s=600)
-
-        def call(clip: Clip) -> Reply:
-            r = client.transcribe(clip.wav, language=clip.lang)
-            return Reply(r.text, {"queue_ms": r.queue_ms, "batch_size": r.batch_size, "chunks": r.chunks})
-
-        return call
+    def switchboard_call(self, stack) -> AsyncCaller:
+        return AsyncCaller(stack.grpc_url)
 
     def start_litserve(self, model: ModelSpec):
         from switchboard.ops.launch import free_port
@@ -368,12 +360,12 @@ class Bench:
         name = f"switchboard-{model.name}-{PRECISION_NAMES[precision]}"
         stack = self.start_switchboard(repository, name, {"SWITCHBOARD_PRECISION": precision})
         try:
-            call = self.switchboard_call(stack)
-            for level in self.levels(model):
-                samples = asr_load.closed_loop(call, clips, **level)
-                row = {"model": model.name, "system": "switchboard", "precision": PRECISION_NAMES[precision]}
-                row |= {"concurrency": level["concurrency"], "round": r, "settings": "asr pool as configured"}
-                self.record(row, samples, clips)
+            with self.switchboard_call(stack) as call:
+                for level in self.levels(model):
+                    samples = asr_load.closed_loop(call, clips, **level)
+                    row = {"model": model.name, "system": "switchboard", "precision": PRECISION_NAMES[precision]}
+                    row |= {"concurrency": level["concurrency"], "round": r, "settings": "asr pool as configured"}
+                    self.record(row, samples, clips)
         finally:
             stack.stop_triton()
 
@@ -520,19 +512,19 @@ class Bench:
                 env["SWITCHBOARD_WORKERS"] = str(workers)
                 stack = self.start_switchboard(repository, name, env)
                 try:
-                    call = self.switchboard_call(stack)
-                    asr_load.closed_loop(call, mix, 1, 2, 0)  # warm
-                    if rate is None:
-                        rate, unit = self.seed001_rate(call, by_kind)
-                        self.say(
-                            f"  one at a time: short {unit['short']:.2f} s, long {unit['long']:.2f} s; "
-                            f"arrivals {rate:.2f}/s ({p.seed001_load:g}x that capacity) for {p.seed001_s:g} s"
-                        )
-                        self.results["seed001_calibration"] = unit | {"rate_per_s": rate, "load": p.seed001_load}
-                    arrivals = asr_load.poisson_arrivals(rate, p.seed001_s, SEED001_MIX, self.seed)
-                    t0 = time.monotonic()
-                    samples = asr_load.open_loop(call, arrivals, by_kind)
-                    drained = time.monotonic() - t0 - p.seed001_s
+                    with self.switchboard_call(stack) as call:
+                        asr_load.closed_loop(call, mix, 1, 2, 0)  # warm
+                        if rate is None:
+                            rate, unit = self.seed001_rate(call, by_kind)
+                            self.say(
+                                f"  one at a time: short {unit['short']:.2f} s, long {unit['long']:.2f} s; "
+                                f"arrivals {rate:.2f}/s ({p.seed001_load:g}x that capacity) for {p.seed001_s:g} s"
+                            )
+                            self.results["seed001_calibration"] = unit | {"rate_per_s": rate, "load": p.seed001_load}
+                        arrivals = asr_load.poisson_arrivals(rate, p.seed001_s, SEED001_MIX, self.seed)
+                        t0 = time.monotonic()
+                        samples = asr_load.open_loop(call, arrivals, by_kind)
+                        drained = time.monotonic() - t0 - p.seed001_s
                 finally:
                     stack.stop_triton()
                 self.record_seed001(batching, workers, rate, samples, drained)
@@ -673,6 +665,49 @@ class Bench:
         if "voice" in parts:
             self.run_voice()
         return self.results
+
+
+class AsyncCaller:
+    """``call(clip)`` for the asr pool over one ``AsyncChatClient``: one gRPC channel for every
+    caller, on an event loop in a thread of its own, what a service calling the pool would use.
+    (``ChatClient``, the synchronous SDK, opens a channel and a receiving thread per request;
+    on 2 cores that client's work is taken from the servers'.) A context manager: leaving it
+    closes the channel and the loop."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0):
+        import asyncio
+        import threading
+
+        from switchboard.client import AsyncChatClient
+
+        self._asyncio = asyncio
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="asr-bench-client", daemon=True)
+        self.thread.start()
+
+        async def open_client():
+            return await AsyncChatClient(url, timeout_s=timeout_s).__aenter__()
+
+        self.client = self._wait(open_client())
+
+    def _wait(self, coroutine):
+        return self._asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def __call__(self, clip: Clip) -> Reply:
+        r = self._wait(self.client.transcribe(clip.wav, language=clip.lang))
+        return Reply(r.text, {"queue_ms": r.queue_ms, "batch_size": r.batch_size, "chunks": r.chunks})
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self._wait(self.client.close())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+    def __enter__(self) -> AsyncCaller:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def voice_call(url: str):
