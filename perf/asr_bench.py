@@ -581,10 +581,11 @@ class Bench:
             self.say(f"voice_chat: a 3 s question, recognizer {name}, the repository's chat model")
             stack = self.start_switchboard(repository, f"voice-{name}", {"SWITCHBOARD_PRECISION": "fp32"}, full=True)
             try:
-                call = voice_call(stack.grpc_url)
-                for c in CONCURRENCY:
-                    samples = asr_load.closed_loop(call, [clip], c, self.preset.voice_requests[c], warmup=min(c, 2))
-                    self.record_voice(name, c, samples)
+                with VoiceCaller(stack.grpc_url) as call:
+                    for c in CONCURRENCY:
+                        requests = self.preset.voice_requests[c]
+                        samples = asr_load.closed_loop(call, [clip], c, requests, warmup=min(c, 2))
+                        self.record_voice(name, c, samples)
             finally:
                 stack.stop()
 
@@ -710,18 +711,20 @@ class AsyncCaller:
         self.close()
 
 
-def voice_call(url: str):
-    """``call(clip)`` for voice_chat: when the transcript and the first answer token came."""
-    from switchboard.client import ChatClient
-    from switchboard.client.sdk import Heard
+class VoiceCaller(AsyncCaller):
+    """``call(clip)`` for voice_chat over the same one channel: when the transcript and the
+    first answer token came."""
 
-    client = ChatClient(url, timeout_s=600)
+    def __call__(self, clip: Clip) -> Reply:
+        return self._wait(self._turn(clip))
 
-    def call(clip: Clip) -> Reply:
+    async def _turn(self, clip: Clip) -> Reply:
+        from switchboard.client.sdk import Heard
+
         t0 = time.monotonic()
         extra: dict = {"heard_s": None, "first_token_s": None}
         heard, parts = "", []
-        for event in client.voice_chat(clip.wav, language=clip.lang, max_new_tokens=48):
+        async for event in self.client.voice_stream(clip.wav, language=clip.lang, max_new_tokens=48):
             if isinstance(event, Heard):
                 extra["heard_s"], extra["asr_ms"], heard = time.monotonic() - t0, event.asr_ms, event.transcript
             elif isinstance(event, str):
@@ -730,8 +733,6 @@ def voice_call(url: str):
                 parts.append(event)
         extra["answer"] = "".join(parts)[:200]
         return Reply(heard, extra)
-
-    return call
 
 
 def stop(proc: subprocess.Popen) -> None:
