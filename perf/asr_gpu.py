@@ -219,6 +219,7 @@ def measure(model, clips: list, max_batch: int, callers: int, workers: int, requ
         max_wait_s=cfg.max_wait_ms / 1000,
         long_s=cfg.long_audio_s,
         long_every=cfg.long_every,
+        wait_alone=cfg.wait_alone,
     )
     service = AsrService(model, batcher, chunk_s=min(cfg.chunk_s, model.max_seconds), workers=workers)
     spans: list[tuple[float, float]] = []

@@ -135,7 +135,13 @@ class LengthBatcher(_Queue):
        ``max_batch``. An item longer than the budget runs alone.
     3. When it runs: at once when it is full (``max_batch`` items, or no item that could still
        join, one at least its longest / ``max_ratio`` long, would fit the budget), else when
-       the anchor has waited ``max_wait_s`` (so a lone request is not held for company).
+       the anchor has waited ``max_wait_s`` (so a lone request is not held for long), but only
+       while requests come in company: after a batch of one that left nothing queued, the next
+       request runs as soon as a worker takes it (``wait_alone`` False, the default). A caller
+       on its own then pays no wait; under load a batch has company, so the wait gathers the
+       next one as before; and when load starts, the requests that arrive while the first one
+       runs make the next batch. ``wait_alone`` True waits every time (Triton's dynamic
+       batcher's rule, as ``CountBatcher``).
 
     ``starve_s`` (2 s) is far above ``max_wait_s``, so under a mixed load the short ones still go
     first, and small against the 30 s of audio a long recording carries.
@@ -156,6 +162,7 @@ class LengthBatcher(_Queue):
         window_s: float = 0.0,
         long_s: float = 15.0,
         long_every: int = 3,
+        wait_alone: bool = False,
     ):
         super().__init__(max_batch, max_wait_s)
         if not budget_s > 0:
@@ -171,7 +178,8 @@ class LengthBatcher(_Queue):
         if not (isinstance(long_every, int) and long_every >= 1):
             raise ValueError(f"batcher: long_every must be a whole number >= 1, got {long_every!r}")
         self.budget_s, self.max_ratio, self.starve_s, self.window_s = budget_s, max_ratio, starve_s, window_s
-        self.long_s, self.long_every = long_s, long_every
+        self.long_s, self.long_every, self.wait_alone = long_s, long_every, wait_alone
+        self._company = False  # the last batch held more than one item, or left some queued
         self._passed = 0  # batches without long audio since it last ran while a starving long chunk waited
 
     def _cost(self, seconds: float) -> float:
@@ -228,7 +236,8 @@ class LengthBatcher(_Queue):
             batch.append(entry)
             total, lo, hi = total + self._cost(s), min(lo, s), max(hi, s)
         full = len(batch) == self.max_batch or total + self._cost(hi / self.max_ratio) > self.budget_s
-        due = -math.inf if full else anchor[1].arrival + self.max_wait_s
+        wait = self.max_wait_s if self._company or self.wait_alone else 0.0
+        due = -math.inf if full else anchor[1].arrival + wait
         # ageing can change the anchor before that: an item of the pool reaching starve_s (or a
         # long chunk that turns the pool over to long audio) becomes the anchor and, having
         # waited longer than max_wait_s, is due at once
@@ -239,6 +248,7 @@ class LengthBatcher(_Queue):
         return batch, due
 
     def _taken(self, batch: list[Item], now: float) -> None:
+        self._company = len(batch) > 1 or bool(self._queue)
         if any(self._long(item) for item in batch):
             self._passed = 0
             return
@@ -281,6 +291,7 @@ def length_batcher(
     max_wait_s: float,
     long_s: float,
     long_every: int,
+    wait_alone: bool = False,
 ) -> LengthBatcher:
     """The pool's ``LengthBatcher`` for a model whose every chunk is padded to ``window_s`` (None:
     one that takes audio of any length), from asr/config.pbtxt's settings."""
@@ -294,6 +305,7 @@ def length_batcher(
         window_s=window_s if fixed else 0.0,
         long_s=long_s,
         long_every=long_every,
+        wait_alone=wait_alone,
     )
 
 

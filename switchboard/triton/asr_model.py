@@ -199,6 +199,7 @@ class TritonPythonModel:
                 max_wait_s=wait_s,
                 long_s=cfg.long_audio_s,
                 long_every=cfg.long_every,
+                wait_alone=cfg.wait_alone,
             )
         if cfg.batching == "count":
             return make_batcher("count", max_batch=cfg.max_batch, max_wait_s=wait_s)

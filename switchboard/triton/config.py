@@ -222,7 +222,16 @@ class AsrConfig(_Config):
         "costs the same whatever the mix, and each row leaves the batch when its text ends)",
         0.0,
     )
-    max_wait_ms: float = setting(10.0, "how long a batch waits to fill before it runs", 0.0, 10_000.0)
+    max_wait_ms: float = setting(
+        10.0,
+        "how long a batch waits to fill before it runs, with batching length while requests come in company (the "
+        "last batch held more than one, or left some queued): a request alone runs at once",
+        0.0,
+        10_000.0,
+    )
+    wait_alone: bool = setting(
+        False, "with batching length: hold a request alone for max_wait_ms too (Triton's dynamic batcher's rule)"
+    )
     long_audio_s: float = setting(
         15.0,
         "with batching length: a request with more audio than this is long; its chunks wait while questions do, "

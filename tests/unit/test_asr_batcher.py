@@ -174,8 +174,35 @@ def test_ageing_within_a_priority_only():
     assert keys(b.take(9.5)) == ["vip"]
 
 
-def test_a_batch_waits_max_wait_for_company_then_runs():
+def test_a_request_alone_runs_at_once_and_company_brings_the_wait_back():
+    """The wait gathers a batch only while requests come in company: a caller on its own (the
+    first request, or one after a batch of one that left nothing queued) is not held."""
     b = LengthBatcher(max_wait_s=0.01)
+    b.add(Item("first", 2.0, arrival=1.0))
+    assert keys(b.take(1.0)) == ["first"]
+    b.add(Item("alone", 2.0, arrival=2.0))
+    assert b.next_due(2.0) == 2.0 and keys(b.take(2.0)) == ["alone"]
+    # load starts: two arrive while "alone" runs, and go together as soon as a worker is free
+    filled(b, Item("a", 2.0, arrival=2.001), Item("b", 2.1, arrival=2.002))
+    assert keys(b.take(2.003)) == ["a", "b"]
+    # a batch had company, so the next request waits for more
+    b.add(Item("c", 2.0, arrival=2.05))
+    assert b.take(2.05) == [] and b.next_due(2.05) == pytest.approx(2.06)
+    b.add(Item("d", 2.2, arrival=2.055))
+    assert keys(b.take(2.06)) == ["c", "d"]
+    # a batch of one that left another queued (too long to join it) also counts as company
+    one = LengthBatcher(max_ratio=2.0, max_wait_s=0.01)
+    filled(one, Item("short", 2.0, arrival=0.0), Item("long", 10.0, arrival=0.0))
+    assert keys(one.take(0.0)) == ["short"]
+    assert one.take(0.0) == [] and one.next_due(0.0) == pytest.approx(0.01)
+    assert keys(one.take(0.01)) == ["long"]
+    one.add(Item("after", 2.0, arrival=1.0))
+    assert keys(one.take(1.0)) == ["after"]  # that batch was alone and left nothing
+
+
+def test_a_batch_waits_max_wait_for_company_then_runs():
+    """``wait_alone``: every request is held for company (Triton's dynamic batcher's rule)."""
+    b = LengthBatcher(max_wait_s=0.01, wait_alone=True)
     b.add(Item("a", 2.0, arrival=1.0))
     assert b.take(1.005) == []
     assert b.next_due(1.005) == pytest.approx(1.01)

@@ -93,7 +93,7 @@ def service_for():
     made = []
 
     def make(model, wait_s=0.02, **kw):
-        batcher = make_batcher("length", budget_s=60.0, max_batch=8, max_ratio=2.0, max_wait_s=wait_s)
+        batcher = make_batcher("length", budget_s=60.0, max_batch=8, max_ratio=2.0, max_wait_s=wait_s, wait_alone=True)
         service = AsrService(model, batcher, **kw)
         made.append(service)
         return service
