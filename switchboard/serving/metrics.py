@@ -71,13 +71,25 @@ def version_label(version: int | None) -> str:
     return str(version) if version is not None else "none"
 
 
-class ChatMetrics:
-    """What finished chats add up to since the last ``drain``."""
+class Tally:
+    """Counter increments and histogram observations since the last ``drain``, under a lock: what
+    a model's requests record on their way out, for a publisher thread to copy to the server."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._counts: Counter = Counter()  # (name, labels) -> increment
         self._observed: list[tuple[str, tuple, float]] = []  # (name, labels, value)
+
+    def drain(self) -> tuple[Counter, list[tuple[str, tuple, float]]]:
+        """(counter increments, histogram observations) since the last call."""
+        with self._lock:
+            counts, observed = self._counts, self._observed
+            self._counts, self._observed = Counter(), []
+        return counts, observed
+
+
+class ChatMetrics(Tally):
+    """What finished chats add up to since the last ``drain``."""
 
     def chat(self, stats: ChatStats) -> None:
         """A chat's final response was sent with ``stats``."""
@@ -106,10 +118,3 @@ class ChatMetrics:
         ``error``; ``version``: the model version it was routed to (None: not yet routed)."""
         with self._lock:
             self._counts["requests_total", (("outcome", outcome), ("version", version_label(version)))] += 1
-
-    def drain(self) -> tuple[Counter, list[tuple[str, tuple, float]]]:
-        """(counter increments, histogram observations) since the last call."""
-        with self._lock:
-            counts, observed = self._counts, self._observed
-            self._counts, self._observed = Counter(), []
-        return counts, observed

@@ -20,11 +20,13 @@ import triton_python_backend_utils as pb_utils
 
 from switchboard import paths
 from switchboard.asr.batcher import audio_budget, length_batcher, make_batcher
+from switchboard.asr.metrics import AsrMetrics
 from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
 from switchboard.asr.torch_runtime import DTYPES, STEPS
 from switchboard.engine.stream import CancelWatch, Outbox, ResponseSender
+from switchboard.triton.asr_metrics import AsrMetricsPublisher
 from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
 from switchboard.triton.config import AsrConfig
 from switchboard.triton.params import ConfigError
@@ -48,9 +50,9 @@ class TritonSink:
     batch wait on each (switchboard/engine/stream.py; docs/benchmarks.md has the figures).
     """
 
-    def __init__(self, request, priority: int, outbox: Outbox, watch: CancelWatch):
+    def __init__(self, request, priority: int, outbox: Outbox, watch: CancelWatch, metrics: AsrMetrics):
         self.request, self.sender = request, request.get_response_sender()
-        self.priority, self.outbox, self.watch = priority, outbox, watch
+        self.priority, self.outbox, self.watch, self.metrics = priority, outbox, watch, metrics
         self.lock = threading.Lock()  # guards final_sent (stream.Sink says why)
         self.final_sent = self.cancel_seen = self.broken = self.watched = False
 
@@ -77,15 +79,20 @@ class TritonSink:
         if not end:
             return
         if self.cancel_seen:
+            self.metrics.failed("cancelled")
             send_error(self.sender, "cancelled by the client", "CANCELLED")
         elif isinstance(final, AsrRequestError):
             if final.code == "unavailable":
+                self.metrics.failed("unavailable")
                 send_error(self.sender, str(final), "UNAVAILABLE")
             else:
+                self.metrics.failed("invalid")
                 send_error(self.sender, f"[{final.code}] {final}", "INVALID_ARG")
         elif isinstance(final, Exception):
+            self.metrics.failed("error")
             send_error(self.sender, "internal error")
         else:
+            self.metrics.transcribed(self.priority, final)
             out = [_text(Asr.TEXT, ""), _text(Asr.RESULT, final.to_json())]
             self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL)
 
@@ -112,6 +119,7 @@ class TritonPythonModel:
         self.cfg = cfg
         self.watch = CancelWatch("asr", cfg.cancel_poll_ms / 1000)
         self.sender = ResponseSender("asr", self.watch)
+        self.metrics = AsrMetrics()
         self.model = self._load_model(version, cfg)
         if cfg.runtime == "torch":  # buffers and CUDA graphs made now, not by the first callers
             self.model.runtime.warm(cfg.workers)
@@ -127,6 +135,7 @@ class TritonPythonModel:
             max_pending_s=cfg.max_pending_s,
             workers=cfg.workers,
         )
+        self.publisher = AsrMetricsPublisher(self.metrics, self.service.pending_s)
         log.info(
             "asr ready: %s %s, %s batching (at most %d chunks, %.0f s of audio), %d worker(s)",
             self.model.manifest.name,
@@ -209,15 +218,17 @@ class TritonPythonModel:
         for request in requests:
             audio = input_array(request, Asr.AUDIO)
             if audio is None or audio.size != 1 or not isinstance(audio.reshape(-1)[0], bytes):
+                self.metrics.failed("invalid")
                 send_error(request.get_response_sender(), "audio: expected one audio file as bytes", "INVALID_ARG")
                 continue
             priority = _priority(request)
-            sink = TritonSink(request, priority, self.sender.outbox, self.watch)
+            sink = TritonSink(request, priority, self.sender.outbox, self.watch, self.metrics)
             job = AsrJob(audio.reshape(-1)[0], sink, _language(request), priority, sink.cancelled)
             self.service.submit(job)
         return None
 
     def finalize(self):
+        self.publisher.close()
         self.service.close()
         self.sender.close()
         self.watch.close()

@@ -255,3 +255,35 @@ def test_a_stream_cancelled_after_its_first_delta_ends_and_the_next_request_is_a
     after = speech.transcribe(short_wavs[1])
     assert heard(SHORT[1], after.text), after.text
     assert speech.ready("asr")
+
+
+def test_asr_metrics_count_transcriptions_audio_and_refusals(stack, speech, short_wavs):
+    """``switchboard_asr_*`` on the metrics port (docs/metrics.md): a transcription adds a
+    request, its audio seconds and one observation to each histogram; a file that is not audio
+    counts as invalid; the pending audio gauge exists."""
+    from switchboard.perf.servertools import scrape
+
+    def value(name, **labels):
+        return scrape(stack.ports.metrics).get((name, tuple(sorted(labels.items()))), 0.0)
+
+    time.sleep(1.2)  # earlier tests' requests published first
+    before = {
+        "transcribed": value("switchboard_asr_requests_total", outcome="transcribed"),
+        "invalid": value("switchboard_asr_requests_total", outcome="invalid"),
+        "audio": value("switchboard_asr_audio_seconds_total", priority="2"),
+        "duration": value("switchboard_asr_duration_seconds_count", priority="2"),
+        "queue": value("switchboard_asr_queue_seconds_count", priority="2"),
+    }
+    result = speech.transcribe(short_wavs[0], language="en")
+    with pytest.raises(ChatError):
+        speech.transcribe(b"this is not audio", language="en")
+    deadline = time.monotonic() + 10
+    while value("switchboard_asr_requests_total", outcome="invalid") < before["invalid"] + 1:
+        assert time.monotonic() < deadline, "the metrics were not published"
+        time.sleep(0.3)
+    # at least: a supervisor's probe (a second of silence) may land in between
+    assert value("switchboard_asr_requests_total", outcome="transcribed") >= before["transcribed"] + 1
+    assert value("switchboard_asr_audio_seconds_total", priority="2") >= before["audio"] + result.duration - 1e-6
+    assert value("switchboard_asr_duration_seconds_count", priority="2") >= before["duration"] + 1
+    assert value("switchboard_asr_queue_seconds_count", priority="2") >= before["queue"] + 1
+    assert ("switchboard_asr_pending_audio_seconds", ()) in scrape(stack.ports.metrics)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from switchboard.asr.metrics import AsrMetrics
 from switchboard.asr.runtime import AsrManifest
 from switchboard.wire import AsrResult
 from tests.unit.pb_stub import forget, stub_glue
@@ -108,7 +109,8 @@ def test_deltas_queued_while_a_send_is_slow_leave_in_one_response_before_the_fin
     glue, sender_thread, watch = way_back
     gate = threading.Event()
     first, second = Sender(gate), Sender()
-    sink = glue.TritonSink(Request(first), 2, sender_thread.outbox, watch)
+    metrics = AsrMetrics()
+    sink = glue.TritonSink(Request(first), 2, sender_thread.outbox, watch, metrics)
     sink.delta(" Where")  # the sender thread takes it and waits in send...
     assert first.entered.wait(10)
     for text in (" is", " my", " order?"):  # ...while the worker goes on queueing
@@ -121,12 +123,23 @@ def test_deltas_queued_while_a_send_is_slow_leave_in_one_response_before_the_fin
     assert json.loads(final.outputs["result"][0][0])["text"] == "Where is my order?"
     assert first.sent[-1][0] is final  # nothing after the final
     assert not second.sent
+    counts, observed = metrics.drain()
+    assert counts == {
+        ("requests_total", (("outcome", "transcribed"),)): 1,
+        ("audio_seconds_total", (("priority", "2"),)): 2.0,
+    }
+    assert sorted(observed) == [
+        ("batch_chunks", (), 1.0),
+        ("duration_seconds", (("priority", "2"),), 0.01),
+        ("queue_seconds", (("priority", "2"),), 0.001),
+    ]
 
 
 def test_a_cancelled_request_ends_cancelled_and_is_no_longer_asked_after_its_end(way_back):
     glue, sender_thread, watch = way_back
     request = Request(Sender(), cancelled=True)
-    sink = glue.TritonSink(request, 1, sender_thread.outbox, watch)
+    metrics = AsrMetrics()
+    sink = glue.TritonSink(request, 1, sender_thread.outbox, watch, metrics)
     assert not sink.cancelled()  # the first question puts it under watch
     deadline = time.monotonic() + 10
     while not sink.cancelled():
@@ -136,17 +149,18 @@ def test_a_cancelled_request_ends_cancelled_and_is_no_longer_asked_after_its_end
     final = _final(request.sender)
     assert final.error.code == "CANCELLED"
     assert sink.final_sent and sink not in watch._live
+    assert metrics.drain() == ({("requests_total", (("outcome", "cancelled"),)): 1}, [])  # not counted transcribed
 
 
 @pytest.mark.parametrize(
-    ("error", "code", "message"),
+    ("error", "code", "message", "outcome"),
     [
-        ("bad", "INVALID_ARG", "[not_audio] no"),
-        ("full", "UNAVAILABLE", "full"),
-        ("bug", "INTERNAL", "internal error"),
+        ("bad", "INVALID_ARG", "[not_audio] no", "invalid"),
+        ("full", "UNAVAILABLE", "full", "unavailable"),
+        ("bug", "INTERNAL", "internal error", "error"),
     ],
 )
-def test_errors_end_the_stream_with_their_code(way_back, error, code, message):
+def test_errors_end_the_stream_with_their_code_and_are_counted(way_back, error, code, message, outcome):
     glue, sender_thread, watch = way_back
     failure = {
         "bad": glue.AsrRequestError("not_audio", "no"),
@@ -154,6 +168,8 @@ def test_errors_end_the_stream_with_their_code(way_back, error, code, message):
         "bug": RuntimeError("boom"),
     }[error]
     request = Request(Sender())
-    glue.TritonSink(request, 2, sender_thread.outbox, watch).error(failure)
+    metrics = AsrMetrics()
+    glue.TritonSink(request, 2, sender_thread.outbox, watch, metrics).error(failure)
     final = _final(request.sender)
     assert final.error.code == code and message in final.error.message
+    assert metrics.drain() == ({("requests_total", (("outcome", outcome),)): 1}, [])
