@@ -283,12 +283,43 @@ HEALTH = (
         ),
     ),
 )
+SPEECH = (
+    PanelSpec(
+        "Speech latency by priority",
+        "P50/P95/P99 of a transcription's arrival at asr to its last text (voice_chat's transcripts included).",
+        "s",
+        _quantiles("switchboard_asr_duration_seconds"),
+    ),
+    PanelSpec(
+        "Audio heard per second",
+        "Seconds of audio transcribed per second (the inverse real-time factor), by priority.",
+        "suffix: audio s/s",
+        (_per_second("switchboard_asr_audio_seconds_total", "priority", "priority {{priority}}"),),
+        stacked=True,
+    ),
+    PanelSpec(
+        "Transcriptions by outcome",
+        "transcribed, invalid (audio or language refused), unavailable (max_pending_s of audio held), cancelled, "
+        "error.",
+        "suffix: req/s",
+        (_per_second("switchboard_asr_requests_total", "outcome", "{{outcome}}"),),
+        stacked=True,
+    ),
+    PanelSpec(
+        "Audio held by the pool",
+        "Seconds of audio decoded and waiting or being transcribed, over every replica; beyond asr's "
+        "max_pending_s new requests are refused.",
+        "s",
+        (Query("sum(switchboard_asr_pending_audio_seconds)", "audio held"),),
+    ),
+)
 ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Latency by priority", LATENCY),
     ("Throughput", THROUGHPUT),
     ("Engine batching and padding", BATCHING),
     ("KV cache", KV),
     ("Fallbacks and admission", FALLBACKS),
+    ("Speech", SPEECH),
     ("Health", HEALTH),
 )
 
