@@ -7,12 +7,10 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import threading
 from collections.abc import Callable
 
-import triton_python_backend_utils as pb_utils
-
 from switchboard.asr.metrics import METRICS, OUTCOMES, PREFIX, PRIORITIES, AsrMetrics
+from switchboard.triton.common import Periodic, metric_families
 
 log = logging.getLogger("switchboard.asr")
 _KNOWN = {"outcome": OUTCOMES, "priority": PRIORITIES}
@@ -21,19 +19,11 @@ _KNOWN = {"outcome": OUTCOMES, "priority": PRIORITIES}
 class AsrMetricsPublisher:
     def __init__(self, metrics: AsrMetrics, pending_s: Callable[[], float], interval: float = 1.0):
         """``pending_s``: the seconds of audio the pool holds now (``AsrService.pending_s``)."""
-        F = pb_utils.MetricFamily
         # The process's id on every series, as chat's (docs/metrics.md: a reload runs beside).
         pid = {"pid": str(os.getpid())}
         self.metrics, self.pending_s, self.interval = metrics, pending_s, interval
-        self._families = {
-            name: F(name=PREFIX + name, description=doc, kind=F.HISTOGRAM if kind == "histogram" else F.COUNTER)
-            for name, (kind, doc, _, _) in METRICS.items()
-        }
-        self._families["pending_audio_seconds"] = F(
-            name=PREFIX + "pending_audio_seconds",
-            description="seconds of audio decoded and waiting or being transcribed (max_pending_s refuses beyond)",
-            kind=F.GAUGE,
-        )
+        pending = "seconds of audio decoded and waiting or being transcribed (max_pending_s refuses beyond)"
+        self._families = metric_families(PREFIX, METRICS, {"pending_audio_seconds": pending})
         self._series = {}
         for name, (_, _, labels, buckets) in METRICS.items():
             kwargs = {"buckets": list(buckets)} if buckets else {}
@@ -41,16 +31,7 @@ class AsrMetricsPublisher:
                 key = tuple(zip(labels, values))
                 self._series[name, key] = self._families[name].Metric(labels=dict(key) | pid, **kwargs)
         self._pending = self._families["pending_audio_seconds"].Metric(labels=pid)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="asr-metrics", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.publish()
-            except Exception:  # metrics must never take the model down
-                log.exception("publishing asr metrics failed")
+        self._ticker = Periodic(self.publish, interval, "asr-metrics", log, "publishing asr metrics")
 
     def publish(self) -> None:
         counts, observed = self.metrics.drain()
@@ -61,8 +42,7 @@ class AsrMetricsPublisher:
         self._pending.set(float(self.pending_s()))
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2 * self.interval)
+        self._ticker.stop()
         # Metrics before their families (the backend requires this order).
         self._series.clear()
         self._pending = None

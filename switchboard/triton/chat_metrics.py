@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
 import triton_python_backend_utils as pb_utils
 
 from switchboard.serving.admission import Admission
 from switchboard.serving.metrics import METRICS, PREFIX, ChatMetrics
 from switchboard.serving.pool_health import PoolHealth
+from switchboard.triton.common import Periodic, metric_families
 from switchboard.wire import CacheMiss, FallbackReason, Route, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
@@ -54,10 +54,7 @@ class ChatMetricsPublisher:
         # labels, dropping it when the first of them unloads.
         self._pid = (("pid", str(os.getpid())),)
         self.metrics, self.admission, self.health, self.interval = metrics, admission, health, interval
-        self._families = {
-            name: F(name=PREFIX + name, description=doc, kind=F.HISTOGRAM if kind == "histogram" else F.COUNTER)
-            for name, (kind, doc, _, _) in METRICS.items()
-        }
+        self._families = metric_families(PREFIX, METRICS)
         self._families["sheds_total"] = F(
             name=PREFIX + "sheds_total",
             description="chats the admission queue answered without a generation slot, by reason",
@@ -85,9 +82,7 @@ class ChatMetricsPublisher:
         self._waiting = self._families["admission_waiting"].Metric(labels=dict(self._pid))
         self._running = self._families["admission_running"].Metric(labels=dict(self._pid))
         self._last_sheds: dict = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chat-metrics", daemon=True)
-        self._thread.start()
+        self._ticker = Periodic(self.publish, interval, "chat-metrics", log, "publishing chat metrics")
 
     def _combinations(self, name: str, labels: tuple) -> list[tuple]:
         out = [()]
@@ -104,13 +99,6 @@ class ChatMetricsPublisher:
             series = self._families[name].Metric(labels=dict(labels + self._pid), **kwargs)
             self._series[name, labels] = series
         return series
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.publish()
-            except Exception:  # metrics must never take the model down
-                log.exception("publishing chat metrics failed")
 
     def publish(self) -> None:
         counts, observed = self.metrics.drain()
@@ -130,8 +118,7 @@ class ChatMetricsPublisher:
             gauge.set(1.0 if self.health.up(pool) else 0.0)
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2 * self.interval)
+        self._ticker.stop()
         # Metrics before their families (the backend requires this order).
         self._series.clear()
         self._pools.clear()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
@@ -42,3 +45,39 @@ def send_error(sender, message: str, code: str = "INTERNAL") -> None:
     the message (switchboard.wire) because 2.51 streams drop codes without the error header."""
     error = pb_utils.TritonError(tag(code, message), getattr(pb_utils.TritonError, code))
     sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class Periodic:
+    """``fn()`` every ``interval`` seconds on a daemon thread of its own until ``stop``: how the
+    metrics publishers copy what they counted to the server. An exception is logged with
+    ``what`` and the next round goes on (metrics must never take the model down)."""
+
+    def __init__(self, fn: Callable[[], None], interval: float, name: str, log: logging.Logger, what: str):
+        self.fn, self.interval, self.log, self.what = fn, interval, log, what
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.fn()
+            except Exception:
+                self.log.exception("%s failed", self.what)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.interval)
+
+
+def metric_families(prefix: str, metrics: dict, gauges: dict | None = None) -> dict:
+    """Triton metric families for a tally's ``metrics`` (name -> (kind, help, labels, buckets):
+    counters and histograms) and ``gauges`` (name -> help), each named ``prefix + name``."""
+    F = pb_utils.MetricFamily
+    families = {
+        name: F(name=prefix + name, description=doc, kind=F.HISTOGRAM if kind == "histogram" else F.COUNTER)
+        for name, (kind, doc, _, _) in metrics.items()
+    }
+    for name, doc in (gauges or {}).items():
+        families[name] = F(name=prefix + name, description=doc, kind=F.GAUGE)
+    return families

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
 import triton_python_backend_utils as pb_utils
 
 from switchboard.engine.scheduler import STAT_KEYS, Engine
 from switchboard.kv.tiers import BlockCache
+from switchboard.triton.common import Periodic
 from switchboard.wire import CacheMiss
 
 log = logging.getLogger("switchboard.engine")
@@ -114,16 +114,7 @@ class EngineMetricsPublisher:
         self._batch: dict[int, object] = {}
         self._last: dict = {}
         self._last_sizes: dict = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="switchboard-metrics", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.publish()
-            except Exception:  # metrics must never take the model down
-                log.exception("publishing engine metrics failed")
+        self._ticker = Periodic(self.publish, interval, "switchboard-metrics", log, "publishing engine metrics")
 
     def publish(self) -> None:
         stats, sizes, waiting, running = self.engine.snapshot()
@@ -150,8 +141,7 @@ class EngineMetricsPublisher:
             self._kv_bytes.set(float(kv.get("local_bytes", 0)))
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2 * self.interval)
+        self._ticker.stop()
         # Metrics before their families (the backend requires this order).
         self._counters.clear()
         self._batch.clear()
