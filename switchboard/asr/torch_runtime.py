@@ -141,20 +141,20 @@ class TorchWhisper:
         the graphs captured."""
         if self.steps_mode == "growing":
             return 0
-        with self._lock:
-            have = list(self._free)
-        made = [_Buffers(self) for _ in range(max(0, sets - len(have)))]
+        with self._lock:  # the sets taken out while their graphs are captured, as a batch takes one
+            held, self._free = self._free, []
+        held += [_Buffers(self) for _ in range(max(0, sets - len(held)))]
         captured = 0
         if self.steps_mode == "graphs":
             torch = self._torch
             with torch.inference_mode(), self._kernels():
-                for buffers in have + made:
+                for buffers in held:
                     for batch in range(1, self.max_batch + 1):
                         if batch not in buffers.graphs:
                             self._replay(buffers, batch)  # on zeros, at position 0
                             captured += 1
                 torch.cuda.synchronize(self.device)
-        for buffers in made:
+        for buffers in held:
             self._release(buffers)
         return captured
 
