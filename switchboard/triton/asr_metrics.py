@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Callable
+from typing import Protocol
 
 from switchboard.asr.metrics import METRICS, OUTCOMES, PREFIX, PRIORITIES, AsrMetrics
 from switchboard.triton.common import Periodic, metric_families
@@ -16,12 +16,19 @@ log = logging.getLogger("switchboard.asr")
 _KNOWN = {"outcome": OUTCOMES, "priority": PRIORITIES}
 
 
+class Pool(Protocol):
+    @property
+    def pending_s(self) -> float:
+        """The seconds of audio the pool holds now."""
+        ...
+
+
 class AsrMetricsPublisher:
-    def __init__(self, metrics: AsrMetrics, pending_s: Callable[[], float], interval: float = 1.0):
-        """``pending_s``: the seconds of audio the pool holds now (``AsrService.pending_s``)."""
+    def __init__(self, metrics: AsrMetrics, pool: Pool, interval: float = 1.0):
+        """``pool``: what ``pending_audio_seconds`` reads (``AsrService``)."""
         # The process's id on every series, as chat's (docs/metrics.md: a reload runs beside).
         pid = {"pid": str(os.getpid())}
-        self.metrics, self.pending_s, self.interval = metrics, pending_s, interval
+        self.metrics, self.pool, self.interval = metrics, pool, interval
         pending = "seconds of audio decoded and waiting or being transcribed (max_pending_s refuses beyond)"
         self._families = metric_families(PREFIX, METRICS, {"pending_audio_seconds": pending})
         self._series = {}
@@ -39,7 +46,7 @@ class AsrMetricsPublisher:
             self._series[key].increment(float(n))
         for name, labels, value in observed:
             self._series[name, labels].observe(value)
-        self._pending.set(float(self.pending_s()))
+        self._pending.set(float(self.pool.pending_s))
 
     def close(self) -> None:
         self._ticker.stop()

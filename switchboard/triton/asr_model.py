@@ -135,7 +135,7 @@ class TritonPythonModel:
             max_pending_s=cfg.max_pending_s,
             workers=cfg.workers,
         )
-        self.publisher = AsrMetricsPublisher(self.metrics, self.service.pending_s)
+        self.publisher = AsrMetricsPublisher(self.metrics, self.service)
         log.info(
             "asr ready: %s %s, %s batching (at most %d chunks, %.0f s of audio), %d worker(s)",
             self.model.manifest.name,

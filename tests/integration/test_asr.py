@@ -260,7 +260,8 @@ def test_a_stream_cancelled_after_its_first_delta_ends_and_the_next_request_is_a
 def test_asr_metrics_count_transcriptions_audio_and_refusals(stack, speech, short_wavs):
     """``switchboard_asr_*`` on the metrics port (docs/metrics.md): a transcription adds a
     request, its audio seconds and one observation to each histogram; a file that is not audio
-    counts as invalid; the pending audio gauge exists."""
+    counts as invalid; the pending audio gauge exists, and no publisher has failed (the server's
+    log)."""
     from switchboard.perf.servertools import scrape
 
     def value(name, **labels):
@@ -287,3 +288,5 @@ def test_asr_metrics_count_transcriptions_audio_and_refusals(stack, speech, shor
     assert value("switchboard_asr_duration_seconds_count", priority="2") >= before["duration"] + 1
     assert value("switchboard_asr_queue_seconds_count", priority="2") >= before["queue"] + 1
     assert ("switchboard_asr_pending_audio_seconds", ()) in scrape(stack.ports.metrics)
+    failed = [line for line in stack.triton_log.read_text(errors="replace").splitlines() if "metrics failed" in line]
+    assert not failed, failed[:3]

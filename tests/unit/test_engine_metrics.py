@@ -14,14 +14,14 @@ from tests.unit.test_scheduler import ScriptedDecoder, Sink, drain
 
 
 class Family:
-    COUNTER, GAUGE = "counter", "gauge"
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
     made: dict[str, Family] = {}
 
     def __init__(self, name, description, kind):
         self.name, self.kind, self.series = name, kind, {}
         Family.made[name] = self
 
-    def Metric(self, labels):
+    def Metric(self, labels, **kwargs):  # noqa: N802 (pb_utils' name); buckets for a histogram
         metric = Metric()
         self.series[tuple(sorted(labels.items()))] = metric
         return metric
@@ -36,6 +36,9 @@ class Metric:
 
     def set(self, v):
         self.value = v
+
+    def observe(self, v):
+        self.value += 1
 
 
 @pytest.fixture
