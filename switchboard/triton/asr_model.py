@@ -27,7 +27,14 @@ from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
 from switchboard.asr.torch_runtime import DTYPES, STEPS
 from switchboard.engine.stream import CancelWatch, Outbox, ResponseSender
 from switchboard.triton.asr_metrics import AsrMetricsPublisher
-from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
+from switchboard.triton.common import (
+    input_array,
+    load_config,
+    one_blas_thread,
+    request_parameters,
+    require_decoupled,
+    send_error,
+)
 from switchboard.triton.config import AsrConfig
 from switchboard.triton.params import ConfigError
 from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Asr, AsrResult
@@ -115,6 +122,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config, version = load_config(args)
         require_decoupled(config)
+        one_blas_thread()
         cfg = AsrConfig.load(config, "asr/config.pbtxt")
         self.cfg = cfg
         self.watch = CancelWatch("asr", cfg.cancel_poll_ms / 1000)

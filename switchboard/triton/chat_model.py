@@ -42,7 +42,14 @@ from switchboard.serving.router import Router
 from switchboard.serving.session import SessionStore, StoreConfig
 from switchboard.serving.turn import Cancelled, ChatTurn
 from switchboard.triton.chat_metrics import ChatMetricsPublisher
-from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
+from switchboard.triton.common import (
+    input_array,
+    load_config,
+    one_blas_thread,
+    request_parameters,
+    require_decoupled,
+    send_error,
+)
 from switchboard.triton.config import ChatConfig, admission_slots, pool_config
 from switchboard.wire import Chat, ChatStats, FallbackReason, SessionStatus
 
@@ -110,6 +117,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config, version = load_config(args)
         require_decoupled(config)
+        one_blas_thread()
         cfg = ChatConfig.load(config, "chat/config.pbtxt")
         self.queue_timeout_s = cfg.queue_timeout_s
         self._load_model(version, cfg)

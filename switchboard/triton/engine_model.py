@@ -32,7 +32,14 @@ from switchboard.engine.sizing import compute_bound
 from switchboard.engine.stream import CancelWatch, ResponseSender, TokenStream
 from switchboard.kv.model import block_cache
 from switchboard.kv.tiers import BlockCache, Reuse
-from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
+from switchboard.triton.common import (
+    input_array,
+    load_config,
+    one_blas_thread,
+    request_parameters,
+    require_decoupled,
+    send_error,
+)
 from switchboard.triton.config import EngineConfig
 from switchboard.triton.engine_metrics import EngineMetricsPublisher
 from switchboard.triton.engine_responses import FINAL, ResponseSink
@@ -52,6 +59,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config, version = load_config(args)
         require_decoupled(config)
+        one_blas_thread()
         self.name = config["name"]
         cfg = EngineConfig.load(config, f"{self.name}/config.pbtxt")
         self._load_version(version, cfg)

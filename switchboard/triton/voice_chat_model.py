@@ -18,7 +18,14 @@ import triton_python_backend_utils as pb_utils
 from switchboard.engine.stream import CancelPoll
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.voice import VoiceError, VoiceRequest, VoiceTurn
-from switchboard.triton.common import input_array, load_config, request_parameters, require_decoupled, send_error
+from switchboard.triton.common import (
+    input_array,
+    load_config,
+    one_blas_thread,
+    request_parameters,
+    require_decoupled,
+    send_error,
+)
 from switchboard.triton.config import VoiceChatConfig
 from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Pool, VoiceChat
 
@@ -64,6 +71,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config, _ = load_config(args)
         require_decoupled(config)
+        one_blas_thread()
         cfg = VoiceChatConfig.load(config, "voice_chat/config.pbtxt")
         self.client = EngineClient(cfg.engine_url)
         self.turn = VoiceTurn(self.client, cfg.asr_model, cfg.chat_model, cfg.asr_timeout_s)
