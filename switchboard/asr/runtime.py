@@ -34,6 +34,10 @@ TOKENIZER = "tokenizer.json"
 
 # [(key, value)] per decoder layer.
 KV = list[tuple[np.ndarray, np.ndarray]]
+# One window through the encoder, in floating-point operations, from which ONNX Runtime's
+# threads pay: below it their handoffs cost more than they split (the embedded default, 0.15
+# GFLOP, serves faster on one thread; tiny.en, 28, on every core: docs/benchmarks.md).
+MANY_THREADS_FROM_FLOPS = 1e9
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,21 @@ def decoder_io(num_layers: int) -> tuple[list[str], list[str]]:
     inputs += [n for i in range(num_layers) for n in (f"cross_key.{i}", f"cross_value.{i}")]
     outputs = ["logits"] + [n for i in range(num_layers) for n in (f"present_key.{i}", f"present_value.{i}")]
     return inputs, outputs
+
+
+def encoder_flops(directory: Path, manifest: AsrManifest) -> float:
+    """About the arithmetic of one window through the encoder: 2 x its parameters (the FP32
+    graph's bytes / 4) x the positions it attends over."""
+    encoder = manifest.precisions.get("fp32", {}).get("encoder")
+    path = Path(directory) / encoder if encoder else None
+    if path is None or not path.is_file():
+        return float("inf")  # not measurable: as if large
+    return 2.0 * path.stat().st_size / 4 * manifest.max_source_positions
+
+
+def auto_threads(directory: Path, manifest: AsrManifest, cores: int) -> int:
+    """``threads`` 0: one for a model whose window is little work, else ``cores``."""
+    return cores if encoder_flops(directory, manifest) >= MANY_THREADS_FROM_FLOPS else 1
 
 
 class OnnxWhisper:

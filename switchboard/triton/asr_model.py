@@ -22,7 +22,7 @@ from switchboard import paths
 from switchboard.asr.batcher import audio_budget, length_batcher, make_batcher
 from switchboard.asr.metrics import AsrMetrics
 from switchboard.asr.model import AsrModel
-from switchboard.asr.runtime import AsrManifest
+from switchboard.asr.runtime import AsrManifest, auto_threads
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
 from switchboard.asr.torch_runtime import DTYPES, STEPS
 from switchboard.engine.stream import CancelWatch, Outbox, ResponseSender
@@ -166,7 +166,7 @@ class TritonPythonModel:
             return self._load_checkpoint(version, cfg)
         if cfg.runtime != "onnx":
             raise ConfigError(f"asr/config.pbtxt: parameter 'runtime' = {cfg.runtime!r}: expected onnx or torch")
-        threads = cfg.threads or len(os.sched_getaffinity(0))
+        threads = cfg.threads or auto_threads(version, AsrManifest.load(version), len(os.sched_getaffinity(0)))
         return AsrModel.load(version, precision=cfg.precision, threads=threads)
 
     def _load_checkpoint(self, version, cfg: AsrConfig) -> AsrModel:

@@ -251,7 +251,14 @@ class AsrConfig(_Config):
     workers: int = setting(
         1, "batches run at once (each on the runtime's threads): 2 lets a short batch overtake a long one", 1, 8
     )
-    threads: int = setting(0, "ONNX Runtime threads per batch; 0: one per core this process may use", 0, 256)
+    threads: int = setting(
+        0,
+        "ONNX Runtime threads per batch; 0: automatic, one per core this process may use for a model whose "
+        "encoder does 1 GFLOP or more a window (tiny.en: 28), 1 for a smaller one (the embedded default: 0.15), "
+        "where the threads' handoffs cost more than they split (docs/benchmarks.md)",
+        0,
+        256,
+    )
     runtime: str = setting(
         "onnx",
         "onnx: the exported graphs on ONNX Runtime (precision, threads); torch: the checkpoint they were exported "

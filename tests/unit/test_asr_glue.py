@@ -173,3 +173,54 @@ def test_errors_end_the_stream_with_their_code_and_are_counted(way_back, error, 
     final = _final(request.sender)
     assert final.error.code == code and message in final.error.message
     assert metrics.drain() == ({("requests_total", (("outcome", outcome),)): 1}, [])
+
+
+@pytest.mark.parametrize(
+    ("encoder_bytes", "positions", "threads"),
+    [
+        (2_324_646, 125, 1),  # the embedded default: 0.15 GFLOP a window
+        (37_724_186, 1500, 3),  # tiny.en: 28
+        (2_000_000, 1000, 3),  # 1.0: the threshold itself pays
+    ],
+)
+def test_threads_0_is_one_for_a_model_whose_window_is_little_work(
+    glue, tmp_path, monkeypatch, encoder_bytes, positions, threads
+):
+    """``threads`` 0 sizes ONNX Runtime from the encoder's arithmetic for one window; a set
+    value is taken as it is."""
+    special = {"start": 1, "eos": 2, "notimestamps": 3}
+    files = {"fp32": {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}}
+    manifest = AsrManifest(
+        "m",
+        "src",
+        80,
+        2 * positions,
+        positions,
+        448,
+        False,
+        {"en": None},
+        special,
+        [],
+        [],
+        1,
+        1,
+        4,
+        8,
+        precisions=files,
+    )
+    manifest.save(tmp_path)
+    (tmp_path / "encoder.onnx").write_bytes(b"\0" * encoder_bytes)
+    loaded = []
+    monkeypatch.setattr(glue.AsrModel, "load", lambda version, precision, threads: loaded.append(threads))
+    monkeypatch.setattr(glue.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    model = glue.TritonPythonModel()
+    model._load_model(tmp_path, glue.AsrConfig())
+    model._load_model(tmp_path, dataclasses.replace(glue.AsrConfig(), threads=2))
+    assert loaded == [threads, 2]
+
+
+def test_threads_0_uses_every_core_when_the_encoder_cannot_be_sized(tmp_path):
+    from switchboard.asr.runtime import auto_threads
+
+    manifest = AsrManifest("m", "src", 80, 3000, 1500, 448, False, {"en": None}, {}, [], [], 1, 1, 4, 8)
+    assert auto_threads(tmp_path, manifest, 4) == 4
