@@ -3,7 +3,8 @@
 
 Starts a private stack on free ports and a real Prometheus scraping its metrics port every
 second, replays mixed-priority multi-turn traffic for ``--duration-s`` (switchboard.perf.workload:
-Poisson session arrivals with 5x bursts, 15% priority 1, 3-6 turns, some pasting long context),
+Poisson session arrivals with 5x bursts, 15% priority 1, 3-6 turns, some pasting long context)
+and spoken questions to ``asr`` beside it (``--speech-every-s``),
 stops Redis for a few seconds (``--redis-outage-at``) and restarts tritonserver once
 (``--restart-at``), with the latency breaker on (``--breaker-ttft-p99-s``), so the Redis,
 cache-miss, restart and shed panels have something to show. Then it
@@ -223,6 +224,29 @@ def _faults(args: argparse.Namespace, stack: Stack, start: float, marks: list) -
             log("tritonserver is back")
 
 
+def _callers(args: argparse.Namespace, stack: Stack, start: float, counts: Counter) -> None:
+    """Speech beside the chats, so the Speech row has series: a spoken question every
+    ``--speech-every-s`` (one in five priority 1, one in ten not audio: a refusal), one at a time."""
+    from switchboard.client.sdk import ChatError
+    from switchboard.perf.asr_load import question_clips
+
+    clips = question_clips(["en"], 12, seed=args.seed)
+    client = ChatClient(stack.grpc_url, timeout_s=60)
+    i = 0
+    while time.time() - start < args.duration_s:
+        due = start + i * args.speech_every_s
+        time.sleep(max(0.0, due - time.time()))
+        audio = b"not audio" if i % 10 == 9 else clips[i % len(clips)].wav
+        try:
+            client.transcribe(audio, language="en", priority=1 if i % 5 == 0 else 2)
+            counts["transcribed"] += 1
+        except ChatError as e:
+            counts[e.code or "error"] += 1
+        except Exception:  # the restart: UNAVAILABLE while it comes back
+            counts["failed"] += 1
+        i += 1
+
+
 def run(args: argparse.Namespace, board: dict) -> tuple[dict, str, list[tuple[float, str]]]:
     spec = workload.WorkloadSpec(
         sessions=int(args.duration_s * args.rate * 5) + 10,
@@ -249,15 +273,23 @@ def run(args: argparse.Namespace, board: dict) -> tuple[dict, str, list[tuple[fl
         start = time.time()
         faults = threading.Thread(target=_faults, args=(args, stack, start, marks), daemon=True)
         faults.start()
+        heard: Counter = Counter()
+        speech = threading.Thread(target=_callers, args=(args, stack, start, heard), daemon=True)
+        if args.speech_every_s > 0:
+            speech.start()
         log(
             f"{args.duration_s:.0f} s of multi-turn traffic: {args.rate:g} sessions/s, 5x bursts of 10 s "
             f"every 60 s, 15% priority 1"
         )
         records, _ = drive(ChatClient(stack.grpc_url, timeout_s=60), sessions, args.duration_s, grace_s=60)
         faults.join()
+        if speech.is_alive():
+            speech.join(90)
         time.sleep(3)  # the last publications and scrapes
         end = time.time()
         summary = summarize(records)
+        if heard:
+            summary += "; speech: " + ", ".join(f"{n} {what}" for what, n in sorted(heard.items()))
         log(summary)
         data = collect(board, monitor.url, start, end, args.step, args.rate_window)
     finally:
@@ -293,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--rate-window", default="30s", help="what $__rate_interval becomes (default 30s)")
     p.add_argument("--step", type=float, default=2.0, help="query_range step in seconds (default 2)")
+    p.add_argument(
+        "--speech-every-s",
+        type=float,
+        default=2.0,
+        help="a spoken question to asr every this many seconds (default 2; 0: no speech)",
+    )
     p.add_argument("--seed", type=int, default=26)
     args = p.parse_args(argv)
     board = dashboard.build()
