@@ -24,8 +24,8 @@ def load_config(args: dict) -> tuple[dict, Path]:
 def one_blas_thread() -> None:
     """numpy's BLAS (OpenBLAS) on one thread for this process. With more, every small product
     (asr's mel filter bank, per request) wakes a worker thread that then spins in sched_yield
-    waiting for the next: on 2 cores under load that spinning took 0.4-0.9 of a core from the
-    asr stub (docs/benchmarks.md). The models' arithmetic runs on their runtime's own threads."""
+    waiting for the next, taking cores from the stub's own threads under load (docs/benchmarks.md).
+    The models' arithmetic runs on their runtime's own threads."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")

@@ -1,5 +1,5 @@
 """Every Triton model's ``initialize`` first puts numpy's BLAS on one thread: idle OpenBLAS
-workers spin in sched_yield between small products and took most of a core from the asr stub
+workers spin in sched_yield between small products and took CPU from the asr stub
 under load (docs/benchmarks.md)."""
 
 from __future__ import annotations
