@@ -5,7 +5,6 @@ audio gauge reads the pool."""
 from __future__ import annotations
 
 import sys
-import threading
 
 import pytest
 
@@ -13,7 +12,7 @@ from switchboard.asr.batcher import make_batcher
 from switchboard.asr.metrics import AsrMetrics
 from switchboard.asr.service import AsrJob, AsrService
 from tests.unit.pb_stub import forget, stub_glue
-from tests.unit.test_asr_service import FakeRecognizer, Sink, speech
+from tests.unit.test_asr_service import Held, Sink, speech, wait_pending
 from tests.unit.test_engine_metrics import Family, value
 
 
@@ -27,34 +26,25 @@ def publishing(monkeypatch):
 
 
 def test_the_pending_gauge_reads_the_audio_the_pool_holds(publishing):
-    gate = threading.Event()
-
-    class Held(FakeRecognizer):
-        def transcribe(self, *a, **kw):
-            gate.wait(10)
-            return super().transcribe(*a, **kw)
-
+    held = Held()
     batcher = make_batcher("length", budget_s=60.0, max_batch=8, max_ratio=2.0, max_wait_s=0.02)
-    service = AsrService(Held(), batcher)
+    service = AsrService(held, batcher)
     metrics = AsrMetrics()
     publisher = publishing.AsrMetricsPublisher(metrics, service, interval=3600)
     try:
         sink = Sink()
         service.submit(AsrJob(audio=speech(3.0), sink=sink))
-        for _ in range(1000):  # decoded and held by the model
-            if service.pending_s > 0:
-                break
-            threading.Event().wait(0.01)
+        wait_pending(service)
         publisher.publish()
         assert value("switchboard_asr_pending_audio_seconds") == pytest.approx(service.pending_s)
         assert value("switchboard_asr_pending_audio_seconds") > 2.9
-        gate.set()
+        held.gate.set()
         assert sink.finished.wait(10) and sink.failure is None
         metrics.transcribed(2, sink.result)
         publisher.publish()
         assert value("switchboard_asr_pending_audio_seconds") == 0.0
         assert value("switchboard_asr_requests_total", outcome="transcribed") == 1
     finally:
-        gate.set()
+        held.gate.set()
         publisher.close()
         service.close()

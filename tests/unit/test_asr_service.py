@@ -244,25 +244,36 @@ def test_an_unknown_language_is_refused(service_for):
     assert "en, zh" in str(sink.failure)
 
 
+class Held(FakeRecognizer):
+    """Transcribes only once ``gate`` is set: its audio stays pending meanwhile."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+
+    def transcribe(self, *a, **kw):
+        self.gate.wait(10)
+        return super().transcribe(*a, **kw)
+
+
+def wait_pending(service) -> None:
+    """Until some audio is decoded and held by the pool."""
+    for _ in range(1000):
+        if service.pending_s > 0:
+            return
+        threading.Event().wait(0.01)
+
+
 def test_too_much_audio_waiting_is_refused_as_unavailable(service_for):
-    gate = threading.Event()
-
-    class Slow(FakeRecognizer):
-        def transcribe(self, *a, **kw):
-            gate.wait(10)
-            return super().transcribe(*a, **kw)
-
-    service = service_for(Slow(), max_pending_s=5.0)
+    held = Held()
+    service = service_for(held, max_pending_s=5.0)
     first, second = Sink(), Sink()
     service.submit(AsrJob(audio=speech(3.0), sink=first))
-    for _ in range(1000):  # the first one decoded and waiting
-        if service.pending_s > 0:
-            break
-        threading.Event().wait(0.01)
+    wait_pending(service)  # the first one decoded and waiting
     service.submit(AsrJob(audio=speech(3.0), sink=second))
     assert second.finished.wait(10)
     assert isinstance(second.failure, AsrRequestError) and second.failure.code == "unavailable"
-    gate.set()
+    held.gate.set()
     assert first.finished.wait(10) and first.failure is None
     assert service.pending_s == 0.0
 
