@@ -128,8 +128,12 @@ class AsrModel:
         self.repetition = repetition
         self._hidden = set(hidden_tokens or ()) | set(manifest.special.values())
         self._hidden |= {t for t in manifest.languages.values() if t is not None}
-        self._suppress = np.array(sorted(set(manifest.suppress_tokens)), dtype=np.int64)
-        self._begin_suppress = np.array(sorted(set(manifest.begin_suppress_tokens)), dtype=np.int64)
+        # The tokens never chosen, at the first step (index True) and at every later one.
+        later = set(manifest.suppress_tokens)
+        self._banned = {
+            False: np.array(sorted(later), dtype=np.int64),
+            True: np.array(sorted(later | set(manifest.begin_suppress_tokens)), dtype=np.int64),
+        }
         self._language_codes = list(manifest.languages)
         # Detection picks among these (multilingual models only: they have a token each).
         self._language_ids = np.array(list(manifest.languages.values()) if manifest.multilingual else [], np.int64)
@@ -273,8 +277,7 @@ class AsrModel:
                     break
             # The first step feeds the prompt, every later one the token each row chose last.
             ids = np.asarray([r.tokens[-1:] or prompt[r.index] for r in live], np.int64)
-            logits = steps.step(ids)
-            for row, token in zip(live, self._next_tokens(logits, first=step == 0)):
+            for row, token in zip(live, self._next_tokens(steps, ids, first=step == 0)):
                 self._advance(row, int(token), budget, on_delta)
             report([r for r in live if r.finish_reason is not None])
             live = self._keep(live, steps)
@@ -319,13 +322,12 @@ class AsrModel:
             return [m.prompt(m.languages[r.language])[1:] for r in rows]
         return [m.prompt(m.languages[r.language]) for r in rows]
 
-    def _next_tokens(self, logits: np.ndarray, first: bool) -> np.ndarray:
-        logits = np.array(logits, dtype=np.float32)  # a copy: suppressing writes into it
-        if self._suppress.size:
-            logits[:, self._suppress] = -np.inf
-        if first and self._begin_suppress.size:
-            logits[:, self._begin_suppress] = -np.inf
-        return logits.argmax(axis=1)
+    def _next_tokens(self, steps: Steps, ids: np.ndarray, first: bool) -> np.ndarray:
+        """Each row's next token, greedy: on the device where ``steps`` chooses there
+        (``choose``: only the tokens come back), else from the logits here."""
+        banned = self._banned[first]
+        choose = getattr(steps, "choose", None)
+        return choose(ids, banned) if choose is not None else greedy(steps.step(ids), banned)
 
     def _advance(self, row: _Row, token: int, budget: int, on_delta) -> None:
         if token == self.manifest.special["eos"]:
@@ -359,9 +361,18 @@ class AsrModel:
         return [live[j] for j in keep]
 
 
+def greedy(logits: np.ndarray, banned: np.ndarray) -> np.ndarray:
+    """Each row's best token of [B, V] ``logits``, never one of ``banned`` (the first on a tie)."""
+    logits = np.array(logits, dtype=np.float32)  # a copy: banning writes into it
+    if banned.size:
+        logits[:, banned] = -np.inf
+    return logits.argmax(axis=1)
+
+
 class Steps(Protocol):
     """One batch's decoding state: what ``AsrModel`` asks of it between the encoder and the
-    last row's end."""
+    last row's end. A runtime that can pick tokens where its logits are adds
+    ``choose(input_ids, banned) -> [B] tokens``: one step, then ``greedy`` there."""
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
         """Feed [B, S] tokens (B: the rows still decoding); the logits of the last position, [B, V]."""

@@ -10,8 +10,10 @@ Attention goes through PyTorch's fused kernels, flash and memory-efficient only:
 a plan for every new shape, and decoding makes one per step (the cache grows by a position).
 
 The caches stay on the device between steps as torch tensors (``model.GrowingCache`` slices
-them as it slices NumPy arrays); only each step's last-position logits ([B, V]) come back to the
-host, where ``AsrModel`` suppresses tokens and picks the next ones. On CUDA the weights run in
+them as it slices NumPy arrays). On the fixed-size buffers (``static``, ``graphs``) the next
+tokens are chosen on the device and only they come back to the host ([B] ids, not a step's
+[B, V] logits: 51,865 columns in Whisper's vocabulary); decoding growing, the logits come back
+and ``AsrModel`` chooses there. On CUDA the weights run in
 float16 unless ``dtype`` says otherwise; on the CPU in float32.
 
 How a batch's decoding steps run (``steps``):
@@ -41,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from switchboard.asr.model import greedy
 from switchboard.asr.runtime import KV, AsrManifest
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -94,6 +97,8 @@ class TorchWhisper:
         self._free: list[_Buffers] = []  # buffer sets no batch holds
         self._lock = threading.Lock()
         self._capturing = threading.Lock()  # one capture at a time
+        self.choose_on_device = True  # False: each step's logits to the host (to measure against)
+        self._banned: dict[bytes, object] = {}  # token ids never chosen, on the device
 
     @classmethod
     def load(cls, checkpoint: Path, manifest: AsrManifest, device: str = "cuda", dtype: str | None = None, **kw):
@@ -123,6 +128,12 @@ class TorchWhisper:
         with torch.inference_mode(), self._kernels():
             out = self.decoder(ids, *(t for kv in past for t in kv), *(t for kv in cross for t in kv))
         return out[0].float().cpu().numpy(), list(zip(out[1::2], out[2::2]))
+
+    def _on_device(self, ids: np.ndarray):
+        key = ids.tobytes()
+        if key not in self._banned:
+            self._banned[key] = self._torch.from_numpy(ids).to(self.device)
+        return self._banned[key]
 
     def steps(self, cross: KV, batch: int) -> StaticSteps | None:
         """A batch's decoding on fixed-size buffers (``model.AsrModel`` asks); None: decode
@@ -250,6 +261,24 @@ class StaticSteps:
                 buffers.cross_mask[:batch, :, :, frames:] = torch.finfo(runtime.dtype).min
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
+        logits = self._step(input_ids)
+        with self.runtime._torch.inference_mode():
+            return logits.float().cpu().numpy()
+
+    def choose(self, input_ids: np.ndarray, banned: np.ndarray) -> np.ndarray:
+        """One step, then ``model.greedy`` on the device: [B] tokens come back to the host, not
+        [B, V] logits (``choose_on_device`` False: the logits, chosen from on the host)."""
+        rt, torch = self.runtime, self.runtime._torch
+        if not rt.choose_on_device:
+            return greedy(self.step(input_ids), banned)
+        logits = self._step(input_ids)
+        with torch.inference_mode():
+            if banned.size:  # out of place: a graph's logits are its own buffer
+                logits = logits.index_fill(1, rt._on_device(banned), float("-inf"))
+            return logits.argmax(dim=1).cpu().numpy()
+
+    def _step(self, input_ids: np.ndarray):
+        """Feed the tokens; the last position's logits, [B, V], on the device."""
         rt, buffers, torch = self.runtime, self.buffers, self.runtime._torch
         ids = torch.from_numpy(np.asarray(input_ids, np.int64))
         width = ids.shape[1]
@@ -263,9 +292,8 @@ class StaticSteps:
             else:
                 positions = torch.arange(self.position, self.position + width, device=rt.device)
                 logits = rt._run_static(buffers, self.batch, ids.to(rt.device), positions)
-            out = logits.float().cpu().numpy()
         self.position += width
-        return out
+        return logits
 
     def keep(self, rows: list[int]) -> None:
         torch = self.runtime._torch

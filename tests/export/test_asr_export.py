@@ -354,7 +354,9 @@ def test_torch_runtime_transcribes_as_the_exported_graphs(which, fused, request)
 @pytest.mark.parametrize("which", ["multilingual", "english"])
 def test_fixed_size_cache_decodes_as_the_growing_one(which, request):
     """``steps static``: the buffers and module the CUDA graphs replay (torch_runtime.py), run
-    eagerly on the CPU: the same tokens and languages as the growing cache, with rows leaving
+    eagerly on the CPU, the next tokens chosen there by the runtime (``choose``; the growing
+    cache's are chosen from its logits by ``AsrModel``): the same tokens and languages as the
+    growing cache, with rows leaving
     out of order (the rows left are moved to the front) and, for the multilingual model,
     inputs of different lengths (the encoder's keys and values padded and masked). A second
     batch reuses the first's buffers."""

@@ -12,7 +12,7 @@ import pytest
 
 from switchboard.asr import checkpoint
 from switchboard.asr.features import log_mel
-from switchboard.asr.model import AsrModel, Repetition
+from switchboard.asr.model import AsrModel, GrowingCache, Repetition, greedy
 from switchboard.asr.runtime import AsrManifest
 
 V = 32
@@ -170,6 +170,35 @@ def test_suppressed_tokens_are_never_chosen_and_the_first_token_is_not_eos():
     got = asr.transcribe(feats(2), [None, None])
     assert got[0].tokens == [2, 2], "step 0: 1 suppressed, 0 too at the start: the next best, 2"
     assert got[1].tokens == [2] and got[1].finish_reason == "eos"
+
+
+class Choosing(Scripted):
+    """A runtime whose steps choose the tokens themselves (as ``TorchWhisper``'s do on the
+    device): each ``choose`` call's banned ids are recorded."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.banned: list[list[int]] = []
+
+    def steps(self, cross, batch):
+        runtime = self
+
+        class Steps(GrowingCache):
+            def choose(self, input_ids, banned):
+                runtime.banned.append(banned.tolist())
+                return greedy(self.step(input_ids), banned)
+
+        return Steps(self, cross, batch)
+
+
+def test_steps_that_choose_get_the_banned_tokens_and_their_choice_is_kept():
+    m = manifest(multilingual=False, suppress=(1,), begin=(EOS, 0))
+    runtime = Choosing(m, [[1, 2], [EOS]])
+    got = AsrModel(runtime, m, Bytes()).transcribe(feats(2), [None, None])
+    assert runtime.banned == [[0, 1, EOS], [1], [1]], "the first step bans the begin tokens too, later ones do not"
+    assert got[0].tokens == [2, 2] and got[1].tokens == [2], "the same as chosen on the host"
+    assert greedy(np.array([[3.0, 5.0, 5.0], [1.0, 0.0, 2.0]]), np.array([], np.int64)).tolist() == [1, 2]
+    assert greedy(np.array([[3.0, 5.0, 5.0]]), np.array([1])).tolist() == [2], "banned, then the first on a tie"
 
 
 def test_timestamp_tokens_are_kept_as_tokens_not_text():
