@@ -6,7 +6,8 @@ GPU, where a batch of 8 costs about what one does, it is what batching is for.
 
 ``run`` measures, for each model (the embedded default, tiny.en, the whisper-small shape with
 random weights and 12-token transcripts), each ``--dtypes`` and each ``--steps`` (CUDA graphs
-replayed per decoding step, or the kernels launched one by one: ``torch_runtime.py``; one copy
+replayed per decoding step, or the kernels launched one by one: ``torch_runtime.py``; ``-host``:
+each step's logits to the host and the tokens chosen there, as before the device chose; one copy
 of the weights, and ``same_tokens`` says whether a batch of 8 decodes the same in each), the
 pool's own code in process:
 ``service.AsrService`` with the length batcher as ``asr/config.pbtxt`` sets it (at most 8 chunks,
@@ -68,6 +69,8 @@ SETTINGS = (
 # name -> (languages, tokens each transcript is capped at: random weights never end one)
 MODELS = {"default": (("en", "zh"), None), "tiny-en": (("en",), None), "small-shape": (("en",), 12)}
 CLIPS = 16  # spoken questions per language set
+HOST = "-host"  # a --steps suffix: the tokens chosen from logits on the host, not on the device
+STEPS = ("graphs", "growing", "static", "graphs" + HOST, "static" + HOST)
 log = logging.getLogger("switchboard.perf.asr_gpu")
 
 
@@ -307,6 +310,7 @@ def run(
     requests: dict,
     device: str,
     steps: list[str] = ("graphs", "growing"),
+    peer: bool = True,
 ) -> dict:
     import torch
 
@@ -321,11 +325,13 @@ def run(
         clips = clips_of(langs, pack_dir)
         checkpoint = checkpoint_of(name, pack_dir, work)
         for dtype in dtypes:
-            model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype, steps=steps[0]), cap)
+            first_mode = steps[0].removesuffix(HOST)
+            model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype, steps=first_mode), cap)
             warm = [model.features(asr_load.decode_audio(c.wav)) for c in clips[:8]]
             tokens = {}
             for mode in steps:
-                model.runtime.steps_mode = mode  # one copy of the weights for every mode
+                model.runtime.steps_mode = mode.removesuffix(HOST)  # one copy of the weights for every mode
+                model.runtime.choose_on_device = not mode.endswith(HOST)
                 model.runtime.warm(2)  # as the server does at load: a buffer set per worker, graphs captured
                 for size in range(1, len(warm) + 1):  # every batch size once: first-call costs stay out
                     model.transcribe(warm[:size], [c.lang for c in clips[:size]])
@@ -355,6 +361,8 @@ def run(
             del model
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
+            if not peer:
+                continue
             started = time.monotonic()
             peer = transformers_peer(checkpoint, clips, cap, device, dtype, requests[8])
             for size, rate in peer.items():
@@ -456,8 +464,15 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--steps",
         default="graphs,growing",
-        help="comma-separated decoding modes (graphs, growing, static; torch_runtime.py), each measured on one "
-        "copy of the weights; same_tokens compares each mode's transcripts to the first's",
+        help=f"comma-separated decoding modes ({', '.join(STEPS)}; torch_runtime.py; {HOST}: each step's logits "
+        "to the host, the tokens chosen there), each measured on one copy of the weights; same_tokens compares "
+        "each mode's transcripts to the first's",
+    )
+    b.add_argument(
+        "--transformers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure transformers' generate on each model and dtype",
     )
     c = sub.add_parser("first", help="a fresh pool's first batches, graphs captured at load or not (on the GPU)")
     c.add_argument("--pack", type=Path)
@@ -481,10 +496,10 @@ def main(argv: list[str] | None = None) -> int:
     one, eight = (int(x) for x in args.requests.split(","))
     dtypes = [d for d in args.dtypes.split(",") if d]
     steps = [m for m in args.steps.split(",") if m]
-    wrong = [m for m in steps if m not in ("graphs", "growing", "static")]
+    wrong = [m for m in steps if m not in STEPS]
     if wrong or not steps:
-        p.error(f"--steps: {', '.join(wrong) or 'none given'} (known: graphs, growing, static)")
-    run(args.pack, args.out, args.work, models, dtypes, {1: one, 8: eight}, args.device, steps)
+        p.error(f"--steps: {', '.join(wrong) or 'none given'} (known: {', '.join(STEPS)})")
+    run(args.pack, args.out, args.work, models, dtypes, {1: one, 8: eight}, args.device, steps, args.transformers)
     return 0
 
 
