@@ -310,7 +310,7 @@ def run(
     requests: dict,
     device: str,
     steps: list[str] = ("graphs", "growing"),
-    peer: bool = True,
+    transformers: bool = True,
 ) -> dict:
     import torch
 
@@ -361,7 +361,7 @@ def run(
             del model
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
-            if not peer:
+            if not transformers:
                 continue
             started = time.monotonic()
             peer = transformers_peer(checkpoint, clips, cap, device, dtype, requests[8])

@@ -43,7 +43,6 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard.asr.model import greedy
 from switchboard.asr.runtime import KV, AsrManifest
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -144,7 +143,7 @@ class TorchWhisper:
             buffers = self._free.pop() if self._free else None
         if buffers is None:
             buffers = _Buffers(self)
-        return StaticSteps(self, buffers, cross, batch)
+        return (StaticSteps if self.choose_on_device else _ChosenOnHost)(self, buffers, cross, batch)
 
     def warm(self, sets: int = 1) -> int:
         """Make ``sets`` buffer sets and, with graphs, capture every batch size's graph on each
@@ -267,10 +266,8 @@ class StaticSteps:
 
     def choose(self, input_ids: np.ndarray, banned: np.ndarray) -> np.ndarray:
         """One step, then ``model.greedy`` on the device: [B] tokens come back to the host, not
-        [B, V] logits (``choose_on_device`` False: the logits, chosen from on the host)."""
+        [B, V] logits."""
         rt, torch = self.runtime, self.runtime._torch
-        if not rt.choose_on_device:
-            return greedy(self.step(input_ids), banned)
         logits = self._step(input_ids)
         with torch.inference_mode():
             if banned.size:  # out of place: a graph's logits are its own buffer
@@ -308,3 +305,9 @@ class StaticSteps:
         if self.buffers is not None:
             self.runtime._release(self.buffers)
             self.buffers = None
+
+
+class _ChosenOnHost(StaticSteps):
+    """``choose_on_device`` False: each step's logits go to the host and ``AsrModel`` chooses."""
+
+    choose = None
