@@ -234,3 +234,19 @@ def test_a_build_runs_deterministic_kernels_and_restores_torchs_settings(monkeyp
         assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (1, False)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_weight_average_warms_up_then_moves_at_its_decay():
+    weight = torch.nn.Parameter(torch.zeros(3))
+    average = model_mod.Average([weight], 0.9)
+    with torch.no_grad():
+        weight.fill_(1.0)
+    average.update(0)  # decay 1/10 at the first step: the average is mostly the new weights
+    assert torch.allclose(average.shadow[0], torch.full((3,), 0.9))
+    with torch.no_grad():
+        weight.fill_(2.0)
+    average.update(1000)  # past the warm-up: decay 0.9
+    assert torch.allclose(average.shadow[0], torch.full((3,), 0.9 * 0.9 + 0.1 * 2.0))
+    assert torch.equal(weight.detach(), torch.full((3,), 2.0))  # the weights train on untouched
+    average.apply()
+    assert torch.allclose(weight.detach(), torch.full((3,), 1.01)) and weight.requires_grad

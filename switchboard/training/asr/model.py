@@ -58,11 +58,13 @@ class ModelConfig:
     warmup: int = 200
     weight_decay: float = 0.01
     dropout: float = 0.0
+    label_smoothing: float = 0.0  # of the cross-entropy's targets
     freq_masks: int = 0  # SpecAugment: bands of mel bins blanked per item...
     freq_width: int = 10
     time_masks: int = 0  # ...and stretches of frames, each up to time_width of the window
     time_width: float = 0.05
     vtlp: float = 0.0  # vocal tract length perturbation: each item's frequencies stretched by up to this (0.1: +-10%)
+    ema: float = 0.0  # decay of an exponential moving average of the weights, which is what ships (0: the last step's)
     pack: float = 0.0  # share of items spoken on into a second one of their language when both fit the window
     pack_gap_frames: int = 15  # the pause between the two (0.3 s)
     probe_every: int = 1000  # steps between held-out checks in the log (0: none)
@@ -220,6 +222,26 @@ def _vtlp(x: np.ndarray, cfg: ModelConfig, rng: np.random.Generator) -> None:
         x[row] = (1 - frac) * x[row, lo] + frac * x[row, hi]
 
 
+class Average:
+    """An exponential moving average of ``params`` (``ModelConfig.ema``), which is what ships:
+    the weights of the last steps averaged, not the last step's alone. Early on it would hold
+    the random start, so the decay grows with the steps, (1 + step) / (10 + step), up to
+    ``decay`` (the warm-up of TensorFlow's ``ExponentialMovingAverage`` with ``num_updates``)."""
+
+    def __init__(self, params: list[torch.Tensor], decay: float):
+        self.params, self.decay = params, decay
+        self.shadow = [p.detach().clone() for p in params]
+
+    def update(self, step: int) -> None:
+        decay = min(self.decay, (1 + step) / (10 + step))
+        torch._foreach_lerp_(self.shadow, [p.detach() for p in self.params], 1 - decay)
+
+    def apply(self) -> None:
+        """The average into the parameters."""
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self.shadow)
+
+
 def learning_rate(step: int, cfg: ModelConfig) -> float:
     """Linear warmup, then cosine decay to a tenth."""
     if step < cfg.warmup:
@@ -261,6 +283,7 @@ def train(
     order = batches(len(seqs), cfg.batch, random.Random(cfg.seed))
     rng = np.random.default_rng(cfg.seed)
     packer = Packer(data, seqs, joiner or {}, cfg) if cfg.pack else None
+    average = Average([p for p in model.parameters() if p.requires_grad], cfg.ema) if cfg.ema else None
     losses: list[float] = []
     t0 = time.monotonic()
     for step in range(cfg.steps):
@@ -268,11 +291,15 @@ def train(
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, cfg)
         out = model(input_features=x, decoder_input_ids=dec, use_cache=False).logits
-        loss = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
+        loss = nn.functional.cross_entropy(
+            out.reshape(-1, out.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, label_smoothing=cfg.label_smoothing
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if average is not None:
+            average.update(step)
         losses.append(loss.item())
         if bar is not None:
             bar.update(1)
@@ -289,6 +316,8 @@ def train(
             model.eval()
             probe(step + 1)
             model.train()
+    if average is not None:
+        average.apply()
     model.eval()
     return losses
 
