@@ -70,8 +70,16 @@ SETTINGS = (
 MODELS = {"default": (("en", "zh"), None), "tiny-en": (("en",), None), "small-shape": (("en",), 12)}
 CLIPS = 16  # spoken questions per language set
 HOST = "-host"  # a --steps suffix: the tokens chosen from logits on the host, not on the device
-STEPS = ("graphs", "growing", "static", "graphs" + HOST, "static" + HOST)
+ENCODER = "-encoder"  # a --steps suffix: a fixed window's encoder a CUDA graph per batch size too
+STEPS = ("graphs", "growing", "static", "graphs" + HOST, "static" + HOST, "graphs" + ENCODER)
 log = logging.getLogger("switchboard.perf.asr_gpu")
+
+
+def set_mode(runtime, mode: str) -> None:
+    """Put a ``TorchWhisper`` in a --steps mode: one copy of the weights for every mode."""
+    runtime.steps_mode = mode.removesuffix(HOST).removesuffix(ENCODER)
+    runtime.choose_on_device = not mode.endswith(HOST)
+    runtime.encoder_graphs = mode.endswith(ENCODER)
 
 
 # -- packing ----------------------------------------------------------------------------------
@@ -325,13 +333,12 @@ def run(
         clips = clips_of(langs, pack_dir)
         checkpoint = checkpoint_of(name, pack_dir, work)
         for dtype in dtypes:
-            first_mode = steps[0].removesuffix(HOST)
+            first_mode = steps[0].removesuffix(HOST).removesuffix(ENCODER)
             model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype, steps=first_mode), cap)
             warm = [model.features(asr_load.decode_audio(c.wav)) for c in clips[:8]]
             tokens = {}
             for mode in steps:
-                model.runtime.steps_mode = mode.removesuffix(HOST)  # one copy of the weights for every mode
-                model.runtime.choose_on_device = not mode.endswith(HOST)
+                set_mode(model.runtime, mode)
                 model.runtime.warm(2)  # as the server does at load: a buffer set per worker, graphs captured
                 for size in range(1, len(warm) + 1):  # every batch size once: first-call costs stay out
                     model.transcribe(warm[:size], [c.lang for c in clips[:size]])
@@ -465,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         "--steps",
         default="graphs,growing",
         help=f"comma-separated decoding modes ({', '.join(STEPS)}; torch_runtime.py; {HOST}: each step's logits "
-        "to the host, the tokens chosen there), each measured on one copy of the weights; same_tokens compares "
-        "each mode's transcripts to the first's",
+        f"to the host, the tokens chosen there; {ENCODER}: a fixed window's encoder replayed as a CUDA graph "
+        "too), each measured on one copy of the weights; same_tokens compares each mode's transcripts to the first's",
     )
     b.add_argument(
         "--transformers",

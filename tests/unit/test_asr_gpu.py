@@ -53,3 +53,19 @@ def test_summary_takes_the_better_of_one_and_two_workers_for_the_ratios():
     text = asr_gpu.summary({"gpu": "G", "device": "cuda", "torch": "t", "rows": rows})
     line = next(x for x in text.splitlines() if x.startswith("| m | float16 | growing |"))
     assert "| 4.00x | 3.33x |" in line and line.endswith("| 0.80x |")
+
+
+def test_a_steps_mode_sets_the_runtimes_three_switches():
+    from types import SimpleNamespace
+
+    runtime = SimpleNamespace()
+    for mode, want in {
+        "graphs": ("graphs", True, False),
+        "graphs-host": ("graphs", False, False),
+        "static-host": ("static", False, False),
+        "graphs-encoder": ("graphs", True, True),
+        "growing": ("growing", True, False),
+    }.items():
+        assert mode in asr_gpu.STEPS
+        asr_gpu.set_mode(runtime, mode)
+        assert (runtime.steps_mode, runtime.choose_on_device, runtime.encoder_graphs) == want, mode
