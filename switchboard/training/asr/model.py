@@ -64,7 +64,7 @@ class ModelConfig:
     time_masks: int = 0  # ...and stretches of frames, each up to time_width of the window
     time_width: float = 0.05
     vtlp: float = 0.0  # vocal tract length perturbation: each item's frequencies stretched by up to this (0.1: +-10%)
-    ema: float = 0.0  # decay of an exponential moving average of the weights, which is what ships (0: the last step's)
+    ema: float = 0.99  # decay of an exponential moving average of the weights, which is what ships (0: the last step's)
     pack: float = 0.0  # share of items spoken on into a second one of their language when both fit the window
     pack_gap_frames: int = 15  # the pause between the two (0.3 s)
     probe_every: int = 1000  # steps between held-out checks in the log (0: none)
@@ -226,7 +226,9 @@ class Average:
     """An exponential moving average of ``params`` (``ModelConfig.ema``), which is what ships:
     the weights of the last steps averaged, not the last step's alone. Early on it would hold
     the random start, so the decay grows with the steps, (1 + step) / (10 + step), up to
-    ``decay`` (the warm-up of TensorFlow's ``ExponentialMovingAverage`` with ``num_updates``)."""
+    ``decay`` (the warm-up of TensorFlow's ``ExponentialMovingAverage`` with ``num_updates``).
+    That reaches 0.995 at step 1,790 and 0.998 only at 4,490: within 3,400 steps any decay
+    above 0.997 averages the same."""
 
     def __init__(self, params: list[torch.Tensor], decay: float):
         self.params, self.decay = params, decay
