@@ -53,6 +53,15 @@ def prometheus_config(targets: list[str], alertmanager: str | None, interval_s: 
     return "\n".join(lines) + "\n"
 
 
+def _ready(url: str) -> bool:
+    """Prometheus answers its API (``/-/ready``: 200 once its storage is open)."""
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:  # refused, 503 (urllib's HTTPError is an OSError) or a timeout
+        return False
+
+
 class Monitor:
     """Prometheus (and Alertmanager unless ``alertmanager_port`` is None) scraping ``targets``."""
 
@@ -104,7 +113,8 @@ class Monitor:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        wait_until(lambda: port_open(self.prometheus_port), 30, "prometheus", self.procs["prometheus"])
+        # Its port opens before its storage is: until /-/ready, queries answer 503.
+        wait_until(lambda: _ready(self.url), 30, "prometheus", self.procs["prometheus"])
         if am:
             wait_until(lambda: port_open(self.alertmanager_port), 30, "alertmanager", self.procs["alertmanager"])
         return self
