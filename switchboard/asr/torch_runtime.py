@@ -142,15 +142,7 @@ class TorchWhisper:
             entry = self._encoders.get(batch)
             if entry is None:
                 inputs = torch.zeros(x.shape, device=self.device, dtype=self.dtype)
-                side = torch.cuda.Stream(self.device)
-                side.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(side):
-                    for _ in range(2):
-                        self.encoder(inputs)
-                torch.cuda.current_stream(self.device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    outputs = self.encoder(inputs)
+                graph, outputs = self._capture(lambda: self.encoder(inputs))
                 entry = self._encoders[batch] = (graph, inputs, outputs)
             graph, inputs, outputs = entry
             inputs.copy_(x)  # from the host, cast to the model's dtype
@@ -227,25 +219,33 @@ class TorchWhisper:
 
     def _replay(self, buffers: _Buffers, batch: int):
         """Step ``batch`` rows by the graph captured for that many (captured here the first
-        time: two runs on a side stream, then the capture; each writes the step's keys and
-        values at the step's position, the same values the replay writes again)."""
-        torch = self._torch
+        time; the warm-up runs write the step's keys and values at the step's position, the same
+        values the replay writes again)."""
         entry = buffers.graphs.get(batch)
         if entry is None:
             with self._capturing:
-                side = torch.cuda.Stream(self.device)
-                side.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(side):
-                    for _ in range(2):
-                        self._run_static(buffers, batch, buffers.ids[:batch], buffers.position)
-                torch.cuda.current_stream(self.device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    logits = self._run_static(buffers, batch, buffers.ids[:batch], buffers.position)
-                entry = buffers.graphs[batch] = (graph, logits)
+                entry = buffers.graphs[batch] = self._capture(
+                    lambda: self._run_static(buffers, batch, buffers.ids[:batch], buffers.position)
+                )
         graph, logits = entry
         graph.replay()
         return logits
+
+    def _capture(self, run):
+        """``run`` as a CUDA graph, and what it returned (tensors the graph's replays write):
+        two runs on a side stream first (allocations, autotuning), then the capture. The caller
+        holds ``_capturing``."""
+        torch = self._torch
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = run()
+        return graph, out
 
 
 class _Buffers:
