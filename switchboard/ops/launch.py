@@ -21,14 +21,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from switchboard import paths
 from switchboard.ops.model_control import OPERATOR_HEADER
-from switchboard.ops.process import kill_pid, pid_file, port_open, stop_process, stubs, wait_until
+from switchboard.ops.process import http_ok, kill_pid, pid_file, port_open, stop_process, stubs, wait_until
 
 
 def jemalloc(env: dict[str, str]) -> str | None:
@@ -215,11 +214,7 @@ class Stack:
         wait_until(self.ready, timeout, f"tritonserver (log: {self.triton_log})", self.triton)
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.http}/v2/health/ready", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        return http_ok(f"http://127.0.0.1:{self.ports.http}/v2/health/ready", timeout=1)
 
     def stop_triton(self, timeout: float = 30, settled: Callable[[], bool] | None = None) -> None:
         stop_process(self.triton, timeout, settled)

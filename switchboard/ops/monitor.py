@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.ops.process import kill_pid, pid_file, port_open, stop_process, wait_until
+from switchboard.ops.process import http_ok, kill_pid, pid_file, port_open, stop_process, wait_until
 
 MONITORING = paths.ROOT / "monitoring"
 
@@ -51,15 +51,6 @@ def prometheus_config(targets: list[str], alertmanager: str | None, interval_s: 
         f"    static_configs: [{{targets: [{', '.join(repr(t) for t in targets)}]}}]",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _ready(url: str) -> bool:
-    """Prometheus answers its API (``/-/ready``: 200 once its storage is open)."""
-    try:
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:  # refused, 503 (urllib's HTTPError is an OSError) or a timeout
-        return False
 
 
 class Monitor:
@@ -114,7 +105,7 @@ class Monitor:
                 start_new_session=True,
             )
         # Its port opens before its storage is: until /-/ready, queries answer 503.
-        wait_until(lambda: _ready(self.url), 30, "prometheus", self.procs["prometheus"])
+        wait_until(lambda: http_ok(f"{self.url}/-/ready"), 30, "prometheus", self.procs["prometheus"])
         if am:
             wait_until(lambda: port_open(self.alertmanager_port), 30, "alertmanager", self.procs["alertmanager"])
         return self

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +22,16 @@ def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http_ok(url: str, timeout: float = 2) -> bool:
+    """A GET of ``url`` answers 200: False when refused, timed out or any other status
+    (urllib's HTTPError is an OSError)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str, proc: subprocess.Popen | None) -> None:

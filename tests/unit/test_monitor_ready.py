@@ -1,12 +1,13 @@
-"""Monitor.start waits for Prometheus to be ready, not only for its port: until its storage is
-open, Prometheus answers every query 503."""
+"""Readiness is a GET answered 200: Monitor.start waits for Prometheus's ``/-/ready``, not only
+for its port (until its storage is open, Prometheus answers every query 503), and the stack for
+Triton's ``/v2/health/ready``."""
 
 from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from switchboard.ops import monitor
+from switchboard.ops.process import http_ok
 
 
 def test_ready_only_once_the_ready_endpoint_answers_200():
@@ -27,9 +28,9 @@ def test_ready_only_once_the_ready_endpoint_answers_200():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        assert [monitor._ready(url) for _ in range(3)] == [False, False, True]
+        assert [http_ok(f"{url}/-/ready") for _ in range(3)] == [False, False, True]
         assert paths == ["/-/ready"] * 3
     finally:
         server.shutdown()
         server.server_close()
-    assert not monitor._ready(url)  # nothing listening
+    assert not http_ok(f"{url}/-/ready")  # nothing listening
