@@ -134,7 +134,7 @@ bench-asr-full: export test-recognizer model-asr model-asr-large ## bench-asr on
 bench-asr-gpu: model-asr model-asr-tiny-en model-asr-large ## on an NVIDIA GPU with a CUDA build of PyTorch: the asr pool, 1 caller vs 8, PyTorch runtime, vs transformers generate (~3 min, build/bench/asr-gpu)
 	@$(PY) -m switchboard.perf.asr_gpu run --out build/bench/asr-gpu $(BENCH_ARGS)
 
-bench-asr-voices: model-asr model-asr-tiny-en ## which voices the recognizers hear: held-out questions in voices ever further from training (~15 min, build/bench/asr-voices)
+bench-asr-voices: model-asr model-asr-tiny-en ## which voices the recognizers hear: held-out questions in voices ever further from training (~10 min, build/bench/asr-voices)
 	@$(PY) -m switchboard.perf.asr_voices --questions 0 --out build/bench/asr-voices $(BENCH_ARGS)
 
 chaos: export ## faults, a 5x overload burst and (with a recognizer) an audio burst against a private stack; REPLICAS=2: a replica killed mid-burst too (build/chaos/summary.md)
