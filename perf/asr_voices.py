@@ -182,6 +182,17 @@ def main(argv: list[str] | None = None) -> int:
             voices[lang] = (*voices.get(lang, ()), voice)
     if args.questions < 0:
         p.error("--questions: 0 (all) or more")
+    for name, path in models.items():
+        if not (path / "config.json").is_file():
+            p.error(f"--model {name}: {path} is not a Hugging Face checkpoint (no config.json)")
+    from switchboard.training import speech
+
+    for lang, names in voices.items():
+        for voice in names:
+            try:  # a name espeak-ng does not know fails here, not after an hour of others
+                speech.synthesize("a" if lang == "en" else "好", lang, voice)
+            except (ValueError, speech.SpeechError) as e:
+                p.error(f"--voices: {lang}:{voice}: {e}")
     results = measure(models, voices, args.questions)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")

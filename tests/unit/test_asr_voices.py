@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from switchboard.perf import asr_voices
 from switchboard.training import speech
@@ -106,3 +107,10 @@ def test_the_summary_has_a_table_per_language_and_a_column_per_recognizer():
     assert "| `en-us` | the training voice | 0.48 (21%) | 0.31 (40%) |" in en
     assert "tiny-en" not in zh  # English-only: no Mandarin column
     assert "| `cmn` | the training voice | 0.42 (30%) |" in zh
+
+
+def test_a_model_that_is_no_checkpoint_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        asr_voices.main(["--model", f"mine={tmp_path}"])
+    assert e.value.code == 2
+    assert f"--model mine: {tmp_path} is not a Hugging Face checkpoint" in capsys.readouterr().err
