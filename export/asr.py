@@ -408,13 +408,12 @@ def evaluate(out: Path, precisions: list[str], clips: list, threads: int = 0) ->
         langs = {}
         for lang in sorted({c.lang for c in clips}):
             idx = [i for i, c in enumerate(clips) if c.lang == lang]
-            same = sum(wer.normalize(texts[p][i]) == wer.normalize(texts["fp32"][i]) for i in idx)
             langs[lang] = {
                 "unit": "cer" if lang == "zh" else "wer",
                 "error_rate": round(wer.error_rate([clips[i].text for i in idx], [texts[p][i] for i in idx], lang), 4),
                 "exact": len(right[p].intersection(idx)),
                 "kept_exact": len(right[p].intersection(idx) & right["fp32"]),  # of those FP32 gets right
-                "same_as_fp32": round(same / len(idx), 4),
+                "same_as_fp32": round(wer.exact_share([texts["fp32"][i] for i in idx], [texts[p][i] for i in idx]), 4),
                 "clips": len(idx),
             }
         results[p] = {"languages": langs}

@@ -92,9 +92,6 @@ def measure(models: dict[str, Path], voices: dict[str, tuple[str, ...]], per_lan
     from switchboard.asr.model import AsrModel
     from switchboard.training import speech
 
-    def same(ref: str, hyp: str) -> bool:
-        return wer.normalize(ref) == wer.normalize(hyp)
-
     rows = []
     for name, checkpoint in models.items():
         model = AsrModel.from_checkpoint(checkpoint, device="cpu", dtype="float32", steps="growing")
@@ -114,7 +111,7 @@ def measure(models: dict[str, Path], voices: dict[str, tuple[str, ...]], per_lan
                         "relation": relation(voice, lang),
                         "metric": "cer" if lang == "zh" else "wer",
                         "error_rate": round(wer.error_rate(sentences, hyps, lang), 4),
-                        "exact": round(sum(map(same, sentences, hyps)) / len(sentences), 4),
+                        "exact": round(wer.exact_share(sentences, hyps), 4),
                         "clips": len(sentences),
                         "example": {"ref": sentences[0], "hyp": hyps[0]},
                     }

@@ -57,3 +57,9 @@ def error_rate(refs: list[str], hyps: list[str], lang: str | None = None) -> flo
     if total == 0:
         return 0.0 if edits == 0 else 1.0
     return edits / total
+
+
+def exact_share(refs: list[str], hyps: list[str]) -> float:
+    """The share of ``hyps`` equal to their reference after ``normalize`` (word for word)."""
+    pairs = list(zip(refs, hyps, strict=True))
+    return sum(normalize(r) == normalize(h) for r, h in pairs) / len(pairs) if pairs else 0.0

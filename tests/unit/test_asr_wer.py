@@ -2,7 +2,7 @@
 
 import pytest
 
-from switchboard.asr.wer import edit_distance, error_rate, normalize, units
+from switchboard.asr.wer import edit_distance, error_rate, exact_share, normalize, units
 
 
 @pytest.mark.parametrize(
@@ -66,3 +66,11 @@ def test_empty_references():
 def test_refs_and_hyps_must_pair_up():
     with pytest.raises(ValueError):
         error_rate(["a", "b"], ["a"])
+
+
+def test_exact_share_counts_transcripts_equal_after_normalization():
+    refs = ["Where is my order?", "退货要多久？", "hello there"]
+    assert exact_share(refs, ["where is my order", "退货要多久", "hello their"]) == pytest.approx(2 / 3)
+    assert exact_share([], []) == 0.0
+    with pytest.raises(ValueError):
+        exact_share(refs, refs[:2])

@@ -58,7 +58,7 @@ def report(model, tok, ids: dict[str, int], hop: int) -> dict:
             rates.setdefault(lang, {})["training_voice" if seen else "unseen_voice"] = {
                 "metric": "cer" if lang == "zh" else "wer",
                 "error_rate": round(wer.error_rate(refs, got, lang), 4),
-                "exact": round(sum(wer.normalize(r) == wer.normalize(h) for r, h in zip(refs, got)) / len(refs), 4),
+                "exact": round(wer.exact_share(refs, got), 4),
                 "voice": clips[index[0]].voice,
                 "clips": len(index),
             }
