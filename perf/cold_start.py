@@ -6,7 +6,10 @@ switchboard.ops.supervisor`` and its arguments, ports and directories replaced b
 here) and times, from that process' start: tritonserver ready (``/v2/health/ready``: every
 model loaded), the supervisor's readiness (``/readyz``: its warm-up chat answered, when the
 readiness probe would let traffic in), and a client's first chat sent then (its first text and
-its end). Then SIGTERM, as the kubelet stops a pod, and the time until the process exited.
+its end). When the repository has a recognizer installed (``asr``), a spoken question follows
+through ``voice_chat`` (espeak-ng's voice, the recognizer's first language): the voice path's
+first answer text, and what was heard. Then SIGTERM, as the kubelet stops a pod, and the time
+until the process exited.
 Memory: the proportional set size of tritonserver and its Python stubs after the first answer.
 Each of ``--runs`` runs is a fresh process tree on fresh ports. A table (median last) goes to
 ``--out``/summary.md, the figures to summary.json; exits 1 if a run failed. What a cluster adds
@@ -30,8 +33,8 @@ from pathlib import Path
 import yaml
 
 from switchboard import paths
-from switchboard.client import ChatClient
-from switchboard.ops.launch import Ports, Stack, children, free_port
+from switchboard.client import ChatClient, Heard
+from switchboard.ops.launch import Ports, Stack, children, free_port, loadable
 from switchboard.ops.supervisor import READINESS_PATH
 from switchboard.perf.loadtools import pss_kib, table, write_summary
 
@@ -73,7 +76,46 @@ def _status(url: str) -> int | None:
         return None
 
 
-def one_run(repository: Path, run_dir: Path, question: str, max_new_tokens: int, timeout_s: float) -> dict:
+def spoken_question(repository: Path, n: int) -> tuple[bytes, str] | None:
+    """The ``n``-th held-out question in the installed recognizer's first language, spoken by
+    espeak-ng's plain voice (WAV bytes, the text), or None when no recognizer is installed."""
+    if "asr" not in loadable(repository):
+        return None
+    from switchboard.asr.audio import encode_wav
+    from switchboard.training import speech
+
+    manifest = json.loads((repository / "asr" / "1" / "asr.json").read_text())
+    lang = "en" if "en" in manifest["languages"] else next(iter(manifest["languages"]))
+    sentences = speech.heldout_sentences(lang)
+    text, _ = sentences[n % len(sentences)]
+    return encode_wav(speech.speak(text, lang, speech.home_voice(lang))), text
+
+
+def first_voice_chat(url: str, wav: bytes, session_id: str, max_new_tokens: int, t0: float) -> dict:
+    """One spoken question through ``voice_chat``: when its transcript and its first answer text
+    came (seconds since ``t0``), the time to that text, and what was heard."""
+    out: dict = {}
+    sent = time.monotonic()
+    for event in ChatClient(url, timeout_s=120).voice_chat(wav, session_id=session_id, max_new_tokens=max_new_tokens):
+        if isinstance(event, Heard):
+            out["voice_heard_s"] = time.monotonic() - t0
+            out["heard"] = event.transcript
+        elif isinstance(event, str):
+            out.setdefault("voice_first_text_s", time.monotonic() - t0)
+        else:
+            out["voice_ttft_ms"] = (out.get("voice_first_text_s", time.monotonic() - t0) - (sent - t0)) * 1000
+            out["voice_fallback"] = event.fallback
+    return out
+
+
+def one_run(
+    repository: Path,
+    run_dir: Path,
+    question: str,
+    max_new_tokens: int,
+    timeout_s: float,
+    spoken: tuple[bytes, str] | None = None,
+) -> dict:
     ports, probe_port = Ports.free(), free_port()
     redis = Stack(ports, repository, run_dir)
     redis.start_redis()
@@ -111,6 +153,10 @@ def one_run(repository: Path, run_dir: Path, question: str, max_new_tokens: int,
                 out["answer_s"] = time.monotonic() - t0
                 out["client_ttft_ms"] = (out.get("first_text_s", out["answer_s"]) - (sent - t0)) * 1000
                 out["fallback"] = event.fallback
+        if spoken is not None:
+            out["spoken"] = spoken[1]
+            url = f"127.0.0.1:{ports.grpc}"
+            out |= first_voice_chat(url, spoken[0], f"cold-start-voice-{ports.grpc}", max_new_tokens, t0)
         state = json.loads((run_dir / "supervisor.json").read_text())
         pids = [state["tritonserver_pid"], *children(state["tritonserver_pid"]).values()]
         out["pss_mib"] = sum(pss_kib(pid) or 0 for pid in pids) / 1024
@@ -133,6 +179,8 @@ COLUMNS = [
     ("first_text_s", "first chat: first text"),
     ("answer_s", "first chat: answer"),
     ("client_ttft_ms", "first chat's time to first text"),
+    ("voice_first_text_s", "first voice chat: first text"),
+    ("voice_ttft_ms", "its time to first text"),
     ("stop_s", "SIGTERM to exit"),
     ("pss_mib", "memory (PSS)"),
 ]
@@ -155,7 +203,8 @@ def summarize(runs: list[dict]) -> str:
         rows.append(["median", *(_cell(k, m) for (k, _), m in zip(COLUMNS, medians))])
     note = (
         "Seconds from the supervisor's start (the container's command) unless marked; the first chat is sent "
-        "as /readyz turns 200."
+        "as /readyz turns 200, the first voice chat (a spoken question, when a recognizer is installed) after "
+        "the chat's answer."
     )
     return table(["run", *(label for _, label in COLUMNS)], rows) + "\n\n" + note
 
@@ -171,15 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     from switchboard.training.corpus import load, sample_questions
 
     questions = sample_questions(load(), args.runs, seed=7)
+    spoken = [spoken_question(args.repository, i) for i in range(args.runs)]
     runs, failed = [], 0
     for i in range(args.runs):
         run_dir = args.out / f"run-{i + 1}"  # logs of this run
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         try:
-            r = one_run(args.repository, run_dir, questions[i], args.max_new_tokens, args.timeout_s)
+            r = one_run(args.repository, run_dir, questions[i], args.max_new_tokens, args.timeout_s, spoken[i])
             if r.get("fallback"):
                 r["error"] = "the first chat was answered from the FAQ"
+            elif r.get("voice_fallback"):
+                r["error"] = "the first voice chat was answered from the FAQ"
+            elif spoken[i] is not None and not r.get("heard"):
+                r["error"] = "the recognizer heard nothing in the spoken question"
         except Exception as e:
             r = {"error": str(e)}
         failed += "error" in r

@@ -1,7 +1,7 @@
 """A Switchboard pod's start on this machine: the container's command from deploy/k8s (the
 supervisor with its probe port, Redis elsewhere) on free ports. Not ready until the warm-up chat
 has answered; the series the HPA scales on are on the metrics port; SIGTERM stops it cleanly.
-And `python -m switchboard.perf.cold_start` measures such a start."""
+And `python -m switchboard.perf.cold_start` measures such a start, a spoken question included."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from switchboard import paths
+from switchboard.asr.wer import error_rate
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.ops.process import alive
@@ -127,4 +128,9 @@ def test_the_cold_start_tool_measures_a_start(artifacts, tmp_path):
     (run,) = json.loads((tmp_path / "summary.json").read_text())
     assert run["triton_ready_s"] <= run["ready_s"] <= run["first_text_s"] <= run["answer_s"], run
     assert run["fallback"] is False and run["pss_mib"] > 0 and "stop_s" in run
-    assert "/readyz 200 (warm-up answered)" in (tmp_path / "summary.md").read_text()
+    # make test installs tiny.en as the recognizer: the pod serves voice, and heard the question
+    assert run["answer_s"] <= run["voice_heard_s"] <= run["voice_first_text_s"], run
+    assert run["voice_fallback"] is False and run["voice_ttft_ms"] > 0, run
+    assert error_rate([run["spoken"]], [run["heard"]]) <= 0.5, run
+    summary = (tmp_path / "summary.md").read_text()
+    assert "/readyz 200 (warm-up answered)" in summary and "first voice chat: first text" in summary

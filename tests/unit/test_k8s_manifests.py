@@ -316,3 +316,14 @@ def test_the_balancer_keeps_sessions_as_make_serve_does_and_checks_readiness():
     assert f"check port {args.probe_port} check-proto h1" in template.group(3) and "proto h2" in template.group(3)
     container = _container("switchboard-balancer")
     assert re.search(r"^\s*bind :(\d+) proto h2$", config, re.M).group(1) == str(_ports(container)["grpc"])
+
+
+def test_the_image_is_built_by_make_targets_that_exist():
+    """The Dockerfile builds what `make serve` serves, the recognizer included, through the
+    Makefile: a renamed target would fail only in a docker build, never run here."""
+    dockerfile = (paths.ROOT / "deploy" / "Dockerfile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", (paths.ROOT / "Makefile").read_text(), re.M))
+    used = set(re.findall(r"(?:RUN|&&|\)|;)\s+make ([a-z][a-z0-9-]*)", dockerfile))
+    assert {"setup", "export", "export-asr", "model-asr-tiny-en"} <= used, used
+    assert used <= targets, used - targets
+    assert re.search(r"^ARG ASR=default$", dockerfile, re.M), "the embedded recognizer unless asked"
