@@ -15,16 +15,20 @@ import types
 import urllib.error
 import urllib.request
 
+import openai
 import pytest
 import yaml
 
 from switchboard import paths
+from switchboard.asr.audio import encode_wav
 from switchboard.asr.wer import error_rate
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.ops.process import alive
 from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH
 from switchboard.perf.cold_start import pod_command
+from switchboard.training import speech
+from tests.integration.gatewaytools import Gateway
 
 
 def _get(port: int, path: str) -> tuple[int | None, dict | None]:
@@ -108,6 +112,30 @@ def test_the_series_the_hpa_scales_on_are_exported(pod):
     for name in names:
         assert any(k == name or k.startswith(name + "{") for k in series), name
     assert sum(ttft) >= 1, "the warm-up's time to first token is in the histogram"
+
+
+def test_the_gateway_deployment_serves_a_pods_chat_and_speech(pod):
+    """The gateway as deploy/k8s/gateway.yaml runs it (its address and gRPC target replaced by
+    this machine's), in front of the pod: a chat and a transcription through the official client."""
+    manifest = next(
+        d for d in yaml.safe_load_all((paths.K8S / "gateway.yaml").read_text()) if d["kind"] == "Deployment"
+    )
+    (container,) = manifest["spec"]["template"]["spec"]["containers"]
+    assert container["command"][1:] == ["-m", "switchboard.gateway"], "what Gateway starts"
+    args = [a for a in container["args"] if not a.startswith(("--host=", "--port=", "--grpc-url="))]
+    gateway = Gateway(f"127.0.0.1:{pod.ports.grpc}", pod.run, *args, keys=False)
+    try:
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(
+            model="switchboard", messages=[{"role": "user", "content": "Where is my order?"}], max_tokens=8
+        )
+        assert reply.choices[0].message.content
+        text, lang = speech.heldout_sentences("en")[0]
+        wav = encode_wav(speech.speak(text, lang, speech.home_voice(lang)))
+        heard = client.audio.transcriptions.create(file=("q.wav", wav), model="switchboard-asr")
+        assert error_rate([text], [heard.text]) <= 0.5, (text, heard.text)
+    finally:
+        gateway.stop()
 
 
 def test_sigterm_stops_the_pod_cleanly(pod):

@@ -151,6 +151,37 @@ def test_the_probes_ask_the_supervisors_endpoints():
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 180, "the first load may take minutes"
 
 
+def _gateway_args():
+    from switchboard.gateway.__main__ import parser as gateway_parser
+
+    return gateway_parser().parse_args(_container("switchboard-gateway")["args"])
+
+
+def test_the_gateway_runs_with_its_real_options_in_front_of_the_balancer():
+    container, args = _container("switchboard-gateway"), _gateway_args()  # argparse exits on a wrong option
+    assert container["command"] == ["/app/.venv/bin/python", "-m", "switchboard.gateway"]
+    assert "/app/.venv" in (paths.ROOT / "deploy" / "Dockerfile").read_text(), "the image's venv"
+    host, port = args.grpc_url.rsplit(":", 1)
+    balancer = _objects("Service")[host]
+    assert balancer["spec"]["selector"] == {"app.kubernetes.io/name": "switchboard-balancer"}, "through HAProxy"
+    assert int(port) in [p["port"] for p in balancer["spec"]["ports"]]
+    assert _ports(container) == {"http": args.port} and args.host == "0.0.0.0"
+    env = {e["name"]: e for e in container["env"]}
+    from switchboard.gateway.keys import ENV
+
+    assert env[ENV]["valueFrom"]["secretKeyRef"]["optional"] is True, "API keys from the Secret, if set"
+
+
+def test_the_gateways_probes_ask_its_endpoints():
+    from switchboard.gateway.app import ROUTES
+
+    container, served = _container("switchboard-gateway"), {path for path, _, methods in ROUTES if "GET" in methods}
+    for probe, path in {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}.items():
+        get = container[probe]["httpGet"]
+        assert get["path"] == path and path in served, probe
+        assert _ports(container)[get["port"]] == _gateway_args().port, probe
+
+
 def _redis_argv(tmp_path, monkeypatch) -> list[str]:
     """The command line Stack.start_redis (make serve's Redis) runs, without running it."""
     seen = []
@@ -199,6 +230,13 @@ def test_labels_and_selectors_match():
         policy["ingress"][0]["from"][0]["podSelector"]["matchLabels"],
         deployments["switchboard-balancer"]["spec"]["template"]["metadata"]["labels"],
     ), "only the servers reach Redis"
+    assert not _matches(
+        policy["ingress"][0]["from"][0]["podSelector"]["matchLabels"],
+        deployments["switchboard-gateway"]["spec"]["template"]["metadata"]["labels"],
+    ), "the gateway reaches the servers over gRPC, never Redis"
+    gateway = deployments["switchboard-gateway"]["spec"]["template"]["metadata"]["labels"]
+    assert _matches(_objects("PodDisruptionBudget")["switchboard-gateway"]["spec"]["selector"]["matchLabels"], gateway)
+    assert not _matches(_objects("PodDisruptionBudget")["switchboard"]["spec"]["selector"]["matchLabels"], gateway)
     target = _objects("HorizontalPodAutoscaler")["switchboard"]["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", "switchboard")
 
