@@ -2,7 +2,11 @@
 
 libsndfile (through soundfile over ``io.BytesIO``) reads the files callers send: WAV of any
 PCM width or float, FLAC, OGG Vorbis and Opus, MP3 where the bundled libsndfile has it, and
-the rest of what libsndfile knows (AIFF, CAF, ...). Nothing touches the disk: an upload is at
+the rest of what libsndfile knows (AIFF, CAF, ...). What browsers and phones record, WebM
+(Chromium's and Firefox's MediaRecorder: Opus) and MP4/M4A (iOS and Android voice memos:
+AAC), FFmpeg reads, through PyAV: only those two demuxers, chosen by the magic bytes (FFmpeg
+never probes), and only audio codecs a recording holds (``_AV_CODECS``), so the surface FFmpeg
+shows callers is two demuxers and a few decoders. Nothing touches the disk: an upload is at
 most ``MAX_UPLOAD_BYTES`` and a temp file would be one more thing to clean up on every path.
 
 Every way a file can be wrong becomes an ``AudioError`` with a ``code`` the server maps to a
@@ -10,15 +14,16 @@ Every way a file can be wrong becomes an ``AudioError`` with a ``code`` the serv
 
 - ``empty``: 0 bytes;
 - ``not_audio``: not a recognised audio file, or a recognised one too damaged to open;
-- ``unsupported``: a container we recognise whose codec libsndfile cannot read (WebM and
-  MP4/M4A from browsers and phones, a WAV format tag it does not know, OGG Speex, ...);
+- ``unsupported``: a container we recognise whose codec we do not read (AMR, WMA, a WAV
+  format tag libsndfile does not know, OGG Speex, video codecs in WebM or MP4, ...);
 - ``too_long``: longer than ``max_seconds``, judged from the header before any sample is
   decoded (and again while decoding, for formats whose header only estimates the length), so
   a 2-hour upload costs a header parse, not 2 hours of decoding and resampling;
 - ``no_samples``: a valid file with 0 frames;
 - ``truncated``: the header promises more than the file holds (a WAV header cut short, a WAV
-  data chunk or a FLAC stream that ends early). Formats without an exact length in their
-  header (OGG, MP3) cannot tell, and their readable part is decoded.
+  data chunk or a FLAC stream that ends early, an MP4 whose samples stop before the length
+  its header gives). Formats without an exact length in their header (OGG, MP3, WebM) cannot
+  tell, and their readable part is decoded.
 
 libsndfile clamps a WAV's frame count to the bytes present, so the promise a WAV header makes
 (its ``data`` chunk size) is read here with a small RIFF parser; that is what lets a crafted
@@ -56,7 +61,18 @@ _UNKNOWN_SIZE_FROM = 0x7FFF0000
 # header lengths are estimates in these (granule of the last page, Xing/bitrate), not promises
 _ESTIMATED_LENGTH = {"OGG", "MP3"}
 
-_READABLE = "WAV (PCM or float), FLAC, OGG (Vorbis or Opus)" + (" or MP3" if "MP3" in sf.available_formats() else "")
+# FFmpeg's demuxer for each container it reads here (by _foreign_container's names), and the
+# audio codecs it decodes in them: what recordings hold, nothing else
+_AV_DEMUXERS = {"WebM/Matroska": ("matroska", "webm"), "MP4/M4A": ("mp4", "mp4")}
+_AV_CODECS = frozenset({"opus", "vorbis", "aac", "mp3", "flac", "alac", "pcm_s16le", "pcm_f32le"})
+# an MP4's samples may stop this short of its header's length (encoder priming and padding)
+_AV_LENGTH_SLACK_S = 0.1
+
+_READABLE = (
+    "WAV (PCM or float), FLAC, OGG (Vorbis or Opus)"
+    + (", MP3" if "MP3" in sf.available_formats() else "")
+    + ", WebM (Opus) or MP4/M4A (AAC)"
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +101,9 @@ def decode(data: bytes, max_seconds: float = 600.0) -> Audio:
     if not data:
         raise AudioError("empty", "audio: the file is empty (0 bytes)")
     data = bytes(data)
+    foreign = _foreign_container(data)
+    if foreign in _AV_DEMUXERS:
+        return _decode_av(data, foreign, max_seconds)
     wav = _parse_wav(data)
     if wav is not None:
         _check_wav_header(wav, max_seconds)
@@ -152,6 +171,64 @@ def _read_mono(f: sf.SoundFile, max_seconds: float) -> np.ndarray:
         if total > limit:
             _check_seconds(total / f.samplerate, max_seconds)
     return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+
+
+def _decode_av(data: bytes, container: str, max_seconds: float) -> Audio:
+    """A WebM or MP4 file's first audio track through FFmpeg (PyAV), in memory, as ``decode``
+    reads the rest: mono, cleaned, at 16 kHz, the same errors."""
+    import av  # FFmpeg's libraries: loaded by the first WebM or MP4 only
+
+    demuxer, name = _AV_DEMUXERS[container]
+    blocks: list[np.ndarray] = []
+    rate = total = 0
+    try:
+        with av.open(io.BytesIO(data), mode="r", format=demuxer) as f:
+            stream = next(iter(f.streams.audio), None)
+            if stream is None:
+                raise AudioError("no_samples", f"audio: the {container} file has no audio track")
+            codec = stream.codec_context.name if stream.codec_context is not None else "an unknown codec's"
+            if codec not in _AV_CODECS:
+                raise AudioError(
+                    "unsupported", f"audio: {container} with {codec} audio is not supported; send {_READABLE}"
+                )
+            channels = stream.codec_context.layout.nb_channels
+            declared = float(stream.duration * stream.time_base) if stream.duration else None
+            if declared is None and f.duration:
+                declared = f.duration / av.time_base
+            if declared is not None:
+                _check_seconds(declared, max_seconds)
+            # Packed float at the frames' own rate and channels: one plane, read here with its
+            # size checked. (PyAV's to_ndarray walks a planar frame's planes by a count that a
+            # damaged AAC header can make one too many: a read past the frame, a crash.)
+            packed = av.AudioResampler(format="flt")
+            for frame in f.decode(stream):
+                for out in packed.resample(frame):
+                    if rate and out.sample_rate != rate:
+                        raise AudioError("unsupported", f"audio: the {container} file changes its sample rate")
+                    rate, n, width = out.sample_rate, out.samples, out.layout.nb_channels
+                    x = np.frombuffer(out.planes[0], np.float32)
+                    if width < 1 or len(x) < n * width:
+                        raise AudioError("not_audio", f"audio: the {container} file decodes to malformed frames")
+                    x = x[: n * width].reshape(n, width)
+                    blocks.append(x[:, 0].copy() if width == 1 else x.mean(axis=1, dtype=np.float32))
+                    total += n
+                    _check_seconds(total / rate, max_seconds)
+    except AudioError:
+        raise
+    except (av.FFmpegError, ValueError, IndexError) as e:
+        if not blocks:  # a header too damaged to open, or no packet that decodes
+            raise AudioError("not_audio", f"audio: the {container} file is damaged or cut short ({e})") from None
+        # what decoded before the damage is the recording, unless its header promised more
+    if total == 0:
+        raise AudioError("no_samples", f"audio: the {container} file holds no complete audio (empty, or cut short)")
+    if rate < MIN_SOURCE_RATE:
+        raise AudioError("unsupported", f"audio: a {rate} Hz sample rate is too low for speech")
+    held = total / rate
+    if container == "MP4/M4A" and declared is not None and held < declared - _AV_LENGTH_SLACK_S:
+        raise AudioError(
+            "truncated", f"audio: the file is cut short: its header promises {declared:.2f} s, it holds {held:.2f} s"
+        )
+    return Audio(_to_16k(_clean(np.concatenate(blocks)), rate), held, rate, channels, f"{name}/{codec}")
 
 
 def _clean(mono: np.ndarray) -> np.ndarray:

@@ -10,6 +10,7 @@ import soundfile as sf
 
 from switchboard.asr import audio
 from switchboard.asr.audio import MAX_UPLOAD_BYTES, Audio, AudioError, decode, encode_wav
+from tests.audiotools import encode_av
 
 RATE = 16_000
 
@@ -129,8 +130,6 @@ def test_random_bytes_and_text_are_not_audio():
 @pytest.mark.parametrize(
     "data, name",
     [
-        (b"\x1a\x45\xdf\xa3" + bytes(200), "WebM"),  # what a browser's MediaRecorder sends
-        (b"\x00\x00\x00\x20ftypM4A " + bytes(200), "MP4/M4A"),
         (b"\xff\xf1\x50\x80" + bytes(200), "AAC"),
         (b"#!AMR\n" + bytes(200), "AMR"),
     ],
@@ -138,6 +137,96 @@ def test_random_bytes_and_text_are_not_audio():
 def test_containers_libsndfile_cannot_read_are_unsupported_by_name(data, name):
     e = error(data)
     assert e.code == "unsupported" and name in str(e)
+
+
+# --- WebM and MP4/M4A: what browsers and phones record, read by FFmpeg (PyAV) ---
+
+
+RECORDINGS = {
+    "webm/opus": ("webm", "libopus", 48_000),  # Chromium's and Firefox's MediaRecorder
+    "mp4/aac": ("ipod", "aac", 44_100),  # an iPhone voice memo (.m4a)
+    "mp4/opus": ("mp4", "libopus", 48_000),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RECORDINGS))
+def test_browser_and_phone_recordings_decode_to_16k_and_keep_the_tone(kind):
+    container, codec, rate = RECORDINGS[kind]
+    data = encode_av(tone(2.0, rate), rate, container, codec)
+    a = decode(data)
+    assert a.format == kind and a.source_rate == rate and a.channels == 1
+    assert 1.95 <= a.seconds <= 2.15, a.seconds  # AAC adds its encoder's priming and padding
+    assert a.samples.dtype == np.float32 and len(a.samples) == pytest.approx(a.seconds * RATE, abs=2)
+    assert abs(dominant_hz(a.samples) - 440.0) < 2.0
+    assert 0.3 < np.abs(a.samples).max() <= 1.0
+
+
+def test_a_stereo_recording_is_averaged_to_mono():
+    left, right = tone(1.0, 48_000, 440.0), tone(1.0, 48_000, 1000.0, amp=0.0)
+    a = decode(encode_av(np.stack([left, right], axis=1), 48_000, "webm", "libopus", layout="stereo"))
+    assert a.channels == 2 and abs(dominant_hz(a.samples) - 440.0) < 2.0
+    assert 0.15 < np.abs(a.samples).max() < 0.35, "half the left channel's 0.5"
+
+
+def test_a_recording_over_the_limit_is_too_long():
+    data = encode_av(tone(3.0, 48_000), 48_000, "webm", "libopus")
+    assert error(data, max_seconds=2.0).code == "too_long"
+    assert decode(data, max_seconds=4.0).seconds == pytest.approx(3.0, abs=0.05)
+
+
+def test_a_webm_cut_short_gives_what_it_holds():
+    data = encode_av(tone(4.0, 48_000), 48_000, "webm", "libopus")
+    a = decode(data[: len(data) // 2])  # a stream has no length to promise: its readable part is the recording
+    assert 1.0 < a.seconds < 3.0
+    assert error(data[:60]).code in ("not_audio", "no_samples")
+
+
+def test_an_m4a_cut_short_is_truncated_or_damaged(tmp_path):
+    faststart = encode_av(
+        tone(4.0, 44_100), 44_100, "ipod", "aac", options={"movflags": "faststart"}, path=tmp_path / "memo.m4a"
+    )
+    e = error(faststart[: len(faststart) // 2])  # the header (first) promises 4 s
+    assert e.code == "truncated" and "promises 4.0" in str(e)
+    plain = encode_av(tone(4.0, 44_100), 44_100, "ipod", "aac")
+    assert error(plain[: len(plain) // 2]).code == "not_audio"  # its header was at the end
+
+
+def test_a_codec_a_recording_does_not_hold_is_unsupported_by_name():
+    e = error(encode_av(tone(1.0, 48_000), 48_000, "matroska", "ac3"))
+    assert e.code == "unsupported" and "ac3" in str(e)
+
+
+def test_magic_bytes_without_a_container_behind_them_are_not_audio():
+    for magic in (b"\x1a\x45\xdf\xa3", b"\x00\x00\x00\x20ftypM4A "):
+        assert error(magic + bytes(200)).code == "not_audio"
+        assert error(magic + np.random.default_rng(2).bytes(5000)).code in ("not_audio", "no_samples")
+
+
+@pytest.mark.parametrize("kind", ["webm/opus", "mp4/aac"])
+def test_damaged_recordings_decode_or_fail_as_audio_errors_never_otherwise(kind):
+    container, codec, rate = RECORDINGS[kind]
+    good = bytearray(encode_av(tone(1.0, rate), rate, container, codec))
+    rng = np.random.default_rng(3)
+    outcomes = set()
+    for _ in range(150):
+        bad = bytearray(good)
+        for at in rng.integers(0, len(bad), size=int(rng.integers(1, 12))):
+            bad[at] = int(rng.integers(0, 256))
+        try:
+            a = decode(bytes(bad), max_seconds=30.0)
+        except AudioError as e:
+            outcomes.add(e.code)
+        else:
+            assert a.samples.dtype == np.float32 and np.isfinite(a.samples).all() and a.seconds <= 30.0
+            outcomes.add("decoded")
+    assert "decoded" in outcomes and outcomes <= {
+        "decoded",
+        "not_audio",
+        "no_samples",
+        "truncated",
+        "unsupported",
+        "too_long",
+    }
 
 
 def test_wav_with_a_codec_libsndfile_does_not_know_is_unsupported():

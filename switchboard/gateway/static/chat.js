@@ -3,8 +3,9 @@
 // ever set as textContent.
 //
 // Voice: the microphone button records with getUserMedia and an AudioWorklet
-// (recorder-worklet.js), encodes 16 kHz mono 16-bit WAV here (MediaRecorder's WebM/Opus is not
-// what the server decodes) and sends it as OpenAI's input_audio in the last user message; the
+// (recorder-worklet.js), encodes 16 kHz mono 16-bit WAV here (MediaRecorder's container differs
+// by browser, WebM or MP4; a WAV is the same everywhere and already at the recognizer's rate)
+// and sends it as OpenAI's input_audio in the last user message; the
 // answer's first chunk says what was heard (switchboard.asr), which becomes the user's bubble.
 //
 // Order tools (the header's switch): the chat offers the demo's tools (GET /demo/tools); the

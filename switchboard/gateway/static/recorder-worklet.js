@@ -1,7 +1,7 @@
 // Switchboard web chat: the microphone's samples, as they come, to the page (chat.js records
 // them and encodes a 16 kHz WAV when the caller stops). An AudioWorklet, not MediaRecorder:
-// MediaRecorder gives WebM/Opus, which the server does not decode; not ScriptProcessorNode,
-// which is deprecated. Posts blocks of about 85 ms, not every 128-sample render quantum.
+// MediaRecorder's container differs by browser (WebM or MP4); not ScriptProcessorNode, which
+// is deprecated. Posts blocks of about 85 ms, not every 128-sample render quantum.
 "use strict";
 
 class SwitchboardRecorder extends AudioWorkletProcessor {
