@@ -8,7 +8,7 @@ from switchboard.serving.metrics import Tally
 from switchboard.wire import AsrResult
 
 PREFIX = "switchboard_asr_"
-OUTCOMES = ("transcribed", "invalid", "unavailable", "cancelled", "error")
+OUTCOMES = ("transcribed", "invalid", "unavailable", "shed_breaker", "cancelled", "error")
 PRIORITIES = ("1", "2")
 # Seconds. A 2 s question takes 0.1-0.3 s alone on a CPU; a 30 s recording several seconds.
 DURATION_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -20,7 +20,7 @@ METRICS = {
     "requests_total": (
         "counter",
         "transcription requests by outcome (transcribed, invalid: refused audio or language, unavailable: the "
-        "pool's audio is full, cancelled, error)",
+        "pool's audio is full, shed_breaker: refused while the latency breaker is open, cancelled, error)",
         ("outcome",),
         None,
     ),

@@ -10,6 +10,13 @@ batches: their text is passed on in order (a later chunk's text waits, buffered,
 earlier ones).
 
 A batch that raises is run again one item at a time, so one bad item fails alone.
+
+Two admissions refuse a request UNAVAILABLE before it costs anything: ``max_pending_s`` of
+audio already held, and, when given, a latency ``breaker`` (seed 001's: "while P99 latency is
+over 1.5 s, refuse new requests"). The breaker hears how long each short request took, arrival
+to transcript (audio of at most ``short_s``: a recording's length is its own, not a sign of
+overload); open, it refuses new priority-2 requests, so the ones admitted and every priority-1
+caller get the pool back (switchboard/serving/breaker.py: when it closes again).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import numpy as np
 from switchboard.asr import audio as audio_mod
 from switchboard.asr import segment
 from switchboard.asr.batcher import Item
+from switchboard.serving.breaker import LatencyBreaker
 from switchboard.wire import AsrError, AsrResult
 
 log = logging.getLogger("switchboard.asr")
@@ -48,7 +56,8 @@ def _unspaced(ch: str) -> bool:
 
 
 class AsrRequestError(ValueError):
-    """The request is refused: ``code`` an AsrError, or "unavailable" (the pool is full)."""
+    """The request is refused: ``code`` an AsrError, "unavailable" (the pool is full) or
+    "shed_breaker" (the latency breaker is open)."""
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
@@ -118,10 +127,13 @@ class AsrService:
         max_pending_s: float = 600.0,
         workers: int = 1,
         prep_workers: int = 2,
+        breaker: LatencyBreaker | None = None,
+        short_s: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.model, self.batcher, self.clock = model, batcher, clock
         self.max_audio_s, self.chunk_s, self.max_pending_s = max_audio_s, chunk_s, max_pending_s
+        self.breaker, self.short_s = breaker, short_s
         self._cond = threading.Condition()
         self._pending_s = 0.0  # audio seconds decoded and waiting or running
         self._closed = False
@@ -141,6 +153,16 @@ class AsrService:
         self._prep.submit(self._prepare, state)
 
     def _prepare(self, state: _Transcription) -> None:
+        if state.job.priority > 1 and self.breaker is not None and self.breaker.is_open():
+            p99 = self.breaker.p99() or 0.0
+            state.job.sink.error(
+                AsrRequestError(
+                    "shed_breaker",
+                    f"the speech recognizer is over its latency bound (P99 {p99:.1f} s of recent questions); "
+                    "try again later",
+                )
+            )
+            return
         try:
             self._check_language(state.job.language)
             decoded = audio_mod.decode(state.job.audio, self.max_audio_s)
@@ -299,7 +321,10 @@ class AsrService:
             finished = state.emitted == len(state.chunks)
         if finished:
             self._release(state)
-            state.job.sink.done(self._result(state))
+            result = self._result(state)
+            if self.breaker is not None and state.seconds <= self.short_s:
+                self.breaker.observe(result.asr_ms / 1000)
+            state.job.sink.done(result)
 
     def _result(self, state: _Transcription) -> AsrResult:
         segments, start_text = [], ""

@@ -299,7 +299,8 @@ SPEECH = (
     ),
     PanelSpec(
         "Transcriptions by outcome",
-        "transcribed, invalid (audio or language refused), unavailable (max_pending_s of audio held), cancelled, "
+        "transcribed, invalid (audio or language refused), unavailable (max_pending_s of audio held), shed_breaker "
+        "(refused while the latency breaker is open), cancelled, "
         "error.",
         "suffix: req/s",
         (_per_second("switchboard_asr_requests_total", "outcome", "{{outcome}}"),),

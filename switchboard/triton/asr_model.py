@@ -26,6 +26,7 @@ from switchboard.asr.runtime import AsrManifest, auto_threads
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
 from switchboard.asr.torch_runtime import DTYPES, STEPS
 from switchboard.engine.stream import CancelWatch, Outbox, ResponseSender
+from switchboard.serving.breaker import LatencyBreaker
 from switchboard.triton.asr_metrics import AsrMetricsPublisher
 from switchboard.triton.common import (
     input_array,
@@ -89,8 +90,8 @@ class TritonSink:
             self.metrics.failed("cancelled")
             send_error(self.sender, "cancelled by the client", "CANCELLED")
         elif isinstance(final, AsrRequestError):
-            if final.code == "unavailable":
-                self.metrics.failed("unavailable")
+            if final.code in ("unavailable", "shed_breaker"):
+                self.metrics.failed(final.code)
                 send_error(self.sender, str(final), "UNAVAILABLE")
             else:
                 self.metrics.failed("invalid")
@@ -142,6 +143,10 @@ class TritonPythonModel:
             chunk_s=min(cfg.chunk_s, self.model.max_seconds),
             max_pending_s=cfg.max_pending_s,
             workers=cfg.workers,
+            breaker=LatencyBreaker(cfg.breaker_p99_s, cfg.breaker_window_s, cfg.breaker_min_samples)
+            if cfg.breaker_p99_s > 0
+            else None,
+            short_s=cfg.long_audio_s,
         )
         self.publisher = AsrMetricsPublisher(self.metrics, self.service)
         log.info(

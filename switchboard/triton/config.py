@@ -248,6 +248,18 @@ class AsrConfig(_Config):
     max_pending_s: float = setting(
         1800.0, "seconds of audio waiting or being transcribed; beyond it requests are refused UNAVAILABLE", 1.0
     )
+    breaker_p99_s: float = setting(
+        0.0,
+        "latency circuit breaker (seed 001): while the P99 of short requests' times (at most long_audio_s of "
+        "audio, arrival to transcript) over the last breaker_window_s is over this, new priority-2 requests are "
+        "refused UNAVAILABLE (0: off; seed 001 used 1.5)",
+        0.0,
+        600.0,
+    )
+    breaker_window_s: float = setting(30.0, "the breaker's window of recent short requests", 1.0, 3600.0)
+    breaker_min_samples: int = setting(
+        20, "the breaker judges only a window of at least this many short requests", 1, 100000
+    )
     workers: int = setting(
         1, "batches run at once (each on the runtime's threads): 2 lets a short batch overtake a long one", 1, 8
     )

@@ -1,6 +1,7 @@
-"""The latency circuit breaker on a real server: with a bound every chat exceeds, priority 2 is
+"""The latency circuit breakers on a real server: with a bound every chat exceeds, priority 2 is
 answered from the FAQ at once after the window fills, priority 1 still generates, and the
-metrics count it."""
+metrics count it; with one every transcription exceeds, asr refuses priority-2 audio
+UNAVAILABLE and still transcribes priority 1's."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import time
 
 import pytest
 
-from switchboard.client import ChatClient
+from switchboard.asr.audio import encode_wav
+from switchboard.client import ChatClient, ChatError
 from switchboard.ops.launch import Ports, Stack
 from switchboard.perf.servertools import scrape
+from switchboard.training import speech
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +23,7 @@ def breaker_stack(artifacts, tmp_path_factory):
         run_dir=tmp_path_factory.mktemp("breaker"),
         env={
             "SWITCHBOARD_BREAKER_TTFT_P99_S": "0.001",  # 1 ms: every generated answer is "slow"
+            "SWITCHBOARD_BREAKER_P99_S": "0.001",  # and every transcription (asr's breaker)
             "SWITCHBOARD_BREAKER_MIN_SAMPLES": "3",
             "SWITCHBOARD_BREAKER_WINDOW_S": "60",
         },
@@ -42,4 +46,26 @@ def test_over_its_bound_the_breaker_sheds_priority_two_never_priority_one(breake
     key = ("switchboard_chat_sheds_total", (("reason", "latency_breaker"),))
     while scrape(breaker_stack.ports.metrics).get(key, 0) < 1:
         assert time.monotonic() < deadline, "switchboard_chat_sheds_total{reason=latency_breaker} did not count it"
+        time.sleep(0.2)
+
+
+def test_over_its_bound_asrs_breaker_refuses_priority_two_audio_never_priority_one(breaker_stack):
+    client = ChatClient(breaker_stack.grpc_url, timeout_s=60)
+    deadline = time.monotonic() + 120
+    while not client.ready("asr"):  # tiny.en, installed by make test, loads with the server
+        assert time.monotonic() < deadline, "asr did not become ready"
+        time.sleep(0.5)
+    text, lang = speech.heldout_sentences("en")[0]
+    question = encode_wav(speech.speak(text, lang, speech.home_voice(lang)))
+    first = [client.transcribe(question, language="en") for _ in range(3)]
+    assert all(r.text for r in first)  # the window fills with short requests' times
+    time.sleep(0.3)
+    with pytest.raises(ChatError) as refused:
+        client.transcribe(question, language="en")
+    assert refused.value.code == "UNAVAILABLE" and "latency bound" in str(refused.value)
+    assert client.transcribe(question, language="en", priority=1).text
+    deadline = time.monotonic() + 5
+    key = ("switchboard_asr_requests_total", (("outcome", "shed_breaker"),))
+    while scrape(breaker_stack.ports.metrics).get(key, 0) < 1:
+        assert time.monotonic() < deadline, "switchboard_asr_requests_total{outcome=shed_breaker} did not count it"
         time.sleep(0.2)

@@ -300,3 +300,38 @@ def test_chunks_of_a_model_without_leading_blanks_join_as_their_language_writes(
     spoken = [s["text"] for s in sink.result.segments if s["text"]]
     assert len(spoken) >= 3 and sink.result.text == joined.join(spoken)
     assert "".join(sink.deltas) == sink.result.text
+
+
+class FakeBreaker:
+    """What AsrService asks of a LatencyBreaker: the times it heard, and whether it is open."""
+
+    def __init__(self, open_=False):
+        self.open, self.heard = open_, []
+
+    def observe(self, seconds):
+        self.heard.append(seconds)
+
+    def is_open(self):
+        return self.open
+
+    def p99(self):
+        return 2.5 if self.open else None
+
+
+def test_the_breaker_hears_short_requests_times_not_long_recordings(service_for):
+    breaker = FakeBreaker()
+    service = service_for(FakeRecognizer(), breaker=breaker, short_s=5.0, chunk_s=4.0)
+    short = run(service, speech(2.0))
+    assert short.failure is None and breaker.heard == [pytest.approx(short.result.asr_ms / 1000)]
+    long = run(service, speech(3.0, 3.0))  # 7 s of audio: a recording, however fast it went
+    assert long.failure is None and long.result.chunks >= 2 and len(breaker.heard) == 1
+
+
+def test_an_open_breaker_refuses_priority_2_before_decoding_and_lets_priority_1_in(service_for):
+    model = FakeRecognizer()
+    service = service_for(model, breaker=FakeBreaker(open_=True))
+    refused = run(service, b"not audio at all", priority=2)  # refused before its bytes are read
+    assert isinstance(refused.failure, AsrRequestError) and refused.failure.code == "shed_breaker"
+    assert "latency bound" in str(refused.failure) and "2.5 s" in str(refused.failure)
+    live = run(service, speech(1.0), priority=1)
+    assert live.failure is None and live.result.text and len(model.batches) == 1
