@@ -143,6 +143,7 @@ class Preset:
     seed001_s: float = 40.0  # arrival window
     seed001_workers: tuple[int, ...] = (1,)
     seed001_load: float = 1.2  # arrivals: this times what the pool does one request at a time
+    seed001_breaker_s: float = 0.0  # > 0: each batching again with asr's latency breaker at this P99 bound
     voice_models: tuple[str, ...] = ("tiny-en",)
     voice_requests: dict = field(default_factory=lambda: {1: 6, 8: 16})
 
@@ -503,13 +504,16 @@ class Bench:
         by_kind = {k: [c for c in mix if c.kind == k] for k in SEED001_MIX}
         repository = asr_repository(model.artifacts, self.out / "repos" / "seed001", model.cap_tokens)
         rate = self.results.get("seed001_calibration", {}).get("rate_per_s")
+        policies = ["length", "count"] + (["length+breaker", "count+breaker"] if p.seed001_breaker_s else [])
         for workers in p.seed001_workers:
-            for batching in ("length", "count"):
+            for batching in policies:
                 if any((r["batching"], r["workers"]) == (batching, workers) for r in self.results["seed001"]):
                     continue  # a resumed run: measured before
                 name = f"seed001-{batching}-w{workers}"
-                env = {"SWITCHBOARD_PRECISION": "fp32", "SWITCHBOARD_BATCHING": batching}
+                env = {"SWITCHBOARD_PRECISION": "fp32", "SWITCHBOARD_BATCHING": batching.removesuffix("+breaker")}
                 env["SWITCHBOARD_WORKERS"] = str(workers)
+                if batching.endswith("+breaker"):  # seed 001's: refuse new requests while P99 is over the bound
+                    env["SWITCHBOARD_BREAKER_P99_S"] = f"{p.seed001_breaker_s:g}"
                 stack = self.start_switchboard(repository, name, env)
                 try:
                     with self.switchboard_call(stack) as call:
@@ -556,6 +560,9 @@ class Bench:
             "short_queued_p99_s": asr_load.percentile(queued, 99),
             "short_in_batch_p99_s": asr_load.percentile([s.latency - q for s, q in zip(timed, queued)], 99),
             "sender_lag_max_s": max(lag) if lag else 0.0,
+            # requests asr's latency breaker turned away (UNAVAILABLE), of every kind
+            "refused_by_breaker": sum("latency bound" in s.error for s in samples),
+            "breaker_p99_s": self.preset.seed001_breaker_s if batching.endswith("+breaker") else 0.0,
             "load_avg": os.getloadavg()[0],
         }
         self.keep("seed001", row, samples, f"seed001-{batching}-w{workers}")
@@ -790,6 +797,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--seed001-model", choices=sorted(MODELS), help="the model seed 001 runs on (the preset's otherwise)"
     )
+    p.add_argument(
+        "--seed001-breaker",
+        type=float,
+        metavar="S",
+        help="seed 001 also with asr's latency breaker at this P99 bound (breaker_p99_s; seed 001 used 1.5), "
+        "for both batchings",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", type=Path, help="default: <out>/bench.log")
     p.add_argument(
@@ -811,6 +825,10 @@ def main(argv: list[str] | None = None) -> int:
         preset = dataclasses.replace(preset, seed001_load=args.seed001_load)
     if args.seed001_model:
         preset = dataclasses.replace(preset, seed001_model=args.seed001_model)
+    if args.seed001_breaker is not None:
+        if args.seed001_breaker <= 0:
+            p.error(f"--seed001-breaker {args.seed001_breaker:g}: expected a bound in seconds, above 0")
+        preset = dataclasses.replace(preset, seed001_breaker_s=args.seed001_breaker)
     if args.seed001_workers:
         try:
             workers = tuple(int(w) for w in args.seed001_workers.split(",") if w.strip())

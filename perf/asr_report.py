@@ -177,6 +177,7 @@ def seed001_rows(results: dict) -> tuple[str, list[dict]]:
                 _f(row.get("short_batch_size_mean"), 1),
                 _f(row.get("drain_s"), 1, " s"),
                 s.get("failed", 0) + lg.get("failed", 0),
+                row.get("refused_by_breaker", "-") if row.get("breaker_p99_s") else "-",
             ]
         )
     for workers in dict.fromkeys(r["workers"] for r in runs):
@@ -189,6 +190,7 @@ def seed001_rows(results: dict) -> tuple[str, list[dict]]:
             verdicts.append({"workers": workers, "p99_ratio": p99, "p50_ratio": p50, "met": p99 >= GOAL_SEED001})
     header = ["batching", "workers", "arrivals/s", "short / long", "short P50", "short P99", "long P50", "long P99"]
     header += ["short: queued P99", "in a batch P99", "short's batch size", "drained after", "failed"]
+    header += ["of them refused by the breaker"]
     return table(header, rows), verdicts
 
 
@@ -254,6 +256,13 @@ def summary_md(results: dict) -> str:
                 f"{_f(cal.get('load'), 2)}x what it does that way (batching makes the rest).\n"
             )
         parts.append(text)
+        bounds = sorted({r["breaker_p99_s"] for r in results["seed001"] if r.get("breaker_p99_s")})
+        if bounds:
+            bound = ", ".join(f"{b:g}" for b in bounds)
+            parts.append(
+                f"\nRows `+breaker`: asr's latency breaker on (`breaker_p99_s` {bound} s, seed 001's remedy). "
+                "The requests it refused (UNAVAILABLE) count as failed; the percentiles are of the answered ones."
+            )
         for v in verdicts:
             parts.append(
                 f"\nworkers={v['workers']}: short-utterance P99 with count batching / with length batching = "

@@ -278,6 +278,9 @@ def test_bad_arguments_are_refused_by_name(capsys):
         asr_bench.main(["--parts", "everything"])
     with pytest.raises(SystemExit):
         asr_bench.main(["--seed001-workers", "two"])
+    with pytest.raises(SystemExit):
+        asr_bench.main(["--seed001-breaker", "0"])
+    assert "--seed001-breaker 0: expected a bound in seconds" in capsys.readouterr().err
 
 
 # -- peers ----------------------------------------------------------------------------------------
@@ -405,6 +408,26 @@ def test_seed001_verdict_is_the_short_p99_ratio():
     text, verdicts = asr_report.seed001_rows(RESULTS)
     assert verdicts == [{"workers": 1, "p99_ratio": 4.0, "p50_ratio": 4.0, "met": True}]
     assert "| length | 1 | 1.00 | 40 / 10 | 500 ms | 1000 ms |" in text
+
+
+def test_seed001_rows_with_the_breaker_show_what_it_refused_and_leave_the_verdict_alone():
+    guarded = {
+        "batching": "count+breaker",
+        "workers": 1,
+        "rate_per_s": 1.0,
+        "drain_s": 0.5,
+        "short_batch_size_mean": 3.0,
+        "refused_by_breaker": 12,
+        "breaker_p99_s": 1.5,
+        "by_kind": {
+            "short": {"requests": 40, "failed": 10, "p50_s": 0.6, "p99_s": 1.4},
+            "long": {"requests": 10, "failed": 2, "p50_s": 3.0, "p99_s": 5.0},
+        },
+    }
+    text, verdicts = asr_report.seed001_rows(dict(RESULTS, seed001=[*RESULTS["seed001"], guarded]))
+    assert verdicts == [{"workers": 1, "p99_ratio": 4.0, "p50_ratio": 4.0, "met": True}]  # length vs count
+    assert "| count+breaker | 1 | 1.00 | 40 / 10 | 600 ms | 1400 ms |" in text
+    assert text.splitlines()[-1].endswith("| 12 | 12 |") and "| 0 | - |" in text
 
 
 def test_summary_has_every_table_and_the_missed_goals_stand_out(tmp_path):
