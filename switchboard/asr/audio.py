@@ -215,7 +215,7 @@ def _decode_av(data: bytes, container: str, max_seconds: float) -> Audio:
                     _check_seconds(total / rate, max_seconds)
     except AudioError:
         raise
-    except (av.FFmpegError, ValueError, IndexError) as e:
+    except (av.FFmpegError, ValueError, IndexError, TypeError, ArithmeticError) as e:  # fields a damaged file left out
         if not blocks:  # a header too damaged to open, or no packet that decodes
             raise AudioError("not_audio", f"audio: the {container} file is damaged or cut short ({e})") from None
         # what decoded before the damage is the recording, unless its header promised more
