@@ -8,6 +8,7 @@ import copy
 import re
 import shutil
 import subprocess
+import sys
 import types
 
 import kubernetes_validate
@@ -15,6 +16,9 @@ import pytest
 import yaml
 
 from switchboard import paths
+from switchboard.asr.metrics import METRICS as ASR_METRICS
+from switchboard.asr.metrics import PREFIX as ASR_PREFIX
+from switchboard.asr.metrics import AsrMetrics
 from switchboard.ops import launch
 from switchboard.ops.balancer import Replica, haproxy_config
 from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH, parser
@@ -266,17 +270,21 @@ def _exported_names(monkeypatch) -> set[str]:
     glue = stub_glue(monkeypatch, "switchboard.triton.chat_metrics")
     monkeypatch.setattr(glue.pb_utils, "MetricFamily", Family, raising=False)
     glue.ChatMetricsPublisher(None, None, None, ("engine_short", "engine_long"), interval=3600)
+    asr_glue = stub_glue(monkeypatch, "switchboard.triton.asr_metrics")
+    monkeypatch.setattr(sys.modules["triton_python_backend_utils"], "MetricFamily", Family, raising=False)
+    asr_glue.AsrMetricsPublisher(AsrMetrics(), types.SimpleNamespace(pending_s=0.0), interval=3600).close()
     series = set(names)
-    for name, (kind, *_rest) in METRICS.items():
-        assert PREFIX + name in names
-        if kind == "histogram":
-            series |= {PREFIX + name + suffix for suffix in ("_bucket", "_sum", "_count")}
+    for prefix, metrics in ((PREFIX, METRICS), (ASR_PREFIX, ASR_METRICS)):
+        for name, (kind, *_rest) in metrics.items():
+            assert prefix + name in names
+            if kind == "histogram":
+                series |= {prefix + name + suffix for suffix in ("_bucket", "_sum", "_count")}
     return series
 
 
 def test_the_adapters_series_are_metrics_the_server_exports(monkeypatch):
     exported = _exported_names(monkeypatch)
-    assert PREFIX + "admission_waiting" in exported
+    assert PREFIX + "admission_waiting" in exported and ASR_PREFIX + "queue_seconds_bucket" in exported
     for rule in _adapter_rules():
         series = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", rule["seriesQuery"]).group(0)
         assert series in exported, series
