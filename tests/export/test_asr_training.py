@@ -215,6 +215,16 @@ def test_vtlp_moves_formants_by_the_drawn_factor_and_keeps_the_shape():
         assert (y[0, :, 0] == y[0, :, 4]).all()  # the same warp for every frame of an item
 
 
+def test_vtlp_home_zero_leaves_the_home_voices_rows_alone():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 80, 5)).astype(np.float32)
+    home = [True, False, True, False]
+    y = x.copy()
+    model_mod._vtlp(y, model_mod.ModelConfig(vtlp=0.15, vtlp_home=0.0), np.random.default_rng(1), home)
+    for row, is_home in enumerate(home):
+        assert (y[row] == x[row]).all() == is_home, row
+
+
 def test_a_build_runs_deterministic_kernels_and_restores_torchs_settings(monkeypatch, tmp_path):
     from switchboard.training.asr import __main__ as asr_main
 

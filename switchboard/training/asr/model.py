@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from switchboard.asr import features as feat
+from switchboard.training import speech
 from switchboard.training.asr import data as data_mod
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class ModelConfig:
     time_masks: int = 0  # ...and stretches of frames, each up to time_width of the window
     time_width: float = 0.05
     vtlp: float = 0.0  # vocal tract length perturbation: each item's frequencies stretched by up to this (0.1: +-10%)
+    vtlp_home: float = 1.0  # the share of home-voice items it stretches too (0: only the other voices')
     ema: float = 0.99  # decay of an exponential moving average of the weights, which is what ships (0: the last step's)
     pack: float = 0.0  # share of items spoken on into a second one of their language when both fit the window
     pack_gap_frames: int = 15  # the pause between the two (0.3 s)
@@ -163,7 +165,8 @@ def _batch(
     pairs = [packer.item(i, pad_id, rng) if packer else (data.features[i], seqs[i]) for i in index]
     x = window_features([f for f, _ in pairs], cfg.window_frames)
     if cfg.vtlp:
-        _vtlp(x.numpy(), cfg, rng)
+        home = [data.items[i].voice == speech.home_voice(data.items[i].lang) for i in index]
+        _vtlp(x.numpy(), cfg, rng, home if cfg.vtlp_home < 1 else None)
     if cfg.freq_masks or cfg.time_masks:
         _spec_augment(x.numpy(), cfg, rng)
     longest = max(len(s) for _, s in pairs)
@@ -207,14 +210,17 @@ def _mel_centers(n_mels: int, top_hz: float = 8000.0) -> np.ndarray:
     return to_hz(np.linspace(to_mel(0.0), to_mel(top_hz), n_mels + 2)[1:-1])
 
 
-def _vtlp(x: np.ndarray, cfg: ModelConfig, rng: np.random.Generator) -> None:
+def _vtlp(x: np.ndarray, cfg: ModelConfig, rng: np.random.Generator, home: list[bool] | None = None) -> None:
     """In place, per item: the frequency axis stretched by a random factor within ``cfg.vtlp``
     (vocal tract length perturbation: the same words from a longer or shorter throat, formants
-    moved up or down), the bands read off the item's own by interpolation."""
+    moved up or down), the bands read off the item's own by interpolation. ``home``: which
+    rows are in the home voice, of which only ``cfg.vtlp_home`` are stretched."""
     n_mels = x.shape[1]
     centers = _mel_centers(n_mels)
     for row in range(x.shape[0]):
         alpha = rng.uniform(1 - cfg.vtlp, 1 + cfg.vtlp)
+        if home is not None and home[row] and rng.random() >= cfg.vtlp_home:
+            continue
         source = np.interp(centers / alpha, centers, np.arange(n_mels, dtype=np.float64))
         lo = np.floor(source).astype(int)
         hi = np.minimum(lo + 1, n_mels - 1)
