@@ -78,8 +78,13 @@ def _status(url: str) -> int | None:
 
 def spoken_question(repository: Path, n: int) -> tuple[bytes, str] | None:
     """The ``n``-th held-out question in the installed recognizer's first language, spoken by
-    espeak-ng's plain voice (WAV bytes, the text), or None when no recognizer is installed."""
+    espeak-ng's plain voice (WAV bytes, the text), or None when no recognizer is installed or
+    espeak-ng is not (said once)."""
     if "asr" not in loadable(repository):
+        return None
+    if shutil.which("espeak-ng") is None:
+        if n == 0:
+            print("[cold-start] no voice chat: Debian's espeak-ng, which speaks the question, is not installed")
         return None
     from switchboard.asr.audio import encode_wav
     from switchboard.training import speech
