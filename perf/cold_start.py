@@ -87,10 +87,11 @@ def spoken_question(repository: Path, n: int) -> tuple[bytes, str] | None:
             print("[cold-start] no voice chat: Debian's espeak-ng, which speaks the question, is not installed")
         return None
     from switchboard.asr.audio import encode_wav
+    from switchboard.asr.runtime import AsrManifest
     from switchboard.training import speech
 
-    manifest = json.loads((repository / "asr" / "1" / "asr.json").read_text())
-    lang = "en" if "en" in manifest["languages"] else next(iter(manifest["languages"]))
+    languages = AsrManifest.load(repository / "asr" / "1").languages
+    lang = "en" if "en" in languages else next(iter(languages))
     sentences = speech.heldout_sentences(lang)
     text, _ = sentences[n % len(sentences)]
     return encode_wav(speech.speak(text, lang, speech.home_voice(lang))), text

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from switchboard.asr.audio import encode_wav
+from switchboard import paths
 from switchboard.client import ChatClient, ChatError
 from switchboard.ops.launch import Ports, Stack
+from switchboard.perf.cold_start import spoken_question
 from switchboard.perf.servertools import scrape
-from switchboard.training import speech
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,7 @@ def test_over_its_bound_asrs_breaker_refuses_priority_two_audio_never_priority_o
     while not client.ready("asr"):  # tiny.en, installed by make test, loads with the server
         assert time.monotonic() < deadline, "asr did not become ready"
         time.sleep(0.5)
-    text, lang = speech.heldout_sentences("en")[0]
-    question = encode_wav(speech.speak(text, lang, speech.home_voice(lang)))
+    question, _ = spoken_question(paths.MODEL_REPOSITORY, 0)
     first = [client.transcribe(question, language="en") for _ in range(3)]
     assert all(r.text for r in first)  # the window fills with short requests' times
     time.sleep(0.3)

@@ -20,14 +20,12 @@ import pytest
 import yaml
 
 from switchboard import paths
-from switchboard.asr.audio import encode_wav
 from switchboard.asr.wer import error_rate
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.ops.process import alive
 from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH
-from switchboard.perf.cold_start import pod_command
-from switchboard.training import speech
+from switchboard.perf.cold_start import pod_command, spoken_question
 from tests.integration.gatewaytools import Gateway
 
 
@@ -132,8 +130,7 @@ def test_the_gateway_deployment_serves_a_pods_chat_and_speech(pod):
             model="switchboard", messages=[{"role": "user", "content": "Where is my order?"}], max_tokens=8
         )
         assert reply.choices[0].message.content
-        text, lang = speech.heldout_sentences("en")[0]
-        wav = encode_wav(speech.speak(text, lang, speech.home_voice(lang)))
+        wav, text = spoken_question(paths.MODEL_REPOSITORY, 0)
         heard = client.audio.transcriptions.create(file=("q.wav", wav), model="switchboard-asr")
         assert error_rate([text], [heard.text]) <= 0.5, (text, heard.text)
     finally:

@@ -411,19 +411,16 @@ def test_seed001_verdict_is_the_short_p99_ratio():
 
 
 def test_seed001_rows_with_the_breaker_show_what_it_refused_and_leave_the_verdict_alone():
-    guarded = {
-        "batching": "count+breaker",
-        "workers": 1,
-        "rate_per_s": 1.0,
-        "drain_s": 0.5,
-        "short_batch_size_mean": 3.0,
-        "refused_by_breaker": 12,
-        "breaker_p99_s": 1.5,
-        "by_kind": {
+    guarded = dict(
+        RESULTS["seed001"][1],  # the count row, with the breaker on
+        batching="count+breaker",
+        refused_by_breaker=12,
+        breaker_p99_s=1.5,
+        by_kind={
             "short": {"requests": 40, "failed": 10, "p50_s": 0.6, "p99_s": 1.4},
             "long": {"requests": 10, "failed": 2, "p50_s": 3.0, "p99_s": 5.0},
         },
-    }
+    )
     text, verdicts = asr_report.seed001_rows(dict(RESULTS, seed001=[*RESULTS["seed001"], guarded]))
     assert verdicts == [{"workers": 1, "p99_ratio": 4.0, "p50_ratio": 4.0, "met": True}]  # length vs count
     assert "| count+breaker | 1 | 1.00 | 40 / 10 | 600 ms | 1400 ms |" in text
