@@ -69,17 +69,35 @@ SETTINGS = (
 # name -> (languages, tokens each transcript is capped at: random weights never end one)
 MODELS = {"default": (("en", "zh"), None), "tiny-en": (("en",), None), "small-shape": (("en",), 12)}
 CLIPS = 16  # spoken questions per language set
-HOST = "-host"  # a --steps suffix: the tokens chosen from logits on the host, not on the device
-ENCODER = "-encoder"  # a --steps suffix: a fixed window's encoder a CUDA graph per batch size too
-STEPS = ("graphs", "growing", "static", "graphs" + HOST, "static" + HOST, "graphs" + ENCODER)
+# --steps suffixes, each turning off one thing the pool does by default (to measure it):
+HOST = "-host"  # the tokens chosen from logits on the host, not on the device
+EAGER = "-eager"  # a fixed window's encoder launched kernel by kernel, not replayed as a CUDA graph
+WHOLE = "-whole"  # whole batches: no queued chunk joins a running batch (no in-flight batching)
+STEPS = (
+    "graphs",
+    "growing",
+    "static",
+    "graphs" + HOST,
+    "static" + HOST,
+    "graphs" + EAGER,
+    "graphs" + WHOLE,
+    "static" + WHOLE,
+)
 log = logging.getLogger("switchboard.perf.asr_gpu")
 
 
-def set_mode(runtime, mode: str) -> None:
-    """Put a ``TorchWhisper`` in a --steps mode: one copy of the weights for every mode."""
-    runtime.steps_mode = mode.removesuffix(HOST).removesuffix(ENCODER)
+def base_mode(mode: str) -> str:
+    """A --steps mode's decoding steps: graphs, static or growing."""
+    return mode.split("-")[0]
+
+
+def set_mode(runtime, mode: str) -> bool:
+    """Put a ``TorchWhisper`` in a --steps mode (one copy of the weights for every mode);
+    returns whether queued chunks join running batches in it (``AsrService(join=)``)."""
+    runtime.steps_mode = base_mode(mode)
     runtime.choose_on_device = not mode.endswith(HOST)
-    runtime.encoder_graphs = mode.endswith(ENCODER)
+    runtime.encoder_graphs = not mode.endswith(EAGER)
+    return not mode.endswith(WHOLE)
 
 
 # -- packing ----------------------------------------------------------------------------------
@@ -212,7 +230,9 @@ def capped(model, cap: int | None):
     return model
 
 
-def measure(model, clips: list, max_batch: int, callers: int, workers: int, requests: int, warmup: int) -> dict:
+def measure(
+    model, clips: list, max_batch: int, callers: int, workers: int, requests: int, warmup: int, join: bool = True
+) -> dict:
     """One closed-loop run of a fresh pool over ``model``; ``busy``: the share of the measured
     time a batch was running (near 1 with one worker: the batches are the limit, not the
     audio's preparation or the callers)."""
@@ -232,7 +252,8 @@ def measure(model, clips: list, max_batch: int, callers: int, workers: int, requ
         long_every=cfg.long_every,
         wait_alone=cfg.wait_alone,
     )
-    service = AsrService(model, batcher, chunk_s=min(cfg.chunk_s, model.max_seconds), workers=workers)
+    chunk_s = min(cfg.chunk_s, model.max_seconds)
+    service = AsrService(model, batcher, chunk_s=chunk_s, workers=workers, join=join and cfg.join_running)
     spans: list[tuple[float, float]] = []
     transcribe = model.transcribe
 
@@ -333,12 +354,12 @@ def run(
         clips = clips_of(langs, pack_dir)
         checkpoint = checkpoint_of(name, pack_dir, work)
         for dtype in dtypes:
-            first_mode = steps[0].removesuffix(HOST).removesuffix(ENCODER)
+            first_mode = base_mode(steps[0])
             model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype, steps=first_mode), cap)
             warm = [model.features(asr_load.decode_audio(c.wav)) for c in clips[:8]]
             tokens = {}
             for mode in steps:
-                set_mode(model.runtime, mode)
+                join = set_mode(model.runtime, mode)
                 model.runtime.warm(2)  # as the server does at load: a buffer set per worker, graphs captured
                 for size in range(1, len(warm) + 1):  # every batch size once: first-call costs stay out
                     model.transcribe(warm[:size], [c.lang for c in clips[:size]])
@@ -346,7 +367,9 @@ def run(
                 same = float(np.mean([a == b for a, b in zip(tokens[mode], tokens[steps[0]])]))
                 for label, max_batch, callers, workers in SETTINGS:
                     started = time.monotonic()
-                    row = measure(model, clips, max_batch, callers, workers, requests[callers], warmup=2 * callers)
+                    row = measure(
+                        model, clips, max_batch, callers, workers, requests[callers], warmup=2 * callers, join=join
+                    )
                     row |= {
                         "model": name,
                         "dtype": dtype,
@@ -472,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         "--steps",
         default="graphs,growing",
         help=f"comma-separated decoding modes ({', '.join(STEPS)}; torch_runtime.py; {HOST}: each step's logits "
-        f"to the host, the tokens chosen there; {ENCODER}: a fixed window's encoder replayed as a CUDA graph "
+        f"to the host, the tokens chosen there; {EAGER}: a fixed window's encoder launched kernel by kernel, not "
+        f"replayed as a CUDA graph; {WHOLE}: whole batches, no queued chunk joining a running one"
         "too), each measured on one copy of the weights; same_tokens compares each mode's transcripts to the first's",
     )
     b.add_argument(

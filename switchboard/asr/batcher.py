@@ -81,8 +81,21 @@ class _Queue:
         self._taken(items, now)
         return items
 
+    def join(self, now: float, room: int) -> list[Item]:
+        """Up to ``room`` items to join a batch that is running (in-flight batching), removed
+        from the queue: those the next batch would start with, as ``take`` plans it, without
+        waiting for it to be due (the running batch is their company)."""
+        if not self._queue or room < 1:
+            return []
+        batch = self._plan(now)[0][:room]
+        taken = {seq for seq, _ in batch}
+        self._queue = [entry for entry in self._queue if entry[0] not in taken]
+        items = [item for _, item in batch]
+        self._taken(items, now)
+        return items
+
     def _taken(self, batch: list[Item], now: float) -> None:
-        """Called with each batch ``take`` hands out, after it left the queue."""
+        """Called with each batch ``take`` or ``join`` hands out, after it left the queue."""
 
     def next_due(self, now: float) -> float | None:
         """When ``take`` returns a batch if nothing else arrives: ``now`` or later; None when empty."""

@@ -119,9 +119,10 @@ def modules(fused: bool = False):
     class StaticDecoderGraph(nn.Module):
         """DecoderGraph over caches of a fixed size, written in place: what ``torch_runtime``
         replays as one CUDA graph per batch size (every tensor's shape and address the same at
-        every step). input_ids [B, S]; positions [S] (where the new tokens go); self_keys,
-        self_values: per layer [B, H, L, hd], the new tokens' keys and values written at
-        ``positions``, later positions masked out; cross_keys [B, H, hd, T'], cross_values
+        every step). input_ids [B, S]; positions [B, S] (where each row's new tokens go: rows
+        that joined a running batch later are at earlier positions); self_keys, self_values: per
+        layer [B, H, L, hd], the new tokens' keys and values written at ``positions``, each
+        row's later positions masked out; cross_keys [B, H, hd, T'], cross_values
         [B, H, T', hd] per layer; cross_mask: None, or [B, 1, 1, T'] added to the cross
         attention's scores (a batch's encoder output shorter than T') -> logits [B, V]."""
 
@@ -133,16 +134,23 @@ def modules(fused: bool = False):
 
         def forward(self, input_ids, positions, self_keys, self_values, cross_keys, cross_values, cross_mask=None):
             dec = self.decoder
-            h = dec.embed_tokens(input_ids) + dec.embed_positions.weight.index_select(0, positions)
+            b, s = input_ids.shape
+            embedded = dec.embed_positions.weight.index_select(0, positions.reshape(-1)).view(b, s, -1)
+            h = dec.embed_tokens(input_ids) + embedded
             key_pos = torch.arange(self_keys[0].shape[2], device=h.device)
-            mask = (key_pos.unsqueeze(0) > positions.unsqueeze(1)).to(h.dtype) * torch.finfo(h.dtype).min
+            # [B, 1, S, L]: a row's query sees its own positions up to its own
+            mask = (key_pos.view(1, 1, -1) > positions.unsqueeze(2)).to(h.dtype).unsqueeze(1) * torch.finfo(h.dtype).min
+            where = None  # [B, H, S, hd]: each new key's and value's place in the cache
             for i, layer in enumerate(dec.layers):
                 a = layer.self_attn
                 y = layer.self_attn_layer_norm(h)
                 q = heads(a.q_proj(y) * a.scaling, self.heads)
                 k, v = self_keys[i], self_values[i]
-                k.index_copy_(2, positions, heads(a.k_proj(y), self.heads))
-                v.index_copy_(2, positions, heads(a.v_proj(y), self.heads))
+                new_k = heads(a.k_proj(y), self.heads)
+                if where is None:
+                    where = positions.reshape(b, 1, s, 1).expand(new_k.shape)
+                k.scatter_(2, where, new_k)
+                v.scatter_(2, where, heads(a.v_proj(y), self.heads))
                 h = h + a.out_proj(merge(attend(q, k.transpose(2, 3), v, mask)))
                 c = layer.encoder_attn
                 y = layer.encoder_attn_layer_norm(h)

@@ -219,13 +219,19 @@ class AsrModel:
         max_new_tokens: int | None = None,
         cancelled: Callable[[int], bool] | None = None,
         on_done: Callable[[int, Transcript], None] | None = None,
+        more: Callable[[int], list[tuple[np.ndarray, str | None]]] | None = None,
     ) -> list[Transcript]:
         """Transcripts of ``features`` ([n_mels, T] each), in order. ``languages[i]``: a code
         from ``self.languages`` or None (detected by a multilingual model). ``on_delta(i, text)``
         gets each row's text as it becomes final; ``cancelled(i)``, asked before every step,
         ends row i there; ``on_done(i, transcript)`` gets row i's transcript the step it ends,
         while the batch's longer rows go on (a 2 s question is not held for a 15 s chunk's last
-        words). ValueError names the input that is wrong."""
+        words). ``more(room)``, asked between steps where the runtime lets rows join a running
+        batch (``TorchWhisper``'s fixed-size buffers) and it has room, gives up to ``room``
+        more (features, language) pairs: they join as rows ``len(features)``, ``+ 1``, ... (in
+        the order given; the callbacks and the returned list count them so), a row that ended
+        leaving its place to a waiting one rather than the batch running on half empty.
+        ValueError names the input that is wrong."""
         if len(features) != len(languages):
             raise ValueError(f"{len(features)} feature arrays but {len(languages)} languages")
         if max_new_tokens is not None and max_new_tokens < 1:
@@ -236,8 +242,10 @@ class AsrModel:
         batch = pad_batch([self._checked(i, f) for i, f in enumerate(features)], self.window_frames)
         rows = [_Row(i, code, IncrementalDetokenizer(self._decode)) for i, code in enumerate(codes)]
         steps = self._steps(self.runtime.encode(batch), len(rows))
+        if more is not None and getattr(steps, "join", None) is None:
+            more = None  # this runtime's batches cannot take rows while they decode
         try:
-            self._decode_rows(rows, steps, max_new_tokens, on_delta, cancelled, on_done)
+            self._decode_rows(rows, steps, max_new_tokens, on_delta, cancelled, on_done, more)
         finally:
             steps.close()
         return [r.transcript() for r in rows]
@@ -249,7 +257,7 @@ class AsrModel:
         own = start(cross, batch) if start is not None else None
         return own if own is not None else GrowingCache(self.runtime, cross, batch)
 
-    def _decode_rows(self, rows: list[_Row], steps: Steps, max_new_tokens, on_delta, cancelled, on_done) -> None:
+    def _decode_rows(self, rows: list[_Row], steps: Steps, max_new_tokens, on_delta, cancelled, on_done, more) -> None:
         prompt = self._prompt(rows, steps)
         limit = self.manifest.max_target_positions - self.manifest.prompt_length
         budget = min(max_new_tokens or limit, limit)
@@ -282,6 +290,27 @@ class AsrModel:
             report([r for r in live if r.finish_reason is not None])
             live = self._keep(live, steps)
             step += 1
+            if more is not None and steps.room() > 0:
+                joined = self._join(rows, steps, more, budget, on_delta)
+                report([r for r in joined if r.finish_reason is not None])
+                live = self._keep(live + joined, steps)
+
+    def _join(self, rows: list[_Row], steps: Steps, more, budget: int, on_delta) -> list[_Row]:
+        """The rows ``more`` gives, encoded, placed in the running batch, their prompts fed and
+        first tokens chosen (appended to ``rows``); [] when none waits."""
+        new = more(steps.room())
+        if not new:
+            return []
+        base = len(rows)
+        codes = [self._language(base + j, lang) for j, (_, lang) in enumerate(new)]
+        batch = pad_batch([self._checked(base + j, f) for j, (f, _) in enumerate(new)], self.window_frames)
+        joined = [_Row(base + j, code, IncrementalDetokenizer(self._decode)) for j, code in enumerate(codes)]
+        rows += joined
+        own = steps.rows(steps.join(self.runtime.encode(batch)), len(joined))
+        ids = np.asarray(self._prompt(joined, own), np.int64)
+        for row, token in zip(joined, self._next_tokens(own, ids, first=True)):
+            self._advance(row, int(token), budget, on_delta)
+        return joined
 
     def _language(self, i: int, lang: str | None) -> str | None:
         if lang is None:

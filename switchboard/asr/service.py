@@ -7,7 +7,10 @@ items of similar length under an audio-seconds budget, so a 2 s question never w
 30 s recording's decoding (seed 001's incident). ``workers`` threads run the batches; each
 streams every row's text as it is decoded. The chunks of one request may run in different
 batches: their text is passed on in order (a later chunk's text waits, buffered, for the
-earlier ones).
+earlier ones). With ``join`` (and a model whose runtime allows it: ``TorchWhisper``'s
+fixed-size buffers), a chunk queued while a batch decodes joins it where a row has ended,
+within the batcher's ``max_batch`` (``batcher.join``: in-flight batching), rather than
+waiting for that batch's longest row.
 
 A batch that raises is run again one item at a time, so one bad item fails alone.
 
@@ -113,7 +116,9 @@ class Recognizer(Protocol):
     multilingual: bool
 
     def features(self, samples: np.ndarray) -> np.ndarray: ...
-    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None): ...
+    def transcribe(
+        self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None, more=None
+    ): ...
 
 
 class AsrService:
@@ -129,11 +134,12 @@ class AsrService:
         prep_workers: int = 2,
         breaker: LatencyBreaker | None = None,
         short_s: float = 15.0,
+        join: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.model, self.batcher, self.clock = model, batcher, clock
         self.max_audio_s, self.chunk_s, self.max_pending_s = max_audio_s, chunk_s, max_pending_s
-        self.breaker, self.short_s = breaker, short_s
+        self.breaker, self.short_s, self.join = breaker, short_s, join
         self._cond = threading.Condition()
         self._pending_s = 0.0  # audio seconds decoded and waiting or running
         self._closed = False
@@ -273,8 +279,30 @@ class AsrService:
         def cancelled(row: int) -> bool:
             return live[row][0].job.cancelled()
 
+        ended = [0]
+
         def on_done(row: int, result) -> None:  # a row that ended goes out while the rest decode
+            ended[0] += 1
             self._chunk_done(*live[row], result)
+
+        def more(room: int) -> list[tuple[np.ndarray, str | None]]:
+            """Queued chunks joining this batch where rows have ended (in-flight batching), as
+            many as the batcher's max_batch leaves room for; they join ``items`` too, so a batch
+            that fails runs them again one by one."""
+            running = len(live) - ended[0]
+            room = min(room, self.batcher.max_batch - running)
+            with self._cond:
+                joined = [] if self._closed or room < 1 else self.batcher.join(self.clock(), room)
+            now, out = self.clock(), []
+            for item in joined:
+                items.append(item)
+                state, i = item.key
+                if state.started is None:
+                    state.started, state.batch_size = now, running + len(joined)
+                if not state.failed:
+                    live.append((state, i))
+                    out.append((state.chunks[i].features, state.job.language or state.language))
+            return out
 
         results = self.model.transcribe(
             [state.chunks[i].features for state, i in live],
@@ -282,6 +310,7 @@ class AsrService:
             on_delta=on_delta,
             cancelled=cancelled,
             on_done=on_done,
+            **({"more": more} if self.join else {}),
         )
         for (state, i), result in zip(live, results, strict=True):
             self._chunk_done(state, i, result)  # a model that reports no row early: done here

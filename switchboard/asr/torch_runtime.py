@@ -23,20 +23,22 @@ How a batch's decoding steps run (``steps``):
   Python, a batch of 6 cost 3 times a batch of 1 where the GPU's arithmetic says about the same
   (docs/benchmarks.md). A graph needs every tensor at the same address at every step, so the
   cache is one fixed-size buffer per layer ([max_batch, H, max_target_positions, hd]) written
-  in place at the step's position, later positions masked; the encoder's keys and values are
-  copied into buffers of the encoder's full length (a shorter batch's rest masked). Rows that
+  in place at each row's position, its later positions masked; the encoder's keys and values
+  are copied into buffers of the encoder's full length (a shorter row's rest masked). Rows that
   finish are moved out of the leading rows (``keep``) and the batch replays the smaller
-  graph. A batch holds its buffers until its last row ends; batches decoding at once (workers)
-  each get a set. The prompt (several tokens at once) runs outside the graphs, on the same
-  buffers.
+  graph; rows waiting may take their places (``StaticSteps.join``: in-flight batching, each
+  row at its own position, so a batch does not run on half empty until its longest row ends).
+  A batch holds its buffers until its last row ends; batches decoding at once (workers) each
+  get a set. A prompt (several tokens at once) runs outside the graphs, on the same buffers.
 - ``static``: the same buffers and modules without the graphs (what the graphs replay; the CPU
   tests hold it to ``growing``).
 - ``growing`` (the default on the CPU): the cache grows by a position each step
   (``model.GrowingCache``).
 
-The encoder runs its kernels one by one. ``encoder_graphs`` (off; the GPU bench's ``--steps
-graphs-encoder`` turns it on to measure it) replays a fixed window's encoder as a CUDA graph
-per batch size too, one batch at a time, its outputs copied out of the graph's buffers.
+With graphs, a fixed window's encoder (pretrained Whisper's 30 s) is replayed as a CUDA graph
+per batch size too, one batch at a time, its outputs copied out of the graph's buffers
+(``encoder_graphs``; the GPU bench's ``--steps graphs-eager`` turns it off to measure it). An
+encoder of variable length (the embedded default's) launches its kernels one by one.
 """
 
 from __future__ import annotations
@@ -101,8 +103,8 @@ class TorchWhisper:
         self._lock = threading.Lock()
         self._capturing = threading.Lock()  # one capture at a time
         self.choose_on_device = True  # False: each step's logits to the host (to measure against)
-        # True: with graphs, a fixed window's encoder is a CUDA graph per batch size too (to measure)
-        self.encoder_graphs = False
+        # with graphs, a fixed window's encoder is a CUDA graph per batch size too (False: to measure)
+        self.encoder_graphs = True
         self._encoders: dict[int, tuple] = {}  # batch size -> (graph, its input, its outputs)
         self._banned: dict[bytes, object] = {}  # token ids never chosen, on the device
 
@@ -214,8 +216,8 @@ class TorchWhisper:
         with self._lock:
             self._free.append(buffers)
 
-    def _run_static(self, buffers: _Buffers, batch: int, input_ids, positions):
-        return self.static(input_ids, positions, *buffers.views(batch))
+    def _run_static(self, buffers: _Buffers, rows: slice, input_ids, positions):
+        return self.static(input_ids, positions, *buffers.views(rows))
 
     def _replay(self, buffers: _Buffers, batch: int):
         """Step ``batch`` rows by the graph captured for that many (captured here the first
@@ -225,7 +227,7 @@ class TorchWhisper:
         if entry is None:
             with self._capturing:
                 entry = buffers.graphs[batch] = self._capture(
-                    lambda: self._run_static(buffers, batch, buffers.ids[:batch], buffers.position)
+                    lambda: self._run_static(buffers, slice(0, batch), buffers.ids[:batch], buffers.positions[:batch])
                 )
         graph, logits = entry
         graph.replay()
@@ -268,18 +270,19 @@ class _Buffers:
             self.cross_values = [zeros(b, heads, frames, hd) for _ in range(n)]
             # A model of fixed window always fills the encoder's length; others mask the rest.
             self.cross_mask = zeros(b, 1, 1, frames) if m.window_frames is None else None
-            self.ids = torch.zeros((b, 1), device=runtime.device, dtype=torch.int64)
-            self.position = torch.zeros(1, device=runtime.device, dtype=torch.int64)
+            # A graph step's input, one host-to-device copy: each row's token, then its position.
+            self.io = torch.zeros((b, 2), device=runtime.device, dtype=torch.int64)
+            self.ids, self.positions = self.io[:, :1], self.io[:, 1:]
         self.graphs: dict = {}
 
-    def views(self, batch: int) -> tuple:
-        """The static decoder's cache arguments for the leading ``batch`` rows."""
+    def views(self, rows: slice) -> tuple:
+        """The static decoder's cache arguments for ``rows``."""
         return (
-            [k[:batch] for k in self.self_keys],
-            [v[:batch] for v in self.self_values],
-            [k[:batch] for k in self.cross_keys],
-            [v[:batch] for v in self.cross_values],
-            None if self.cross_mask is None else self.cross_mask[:batch],
+            [k[rows] for k in self.self_keys],
+            [v[rows] for v in self.self_values],
+            [k[rows] for k in self.cross_keys],
+            [v[rows] for v in self.cross_values],
+            None if self.cross_mask is None else self.cross_mask[rows],
         )
 
     def every(self) -> list:
@@ -288,58 +291,92 @@ class _Buffers:
 
 
 class StaticSteps:
-    """One batch decoding on a ``_Buffers`` set (``model.Steps``); gives the set back at close."""
+    """One batch decoding on a ``_Buffers`` set (``model.Steps``); gives the set back at close.
+
+    Rows may join while the batch decodes (``join``, in-flight batching): a joining row's
+    encoder output goes into the next free rows of the buffers and its prompt runs on those rows
+    alone (``rows``); from then on it steps with the others, each row at its own position."""
 
     def __init__(self, runtime: TorchWhisper, buffers: _Buffers, cross: KV, batch: int):
-        torch = runtime._torch
-        self.runtime, self.buffers, self.batch, self.position = runtime, buffers, batch, 0
-        frames = cross[0][0].shape[-1]
+        self.runtime, self.buffers, self.batch = runtime, buffers, 0
+        self.positions = np.zeros(runtime.max_batch, np.int64)  # each row's next position
+        self._io = np.zeros((runtime.max_batch, 2), np.int64)  # a graph step's input, host side
+        self.join(cross)
+        if self.batch != batch:
+            raise ValueError(f"{self.batch} rows of encoder output for a batch of {batch}")
+
+    def room(self) -> int:
+        """How many more rows may join."""
+        return self.runtime.max_batch - self.batch
+
+    def join(self, cross: KV) -> int:
+        """The rows of ``cross`` (the encoder's keys and values) join after the current rows;
+        returns the first of their row indices. Their prompt goes through ``rows`` next."""
+        torch, buffers = self.runtime._torch, self.buffers
+        first, count = self.batch, cross[0][0].shape[0]
+        if count > self.room():
+            raise ValueError(f"{count} rows joining a batch with room for {self.room()}")
+        frames, rows = cross[0][0].shape[-1], slice(first, first + count)
         with torch.inference_mode():
-            # The last batch's cache is zeroed rather than only masked: a value that overflowed
+            # The rows' last cache is zeroed rather than only masked: a value that overflowed
             # there must not reach this batch's softmax (0 * inf).
             for t in buffers.self_keys + buffers.self_values:
-                t[:batch].zero_()
+                t[rows].zero_()
             for (k, v), keys, values in zip(cross, buffers.cross_keys, buffers.cross_values):
-                keys[:batch, :, :, :frames].copy_(k)
-                values[:batch, :, :frames].copy_(v)
+                keys[rows, :, :, :frames].copy_(k)
+                values[rows, :, :frames].copy_(v)
                 if frames < keys.shape[-1]:
-                    keys[:batch, :, :, frames:].zero_()
-                    values[:batch, :, frames:].zero_()
+                    keys[rows, :, :, frames:].zero_()
+                    values[rows, :, frames:].zero_()
             if buffers.cross_mask is not None:
-                buffers.cross_mask[:batch].zero_()
-                buffers.cross_mask[:batch, :, :, frames:] = torch.finfo(runtime.dtype).min
+                buffers.cross_mask[rows].zero_()
+                buffers.cross_mask[rows, :, :, frames:] = torch.finfo(self.runtime.dtype).min
+        self.positions[rows] = 0
+        self.batch += count
+        return first
 
-    def step(self, input_ids: np.ndarray) -> np.ndarray:
-        logits = self._step(input_ids)
+    def rows(self, first: int, count: int) -> _Rows:
+        """Steps on rows ``first`` .. ``first + count - 1`` alone (a joining row's prompt)."""
+        return _Rows(self, slice(first, first + count))
+
+    def step(self, input_ids: np.ndarray, rows: slice | None = None) -> np.ndarray:
+        logits = self._step(input_ids, rows)
         with self.runtime._torch.inference_mode():
             return logits.float().cpu().numpy()
 
-    def choose(self, input_ids: np.ndarray, banned: np.ndarray) -> np.ndarray:
+    def choose(self, input_ids: np.ndarray, banned: np.ndarray, rows: slice | None = None) -> np.ndarray:
         """One step, then ``model.greedy`` on the device: [B] tokens come back to the host, not
         [B, V] logits."""
         rt, torch = self.runtime, self.runtime._torch
-        logits = self._step(input_ids)
+        logits = self._step(input_ids, rows)
         with torch.inference_mode():
             if banned.size:  # out of place: a graph's logits are its own buffer
                 logits = logits.index_fill(1, rt._on_device(banned), float("-inf"))
             return logits.argmax(dim=1).cpu().numpy()
 
-    def _step(self, input_ids: np.ndarray):
-        """Feed the tokens; the last position's logits, [B, V], on the device."""
+    def _step(self, input_ids: np.ndarray, rows: slice | None):
+        """Feed the tokens of ``rows`` (None: every row); the last position's logits, [B, V],
+        on the device."""
         rt, buffers, torch = self.runtime, self.buffers, self.runtime._torch
-        ids = torch.from_numpy(np.asarray(input_ids, np.int64))
+        whole = rows is None
+        rows = slice(0, self.batch) if whole else rows
+        ids = np.asarray(input_ids, np.int64)
         width = ids.shape[1]
-        if self.position + width > buffers.self_keys[0].shape[2]:  # on the GPU: a device-side assert
+        at = self.positions[rows]
+        if len(at) != ids.shape[0]:
+            raise ValueError(f"{ids.shape[0]} rows of tokens for {len(at)} rows")
+        if at.max(initial=0) + width > buffers.self_keys[0].shape[2]:  # on the GPU: a device-side assert
             raise ValueError(f"decoding past the decoder's {buffers.self_keys[0].shape[2]} positions")
         with torch.inference_mode(), rt._kernels():
-            if width == 1 and rt.steps_mode == "graphs":
-                buffers.ids[: self.batch].copy_(ids)
-                buffers.position.fill_(self.position)
+            if whole and width == 1 and rt.steps_mode == "graphs":
+                io = self._io[: self.batch]
+                io[:, 0], io[:, 1] = ids[:, 0], at
+                buffers.io[: self.batch].copy_(torch.from_numpy(io))
                 logits = rt._replay(buffers, self.batch)
             else:
-                positions = torch.arange(self.position, self.position + width, device=rt.device)
-                logits = rt._run_static(buffers, self.batch, ids.to(rt.device), positions)
-        self.position += width
+                positions = torch.from_numpy(at[:, None] + np.arange(width)).to(rt.device)
+                logits = rt._run_static(buffers, rows, torch.from_numpy(ids).to(rt.device), positions)
+        self.positions[rows] += width
         return logits
 
     def keep(self, rows: list[int]) -> None:
@@ -349,12 +386,29 @@ class StaticSteps:
             with torch.inference_mode():
                 for t in self.buffers.every():
                     t[: len(rows)] = t.index_select(0, which)
+            self.positions[: len(rows)] = self.positions[rows]
         self.batch = len(rows)
 
     def close(self) -> None:
         if self.buffers is not None:
             self.runtime._release(self.buffers)
             self.buffers = None
+
+
+class _Rows:
+    """Some consecutive rows of a ``StaticSteps`` batch stepped alone (``model.Steps``' step
+    and choose; the rows joined the batch and their prompt runs)."""
+
+    def __init__(self, steps: StaticSteps, rows: slice):
+        self.steps, self.which = steps, rows
+        if getattr(steps, "choose", None) is None:
+            self.choose = None
+
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        return self.steps.step(input_ids, self.which)
+
+    def choose(self, input_ids: np.ndarray, banned: np.ndarray) -> np.ndarray:
+        return self.steps.choose(input_ids, banned, self.which)
 
 
 class _ChosenOnHost(StaticSteps):

@@ -147,6 +147,7 @@ class TritonPythonModel:
             if cfg.breaker_p99_s > 0
             else None,
             short_s=cfg.long_audio_s,
+            join=cfg.join_running,
         )
         self.publisher = AsrMetricsPublisher(self.metrics, self.service)
         log.info(

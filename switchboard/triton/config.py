@@ -260,6 +260,11 @@ class AsrConfig(_Config):
     breaker_min_samples: int = setting(
         20, "the breaker judges only a window of at least this many short requests", 1, 100000
     )
+    join_running: bool = setting(
+        True,
+        "with runtime torch (torch_steps graphs or static): a queued chunk joins a running batch in a row one that "
+        "ended left free (in-flight batching), rather than waiting for the batch's last row; false: whole batches",
+    )
     workers: int = setting(
         1, "batches run at once (each on the runtime's threads): 2 lets a short batch overtake a long one", 1, 8
     )

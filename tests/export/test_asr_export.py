@@ -387,6 +387,48 @@ def test_fixed_size_cache_decodes_as_the_growing_one(which, request):
     assert len(static.runtime._free) == 1  # one set of buffers, given back after each batch
 
 
+@pytest.mark.parametrize("which", ["multilingual", "english"])
+def test_rows_joining_a_running_batch_decode_as_they_would_alone(which, request):
+    """In-flight batching on the fixed-size buffers: rows given by ``more`` join the running
+    batch where rows left room, each at its own position (their prompts fed on their rows
+    alone, a language detected there), and decode the tokens they get in a batch of their own
+    (each group of joiners is encoded as one, as it is padded together). The callbacks count
+    the joiners after the batch's own rows."""
+    ckpt, _, m = request.getfixturevalue(which)
+    growing = AsrModel.from_checkpoint(ckpt, device="cpu", steps="growing")
+    static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=3)
+    frames = [100, 100, 100, 100, 100] if m.window_frames else [160, 90, 250, 40, 120]
+    langs = [None, "zh", None, "en", None] if m.multilingual else ["en", None, "en", None, "en"]
+    feats = noise_features(m, frames, seed=7)
+    # the batch, then what more gives: [2] joins after the first step, [3, 4] once the batch's
+    # own rows have left theirs (12 tokens at most)
+    groups = [[0, 1], [2], [3, 4]]
+    offers, rooms, done = list(groups[1:]), [], {}
+
+    def more(room: int):
+        rooms.append(room)
+        if not offers or len(offers[0]) > room:
+            return []
+        return [(feats[i], langs[i]) for i in offers.pop(0)]
+
+    got = static.transcribe(
+        [feats[i] for i in groups[0]],
+        [langs[i] for i in groups[0]],
+        max_new_tokens=12,
+        on_done=lambda i, t: done.setdefault(i, t),
+        more=more,
+    )
+    assert not offers, f"rooms offered: {rooms}"
+    want = []
+    for group in groups:
+        want += growing.transcribe([feats[i] for i in group], [langs[i] for i in group], max_new_tokens=12)
+    assert [(t.tokens, t.language, t.finish_reason) for t in got] == [
+        (t.tokens, t.language, t.finish_reason) for t in want
+    ]
+    assert sorted(done) == [0, 1, 2, 3, 4]
+    assert len(static.runtime._free) == 1
+
+
 def test_more_rows_than_the_buffers_hold_decode_growing(multilingual):
     ckpt, _, m = multilingual
     static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=2)

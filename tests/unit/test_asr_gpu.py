@@ -55,17 +55,18 @@ def test_summary_takes_the_better_of_one_and_two_workers_for_the_ratios():
     assert "| 4.00x | 3.33x |" in line and line.endswith("| 0.80x |")
 
 
-def test_a_steps_mode_sets_the_runtimes_three_switches():
+def test_a_steps_mode_sets_the_runtimes_switches_and_the_pools():
     from types import SimpleNamespace
 
     runtime = SimpleNamespace()
     for mode, want in {
-        "graphs": ("graphs", True, False),
-        "graphs-host": ("graphs", False, False),
-        "static-host": ("static", False, False),
-        "graphs-encoder": ("graphs", True, True),
-        "growing": ("growing", True, False),
+        "graphs": ("graphs", True, True, True),
+        "graphs-host": ("graphs", False, True, True),
+        "static-host": ("static", False, True, True),
+        "graphs-eager": ("graphs", True, False, True),
+        "graphs-whole": ("graphs", True, True, False),
+        "growing": ("growing", True, True, True),
     }.items():
         assert mode in asr_gpu.STEPS
-        asr_gpu.set_mode(runtime, mode)
-        assert (runtime.steps_mode, runtime.choose_on_device, runtime.encoder_graphs) == want, mode
+        join = asr_gpu.set_mode(runtime, mode)
+        assert (runtime.steps_mode, runtime.choose_on_device, runtime.encoder_graphs, join) == want, mode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,6 +190,66 @@ def test_a_short_row_is_answered_while_its_batch_decodes_a_longer_one(service_fo
     longer_ended.set()
     assert long_.finished.wait(10) and long_.failure is None
     assert "".join(long_.deltas) == long_.result.text
+
+
+def queued(service, timeout_s: float = 10.0) -> None:
+    """Wait until a request submitted is in the batcher's queue."""
+    deadline = time.monotonic() + timeout_s
+    while not len(service.batcher):
+        assert time.monotonic() < deadline, "the request never reached the queue"
+        time.sleep(0.005)
+
+
+class Joining(FakeRecognizer):
+    """The first batch waits until ``queued`` is set, then asks ``more`` for rows to join it
+    (in-flight batching) and transcribes those too, as rows after its own."""
+
+    def __init__(self, poison_s: float | None = None):
+        super().__init__(poison_s)
+        self.running, self.queued, self.joined = threading.Event(), threading.Event(), []
+
+    def transcribe(
+        self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None, more=None
+    ):
+        features, languages = list(features), list(languages)
+        if more is not None and not self.batches:
+            self.running.set()
+            assert self.queued.wait(10)
+            new = more(8 - len(features))
+            self.joined.append(len(new))
+            features += [f for f, _ in new]
+            languages += [lang for _, lang in new]
+        return super().transcribe(features, languages, on_delta, max_new_tokens, cancelled, on_done)
+
+
+def test_a_queued_request_joins_a_running_batch(service_for):
+    model = Joining()
+    service = service_for(model, wait_s=0.0, join=True)
+    first, second = Sink(), Sink()
+    service.submit(AsrJob(audio=speech(1.0), sink=first))
+    assert model.running.wait(10)  # the first batch runs: a request now queued joins it
+    service.submit(AsrJob(audio=speech(2.0), sink=second, language="zh"))
+    queued(service)
+    model.queued.set()
+    assert first.finished.wait(10) and second.finished.wait(10)
+    assert model.joined == [1] and len(model.batches) == 1  # one batch, the second request in it
+    assert second.result.text == "chunk of 26 tenths" and second.result.language == "zh"
+    assert "".join(second.deltas) == second.result.text
+    assert first.result.text == "chunk of 16 tenths"
+
+
+def test_a_batch_with_a_joined_row_that_raises_runs_every_row_again_alone(service_for):
+    model = Joining(poison_s=2.6)  # the request that joins poisons the batch
+    service = service_for(model, wait_s=0.0, join=True)
+    first, second = Sink(), Sink()
+    service.submit(AsrJob(audio=speech(1.0), sink=first))
+    assert model.running.wait(10)
+    service.submit(AsrJob(audio=speech(2.0), sink=second))
+    queued(service)
+    model.queued.set()
+    assert first.finished.wait(10) and second.finished.wait(10)
+    assert first.failure is None and first.result.text == "chunk of 16 tenths"
+    assert second.failure is not None and not isinstance(second.failure, AsrRequestError)
 
 
 def test_a_batch_run_again_streams_no_text_twice(service_for):
