@@ -1,10 +1,12 @@
 """``runtime: torch`` (asr/config.pbtxt) behind a real tritonserver: the recognizer's checkpoint
 in PyTorch (switchboard/asr/torch_runtime.py, the GPU path) transcribes what the exported graphs
 transcribe. Run here on the CPU in float32, in a repository holding ``asr`` alone, on tiny.en as
-``make test`` exports it; the stub is checked to hold PyTorch (the ONNX path never loads it)."""
+``make test`` exports it; the stub is checked to hold PyTorch (the ONNX path never loads it).
+The pool's in-flight batching on that runtime is tested on the service with the real model."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -74,3 +76,58 @@ def test_a_setting_from_the_environment_reaches_the_torch_runtime(tmp_path: Path
     finally:
         stack.stop_triton()
     assert "torch_steps graphs needs a CUDA device, not 'cpu'" in stack.triton_log.read_text()
+
+
+def test_a_question_queued_while_a_batch_decodes_joins_that_batch():
+    """In-flight batching with the real recognizer on the fixed-size buffers (``static`` steps,
+    the graphs' code without the graphs, on the CPU): the first question's batch is held at its
+    first words until the second question waits in the queue; the second then joins that batch
+    (one batch ran both, the second's counted two rows) and is heard word for word as alone."""
+    from switchboard.asr.batcher import make_batcher
+    from switchboard.asr.service import AsrJob, AsrService
+
+    model = AsrModel.from_checkpoint(TINY.checkpoint, device="cpu", dtype="float32", steps="static", max_batch=4)
+    service = AsrService(model, make_batcher("length", max_batch=4, max_wait_s=0.0), join=True)
+    first_clip, second_clip = asr_load.question_clips(("en",), 2, seed=1)
+
+    class Sink:
+        def __init__(self, hold: threading.Event | None = None):
+            self.hold, self.speaking, self.finished = hold, threading.Event(), threading.Event()
+            self.result = self.failure = None
+
+        def delta(self, text):
+            self.speaking.set()
+            if self.hold is not None:
+                assert self.hold.wait(30), "the second question never reached the queue"
+                self.hold = None
+
+        def done(self, result):
+            self.result = result
+            self.finished.set()
+
+        def error(self, error):
+            self.failure = error
+            self.finished.set()
+
+    try:
+        alone = Sink()
+        service.submit(AsrJob(second_clip.wav, alone, language="en"))
+        assert alone.finished.wait(60) and alone.failure is None
+        queued = threading.Event()
+        first, second = Sink(hold=queued), Sink()
+        service.submit(AsrJob(first_clip.wav, first, language="en"))
+        assert first.speaking.wait(60)  # its batch decodes, held at its first words
+        service.submit(AsrJob(second_clip.wav, second, language="en"))
+        deadline = time.monotonic() + 30
+        while not len(service.batcher):
+            assert time.monotonic() < deadline, "the second question never reached the queue"
+            time.sleep(0.005)
+        queued.set()
+        assert first.finished.wait(60) and second.finished.wait(60)
+    finally:
+        service.close()
+    assert first.failure is None and second.failure is None
+    assert service.batches == 2  # the question alone, then one batch for both
+    assert second.result.batch_size == 2
+    assert second.result.text == alone.result.text and second.result.text
+    assert first.result.text
