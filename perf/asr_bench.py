@@ -144,6 +144,7 @@ class Preset:
     seed001_workers: tuple[int, ...] = (1,)
     seed001_load: float = 1.2  # arrivals: this times what the pool does one request at a time
     seed001_breaker_s: float = 0.0  # > 0: each batching again with asr's latency breaker at this P99 bound
+    seed001_runtime: str = "onnx"  # torch-static: the GPU's buffers on the CPU, each batching again with whole batches
     voice_models: tuple[str, ...] = ("tiny-en",)
     voice_requests: dict = field(default_factory=lambda: {1: 6, 8: 16})
 
@@ -186,6 +187,26 @@ PRESETS = {
 
 
 # -- repositories -----------------------------------------------------------------------------
+def seed001_env(batching: str, workers: int, preset: Preset) -> dict:
+    """The server's settings for one seed-001 policy: ``length`` or ``count``, then ``+breaker``
+    (seed 001's: refuse new requests while P99 is over the bound) or ``+whole`` (no chunk joins a
+    running batch)."""
+    base, *flags = batching.split("+")
+    env = {"SWITCHBOARD_PRECISION": "fp32", "SWITCHBOARD_BATCHING": base, "SWITCHBOARD_WORKERS": str(workers)}
+    if "breaker" in flags:
+        env["SWITCHBOARD_BREAKER_P99_S"] = f"{preset.seed001_breaker_s:g}"
+    if "whole" in flags:
+        env["SWITCHBOARD_JOIN_RUNNING"] = "false"
+    if preset.seed001_runtime == "torch-static":
+        env |= {
+            "SWITCHBOARD_RUNTIME": "torch",
+            "SWITCHBOARD_DEVICE": "cpu",
+            "SWITCHBOARD_TORCH_DTYPE": "float32",
+            "SWITCHBOARD_TORCH_STEPS": "static",
+        }
+    return env
+
+
 def asr_repository(artifacts: Path, out: Path, cap_tokens: int | None = None) -> Path:
     """A model repository with ``asr`` alone: its config and glue from model_repository/asr,
     the artifacts linked in (``export.asr.install``). ``cap_tokens``: the transcript budget,
@@ -505,15 +526,14 @@ class Bench:
         repository = asr_repository(model.artifacts, self.out / "repos" / "seed001", model.cap_tokens)
         rate = self.results.get("seed001_calibration", {}).get("rate_per_s")
         policies = ["length", "count"] + (["length+breaker", "count+breaker"] if p.seed001_breaker_s else [])
+        if p.seed001_runtime == "torch-static":  # rows joining running batches (the default there) or not
+            policies += ["length+whole", "count+whole"]
         for workers in p.seed001_workers:
             for batching in policies:
                 if any((r["batching"], r["workers"]) == (batching, workers) for r in self.results["seed001"]):
                     continue  # a resumed run: measured before
                 name = f"seed001-{batching}-w{workers}"
-                env = {"SWITCHBOARD_PRECISION": "fp32", "SWITCHBOARD_BATCHING": batching.removesuffix("+breaker")}
-                env["SWITCHBOARD_WORKERS"] = str(workers)
-                if batching.endswith("+breaker"):  # seed 001's: refuse new requests while P99 is over the bound
-                    env["SWITCHBOARD_BREAKER_P99_S"] = f"{p.seed001_breaker_s:g}"
+                env = seed001_env(batching, workers, p)
                 stack = self.start_switchboard(repository, name, env)
                 try:
                     with self.switchboard_call(stack) as call:
@@ -562,7 +582,8 @@ class Bench:
             "sender_lag_max_s": max(lag) if lag else 0.0,
             # requests asr's latency breaker turned away (UNAVAILABLE), of every kind
             "refused_by_breaker": sum("latency bound" in s.error for s in samples),
-            "breaker_p99_s": self.preset.seed001_breaker_s if batching.endswith("+breaker") else 0.0,
+            "breaker_p99_s": self.preset.seed001_breaker_s if "+breaker" in batching else 0.0,
+            "runtime": self.preset.seed001_runtime,
             "load_avg": os.getloadavg()[0],
         }
         self.keep("seed001", row, samples, f"seed001-{batching}-w{workers}")
@@ -804,6 +825,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seed 001 also with asr's latency breaker at this P99 bound (breaker_p99_s; seed 001 used 1.5), "
         "for both batchings",
     )
+    p.add_argument(
+        "--seed001-runtime",
+        choices=("onnx", "torch-static"),
+        help="seed 001's recognizer: onnx (the CPU default) or torch-static (the fixed-size buffers a GPU's graphs "
+        "replay, run on the CPU: queued chunks join running batches), then each batching again with whole batches",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", type=Path, help="default: <out>/bench.log")
     p.add_argument(
@@ -825,6 +852,8 @@ def main(argv: list[str] | None = None) -> int:
         preset = dataclasses.replace(preset, seed001_load=args.seed001_load)
     if args.seed001_model:
         preset = dataclasses.replace(preset, seed001_model=args.seed001_model)
+    if args.seed001_runtime:
+        preset = dataclasses.replace(preset, seed001_runtime=args.seed001_runtime)
     if args.seed001_breaker is not None:
         if args.seed001_breaker <= 0:
             p.error(f"--seed001-breaker {args.seed001_breaker:g}: expected a bound in seconds, above 0")

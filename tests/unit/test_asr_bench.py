@@ -4,6 +4,7 @@ repositories, the peers' helpers, and the report's tables and goals."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -486,3 +487,19 @@ def test_a_resumed_run_keeps_what_was_measured_and_skips_it(tmp_path):
     assert bench.results["seed001_calibration"]["rate_per_s"] == 0.5 and bench.results["resumed"]
     bench.save()
     assert "Resumed (`--resume`)" in asr_report.summary_md(json.loads((tmp_path / "results.json").read_text()))
+
+
+def test_seed001_policies_become_the_servers_settings():
+    preset = asr_bench.PRESETS["quick"]
+    assert asr_bench.seed001_env("length", 1, preset) == {
+        "SWITCHBOARD_PRECISION": "fp32",
+        "SWITCHBOARD_BATCHING": "length",
+        "SWITCHBOARD_WORKERS": "1",
+    }
+    guarded = asr_bench.seed001_env("count+breaker", 2, dataclasses.replace(preset, seed001_breaker_s=1.5))
+    assert guarded["SWITCHBOARD_BATCHING"] == "count" and guarded["SWITCHBOARD_BREAKER_P99_S"] == "1.5"
+    torch = dataclasses.replace(preset, seed001_runtime="torch-static")
+    whole = asr_bench.seed001_env("count+whole", 1, torch)
+    assert whole["SWITCHBOARD_JOIN_RUNNING"] == "false" and whole["SWITCHBOARD_TORCH_STEPS"] == "static"
+    assert whole["SWITCHBOARD_RUNTIME"] == "torch" and whole["SWITCHBOARD_DEVICE"] == "cpu"
+    assert "SWITCHBOARD_JOIN_RUNNING" not in asr_bench.seed001_env("length", 1, torch)
