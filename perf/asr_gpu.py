@@ -26,10 +26,15 @@ per-row INT8 (150 MB of float weights are more than a lease carries; ``run --pac
 back into a float checkpoint, and the error rates say what the rounding cost) and the tokenizer
 files the whisper-small shape is built from.
 
+``seed001`` runs seed 001 in process (2 s questions among 30 s recordings, Poisson arrivals at
+1.2x what the pool does one request at a time), length against count batching, in each
+``--steps`` mode: ``graphs`` (queued chunks join running batches) against ``graphs-whole``.
+
 ``first`` loads each model four times in turn, with its graphs captured at load
 (``TorchWhisper.warm``, what the server does) and without, and times the first batches.
 
-Writes ``results.json`` and ``summary.md`` (``first``: ``first-batches.txt``) to ``--out``;
+Writes ``results.json`` and ``summary.md`` (``first``: ``first-batches.txt``; ``seed001``:
+``seed001.json``) to ``--out``;
 ``docs/benchmarks.md`` keeps the figures.
 """
 
@@ -39,6 +44,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import shutil
 import sys
 import threading
@@ -167,6 +173,7 @@ def pack(out: Path, clips: int, seed: int) -> None:
         shutil.copy2(ct2 / f, out / "small-source" / f)
     for langs in {m[0] for m in MODELS.values()}:
         asr_load.save_clips(asr_load.question_clips(langs, clips, seed), out / "audio" / "+".join(langs))
+    asr_load.save_clips(asr_load.mix_clips("en", shorts=12, longs=4, seed=seed), out / "audio" / "seed001")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"packed {out}: {size / 2**20:.1f} MiB")
 
@@ -236,24 +243,7 @@ def measure(
     """One closed-loop run of a fresh pool over ``model``; ``busy``: the share of the measured
     time a batch was running (near 1 with one worker: the batches are the limit, not the
     audio's preparation or the callers)."""
-    from switchboard.asr.batcher import audio_budget, length_batcher
-    from switchboard.asr.service import AsrJob, AsrService
-    from switchboard.triton.config import AsrConfig
-
-    cfg = AsrConfig()  # asr/config.pbtxt's defaults: the automatic budget, on a GPU max_batch windows
-    window_s = model.max_seconds if model.window_frames is not None else None
-    batcher = length_batcher(
-        window_s,
-        budget_s=audio_budget(cfg.batch_audio_s, window_s, max_batch, gpu=True),
-        max_batch=max_batch,
-        max_length_ratio=cfg.max_length_ratio,
-        max_wait_s=cfg.max_wait_ms / 1000,
-        long_s=cfg.long_audio_s,
-        long_every=cfg.long_every,
-        wait_alone=cfg.wait_alone,
-    )
-    chunk_s = min(cfg.chunk_s, model.max_seconds)
-    service = AsrService(model, batcher, chunk_s=chunk_s, workers=workers, join=join and cfg.join_running)
+    service = pool(model, max_batch, workers, join)
     spans: list[tuple[float, float]] = []
     transcribe = model.transcribe
 
@@ -266,17 +256,7 @@ def measure(
 
     model.transcribe = timed
     sizes: list[int] = []
-
-    def call(clip: asr_load.Clip) -> asr_load.Reply:
-        sink = _Waiter()
-        service.submit(AsrJob(clip.wav, sink, language=clip.lang))
-        if not sink.event.wait(120):
-            raise TimeoutError("no answer in 120 s")
-        if sink.failure is not None:
-            raise sink.failure
-        sizes.append(sink.result.batch_size or 0)
-        return asr_load.Reply(sink.result.text, {"batch_size": sink.result.batch_size})
-
+    call = caller(service, sizes)
     try:
         samples = asr_load.closed_loop(call, clips, callers, requests, warmup)
     finally:
@@ -289,6 +269,137 @@ def measure(
     row["busy"] = inside / (last - first) / workers
     row["errors"] = asr_load.error_rates(samples, clips)
     return row
+
+
+def pool(model, max_batch: int, workers: int, join: bool, batching: str = "length"):
+    """A fresh ``AsrService`` over ``model`` as asr/config.pbtxt's defaults set it (the automatic
+    budget: on a GPU, max_batch windows), with ``batching`` length or count."""
+    from switchboard.asr.batcher import audio_budget, length_batcher, make_batcher
+    from switchboard.asr.service import AsrService
+    from switchboard.triton.config import AsrConfig
+
+    cfg = AsrConfig()
+    window_s = model.max_seconds if model.window_frames is not None else None
+    if batching == "count":
+        batcher = make_batcher("count", max_batch=max_batch, max_wait_s=cfg.max_wait_ms / 1000)
+    else:
+        batcher = length_batcher(
+            window_s,
+            budget_s=audio_budget(cfg.batch_audio_s, window_s, max_batch, gpu=True),
+            max_batch=max_batch,
+            max_length_ratio=cfg.max_length_ratio,
+            max_wait_s=cfg.max_wait_ms / 1000,
+            long_s=cfg.long_audio_s,
+            long_every=cfg.long_every,
+            wait_alone=cfg.wait_alone,
+        )
+    chunk_s = min(cfg.chunk_s, model.max_seconds)
+    return AsrService(
+        model,
+        batcher,
+        chunk_s=chunk_s,
+        workers=workers,
+        join=join and cfg.join_running,
+        max_audio_s=cfg.max_audio_s,
+        max_pending_s=cfg.max_pending_s,
+    )
+
+
+def caller(service, sizes: list[int]):
+    """A blocking call of ``service`` for ``asr_load``'s loops; each answer's batch size goes to ``sizes``."""
+    from switchboard.asr.service import AsrJob
+
+    def call(clip: asr_load.Clip) -> asr_load.Reply:
+        sink = _Waiter()
+        service.submit(AsrJob(clip.wav, sink, language=clip.lang))
+        if not sink.event.wait(300):
+            raise TimeoutError("no answer in 300 s")
+        if sink.failure is not None:
+            raise sink.failure
+        sizes.append(sink.result.batch_size or 0)
+        return asr_load.Reply(sink.result.text, {"batch_size": sink.result.batch_size})
+
+    return call
+
+
+def seed001(
+    pack_dir: Path | None,
+    out: Path,
+    work: Path,
+    name: str,
+    dtype: str,
+    device: str,
+    steps: list[str],
+    seconds: float,
+    load: float,
+    seed: int = 0,
+) -> list[dict]:
+    """Seed 001 in process on the GPU: 2 s questions among 30 s recordings (80/20), Poisson
+    arrivals for ``seconds`` at ``load`` times what the pool does one request at a time, with
+    length and with count batching, in each --steps mode (``-whole``: no joining). The pool's
+    own code, as ``run`` measures it; Triton's front is left out (these machines cannot run it)."""
+    from switchboard.asr.model import AsrModel
+    from switchboard.perf.asr_bench import SEED001_MIX
+
+    langs, cap = MODELS[name]
+    mix = clips_of(("seed001",), pack_dir) if pack_dir else asr_load.mix_clips(langs[0], shorts=12, longs=4, seed=seed)
+    by_kind = {k: [c for c in mix if c.kind == k] for k in SEED001_MIX}
+    model = capped(
+        AsrModel.from_checkpoint(
+            checkpoint_of(name, pack_dir, work), device=device, dtype=dtype, steps=base_mode(steps[0])
+        ),
+        cap,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    rows, rate = [], None
+    for mode in steps:
+        join = set_mode(model.runtime, mode)
+        model.runtime.warm(1)
+        for batching in ("length", "count"):
+            service = pool(model, 8, 1, join, batching)
+            call = caller(service, [])
+            try:
+                asr_load.closed_loop(call, mix, 1, 2, 0)  # warm
+                if rate is None:  # one request at a time, each kind: the capacity the load is a multiple of
+                    unit = {
+                        k: asr_load.percentile([x.latency for x in asr_load.closed_loop(call, c, 1, 4)], 50)
+                        for k, c in by_kind.items()
+                    }
+                    rate = load / sum(SEED001_MIX[k] * unit[k] for k in SEED001_MIX)
+                    print(
+                        f"one at a time: short {unit['short']:.3f} s, long {unit['long']:.3f} s; "
+                        f"arrivals {rate:.2f}/s ({load:g}x)",
+                        flush=True,
+                    )
+                arrivals = asr_load.poisson_arrivals(rate, seconds, SEED001_MIX, seed)
+                started = time.monotonic()
+                samples = asr_load.open_loop(call, arrivals, by_kind)
+                drained = time.monotonic() - started - seconds
+            finally:
+                service.close()
+            kinds = asr_load.latency_by_kind(samples)
+            errors = sorted({x.error for x in samples if not x.ok})
+            row = {
+                "model": name,
+                "dtype": dtype,
+                "steps": mode,
+                "batching": batching,
+                "rate_per_s": rate,
+                "drain_s": drained,
+                "by_kind": kinds,
+                "errors": errors,
+            }
+            rows.append(row)
+            short, long_ = kinds.get("short", {}), kinds.get("long", {})
+            print(
+                f"{name} {mode:12s} {batching:6s} short P50/P99 {short.get('p50_s', math.nan):.3f}/"
+                f"{short.get('p99_s', math.nan):.3f} s, long {long_.get('p50_s', math.nan):.3f}/"
+                f"{long_.get('p99_s', math.nan):.3f} s, failed {short.get('failed', 0) + long_.get('failed', 0)}, "
+                f"drained {drained:.1f} s {'; '.join(errors)}",
+                flush=True,
+            )
+            (out / "seed001.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
 
 
 def transformers_peer(checkpoint: Path, clips: list, cap: int | None, device: str, dtype: str, count: int) -> dict:
@@ -505,6 +616,16 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="also measure transformers' generate on each model and dtype",
     )
+    d = sub.add_parser("seed001", help="seed 001 in process: questions among recordings, length and count batching")
+    d.add_argument("--pack", type=Path)
+    d.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
+    d.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"))
+    d.add_argument("--model", default="tiny-en", choices=sorted(MODELS))
+    d.add_argument("--dtype", default="float16")
+    d.add_argument("--device", default="cuda")
+    d.add_argument("--steps", default="graphs,graphs-whole", help="comma-separated modes, as run's --steps")
+    d.add_argument("--seconds", type=float, default=60.0, help="the arrival window")
+    d.add_argument("--load", type=float, default=1.2, help="arrivals as a multiple of one-at-a-time capacity")
     c = sub.add_parser("first", help="a fresh pool's first batches, graphs captured at load or not (on the GPU)")
     c.add_argument("--pack", type=Path)
     c.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
@@ -516,6 +637,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     if args.step == "pack":
         pack(args.out, args.clips, args.seed)
+        return 0
+    if args.step == "seed001":
+        steps = [m for m in args.steps.split(",") if m]
+        wrong = [m for m in steps if m not in STEPS]
+        if wrong or not steps:
+            p.error(f"--steps: {', '.join(wrong) or 'none given'} (known: {', '.join(STEPS)})")
+        seed001(args.pack, args.out, args.work, args.model, args.dtype, args.device, steps, args.seconds, args.load)
         return 0
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]

@@ -70,3 +70,9 @@ def test_a_steps_mode_sets_the_runtimes_switches_and_the_pools():
         assert mode in asr_gpu.STEPS
         join = asr_gpu.set_mode(runtime, mode)
         assert (runtime.steps_mode, runtime.choose_on_device, runtime.encoder_graphs, join) == want, mode
+
+
+def test_seed001_refuses_an_unknown_steps_mode(capsys):
+    with pytest.raises(SystemExit):
+        asr_gpu.main(["seed001", "--steps", "graphs,sometimes"])
+    assert "--steps: sometimes" in capsys.readouterr().err
