@@ -104,6 +104,7 @@ class _Row:
     language: str | None
     detok: IncrementalDetokenizer
     tokens: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to feed, one a step
     text: str = ""
     finish_reason: str | None = None
 
@@ -134,6 +135,7 @@ class AsrModel:
             False: np.array(sorted(later), dtype=np.int64),
             True: np.array(sorted(later | set(manifest.begin_suppress_tokens)), dtype=np.int64),
         }
+        self._begin_only = np.array(sorted(set(manifest.begin_suppress_tokens) - later), dtype=np.int64)
         self._language_codes = list(manifest.languages)
         # Detection picks among these (multilingual models only: they have a token each).
         self._language_ids = np.array(list(manifest.languages.values()) if manifest.multilingual else [], np.int64)
@@ -283,9 +285,15 @@ class AsrModel:
                 live = self._keep(live, steps)
                 if not live:
                     break
-            # The first step feeds the prompt, every later one the token each row chose last.
-            ids = np.asarray([r.tokens[-1:] or prompt[r.index] for r in live], np.int64)
-            for row, token in zip(live, self._next_tokens(steps, ids, first=step == 0)):
+            # The first step feeds the prompt, every later one the token each row chose last; a
+            # row that joined feeds its prompt a token a step, its choices unread until the last.
+            ids = np.asarray([r.pending[:1] or r.tokens[-1:] or prompt[r.index] for r in live], np.int64)
+            first = list(range(len(live))) if step == 0 else [j for j, r in enumerate(live) if len(r.pending) == 1]
+            for row, token in zip(live, self._next_tokens(steps, ids, first)):
+                if row.pending:
+                    row.pending.pop(0)
+                    if row.pending:
+                        continue
                 self._advance(row, int(token), budget, on_delta)
             report([r for r in live if r.finish_reason is not None])
             live = self._keep(live, steps)
@@ -296,8 +304,11 @@ class AsrModel:
                 live = self._keep(live + joined, steps)
 
     def _join(self, rows: list[_Row], steps: Steps, more, budget: int, on_delta) -> list[_Row]:
-        """The rows ``more`` gives, encoded, placed in the running batch, their prompts fed and
-        first tokens chosen (appended to ``rows``); [] when none waits."""
+        """The rows ``more`` gives, encoded and placed in the running batch (appended to
+        ``rows``); [] when none waits. Their prompts then go in with the batch's steps, a token
+        a step (a CUDA graph's step, not a prompt of its own launched kernel by kernel); a row
+        whose language is to be detected has it detected, its prompt fed and its first token
+        chosen here, on its rows alone."""
         new = more(steps.room())
         if not new:
             return []
@@ -306,9 +317,15 @@ class AsrModel:
         batch = pad_batch([self._checked(base + j, f) for j, (f, _) in enumerate(new)], self.window_frames)
         joined = [_Row(base + j, code, IncrementalDetokenizer(self._decode)) for j, code in enumerate(codes)]
         rows += joined
-        own = steps.rows(steps.join(self.runtime.encode(batch)), len(joined))
+        first = steps.join(self.runtime.encode(batch))
+        if all(r.language is not None or not self.multilingual for r in joined):
+            m = self.manifest
+            for row in joined:
+                row.pending = list(m.prompt(m.languages[row.language] if m.multilingual else None))
+            return joined
+        own = steps.rows(first, len(joined))
         ids = np.asarray(self._prompt(joined, own), np.int64)
-        for row, token in zip(joined, self._next_tokens(own, ids, first=True)):
+        for row, token in zip(joined, self._next_tokens(own, ids, list(range(len(joined))))):
             self._advance(row, int(token), budget, on_delta)
         return joined
 
@@ -351,10 +368,22 @@ class AsrModel:
             return [m.prompt(m.languages[r.language])[1:] for r in rows]
         return [m.prompt(m.languages[r.language]) for r in rows]
 
-    def _next_tokens(self, steps: Steps, ids: np.ndarray, first: bool) -> np.ndarray:
+    def _next_tokens(self, steps: Steps, ids: np.ndarray, first: list[int]) -> np.ndarray:
         """Each row's next token, greedy: on the device where ``steps`` chooses there
-        (``choose``: only the tokens come back), else from the logits here."""
-        banned = self._banned[first]
+        (``choose``: only the tokens come back), else from the logits here. ``first``: the rows
+        choosing their first token, which the first step's tokens are banned from too."""
+        if len(first) == len(ids) or not first:  # one set for every row
+            banned = self._banned[bool(first)]
+            choose = getattr(steps, "choose", None)
+            return choose(ids, banned) if choose is not None else greedy(steps.step(ids), banned)
+        # rows taking their first token (they joined a running batch) are banned more
+        banned, extra = self._banned[False], self._begin_only
+        choose = getattr(steps, "choose", None)
+        if choose is not None:
+            return choose(ids, banned, first=np.asarray(first, np.int64), first_banned=extra)
+        logits = np.array(steps.step(ids), dtype=np.float32)
+        logits[np.ix_(first, extra)] = -np.inf
+        return greedy(logits, banned)
         choose = getattr(steps, "choose", None)
         return choose(ids, banned) if choose is not None else greedy(steps.step(ids), banned)
 

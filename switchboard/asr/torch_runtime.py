@@ -27,7 +27,8 @@ How a batch's decoding steps run (``steps``):
   are copied into buffers of the encoder's full length (a shorter row's rest masked). Rows that
   finish are moved out of the leading rows (``keep``) and the batch replays the smaller
   graph; rows waiting may take their places (``StaticSteps.join``: in-flight batching, each
-  row at its own position, so a batch does not run on half empty until its longest row ends).
+  row at its own position, a joining row's prompt fed a token a step in the batch's graph
+  steps, so a batch does not run on half empty until its longest row ends).
   A batch holds its buffers until its last row ends; batches decoding at once (workers) each
   get a set. A prompt (several tokens at once) runs outside the graphs, on the same buffers.
 - ``static``: the same buffers and modules without the graphs (what the graphs replay; the CPU
@@ -294,8 +295,9 @@ class StaticSteps:
     """One batch decoding on a ``_Buffers`` set (``model.Steps``); gives the set back at close.
 
     Rows may join while the batch decodes (``join``, in-flight batching): a joining row's
-    encoder output goes into the next free rows of the buffers and its prompt runs on those rows
-    alone (``rows``); from then on it steps with the others, each row at its own position."""
+    encoder output goes into the next free rows of the buffers, and it steps with the others,
+    each row at its own position (``AsrModel`` feeds its prompt a token a step; a language to
+    detect is detected on those rows alone, ``rows``)."""
 
     def __init__(self, runtime: TorchWhisper, buffers: _Buffers, cross: KV, batch: int):
         self.runtime, self.buffers, self.batch = runtime, buffers, 0
@@ -344,14 +346,26 @@ class StaticSteps:
         with self.runtime._torch.inference_mode():
             return logits.float().cpu().numpy()
 
-    def choose(self, input_ids: np.ndarray, banned: np.ndarray, rows: slice | None = None) -> np.ndarray:
+    def choose(
+        self,
+        input_ids: np.ndarray,
+        banned: np.ndarray,
+        rows: slice | None = None,
+        first: np.ndarray | None = None,
+        first_banned: np.ndarray | None = None,
+    ) -> np.ndarray:
         """One step, then ``model.greedy`` on the device: [B] tokens come back to the host, not
-        [B, V] logits."""
+        [B, V] logits. ``first``: rows also banned ``first_banned`` (their first token)."""
         rt, torch = self.runtime, self.runtime._torch
         logits = self._step(input_ids, rows)
         with torch.inference_mode():
             if banned.size:  # out of place: a graph's logits are its own buffer
                 logits = logits.index_fill(1, rt._on_device(banned), float("-inf"))
+            if first is not None and first.size and first_banned is not None and first_banned.size:
+                if not banned.size:
+                    logits = logits.clone()
+                which = torch.from_numpy(first).to(rt.device)
+                logits[which.unsqueeze(1), rt._on_device(first_banned).unsqueeze(0)] = float("-inf")
             return logits.argmax(dim=1).cpu().numpy()
 
     def _step(self, input_ids: np.ndarray, rows: slice | None):

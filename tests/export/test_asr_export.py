@@ -387,18 +387,22 @@ def test_fixed_size_cache_decodes_as_the_growing_one(which, request):
     assert len(static.runtime._free) == 1  # one set of buffers, given back after each batch
 
 
+@pytest.mark.parametrize("on_device", [True, False])
 @pytest.mark.parametrize("which", ["multilingual", "english"])
-def test_rows_joining_a_running_batch_decode_as_they_would_alone(which, request):
+def test_rows_joining_a_running_batch_decode_as_they_would_alone(which, on_device, request):
     """In-flight batching on the fixed-size buffers: rows given by ``more`` join the running
-    batch where rows left room, each at its own position (their prompts fed on their rows
-    alone, a language detected there), and decode the tokens they get in a batch of their own
-    (each group of joiners is encoded as one, as it is padded together). The callbacks count
-    the joiners after the batch's own rows."""
+    batch where rows left room, each at its own position (a known language's prompt fed a
+    token a step with the batch's steps, its first token banned as a first token is; a
+    language to detect detected on the joiners' rows alone, with their prompt), and decode the
+    tokens they get in a batch of their own (each group of joiners is encoded as one, as it is
+    padded together). The callbacks count the joiners after the batch's own rows. Tokens
+    chosen on the device, or on the host from the logits."""
     ckpt, _, m = request.getfixturevalue(which)
     growing = AsrModel.from_checkpoint(ckpt, device="cpu", steps="growing")
     static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=3)
+    static.runtime.choose_on_device = on_device
     frames = [100, 100, 100, 100, 100] if m.window_frames else [160, 90, 250, 40, 120]
-    langs = [None, "zh", None, "en", None] if m.multilingual else ["en", None, "en", None, "en"]
+    langs = [None, "zh", "en", None, "zh"] if m.multilingual else ["en", None, "en", None, "en"]
     feats = noise_features(m, frames, seed=7)
     # the batch, then what more gives: [2] joins after the first step, [3, 4] once the batch's
     # own rows have left theirs (12 tokens at most)
@@ -427,6 +431,35 @@ def test_rows_joining_a_running_batch_decode_as_they_would_alone(which, request)
     ]
     assert sorted(done) == [0, 1, 2, 3, 4]
     assert len(static.runtime._free) == 1
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_a_row_taking_its_first_token_mid_batch_is_banned_what_a_first_token_is(english, on_device):
+    """A joined row chooses its first token while the others choose later ones: only it is
+    banned the first step's tokens (Whisper's begin_suppress: a blank, the end). Every token
+    but two is banned; the one the row prefers is banned at a first token only."""
+    ckpt, _, m = english
+    model = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=2)
+    model.runtime.choose_on_device = on_device
+    runtime, pair = model.runtime, (7, 9)
+    feats = pad_batch(noise_features(m, [100, 100], seed=4), m.window_frames)
+    ids = np.full((2, 1), m.special["start"], np.int64)
+
+    def first_step(run):
+        steps = runtime.steps(runtime.encode(feats), 2)
+        try:
+            return run(steps)
+        finally:
+            steps.close()
+
+    logits = first_step(lambda steps: steps.step(ids))
+    for row in (0, 1):
+        liked = max(pair, key=lambda t: logits[row, t])
+        other = min(pair, key=lambda t: logits[row, t])
+        banned = np.array([t for t in range(m.vocab_size) if t not in pair], np.int64)
+        model._banned, model._begin_only = {False: banned, True: banned}, np.array([liked], np.int64)
+        got = first_step(lambda steps, row=row: model._next_tokens(steps, ids, [row]))
+        assert got[row] == other and got[1 - row] == max(pair, key=lambda t: logits[1 - row, t])
 
 
 def test_more_rows_than_the_buffers_hold_decode_growing(multilingual):
