@@ -372,20 +372,17 @@ class AsrModel:
         """Each row's next token, greedy: on the device where ``steps`` chooses there
         (``choose``: only the tokens come back), else from the logits here. ``first``: the rows
         choosing their first token, which the first step's tokens are banned from too."""
+        choose = getattr(steps, "choose", None)
         if len(first) == len(ids) or not first:  # one set for every row
             banned = self._banned[bool(first)]
-            choose = getattr(steps, "choose", None)
             return choose(ids, banned) if choose is not None else greedy(steps.step(ids), banned)
         # rows taking their first token (they joined a running batch) are banned more
         banned, extra = self._banned[False], self._begin_only
-        choose = getattr(steps, "choose", None)
         if choose is not None:
             return choose(ids, banned, first=np.asarray(first, np.int64), first_banned=extra)
         logits = np.array(steps.step(ids), dtype=np.float32)
         logits[np.ix_(first, extra)] = -np.inf
         return greedy(logits, banned)
-        choose = getattr(steps, "choose", None)
-        return choose(ids, banned) if choose is not None else greedy(steps.step(ids), banned)
 
     def _advance(self, row: _Row, token: int, budget: int, on_delta) -> None:
         if token == self.manifest.special["eos"]:

@@ -313,7 +313,7 @@ class StaticSteps:
 
     def join(self, cross: KV) -> int:
         """The rows of ``cross`` (the encoder's keys and values) join after the current rows;
-        returns the first of their row indices. Their prompt goes through ``rows`` next."""
+        returns the first of their row indices, each at position 0."""
         torch, buffers = self.runtime._torch, self.buffers
         first, count = self.batch, cross[0][0].shape[0]
         if count > self.room():
@@ -338,7 +338,8 @@ class StaticSteps:
         return first
 
     def rows(self, first: int, count: int) -> _Rows:
-        """Steps on rows ``first`` .. ``first + count - 1`` alone (a joining row's prompt)."""
+        """Steps on rows ``first`` .. ``first + count - 1`` alone (joining rows whose language
+        is detected before their prompt)."""
         return _Rows(self, slice(first, first + count))
 
     def step(self, input_ids: np.ndarray, rows: slice | None = None) -> np.ndarray:
