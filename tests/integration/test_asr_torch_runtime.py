@@ -19,6 +19,7 @@ from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, children
 from switchboard.perf import asr_bench, asr_load
 from tests.integration.speechtools import NEEDS_TINY_EN, TINY
+from tests.unit.test_asr_service import Sink
 
 pytestmark = NEEDS_TINY_EN
 
@@ -90,31 +91,26 @@ def test_a_question_queued_while_a_batch_decodes_joins_that_batch():
     service = AsrService(model, make_batcher("length", max_batch=4, max_wait_s=0.0), join=True)
     first_clip, second_clip = asr_load.question_clips(("en",), 2, seed=1)
 
-    class Sink:
+    class Held(Sink):
+        """Holds the batch at the first words it streams until ``hold`` is set."""
+
         def __init__(self, hold: threading.Event | None = None):
-            self.hold, self.speaking, self.finished = hold, threading.Event(), threading.Event()
-            self.result = self.failure = None
+            super().__init__()
+            self.hold, self.speaking = hold, threading.Event()
 
         def delta(self, text):
             self.speaking.set()
             if self.hold is not None:
                 assert self.hold.wait(30), "the second question never reached the queue"
                 self.hold = None
-
-        def done(self, result):
-            self.result = result
-            self.finished.set()
-
-        def error(self, error):
-            self.failure = error
-            self.finished.set()
+            super().delta(text)
 
     try:
         alone = Sink()
         service.submit(AsrJob(second_clip.wav, alone, language="en"))
         assert alone.finished.wait(60) and alone.failure is None
         queued = threading.Event()
-        first, second = Sink(hold=queued), Sink()
+        first, second = Held(hold=queued), Sink()
         service.submit(AsrJob(first_clip.wav, first, language="en"))
         assert first.speaking.wait(60)  # its batch decodes, held at its first words
         service.submit(AsrJob(second_clip.wav, second, language="en"))
