@@ -559,8 +559,9 @@ def summary(results: dict) -> str:
     lines = [
         f"ASR pool on {results['gpu']} ({results['device']}), torch {results['torch']}",
         "",
-        "Audio seconds per wall second. steps: graphs (a CUDA graph per step) or growing (kernels one by one); "
-        "transformers: generate on batches formed in advance.",
+        "Audio seconds per wall second. steps: graphs (a CUDA graph per step, queued chunks joining running "
+        "batches) or growing (kernels one by one); -whole: whole batches, no joining; -eager: the encoder kernel by "
+        "kernel; -host: tokens chosen on the host. transformers: generate on batches formed in advance.",
         "",
         "| model | dtype | steps | 1 caller | 8 callers | 8 callers, batches of 1 | 8 callers, 2 workers | best 8 / 1 "
         "| best 8 / (8, batches of 1) | transformers, batches of 1 | of 8 | pool (8 callers) / transformers (of 8) |",
