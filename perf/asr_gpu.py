@@ -639,11 +639,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == "pack":
         pack(args.out, args.clips, args.seed)
         return 0
+    steps = [m for m in getattr(args, "steps", "").split(",") if m]
+    wrong = [m for m in steps if m not in STEPS]
+    if args.step in ("run", "seed001") and (wrong or not steps):
+        p.error(f"--steps: {', '.join(wrong) or 'none given'} (known: {', '.join(STEPS)})")
     if args.step == "seed001":
-        steps = [m for m in args.steps.split(",") if m]
-        wrong = [m for m in steps if m not in STEPS]
-        if wrong or not steps:
-            p.error(f"--steps: {', '.join(wrong) or 'none given'} (known: {', '.join(STEPS)})")
         seed001(args.pack, args.out, args.work, args.model, args.dtype, args.device, steps, args.seconds, args.load)
         return 0
     models = [m for m in args.models.split(",") if m]
@@ -655,10 +655,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     one, eight = (int(x) for x in args.requests.split(","))
     dtypes = [d for d in args.dtypes.split(",") if d]
-    steps = [m for m in args.steps.split(",") if m]
-    wrong = [m for m in steps if m not in STEPS]
-    if wrong or not steps:
-        p.error(f"--steps: {', '.join(wrong) or 'none given'} (known: {', '.join(STEPS)})")
     run(args.pack, args.out, args.work, models, dtypes, {1: one, 8: eight}, args.device, steps, args.transformers)
     return 0
 

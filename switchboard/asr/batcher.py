@@ -75,11 +75,7 @@ class _Queue:
         batch, due = self._plan(now)
         if not batch or due > now:
             return []
-        taken = {seq for seq, _ in batch}
-        self._queue = [entry for entry in self._queue if entry[0] not in taken]
-        items = [item for _, item in batch]
-        self._taken(items, now)
-        return items
+        return self._hand_out(batch, now)
 
     def join(self, now: float, room: int) -> list[Item]:
         """Up to ``room`` items to join a batch that is running (in-flight batching), removed
@@ -87,7 +83,9 @@ class _Queue:
         waiting for it to be due (the running batch is their company)."""
         if not self._queue or room < 1:
             return []
-        batch = self._plan(now)[0][:room]
+        return self._hand_out(self._plan(now)[0][:room], now)
+
+    def _hand_out(self, batch: list[tuple[int, Item]], now: float) -> list[Item]:
         taken = {seq for seq, _ in batch}
         self._queue = [entry for entry in self._queue if entry[0] not in taken]
         items = [item for _, item in batch]
