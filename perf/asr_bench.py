@@ -378,15 +378,21 @@ class Bench:
             self.note(f"{tag}: {figures['failed']} failed, e.g. {first.error}")
         return row
 
-    def run_switchboard(self, model: ModelSpec, clips: list[Clip], repository: Path, precision: str, r: int):
-        name = f"switchboard-{model.name}-{PRECISION_NAMES[precision]}"
-        stack = self.start_switchboard(repository, name, {"SWITCHBOARD_PRECISION": precision})
+    def run_switchboard(
+        self, model: ModelSpec, clips: list[Clip], repository: Path, precision: str, r: int, system: str = "switchboard"
+    ):
+        name = f"{system}-{model.name}-{PRECISION_NAMES[precision]}"
+        env = {"SWITCHBOARD_PRECISION": precision}
+        settings = "asr pool as configured"
+        if system == "switchboard-whole":
+            env["SWITCHBOARD_WINDOWS"], settings = "whole", "asr pool, windows whole"
+        stack = self.start_switchboard(repository, name, env)
         try:
             with self.switchboard_call(stack) as call:
                 for level in self.levels(model):
                     samples = asr_load.closed_loop(call, clips, **level)
-                    row = {"model": model.name, "system": "switchboard", "precision": PRECISION_NAMES[precision]}
-                    row |= {"concurrency": level["concurrency"], "round": r, "settings": "asr pool as configured"}
+                    row = {"model": model.name, "system": system, "precision": PRECISION_NAMES[precision]}
+                    row |= {"concurrency": level["concurrency"], "round": r, "settings": settings}
                     self.record(row, samples, clips)
         finally:
             stack.stop_triton()
@@ -489,15 +495,17 @@ class Bench:
         """(label, run(round)) for every system and precision measured on ``model``: each starts
         its server, measures both concurrencies and stops it."""
         units = []
-        if "switchboard" in systems:
+        for system in ("switchboard", "switchboard-whole"):
+            if system not in systems:
+                continue
             repository = asr_repository(model.artifacts, self.out / "repos" / f"asr-{model.name}", model.cap_tokens)
             have = precisions_of(model.artifacts)
             for precision in self.preset.precisions:
                 if precision not in have:
                     self.note(f"{model.name}: no {precision} variant exported (the gate left it out?); skipped")
                     continue
-                run = functools.partial(self.run_switchboard, model, clips, repository, precision)
-                units.append((f"switchboard {PRECISION_NAMES[precision]}", run))
+                run = functools.partial(self.run_switchboard, model, clips, repository, precision, system=system)
+                units.append((f"{system} {PRECISION_NAMES[precision]}", run))
         if "faster-whisper" in systems and self.preset.fw_compute:
             try:
                 ct2 = self.ct2_dir(model)
@@ -792,7 +800,10 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
-SYSTEMS = ("switchboard", "faster-whisper", "litserve")
+SYSTEMS = ("switchboard", "faster-whisper", "litserve", "switchboard-whole")
+# switchboard-whole: the pool padding every chunk to the model's whole window (asr windows:
+# whole), to measure the fitted windows against; only when --systems names it
+DEFAULT_SYSTEMS = SYSTEMS[:3]
 PARTS = ("throughput", "seed001", "voice")
 
 
@@ -810,7 +821,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     p.add_argument("--out", type=Path, default=None, help="default: build/bench/asr")
     p.add_argument("--models", help=f"comma-separated subset of {', '.join(MODELS)} (throughput)")
-    p.add_argument("--systems", help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    p.add_argument(
+        "--systems",
+        help=f"comma-separated subset of {', '.join(SYSTEMS)} (default: {', '.join(DEFAULT_SYSTEMS)}; "
+        "switchboard-whole: the pool with every chunk padded to the whole window, asr windows whole)",
+    )
     p.add_argument("--parts", help=f"comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--seed001-seconds", type=float, help="seed 001's arrival window (the preset's otherwise)")
     p.add_argument("--seed001-load", type=float, help="seed 001's arrivals, as a multiple of one-at-a-time capacity")
@@ -864,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             p.error(f"--seed001-workers {args.seed001_workers!r}: expected comma-separated integers")
         preset = dataclasses.replace(preset, seed001_workers=workers)
-    systems = set(_subset(p, "--systems", args.systems, SYSTEMS))
+    systems = set(_subset(p, "--systems", args.systems or ",".join(DEFAULT_SYSTEMS), SYSTEMS))
     parts = set(_subset(p, "--parts", args.parts, PARTS))
     out = args.out or paths.BUILD / "bench" / "asr"
     out.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,8 @@ CLIPS = 16  # spoken questions per language set
 HOST = "-host"  # the tokens chosen from logits on the host, not on the device
 EAGER = "-eager"  # a fixed window's encoder launched kernel by kernel, not replayed as a CUDA graph
 WHOLE = "-whole"  # whole batches: no queued chunk joins a running batch (no in-flight batching)
+# and one turning on what the pool does not yet do on a GPU by default:
+FITTED = "-fitted"  # a fixed-window model's chunks padded to windows fitted to them (asr windows)
 STEPS = (
     "graphs",
     "growing",
@@ -88,6 +90,8 @@ STEPS = (
     "graphs" + EAGER,
     "graphs" + WHOLE,
     "static" + WHOLE,
+    "graphs" + FITTED,
+    "static" + FITTED,
 )
 log = logging.getLogger("switchboard.perf.asr_gpu")
 
@@ -97,12 +101,18 @@ def base_mode(mode: str) -> str:
     return mode.split("-")[0]
 
 
-def set_mode(runtime, mode: str) -> bool:
-    """Put a ``TorchWhisper`` in a --steps mode (one copy of the weights for every mode);
-    returns whether queued chunks join running batches in it (``AsrService(join=)``)."""
+def set_mode(model, mode: str) -> bool:
+    """Put an ``AsrModel`` on ``TorchWhisper`` in a --steps mode (one copy of the weights for
+    every mode); returns whether queued chunks join running batches in it (``AsrService(join=)``)."""
+    runtime = model.runtime
     runtime.steps_mode = base_mode(mode)
     runtime.choose_on_device = not mode.endswith(HOST)
     runtime.encoder_graphs = not mode.endswith(EAGER)
+    fitted = mode.endswith(FITTED)
+    if model.manifest.short_windows != fitted:  # the buffers (a cross mask or none) are made anew
+        model.manifest = dataclasses.replace(model.manifest, short_windows=fitted)
+        runtime.manifest = dataclasses.replace(runtime.manifest, short_windows=fitted)
+        runtime._free.clear()
     return not mode.endswith(WHOLE)
 
 
@@ -280,11 +290,12 @@ def pool(model, max_batch: int, workers: int, join: bool, batching: str = "lengt
 
     cfg = AsrConfig()
     window_s = model.max_seconds if model.window_frames is not None else None
+    padding = model.padded_s if model.manifest.short_windows else window_s
     if batching == "count":
         batcher = make_batcher("count", max_batch=max_batch, max_wait_s=cfg.max_wait_ms / 1000)
     else:
         batcher = length_batcher(
-            window_s,
+            padding,
             budget_s=audio_budget(cfg.batch_audio_s, window_s, max_batch, gpu=True),
             max_batch=max_batch,
             max_length_ratio=cfg.max_length_ratio,
@@ -353,7 +364,7 @@ def seed001(
     out.mkdir(parents=True, exist_ok=True)
     rows, rate = [], None
     for mode in steps:
-        join = set_mode(model.runtime, mode)
+        join = set_mode(model, mode)
         model.runtime.warm(1)
         for batching in ("length", "count"):
             service = pool(model, 8, 1, join, batching)
@@ -470,7 +481,7 @@ def run(
             warm = [model.features(asr_load.decode_audio(c.wav)) for c in clips[:8]]
             tokens = {}
             for mode in steps:
-                join = set_mode(model.runtime, mode)
+                join = set_mode(model, mode)
                 model.runtime.warm(2)  # as the server does at load: a buffer set per worker, graphs captured
                 for size in range(1, len(warm) + 1):  # every batch size once: first-call costs stay out
                     model.transcribe(warm[:size], [c.lang for c in clips[:size]])
@@ -561,7 +572,8 @@ def summary(results: dict) -> str:
         "",
         "Audio seconds per wall second. steps: graphs (a CUDA graph per step, queued chunks joining running "
         "batches) or growing (kernels one by one); -whole: whole batches, no joining; -eager: the encoder kernel by "
-        "kernel; -host: tokens chosen on the host. transformers: generate on batches formed in advance.",
+        "kernel; -host: tokens chosen on the host; -fitted: windows fitted to the audio. transformers: generate on "
+        "batches formed in advance.",
         "",
         "| model | dtype | steps | 1 caller | 8 callers | 8 callers, batches of 1 | 8 callers, 2 workers | best 8 / 1 "
         "| best 8 / (8, batches of 1) | transformers, batches of 1 | of 8 | pool (8 callers) / transformers (of 8) |",
@@ -608,8 +620,9 @@ def main(argv: list[str] | None = None) -> int:
         default="graphs,growing",
         help=f"comma-separated decoding modes ({', '.join(STEPS)}; torch_runtime.py; {HOST}: each step's logits "
         f"to the host, the tokens chosen there; {EAGER}: a fixed window's encoder launched kernel by kernel, not "
-        f"replayed as a CUDA graph; {WHOLE}: whole batches, no queued chunk joining a running one"
-        "too), each measured on one copy of the weights; same_tokens compares each mode's transcripts to the first's",
+        f"replayed as a CUDA graph; {WHOLE}: whole batches, no queued chunk joining a running one; {FITTED}: a "
+        "fixed window's chunks padded to windows fitted to them, asr's windows fitted), each measured on one copy "
+        "of the weights; same_tokens compares each mode's transcripts to the first's",
     )
     b.add_argument(
         "--transformers",

@@ -9,6 +9,11 @@ language given; audio longer than the window cut at its pauses). By default the 
 the embedded one and OpenAI's tiny.en. tiny.en was trained on real speech and never on
 espeak-ng, so a voice it cannot follow either is a hard voice, not a deaf model.
 
+``--windows whole,fitted`` measures each recognizer twice: every chunk padded to the model's
+window, and padded to a window fitted to it (asr/config.pbtxt's ``windows``). ``--long`` adds, per
+voice, its questions strung into recordings of about 28 s (0.6 s of silence between them), cut
+at pauses into chunks as the pool cuts them.
+
 Writes ``results.json`` and ``summary.md`` to ``--out``; ``docs/benchmarks.md`` keeps the figures.
 """
 
@@ -69,14 +74,16 @@ def parse_models(specs: list[str]) -> dict[str, Path]:
 
 
 def transcribe(model, clips: list) -> list[str]:
-    """Each clip's transcript, in its own language: cut at pauses to the model's window, as
-    the pool cuts it, and the chunks' texts joined."""
+    """Each clip's transcript, in its own language: cut at pauses into chunks as the pool cuts
+    it (asr/config.pbtxt's chunk_s, at most the model's window), and the chunks' texts joined."""
     from switchboard.asr import segment
     from switchboard.asr.features import SAMPLE_RATE
+    from switchboard.triton.config import AsrConfig
 
+    chunk_s = min(AsrConfig().chunk_s, model.max_seconds)
     chunks = []  # (clip index, features)
     for i, clip in enumerate(clips):
-        for a, b in segment.split(clip.samples, max_s=model.max_seconds, rate=SAMPLE_RATE):
+        for a, b in segment.split(clip.samples, max_s=chunk_s, rate=SAMPLE_RATE):
             chunks.append((i, model.features(clip.samples[a:b])))
     texts: list[list[str]] = [[] for _ in clips]
     for start in range(0, len(chunks), 8):
@@ -87,39 +94,82 @@ def transcribe(model, clips: list) -> list[str]:
     return [(" " if c.lang == "en" else "").join(t for t in texts[i] if t) for i, c in enumerate(clips)]
 
 
-def measure(models: dict[str, Path], voices: dict[str, tuple[str, ...]], per_language: int) -> dict:
+def recordings(clips: list, seconds: float = 28.0, gap_s: float = 0.6) -> list:
+    """``clips`` (one voice's) strung into recordings of at most ``seconds``, ``gap_s`` of
+    silence before each."""
+    import numpy as np
+
+    from switchboard.asr.features import SAMPLE_RATE
+    from switchboard.training import speech
+
+    gap = np.zeros(int(gap_s * SAMPLE_RATE), np.float32)
+    out, parts, texts = [], [], []
+
+    def flush():
+        if texts:
+            sep = " " if clips[0].lang == "en" else ""
+            out.append(speech.Clip(np.concatenate(parts), sep.join(texts), clips[0].lang, clips[0].voice, False))
+
+    for clip in clips:
+        if texts and sum(map(len, parts)) + len(gap) + len(clip.samples) > seconds * SAMPLE_RATE:
+            flush()
+            parts, texts = [], []
+        parts += [gap, clip.samples]
+        texts.append(clip.text)
+    flush()
+    return out
+
+
+def measure(
+    models: dict[str, Path],
+    voices: dict[str, tuple[str, ...]],
+    per_language: int,
+    windows: tuple[str, ...] = ("whole",),
+    long: bool = False,
+) -> dict:
     from switchboard.asr import wer
     from switchboard.asr.model import AsrModel
     from switchboard.training import speech
 
-    rows = []
+    rows, labels = [], {}
     for name, checkpoint in models.items():
-        model = AsrModel.from_checkpoint(checkpoint, device="cpu", dtype="float32", steps="growing")
-        for lang, names in voices.items():
-            if lang not in model.languages:
-                continue
-            sentences = [text for text, _ in speech.heldout_sentences(lang)][: per_language or None]
-            for voice in names:
-                started = time.monotonic()
-                clips = [speech.Clip(speech.synthesize(t, lang, voice), t, lang, voice, False) for t in sentences]
-                hyps = transcribe(model, clips)
-                rows.append(
-                    {
-                        "model": name,
-                        "lang": lang,
-                        "voice": voice,
-                        "relation": relation(voice, lang),
-                        "metric": "cer" if lang == "zh" else "wer",
-                        "error_rate": round(wer.error_rate(sentences, hyps, lang), 4),
-                        "exact": round(wer.exact_share(sentences, hyps), 4),
-                        "clips": len(sentences),
-                        "example": {"ref": sentences[0], "hyp": hyps[0]},
-                    }
-                )
-                r, took = rows[-1], time.monotonic() - started
-                print(f"{name:10s} {voice:24s} {r['metric'].upper()} {r['error_rate']:.3f}  ({took:.0f} s)", flush=True)
-        del model
-    return {"models": {k: str(v) for k, v in models.items()}, "per_language": per_language, "rows": rows}
+        for how in windows:
+            label = name if windows == ("whole",) else f"{name}, {how} windows"
+            labels[label] = str(checkpoint)
+            model = AsrModel.from_checkpoint(
+                checkpoint, device="cpu", dtype="float32", steps="growing", short_windows=how == "fitted"
+            )
+            for lang, names in voices.items():
+                if lang not in model.languages:
+                    continue
+                sentences = [text for text, _ in speech.heldout_sentences(lang)][: per_language or None]
+                for voice in names:
+                    started = time.monotonic()
+                    clips = [speech.Clip(speech.synthesize(t, lang, voice), t, lang, voice, False) for t in sentences]
+                    sets = [("questions", clips)] + ([("recordings", recordings(clips))] if long else [])
+                    for kind, items in sets:
+                        refs = [c.text for c in items]
+                        hyps = transcribe(model, items)
+                        rows.append(
+                            {
+                                "model": label,
+                                "lang": lang,
+                                "voice": voice if kind == "questions" else f"{voice}, recordings",
+                                "relation": relation(voice, lang),
+                                "metric": "cer" if lang == "zh" else "wer",
+                                "error_rate": round(wer.error_rate(refs, hyps, lang), 4),
+                                "exact": round(wer.exact_share(refs, hyps), 4),
+                                "clips": len(items),
+                                "example": {"ref": refs[0], "hyp": hyps[0]},
+                            }
+                        )
+                        r, took = rows[-1], time.monotonic() - started
+                        print(
+                            f"{label:24s} {r['voice']:36s} {r['metric'].upper()} {r['error_rate']:.3f}  ({took:.0f} s)",
+                            flush=True,
+                        )
+            del model
+    return {"models": labels, "per_language": per_language, "rows": rows}
 
 
 def summary(results: dict) -> str:
@@ -164,8 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--voices", help="comma-separated espeak-ng voices, each lang:voice (default: the built-in ladder)")
     p.add_argument("--questions", type=int, default=60, help="held-out questions per language (0: all)")
+    p.add_argument(
+        "--windows",
+        default="whole",
+        help="comma-separated: whole (every chunk padded to the model's window), fitted (to a window fitted to it)",
+    )
+    p.add_argument("--long", action="store_true", help="also each voice's questions strung into 28 s recordings")
     p.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-voices", help="where results go")
     args = p.parse_args(argv)
+    windows = tuple(w.strip() for w in args.windows.split(",") if w.strip())
+    if not windows or set(windows) - {"whole", "fitted"}:
+        p.error(f"--windows {args.windows!r}: expected whole, fitted or both")
     models = parse_models(args.model)
     if not models:
         p.error("no recognizer: build one (make model-asr, make model-asr-tiny-en) or pass --model NAME=PATH")
@@ -190,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 speech.synthesize("a" if lang == "en" else "好", lang, voice)
             except (ValueError, speech.SpeechError) as e:
                 p.error(f"--voices: {lang}:{voice}: {e}")
-    results = measure(models, voices, args.questions)
+    results = measure(models, voices, args.questions, windows, args.long)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     text = summary(results)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,7 +143,8 @@ class LengthBatcher(_Queue):
        group shortest first, taking those that keep the batch's longest within ``max_ratio``
        of its shortest (a batch costs its longest item: mixing lengths makes the short ones
        pay for the long), its total audio within ``budget_s`` (what one batch may hold in
-       memory and time; each item counted as at least ``window_s``) and its size within
+       memory and time; with a window, what the encoder reads: every row its longest's window)
+       and its size within
        ``max_batch``. An item longer than the budget runs alone.
     3. When it runs: at once when it is full (``max_batch`` items, or no item that could still
        join, one at least its longest / ``max_ratio`` long, would fit the budget), else when
@@ -160,7 +162,9 @@ class LengthBatcher(_Queue):
     ``window_s``: what every item costs of the budget at least, for a model that pads each chunk
     to a fixed window (Whisper's 30 s): its encoder works on the window whatever was said, so a
     2 s question costs a 30 s batch row, and the budget bounds what a batch costs (and what the
-    questions in it wait for) only if it counts that.
+    questions in it wait for) only if it counts that. A function of the chunk's seconds instead
+    for one whose window is fitted to the audio (``AsrModel.padded_s``): a batch's rows are
+    padded to its longest's window, so each costs that.
     """
 
     def __init__(
@@ -170,7 +174,7 @@ class LengthBatcher(_Queue):
         max_ratio: float = 2.0,
         max_wait_s: float = 0.01,
         starve_s: float = 2.0,
-        window_s: float = 0.0,
+        window_s: float | Callable[[float], float] = 0.0,
         long_s: float = 15.0,
         long_every: int = 3,
         wait_alone: bool = False,
@@ -182,7 +186,7 @@ class LengthBatcher(_Queue):
             raise ValueError(f"batcher: max_ratio must be >= 1, got {max_ratio}")
         if not starve_s >= max_wait_s:
             raise ValueError(f"batcher: starve_s ({starve_s}) must be >= max_wait_s ({max_wait_s})")
-        if not (math.isfinite(window_s) and window_s >= 0):
+        if not callable(window_s) and not (math.isfinite(window_s) and window_s >= 0):
             raise ValueError(f"batcher: window_s must be finite and >= 0, got {window_s}")
         if not long_s > 0:
             raise ValueError(f"batcher: long_s must be > 0, got {long_s}")
@@ -193,8 +197,12 @@ class LengthBatcher(_Queue):
         self._company = False  # the last batch held more than one item, or left some queued
         self._passed = 0  # batches without long audio since it last ran while a starving long chunk waited
 
-    def _cost(self, seconds: float) -> float:
-        return max(seconds, self.window_s)
+    def _cost(self, rows: int, total_s: float, longest_s: float) -> float:
+        """What a batch of ``rows`` items costs of the budget: their seconds, or with a window
+        ``rows`` times its longest's (an item longer than the window counts as itself)."""
+        if callable(self.window_s):
+            return rows * max(longest_s, self.window_s(longest_s))
+        return max(total_s, rows * self.window_s) if self.window_s else total_s
 
     def _long(self, item: Item) -> bool:
         # a source's duration and its resampled chunks' can differ by a sample: the larger counts
@@ -230,9 +238,9 @@ class LengthBatcher(_Queue):
     def _plan(self, now: float) -> tuple[list[tuple[int, Item]], float]:
         pool, switch = self._pool(now)
         anchor = self._anchor(pool, now)
-        batch, total = [anchor], self._cost(anchor[1].seconds)
-        lo = hi = anchor[1].seconds
-        if total > self.budget_s:
+        lo = hi = total = anchor[1].seconds
+        batch = [anchor]
+        if self._cost(1, total, hi) > self.budget_s:
             return batch, -math.inf
         others = sorted(
             (e for e in self._queue if e[0] != anchor[0]),
@@ -242,11 +250,16 @@ class LengthBatcher(_Queue):
             if len(batch) == self.max_batch:
                 break
             s = entry[1].seconds
-            if total + self._cost(s) > self.budget_s or max(hi, s) > self.max_ratio * min(lo, s):
+            if self._cost(len(batch) + 1, total + s, max(hi, s)) > self.budget_s or max(hi, s) > self.max_ratio * min(
+                lo, s
+            ):
                 continue
             batch.append(entry)
-            total, lo, hi = total + self._cost(s), min(lo, s), max(hi, s)
-        full = len(batch) == self.max_batch or total + self._cost(hi / self.max_ratio) > self.budget_s
+            total, lo, hi = total + s, min(lo, s), max(hi, s)
+        # full: not even the shortest item that could still join (hi / max_ratio) fits
+        full = (
+            len(batch) == self.max_batch or self._cost(len(batch) + 1, total + hi / self.max_ratio, hi) > self.budget_s
+        )
         wait = self.max_wait_s if self._company or self.wait_alone else 0.0
         due = -math.inf if full else anchor[1].arrival + wait
         # ageing can change the anchor before that: an item of the pool reaching starve_s (or a
@@ -294,7 +307,7 @@ def audio_budget(configured: float, window_s: float | None, max_batch: int, gpu:
 
 
 def length_batcher(
-    window_s: float | None,
+    window_s: float | Callable[[float], float] | None,
     *,
     budget_s: float,
     max_batch: int,
@@ -304,7 +317,8 @@ def length_batcher(
     long_every: int,
     wait_alone: bool = False,
 ) -> LengthBatcher:
-    """The pool's ``LengthBatcher`` for a model whose every chunk is padded to ``window_s`` (None:
+    """The pool's ``LengthBatcher`` for a model whose every chunk is padded to ``window_s`` (a
+    function of the chunk's seconds: a window fitted to it; None:
     one that takes audio of any length), from asr/config.pbtxt's settings."""
     fixed = window_s is not None
     ratio = length_ratio(max_length_ratio, fixed_window=fixed)

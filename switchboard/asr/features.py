@@ -23,6 +23,12 @@ N_FFT = 400
 HOP = 160
 SILENCE = -1.5  # every feature of all-zero samples: (log10(1e-10) + 4) / 4
 
+# A pretrained Whisper reads a 30 s window, nine tenths silence for a 3 s question. Padded to a
+# shorter window it hears as well, as long as the window leaves it about 7 s after the speech
+# (with less it starts to invent words): docs/benchmarks.md. ``fitted_frames`` picks it.
+SHORT_WINDOWS_S = (10.0, 15.0, 20.0)
+WINDOW_ROOM_S = 7.0
+
 
 def _hz_to_mel(hz):
     """Slaney's mel scale: linear below 1 kHz, logarithmic above."""
@@ -102,6 +108,27 @@ def _scaled(log_spec: np.ndarray) -> np.ndarray:
     """Whisper's clamp (8 below the loudest) and scale."""
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
+
+
+def fitted_frames(frames: int, window: int, hop: int = HOP) -> int:
+    """The window ``frames`` frames of audio are padded to for a model whose encoder reads
+    ``window`` frames: the shortest of ``SHORT_WINDOWS_S`` under ``window`` that leaves
+    ``WINDOW_ROOM_S`` after the audio, else ``window``."""
+    per_s = SAMPLE_RATE / hop
+    for seconds in SHORT_WINDOWS_S:
+        n = int(round(seconds * per_s))
+        if n >= window:
+            break
+        if n >= frames + WINDOW_ROOM_S * per_s:
+            return n
+    return window
+
+
+def window_lengths(window: int, hop: int = HOP) -> list[int]:
+    """Every length ``fitted_frames`` gives for a model of ``window`` frames, shortest first."""
+    per_s = SAMPLE_RATE / hop
+    short = [int(round(s * per_s)) for s in SHORT_WINDOWS_S]
+    return [n for n in short if WINDOW_ROOM_S * per_s <= n < window] + [window]
 
 
 def pad_batch(features: list[np.ndarray], frames: int | None = None) -> np.ndarray:

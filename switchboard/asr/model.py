@@ -35,6 +35,8 @@ for display.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,22 +143,26 @@ class AsrModel:
         self._language_ids = np.array(list(manifest.languages.values()) if manifest.multilingual else [], np.int64)
 
     @classmethod
-    def load(cls, directory: Path, precision: str = "fp32", threads: int = 0) -> AsrModel:
-        """The artifacts in ``directory`` (``python -m switchboard.export.asr``) on ONNX Runtime.
-        ValueError names what is missing or wrong."""
+    def load(cls, directory: Path, precision: str = "fp32", threads: int = 0, short_windows: bool = False) -> AsrModel:
+        """The artifacts in ``directory`` (``python -m switchboard.export.asr``) on ONNX Runtime;
+        ``short_windows``: see ``AsrManifest.short_windows``. ValueError names what is missing
+        or wrong."""
         from switchboard.asr.runtime import OnnxWhisper
 
         directory = Path(directory)
-        manifest = AsrManifest.load(directory)
+        manifest = dataclasses.replace(AsrManifest.load(directory), short_windows=short_windows)
         tok_path = directory / TOKENIZER
         if not tok_path.is_file():
             raise ValueError(f"{tok_path} missing (written by python -m switchboard.export.asr)")
         return cls._with_tokenizer(OnnxWhisper(directory, manifest, precision, threads), manifest, tok_path)
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Path, device: str = "cuda", dtype: str | None = None, **kw) -> AsrModel:
+    def from_checkpoint(
+        cls, checkpoint: Path, device: str = "cuda", dtype: str | None = None, short_windows: bool = False, **kw
+    ) -> AsrModel:
         """A Hugging Face Whisper checkpoint run in PyTorch (``torch_runtime.TorchWhisper``, which
-        takes ``kw``), with no export: the GPU path where ONNX Runtime has no CUDA provider."""
+        takes ``kw``), with no export: the GPU path where ONNX Runtime has no CUDA provider.
+        ``short_windows``: see ``AsrManifest.short_windows``."""
         import tempfile
 
         from tokenizers import Tokenizer as HFTokenizer
@@ -168,6 +174,7 @@ class AsrModel:
         with tempfile.TemporaryDirectory() as tmp:
             tok_path = copy_tokenizer(checkpoint, Path(tmp))
             manifest = describe(checkpoint, HFTokenizer.from_file(str(tok_path)))
+            manifest = dataclasses.replace(manifest, short_windows=short_windows)
             runtime = TorchWhisper.load(checkpoint, manifest, device, dtype, **kw)
             return cls._with_tokenizer(runtime, manifest, tok_path)
 
@@ -193,6 +200,25 @@ class AsrModel:
     def max_frames(self) -> int:
         return self.manifest.max_frames
 
+    def _batch(self, features: list[np.ndarray], first: int = 0) -> np.ndarray:
+        """[B, n_mels, T] of checked rows (``first``: the first's index, for errors), padded to
+        the window, else to the longest row (rows of a model that takes any length, or already
+        padded to their fitted windows: at least the shortest, should one come unpadded)."""
+        rows = [self._checked(first + j, f) for j, f in enumerate(features)]
+        m = self.manifest
+        if m.window_frames is None:
+            return pad_batch(rows)
+        if not m.short_windows:
+            return pad_batch(rows, m.window_frames)
+        return pad_batch(rows, max(m.windows[0], max(f.shape[1] for f in rows)))
+
+    def padded_s(self, seconds: float) -> float:
+        """The seconds of input ``seconds`` of audio costs the encoder: the window it is padded
+        to (a model that takes any length: ``seconds``)."""
+        hop = self.manifest.hop_length
+        frames = self.manifest.input_frames(math.ceil(seconds * SAMPLE_RATE / hop))
+        return seconds if frames is None else frames * hop / SAMPLE_RATE
+
     @property
     def max_seconds(self) -> float:
         """The longest audio one input holds (the window, or the variable-length limit): the
@@ -208,8 +234,12 @@ class AsrModel:
         return self.manifest.multilingual
 
     def features(self, samples: np.ndarray) -> np.ndarray:
-        """[n_mels, T] log-mel features of 16 kHz mono samples, as this model takes them."""
-        return log_mel(samples, self.n_mels, frames=self.window_frames, hop=self.manifest.hop_length)
+        """[n_mels, T] log-mel features of 16 kHz mono samples, as this model takes them: padded
+        with silence to the model's window, or to a window fitted to them
+        (``AsrManifest.input_frames``); a batch pads its rows to its longest."""
+        hop = self.manifest.hop_length
+        frames = self.manifest.input_frames(-(-len(samples) // hop))
+        return log_mel(samples, self.n_mels, frames=frames, hop=hop)
 
     # --- decoding ----------------------------------------------------------------------------
 
@@ -223,8 +253,9 @@ class AsrModel:
         on_done: Callable[[int, Transcript], None] | None = None,
         more: Callable[[int], list[tuple[np.ndarray, str | None]]] | None = None,
     ) -> list[Transcript]:
-        """Transcripts of ``features`` ([n_mels, T] each), in order. ``languages[i]``: a code
-        from ``self.languages`` or None (detected by a multilingual model). ``on_delta(i, text)``
+        """Transcripts of ``features`` ([n_mels, T] each, as ``features`` makes them), in order.
+        ``languages[i]``: a code from ``self.languages`` or None (detected by a multilingual
+        model). ``on_delta(i, text)``
         gets each row's text as it becomes final; ``cancelled(i)``, asked before every step,
         ends row i there; ``on_done(i, transcript)`` gets row i's transcript the step it ends,
         while the batch's longer rows go on (a 2 s question is not held for a 15 s chunk's last
@@ -241,7 +272,7 @@ class AsrModel:
         if not features:
             return []
         codes = [self._language(i, lang) for i, lang in enumerate(languages)]
-        batch = pad_batch([self._checked(i, f) for i, f in enumerate(features)], self.window_frames)
+        batch = self._batch(features)
         rows = [_Row(i, code, IncrementalDetokenizer(self._decode)) for i, code in enumerate(codes)]
         steps = self._steps(self.runtime.encode(batch), len(rows))
         if more is not None and getattr(steps, "join", None) is None:
@@ -314,7 +345,7 @@ class AsrModel:
             return []
         base = len(rows)
         codes = [self._language(base + j, lang) for j, (_, lang) in enumerate(new)]
-        batch = pad_batch([self._checked(base + j, f) for j, (f, _) in enumerate(new)], self.window_frames)
+        batch = self._batch([f for f, _ in new], base)
         joined = [_Row(base + j, code, IncrementalDetokenizer(self._decode)) for j, code in enumerate(codes)]
         rows += joined
         first = steps.join(self.runtime.encode(batch))
@@ -344,7 +375,7 @@ class AsrModel:
         f = np.asarray(f)
         if f.ndim != 2 or f.shape[0] != self.n_mels or f.shape[1] < 1:
             raise ValueError(f"features[{i}]: shape {f.shape}, expected [{self.n_mels}, frames >= 1]")
-        if self.window_frames is None and f.shape[1] > self.max_frames:
+        if (self.window_frames is None or self.manifest.short_windows) and f.shape[1] > self.max_frames:
             raise ValueError(
                 f"features[{i}]: {f.shape[1]} frames, more than this model's {self.max_frames} "
                 f"({self.max_seconds:g} s): cut the audio into shorter pieces"

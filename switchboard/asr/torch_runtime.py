@@ -37,9 +37,10 @@ How a batch's decoding steps run (``steps``):
   (``model.GrowingCache``).
 
 With graphs, a fixed window's encoder (pretrained Whisper's 30 s) is replayed as a CUDA graph
-per batch size too, one batch at a time, its outputs copied out of the graph's buffers
-(``encoder_graphs``; the GPU bench's ``--steps graphs-eager`` turns it off to measure it). An
-encoder of variable length (the embedded default's) launches its kernels one by one.
+per batch size too (and per window, with windows fitted to the audio), one batch at a time, its
+outputs copied out of the graph's buffers (``encoder_graphs``; the GPU bench's ``--steps
+graphs-eager`` turns it off to measure it). An encoder of variable length (the embedded
+default's) launches its kernels one by one.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class TorchWhisper:
         self.choose_on_device = True  # False: each step's logits to the host (to measure against)
         # with graphs, a fixed window's encoder is a CUDA graph per batch size too (False: to measure)
         self.encoder_graphs = True
-        self._encoders: dict[int, tuple] = {}  # batch size -> (graph, its input, its outputs)
+        self._encoders: dict[tuple, tuple] = {}  # (batch size, frames) -> (graph, its input, its outputs)
         self._banned: dict[bytes, object] = {}  # token ids never chosen, on the device
 
     @classmethod
@@ -127,12 +128,10 @@ class TorchWhisper:
         return list(zip(out[:n], out[n:]))
 
     def _encoder_replays(self, shape) -> bool:
-        window = self.manifest.window_frames
         return (
             self.encoder_graphs
             and self.steps_mode == "graphs"
-            and window is not None
-            and shape[-1] == window
+            and shape[-1] in self.manifest.windows
             and shape[0] <= self.max_batch
         )
 
@@ -140,13 +139,13 @@ class TorchWhisper:
         """The encoder by the CUDA graph captured for ``len(x)`` rows (captured here the first
         time, as ``_replay`` captures a step). A graph's input and outputs are its own buffers,
         so one batch at a time encodes, and the outputs are copied out before the next may."""
-        torch, batch = self._torch, x.shape[0]
+        torch, key = self._torch, (x.shape[0], x.shape[-1])
         with self._capturing:
-            entry = self._encoders.get(batch)
+            entry = self._encoders.get(key)
             if entry is None:
                 inputs = torch.zeros(x.shape, device=self.device, dtype=self.dtype)
                 graph, outputs = self._capture(lambda: self.encoder(inputs))
-                entry = self._encoders[batch] = (graph, inputs, outputs)
+                entry = self._encoders[key] = (graph, inputs, outputs)
             graph, inputs, outputs = entry
             inputs.copy_(x)  # from the host, cast to the model's dtype
             graph.replay()
@@ -203,11 +202,11 @@ class TorchWhisper:
                         if batch not in buffers.graphs:
                             self._replay(buffers, batch)  # on zeros, at position 0
                             captured += 1
-                window = self.manifest.window_frames
-                for batch in range(1, self.max_batch + 1) if self.encoder_graphs and window else ():
-                    if batch not in self._encoders:
-                        self._encode_replayed(torch.zeros((batch, self.manifest.n_mels, window)))
-                        captured += 1
+                for window in self.manifest.windows if self.encoder_graphs else ():
+                    for batch in range(1, self.max_batch + 1):
+                        if (batch, window) not in self._encoders:
+                            self._encode_replayed(torch.zeros((batch, self.manifest.n_mels, window)))
+                            captured += 1
                 torch.cuda.synchronize(self.device)
         for buffers in held:
             self._release(buffers)
@@ -269,8 +268,10 @@ class _Buffers:
             self.self_values = [zeros(b, heads, length, hd) for _ in range(n)]
             self.cross_keys = [zeros(b, heads, hd, frames) for _ in range(n)]
             self.cross_values = [zeros(b, heads, frames, hd) for _ in range(n)]
-            # A model of fixed window always fills the encoder's length; others mask the rest.
-            self.cross_mask = zeros(b, 1, 1, frames) if m.window_frames is None else None
+            # A model whose every input is its whole window fills the encoder's length; others
+            # (any length, or windows fitted to the audio) mask the rest.
+            whole = m.window_frames is not None and not m.short_windows
+            self.cross_mask = None if whole else zeros(b, 1, 1, frames)
             # A graph step's input, one host-to-device copy: each row's token, then its position.
             self.io = torch.zeros((b, 2), device=runtime.device, dtype=torch.int64)
             self.ids, self.positions = self.io[:, :1], self.io[:, 1:]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.triton.params import Params
+from switchboard.triton.params import ConfigError, Params
 
 
 def setting(default, doc: str, lo=None, hi=None):
@@ -244,6 +244,13 @@ class AsrConfig(_Config):
     chunk_s: float = setting(
         15.0, "audio longer than this is cut at silences into chunks of at most this (streamed in order)", 1.0, 30.0
     )
+    windows: str = setting(
+        "auto",
+        "for a model whose encoder reads a fixed window (a pretrained Whisper's 30 s): fitted (each chunk padded "
+        "to the shortest of 10, 15 or 20 s that leaves 7 s after its audio, else the whole window: a 3 s question "
+        "costs the encoder a third), whole (always the whole window, as Whisper and faster-whisper do) or auto "
+        "(fitted, but whole with runtime torch on a GPU: docs/voice.md)",
+    )
     max_audio_s: float = setting(600.0, "longer audio is refused (the gateway answers 413)", 1.0)
     max_pending_s: float = setting(
         1800.0, "seconds of audio waiting or being transcribed; beyond it requests are refused UNAVAILABLE", 1.0
@@ -293,6 +300,17 @@ class AsrConfig(_Config):
         "static (the graphs' cache without the graphs); auto picks",
     )
     cancel_poll_ms: int = setting(50, "how often a transcription asks whether its client left", 1, 10_000)
+
+    def fitted_windows(self) -> bool:
+        """Whether a fixed-window model's chunks are padded to windows fitted to them
+        (``windows``); ConfigError names a choice that is not one."""
+        if self.windows not in ("auto", "fitted", "whole"):
+            raise ConfigError(
+                f"asr/config.pbtxt: parameter 'windows' = {self.windows!r}: expected auto, fitted or whole"
+            )
+        if self.windows == "auto":
+            return not (self.runtime == "torch" and self.device.startswith("cuda"))
+        return self.windows == "fitted"
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ TEXTS = [
 TINY_EN = paths.BUILD / "asr-tiny-en"
 
 
-def make_whisper(out, multilingual: bool, window: int | None):
+def make_whisper(out, multilingual: bool, window: int | None, source_positions: int | None = None):
     """A random Whisper checkpoint directory in the standard layout (config, weights,
     generation_config with Whisper's fields, tokenizer.json)."""
     tok = Tokenizer(models.BPE())
@@ -64,7 +64,7 @@ def make_whisper(out, multilingual: bool, window: int | None):
         decoder_attention_heads=4,
         encoder_ffn_dim=128,
         decoder_ffn_dim=128,
-        max_source_positions=150 if multilingual else 50,
+        max_source_positions=source_positions or (150 if multilingual else 50),
         max_target_positions=64,
         init_std=0.2,
         decoder_start_token_id=ids["<|startoftranscript|>"],
@@ -431,6 +431,43 @@ def test_rows_joining_a_running_batch_decode_as_they_would_alone(which, on_devic
     ]
     assert sorted(done) == [0, 1, 2, 3, 4]
     assert len(static.runtime._free) == 1
+
+
+@pytest.fixture(scope="module")
+def thirty(tmp_path_factory):
+    """English-only with pretrained Whisper's 30 s window (3,000 frames), as the fitted windows
+    (asr windows: fitted) need."""
+    root = tmp_path_factory.mktemp("whisper-30s")
+    ckpt = make_whisper(root / "ckpt", multilingual=False, window=3000, source_positions=1500)
+    out = root / "artifacts"
+    return ckpt, out, export(ckpt, out, "--precision", "fp32", "--bench-batches", "")
+
+
+def test_fitted_windows_decode_the_same_on_every_runtime_and_joining_rows_keep_theirs(thirty):
+    """Windows fitted to the audio (10, 15, 20 or 30 s): the exported graphs on ONNX Runtime
+    take the shorter inputs and give PyTorch's tokens; on the fixed-size buffers a batch padded
+    to a 15 s window takes rows joining with 10 and 20 s windows (their encoder keys and values
+    masked past their own length), and each decodes what it does in a batch of its own."""
+    ckpt, out, m = thirty
+    onnx = AsrModel.load(out, short_windows=True)
+    growing = AsrModel.from_checkpoint(ckpt, device="cpu", steps="growing", short_windows=True)
+    static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=3, short_windows=True)
+    assert growing.manifest.windows == static.runtime.manifest.windows == [1000, 1500, 2000, 3000]
+    feats = noise_features(m, [1500, 1000, 1000, 2000], seed=9)
+    want = onnx.transcribe(feats[:2], ["en", "en"], max_new_tokens=10)
+    assert [t.tokens for t in growing.transcribe(feats[:2], ["en", "en"], max_new_tokens=10)] == [
+        t.tokens for t in want
+    ]
+    offers = [[2], [3]]
+
+    def more(room: int):
+        return [(feats[i], "en") for i in offers.pop(0)] if offers and room else []
+
+    got = static.transcribe(feats[:2], ["en", "en"], max_new_tokens=10, more=more)
+    assert not offers
+    want += [growing.transcribe([feats[i]], ["en"], max_new_tokens=10)[0] for i in (2, 3)]
+    assert [t.tokens for t in got] == [t.tokens for t in want]
+    assert len({tuple(t.tokens) for t in want}) == 4  # a row reading another's encoder output would show
 
 
 @pytest.mark.parametrize("on_device", [True, False])

@@ -68,6 +68,25 @@ def test_a_fixed_window_counts_each_item_as_the_window():
     assert [len(batch) for batch in drain(b)] == [2, 1]
 
 
+def test_a_window_fitted_to_the_audio_costs_each_row_its_longest_window():
+    """Windows fitted to the audio (AsrModel.padded_s): a 2 s question costs a 10 s row, so six
+    fill a 60 s budget where two 30 s windows did; a batch's rows are padded to its longest
+    item's window, so a 12 s chunk makes every row cost 20 s."""
+
+    def fitted(s: float) -> float:
+        return 10.0 if s <= 3 else 20.0 if s <= 13 else 30.0
+
+    b = filled(
+        LengthBatcher(budget_s=60.0, max_batch=8, max_ratio=math.inf, window_s=fitted),
+        *(Item(i, 2.0) for i in range(7)),
+        Item("chunk", 12.0),
+    )
+    assert b.next_due(0.0) == 0.0  # six rows of 10 s fill the budget
+    assert [keys(batch) for batch in drain(b)] == [[0, 1, 2, 3, 4, 5], [6, "chunk"]]
+    with pytest.raises(ValueError, match="window_s must be finite"):
+        LengthBatcher(window_s=-1.0)
+
+
 def test_the_pools_batcher_follows_the_models_window():
     settings = {
         "budget_s": 60.0,

@@ -4,7 +4,7 @@ serving path reimplements in NumPy (at 80 mels, Whisper v1-v2 and tiny.en, and 1
 import numpy as np
 import pytest
 
-from switchboard.asr.features import HOP, SAMPLE_RATE, log_mel, mel_filters, pad_batch
+from switchboard.asr.features import HOP, SAMPLE_RATE, fitted_frames, log_mel, mel_filters, pad_batch, window_lengths
 
 transformers = pytest.importorskip("transformers")
 
@@ -147,3 +147,22 @@ def test_a_20_ms_hop_equals_transformers(frames):
     got = log_mel(samples, 80, frames=frames, hop=320)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=2e-4)
+
+
+@pytest.mark.parametrize(
+    "seconds,window",
+    [(0.01, 1000), (2.0, 1000), (3.0, 1000), (3.01, 1500), (8.0, 1500), (13.0, 2000), (13.01, 3000), (30.0, 3000)],
+)
+def test_a_fitted_window_leaves_7_s_after_the_audio(seconds, window):
+    frames = int(round(seconds * SAMPLE_RATE / HOP))
+    assert fitted_frames(frames, 3000) == window
+    assert window in window_lengths(3000)
+
+
+def test_fitted_windows_are_shorter_than_the_models_own():
+    assert window_lengths(3000) == [1000, 1500, 2000, 3000]
+    assert window_lengths(1500) == [1000, 1500]  # a 15 s window: 10 s at most
+    # the embedded default's 5 s window at 20 ms frames has none shorter that leaves 7 s
+    assert window_lengths(250, hop=320) == [250]
+    assert fitted_frames(10, 250, hop=320) == 250
+    assert fitted_frames(100, 3000, hop=320) == 500  # 2 s at 20 ms frames: 10 s, 500 of them

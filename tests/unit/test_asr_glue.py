@@ -211,12 +211,25 @@ def test_threads_0_is_one_for_a_model_whose_window_is_little_work(
     manifest.save(tmp_path)
     (tmp_path / "encoder.onnx").write_bytes(b"\0" * encoder_bytes)
     loaded = []
-    monkeypatch.setattr(glue.AsrModel, "load", lambda version, precision, threads: loaded.append(threads))
+    monkeypatch.setattr(
+        glue.AsrModel, "load", lambda version, precision, threads, short_windows: loaded.append(threads)
+    )
     monkeypatch.setattr(glue.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     model = glue.TritonPythonModel()
     model._load_model(tmp_path, glue.AsrConfig())
     model._load_model(tmp_path, dataclasses.replace(glue.AsrConfig(), threads=2))
     assert loaded == [threads, 2]
+
+
+def test_windows_fitted_to_the_audio_except_where_not_yet_measured(glue):
+    cfg = glue.AsrConfig()
+    assert cfg.windows == "auto" and cfg.fitted_windows()  # ONNX Runtime
+    gpu = dataclasses.replace(cfg, runtime="torch", device="cuda:1")
+    assert not gpu.fitted_windows() and dataclasses.replace(gpu, windows="fitted").fitted_windows()
+    assert dataclasses.replace(gpu, device="cpu").fitted_windows()
+    assert not dataclasses.replace(cfg, windows="whole").fitted_windows()
+    with pytest.raises(ValueError, match="parameter 'windows' = 'short': expected auto, fitted or whole"):
+        dataclasses.replace(cfg, windows="short").fitted_windows()
 
 
 def test_threads_0_uses_every_core_when_the_encoder_cannot_be_sized(tmp_path):

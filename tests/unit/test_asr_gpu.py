@@ -58,18 +58,28 @@ def test_summary_takes_the_better_of_one_and_two_workers_for_the_ratios():
 def test_a_steps_mode_sets_the_runtimes_switches_and_the_pools():
     from types import SimpleNamespace
 
-    runtime = SimpleNamespace()
+    from switchboard.asr.runtime import AsrManifest
+
+    manifest = AsrManifest("m", "src", 80, 3000, 1500, 448, False, {"en": None}, {}, [], [], 4, 6, 64, 51864)
+    held = ["a buffer set"]
+    runtime = SimpleNamespace(manifest=manifest, _free=held)
+    model = SimpleNamespace(runtime=runtime, manifest=manifest)
     for mode, want in {
-        "graphs": ("graphs", True, True, True),
-        "graphs-host": ("graphs", False, True, True),
-        "static-host": ("static", False, True, True),
-        "graphs-eager": ("graphs", True, False, True),
-        "graphs-whole": ("graphs", True, True, False),
-        "growing": ("growing", True, True, True),
+        "graphs": ("graphs", True, True, True, False),
+        "graphs-host": ("graphs", False, True, True, False),
+        "static-host": ("static", False, True, True, False),
+        "graphs-eager": ("graphs", True, False, True, False),
+        "graphs-whole": ("graphs", True, True, False, False),
+        "graphs-fitted": ("graphs", True, True, True, True),
+        "static-fitted": ("static", True, True, True, True),
+        "growing": ("growing", True, True, True, False),
     }.items():
         assert mode in asr_gpu.STEPS
-        join = asr_gpu.set_mode(runtime, mode)
-        assert (runtime.steps_mode, runtime.choose_on_device, runtime.encoder_graphs, join) == want, mode
+        join = asr_gpu.set_mode(model, mode)
+        got = (runtime.steps_mode, runtime.choose_on_device, runtime.encoder_graphs, join, model.manifest.short_windows)
+        assert got == want, mode
+        assert runtime.manifest.short_windows == model.manifest.short_windows
+    assert not held  # buffers made for whole windows are not reused for fitted ones
 
 
 def test_seed001_refuses_an_unknown_steps_mode(capsys):

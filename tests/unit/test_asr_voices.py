@@ -114,3 +114,18 @@ def test_a_model_that_is_no_checkpoint_is_refused_before_any_work(tmp_path, caps
         asr_voices.main(["--model", f"mine={tmp_path}"])
     assert e.value.code == 2
     assert f"--model mine: {tmp_path} is not a Hugging Face checkpoint" in capsys.readouterr().err
+
+
+def test_one_voices_questions_are_strung_into_recordings_of_at_most_28_s():
+    clips = [speech.Clip(_tone(s), f"q{i}", "en", "v", False) for i, s in enumerate([10.0, 10.0, 7.0, 12.0, 3.0])]
+    recs = asr_voices.recordings(clips)
+    assert [r.text for r in recs] == ["q0 q1", "q2 q3 q4"]  # q2 with its 0.6 s of silence: 28.8 s, too long
+    assert [len(r.samples) / RATE for r in recs] == pytest.approx([21.2, 23.8])
+    zh = [speech.Clip(_tone(1.0), t, "zh", "v", False) for t in ("你好", "再见")]
+    assert [r.text for r in asr_voices.recordings(zh)] == ["你好再见"]
+
+
+def test_an_unknown_windows_choice_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        asr_voices.main(["--windows", "whole,short", "--model", f"x={tmp_path}"])
+    assert "--windows 'whole,short': expected whole, fitted or both" in capsys.readouterr().err
