@@ -20,6 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from switchboard import paths
 from switchboard.asr.batcher import audio_budget, length_batcher, make_batcher
+from switchboard.asr.features import SAMPLE_RATE
 from switchboard.asr.metrics import AsrMetrics
 from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest, auto_threads
@@ -152,8 +153,9 @@ class TritonPythonModel:
             join=cfg.join_running,
         )
         self.publisher = AsrMetricsPublisher(self.metrics, self.service)
+        hop, windows = self.model.manifest.hop_length, self.model.manifest.windows
         log.info(
-            "asr ready: %s %s, %s batching (at most %d chunks, %.0f s of audio), %d worker(s)",
+            "asr ready: %s %s, %s batching (at most %d chunks, %.0f s of audio), %d worker(s), %s",
             self.model.manifest.name,
             cfg.precision
             if cfg.runtime == "onnx"
@@ -162,6 +164,9 @@ class TritonPythonModel:
             cfg.max_batch,
             self.budget_s,
             cfg.workers,
+            "inputs of any length"
+            if not windows
+            else f"windows of {', '.join(f'{w * hop / SAMPLE_RATE:g}' for w in windows)} s",
         )
 
     def _load_model(self, version, cfg: AsrConfig) -> AsrModel:
