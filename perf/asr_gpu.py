@@ -109,9 +109,9 @@ def set_mode(model, mode: str) -> bool:
     runtime.choose_on_device = not mode.endswith(HOST)
     runtime.encoder_graphs = not mode.endswith(EAGER)
     fitted = mode.endswith(FITTED)
-    if model.manifest.short_windows != fitted:  # the buffers (a cross mask or none) are made anew
-        model.manifest = dataclasses.replace(model.manifest, short_windows=fitted)
-        runtime.manifest = dataclasses.replace(runtime.manifest, short_windows=fitted)
+    if model.manifest.fitted_windows != fitted:  # the buffers (a cross mask or none) are made anew
+        model.manifest = dataclasses.replace(model.manifest, fitted_windows=fitted)
+        runtime.manifest = dataclasses.replace(runtime.manifest, fitted_windows=fitted)
         runtime._free.clear()
     return not mode.endswith(WHOLE)
 
@@ -290,7 +290,7 @@ def pool(model, max_batch: int, workers: int, join: bool, batching: str = "lengt
 
     cfg = AsrConfig()
     window_s = model.max_seconds if model.window_frames is not None else None
-    padding = model.padded_s if model.manifest.short_windows else window_s
+    padding = model.padded_s if model.manifest.fitted_windows else window_s
     if batching == "count":
         batcher = make_batcher("count", max_batch=max_batch, max_wait_s=cfg.max_wait_ms / 1000)
     else:

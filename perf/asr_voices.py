@@ -137,7 +137,7 @@ def measure(
             label = name if windows == ("whole",) else f"{name}, {how} windows"
             labels[label] = str(checkpoint)
             model = AsrModel.from_checkpoint(
-                checkpoint, device="cpu", dtype="float32", steps="growing", short_windows=how == "fitted"
+                checkpoint, device="cpu", dtype="float32", steps="growing", fitted_windows=how == "fitted"
             )
             for lang, names in voices.items():
                 if lang not in model.languages:

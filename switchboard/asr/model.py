@@ -143,14 +143,14 @@ class AsrModel:
         self._language_ids = np.array(list(manifest.languages.values()) if manifest.multilingual else [], np.int64)
 
     @classmethod
-    def load(cls, directory: Path, precision: str = "fp32", threads: int = 0, short_windows: bool = False) -> AsrModel:
+    def load(cls, directory: Path, precision: str = "fp32", threads: int = 0, fitted_windows: bool = False) -> AsrModel:
         """The artifacts in ``directory`` (``python -m switchboard.export.asr``) on ONNX Runtime;
-        ``short_windows``: see ``AsrManifest.short_windows``. ValueError names what is missing
+        ``fitted_windows``: see ``AsrManifest.fitted_windows``. ValueError names what is missing
         or wrong."""
         from switchboard.asr.runtime import OnnxWhisper
 
         directory = Path(directory)
-        manifest = dataclasses.replace(AsrManifest.load(directory), short_windows=short_windows)
+        manifest = dataclasses.replace(AsrManifest.load(directory), fitted_windows=fitted_windows)
         tok_path = directory / TOKENIZER
         if not tok_path.is_file():
             raise ValueError(f"{tok_path} missing (written by python -m switchboard.export.asr)")
@@ -158,11 +158,11 @@ class AsrModel:
 
     @classmethod
     def from_checkpoint(
-        cls, checkpoint: Path, device: str = "cuda", dtype: str | None = None, short_windows: bool = False, **kw
+        cls, checkpoint: Path, device: str = "cuda", dtype: str | None = None, fitted_windows: bool = False, **kw
     ) -> AsrModel:
         """A Hugging Face Whisper checkpoint run in PyTorch (``torch_runtime.TorchWhisper``, which
         takes ``kw``), with no export: the GPU path where ONNX Runtime has no CUDA provider.
-        ``short_windows``: see ``AsrManifest.short_windows``."""
+        ``fitted_windows``: see ``AsrManifest.fitted_windows``."""
         import tempfile
 
         from tokenizers import Tokenizer as HFTokenizer
@@ -174,7 +174,7 @@ class AsrModel:
         with tempfile.TemporaryDirectory() as tmp:
             tok_path = copy_tokenizer(checkpoint, Path(tmp))
             manifest = describe(checkpoint, HFTokenizer.from_file(str(tok_path)))
-            manifest = dataclasses.replace(manifest, short_windows=short_windows)
+            manifest = dataclasses.replace(manifest, fitted_windows=fitted_windows)
             runtime = TorchWhisper.load(checkpoint, manifest, device, dtype, **kw)
             return cls._with_tokenizer(runtime, manifest, tok_path)
 
@@ -208,7 +208,7 @@ class AsrModel:
         m = self.manifest
         if m.window_frames is None:
             return pad_batch(rows)
-        if not m.short_windows:
+        if not m.fitted_windows:
             return pad_batch(rows, m.window_frames)
         return pad_batch(rows, max(m.windows[0], max(f.shape[1] for f in rows)))
 
@@ -255,16 +255,15 @@ class AsrModel:
     ) -> list[Transcript]:
         """Transcripts of ``features`` ([n_mels, T] each, as ``features`` makes them), in order.
         ``languages[i]``: a code from ``self.languages`` or None (detected by a multilingual
-        model). ``on_delta(i, text)``
-        gets each row's text as it becomes final; ``cancelled(i)``, asked before every step,
-        ends row i there; ``on_done(i, transcript)`` gets row i's transcript the step it ends,
-        while the batch's longer rows go on (a 2 s question is not held for a 15 s chunk's last
-        words). ``more(room)``, asked between steps where the runtime lets rows join a running
-        batch (``TorchWhisper``'s fixed-size buffers) and it has room, gives up to ``room``
-        more (features, language) pairs: they join as rows ``len(features)``, ``+ 1``, ... (in
-        the order given; the callbacks and the returned list count them so), a row that ended
-        leaving its place to a waiting one rather than the batch running on half empty.
-        ValueError names the input that is wrong."""
+        model). ``on_delta(i, text)`` gets each row's text as it becomes final; ``cancelled(i)``,
+        asked before every step, ends row i there; ``on_done(i, transcript)`` gets row i's
+        transcript the step it ends, while the batch's longer rows go on (a 2 s question is not
+        held for a 15 s chunk's last words). ``more(room)``, asked between steps where the
+        runtime lets rows join a running batch (``TorchWhisper``'s fixed-size buffers) and it
+        has room, gives up to ``room`` more (features, language) pairs: they join as rows
+        ``len(features)``, ``+ 1``, ... (in the order given; the callbacks and the returned list
+        count them so), a row that ended leaving its place to a waiting one rather than the
+        batch running on half empty. ValueError names the input that is wrong."""
         if len(features) != len(languages):
             raise ValueError(f"{len(features)} feature arrays but {len(languages)} languages")
         if max_new_tokens is not None and max_new_tokens < 1:
@@ -375,7 +374,7 @@ class AsrModel:
         f = np.asarray(f)
         if f.ndim != 2 or f.shape[0] != self.n_mels or f.shape[1] < 1:
             raise ValueError(f"features[{i}]: shape {f.shape}, expected [{self.n_mels}, frames >= 1]")
-        if (self.window_frames is None or self.manifest.short_windows) and f.shape[1] > self.max_frames:
+        if (self.window_frames is None or self.manifest.fitted_windows) and f.shape[1] > self.max_frames:
             raise ValueError(
                 f"features[{i}]: {f.shape[1]} frames, more than this model's {self.max_frames} "
                 f"({self.max_seconds:g} s): cut the audio into shorter pieces"

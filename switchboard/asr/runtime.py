@@ -65,9 +65,10 @@ class AsrManifest:
     gate: dict = field(default_factory=dict)  # the accuracy gate's rule and figures
     parity: dict = field(default_factory=dict)  # export-time checks against PyTorch
     bench: dict = field(default_factory=dict)  # encoder/decoder latency per precision and batch
-    # Serving's choice (asr/config.pbtxt's short_windows), never exported: a fixed-window model's
-    # input padded to a window fitted to its audio (features.fitted_frames), not always the whole.
-    short_windows: bool = False
+    # Serving's choice (asr/config.pbtxt's windows: fitted), False as the export writes it: a
+    # fixed-window model's input padded to a window fitted to its audio (features.fitted_frames)
+    # rather than to the whole window.
+    fitted_windows: bool = False
 
     @property
     def max_frames(self) -> int:
@@ -77,17 +78,17 @@ class AsrManifest:
     def input_frames(self, frames: int) -> int | None:
         """What an input of ``frames`` frames of audio is padded to: None for a model that
         takes any length (a batch is padded to its longest), else the window or, with
-        ``short_windows``, the window fitted to the audio."""
+        ``fitted_windows``, the window fitted to the audio."""
         if self.window_frames is None:
             return None
-        return fitted_frames(frames, self.window_frames, self.hop_length) if self.short_windows else self.window_frames
+        return fitted_frames(frames, self.window_frames, self.hop_length) if self.fitted_windows else self.window_frames
 
     @property
     def windows(self) -> list[int]:
         """Every length an input may be padded to, shortest first ([] for any length)."""
         if self.window_frames is None:
             return []
-        return window_lengths(self.window_frames, self.hop_length) if self.short_windows else [self.window_frames]
+        return window_lengths(self.window_frames, self.hop_length) if self.fitted_windows else [self.window_frames]
 
     @property
     def prompt_length(self) -> int:

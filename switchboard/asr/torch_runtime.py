@@ -270,7 +270,7 @@ class _Buffers:
             self.cross_values = [zeros(b, heads, frames, hd) for _ in range(n)]
             # A model whose every input is its whole window fills the encoder's length; others
             # (any length, or windows fitted to the audio) mask the rest.
-            whole = m.window_frames is not None and not m.short_windows
+            whole = m.window_frames is not None and not m.fitted_windows
             self.cross_mask = None if whole else zeros(b, 1, 1, frames)
             # A graph step's input, one host-to-device copy: each row's token, then its position.
             self.io = torch.zeros((b, 2), device=runtime.device, dtype=torch.int64)

@@ -135,7 +135,7 @@ class TritonPythonModel:
             self.model.runtime.warm(cfg.workers)
         self.window_s = self.model.max_seconds if self.model.window_frames is not None else None
         # what a chunk costs the batch budget: the window, fitted to it or whole (None: itself)
-        self.padding = self.model.padded_s if self.model.manifest.short_windows else self.window_s
+        self.padding = self.model.padded_s if self.model.manifest.fitted_windows else self.window_s
         on_gpu = cfg.runtime == "torch" and cfg.device.startswith("cuda")
         self.budget_s = audio_budget(cfg.batch_audio_s, self.window_s, cfg.max_batch, gpu=on_gpu)
         self.service = AsrService(
@@ -180,7 +180,7 @@ class TritonPythonModel:
         if cfg.runtime != "onnx":
             raise ConfigError(f"asr/config.pbtxt: parameter 'runtime' = {cfg.runtime!r}: expected onnx or torch")
         threads = cfg.threads or auto_threads(version, AsrManifest.load(version), len(os.sched_getaffinity(0)))
-        return AsrModel.load(version, precision=cfg.precision, threads=threads, short_windows=cfg.fitted_windows())
+        return AsrModel.load(version, precision=cfg.precision, threads=threads, fitted_windows=cfg.fitted_windows())
 
     def _load_checkpoint(self, version, cfg: AsrConfig) -> AsrModel:
         """runtime torch: the checkpoint the installed graphs came from, on ``device``."""
@@ -208,7 +208,7 @@ class TritonPythonModel:
             checkpoint,
             device=cfg.device,
             dtype=dtype,
-            short_windows=cfg.fitted_windows(),
+            fitted_windows=cfg.fitted_windows(),
             steps=cfg.torch_steps,
             max_batch=cfg.max_batch,
         )

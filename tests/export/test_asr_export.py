@@ -449,9 +449,9 @@ def test_fitted_windows_decode_the_same_on_every_runtime_and_joining_rows_keep_t
     to a 15 s window takes rows joining with 10 and 20 s windows (their encoder keys and values
     masked past their own length), and each decodes what it does in a batch of its own."""
     ckpt, out, m = thirty
-    onnx = AsrModel.load(out, short_windows=True)
-    growing = AsrModel.from_checkpoint(ckpt, device="cpu", steps="growing", short_windows=True)
-    static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=3, short_windows=True)
+    onnx = AsrModel.load(out, fitted_windows=True)
+    growing = AsrModel.from_checkpoint(ckpt, device="cpu", steps="growing", fitted_windows=True)
+    static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=3, fitted_windows=True)
     assert growing.manifest.windows == static.runtime.manifest.windows == [1000, 1500, 2000, 3000]
     feats = noise_features(m, [1500, 1000, 1000, 2000], seed=9)
     want = onnx.transcribe(feats[:2], ["en", "en"], max_new_tokens=10)

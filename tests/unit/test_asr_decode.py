@@ -280,11 +280,11 @@ def test_fixed_window_features_are_padded_to_the_window():
 
 
 def test_fitted_windows_pad_each_chunk_to_a_window_that_leaves_room_after_it():
-    """``short_windows``: a 30 s window model's chunk is padded to 10, 15 or 20 s, whichever
+    """``fitted_windows``: a 30 s window model's chunk is padded to 10, 15 or 20 s, whichever
     leaves 7 s after its audio (else 30); a batch pads its rows to its longest's window, at least
     the shortest window; longer than the model's window is refused, not cut."""
     asr, rt = model([[0], [1]], multilingual=False, window=3000)
-    asr.manifest = rt.manifest = dataclasses.replace(asr.manifest, max_source_positions=1500, short_windows=True)
+    asr.manifest = rt.manifest = dataclasses.replace(asr.manifest, max_source_positions=1500, fitted_windows=True)
     shapes = [asr.features(np.zeros(int(s * 16000), np.float32)).shape for s in (2, 3, 3.5, 8, 13, 14, 30)]
     assert shapes == [(4, n) for n in (1000, 1000, 1500, 1500, 2000, 3000, 3000)]
     assert (asr.padded_s(2.0), asr.padded_s(8.0), asr.padded_s(14.0)) == (10.0, 15.0, 30.0)
@@ -300,7 +300,7 @@ def test_fitted_windows_pad_each_chunk_to_a_window_that_leaves_room_after_it():
     assert seen == [(2, 4, 1500), (1, 4, 1000)]
     with pytest.raises(ValueError, match=r"3001 frames, more than this model's 3000"):
         asr.transcribe([np.zeros((4, 3001), np.float32)], [None])
-    asr.manifest = dataclasses.replace(asr.manifest, short_windows=False)
+    asr.manifest = dataclasses.replace(asr.manifest, fitted_windows=False)
     assert asr.padded_s(2.0) == 30.0 and asr.features(np.zeros(32000, np.float32)).shape == (4, 3000)
 
 

@@ -212,7 +212,7 @@ def test_threads_0_is_one_for_a_model_whose_window_is_little_work(
     (tmp_path / "encoder.onnx").write_bytes(b"\0" * encoder_bytes)
     loaded = []
     monkeypatch.setattr(
-        glue.AsrModel, "load", lambda version, precision, threads, short_windows: loaded.append(threads)
+        glue.AsrModel, "load", lambda version, precision, threads, fitted_windows: loaded.append(threads)
     )
     monkeypatch.setattr(glue.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     model = glue.TritonPythonModel()

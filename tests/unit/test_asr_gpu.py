@@ -76,9 +76,15 @@ def test_a_steps_mode_sets_the_runtimes_switches_and_the_pools():
     }.items():
         assert mode in asr_gpu.STEPS
         join = asr_gpu.set_mode(model, mode)
-        got = (runtime.steps_mode, runtime.choose_on_device, runtime.encoder_graphs, join, model.manifest.short_windows)
+        got = (
+            runtime.steps_mode,
+            runtime.choose_on_device,
+            runtime.encoder_graphs,
+            join,
+            model.manifest.fitted_windows,
+        )
         assert got == want, mode
-        assert runtime.manifest.short_windows == model.manifest.short_windows
+        assert runtime.manifest.fitted_windows == model.manifest.fitted_windows
     assert not held  # buffers made for whole windows are not reused for fitted ones
 
 
