@@ -210,9 +210,9 @@ class AsrConfig(_Config):
     batch_audio_s: float = setting(
         0.0,
         "the most seconds of audio in one batch (a longer chunk runs alone); a model that pads every chunk to a "
-        "fixed window counts each as the window, what its encoder does; 0: automatic, 60 on a CPU (Whisper's "
-        "30 s: 2 chunks a batch) and max_batch windows on a GPU (runtime torch), where they cost little more "
-        "than one",
+        "window counts each row as its batch's window (see windows), what its encoder does; 0: automatic, 60 on a "
+        "CPU (Whisper's 30 s: 2 chunks a batch, 6 in 10 s windows) and max_batch windows on a GPU (runtime "
+        "torch), where they cost little more than one",
         0.0,
     )
     max_length_ratio: float = setting(
