@@ -393,11 +393,12 @@ def transcribe_clips(asr, clips: list, batch: int = 8) -> list[str]:
 
 def evaluate(out: Path, precisions: list[str], clips: list, threads: int = 0) -> dict:
     """Per precision and language: the error rate against what was said, and the share of
-    clips transcribed as FP32 transcribes them."""
+    clips transcribed as FP32 transcribes them; with the windows ONNX Runtime serves them in
+    (asr/config.pbtxt's windows: auto is fitted there)."""
     from switchboard.asr import wer
     from switchboard.asr.model import AsrModel
 
-    texts = {p: transcribe_clips(AsrModel.load(out, p, threads), clips) for p in precisions}
+    texts = {p: transcribe_clips(AsrModel.load(out, p, threads, fitted_windows=True), clips) for p in precisions}
     # The clips each precision transcribes word for word (after normalization).
     right = {
         p: {i for i, c in enumerate(clips) if wer.units(texts[p][i], c.lang) == wer.units(c.text, c.lang)}
