@@ -290,7 +290,7 @@ def pool(model, max_batch: int, workers: int, join: bool, batching: str = "lengt
 
     cfg = AsrConfig()
     window_s = model.max_seconds if model.window_frames is not None else None
-    padding = model.padded_s if model.manifest.fitted_windows else window_s
+    padding = model.padded_s if window_s is not None else None
     if batching == "count":
         batcher = make_batcher("count", max_batch=max_batch, max_wait_s=cfg.max_wait_ms / 1000)
     else:

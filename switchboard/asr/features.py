@@ -114,14 +114,8 @@ def fitted_frames(frames: int, window: int, hop: int = HOP) -> int:
     """The window ``frames`` frames of audio are padded to for a model whose encoder reads
     ``window`` frames: the shortest of ``SHORT_WINDOWS_S`` under ``window`` that leaves
     ``WINDOW_ROOM_S`` after the audio, else ``window``."""
-    per_s = SAMPLE_RATE / hop
-    for seconds in SHORT_WINDOWS_S:
-        n = int(round(seconds * per_s))
-        if n >= window:
-            break
-        if n >= frames + WINDOW_ROOM_S * per_s:
-            return n
-    return window
+    room = WINDOW_ROOM_S * SAMPLE_RATE / hop
+    return next((n for n in window_lengths(window, hop) if n >= frames + room), window)
 
 
 def window_lengths(window: int, hop: int = HOP) -> list[int]:

@@ -135,7 +135,7 @@ class TritonPythonModel:
             self.model.runtime.warm(cfg.workers)
         self.window_s = self.model.max_seconds if self.model.window_frames is not None else None
         # what a chunk costs the batch budget: the window, fitted to it or whole (None: itself)
-        self.padding = self.model.padded_s if self.model.manifest.fitted_windows else self.window_s
+        self.padding = self.model.padded_s if self.window_s is not None else None
         on_gpu = cfg.runtime == "torch" and cfg.device.startswith("cuda")
         self.budget_s = audio_budget(cfg.batch_audio_s, self.window_s, cfg.max_batch, gpu=on_gpu)
         self.service = AsrService(
