@@ -107,6 +107,9 @@ class TorchWhisper:
         self.choose_on_device = True  # False: each step's logits to the host (to measure against)
         # with graphs, a fixed window's encoder is a CUDA graph per batch size too (False: to measure)
         self.encoder_graphs = True
+        # a step may run this many times its live rows (places rows left) before they move up;
+        # None: 2 with graphs, where a few more rows cost next to nothing, else 1
+        self.slack: float | None = None
         self._encoders: dict[tuple, tuple] = {}  # (batch size, frames) -> (graph, its input, its outputs)
         self._banned: dict[bytes, object] = {}  # token ids never chosen, on the device
 
@@ -296,46 +299,62 @@ class StaticSteps:
     """One batch decoding on a ``_Buffers`` set (``model.Steps``); gives the set back at close.
 
     Rows may join while the batch decodes (``join``, in-flight batching): a joining row's
-    encoder output goes into the next free rows of the buffers, and it steps with the others,
-    each row at its own position (``AsrModel`` feeds its prompt a token a step; a language to
-    detect is detected on those rows alone, ``rows``)."""
+    encoder output goes into free places of the buffers, and it steps with the others, each
+    row at its own position (``AsrModel`` feeds its prompt a token a step; a language to
+    detect is detected on those rows alone, ``rows``).
+
+    A row that ends leaves its place empty rather than the rows after it moving up: moving
+    every cache tensor's rows is a kernel per tensor, each time a row ends, which at in-flight
+    batching's pace cost more than the steps. A step runs over the places up to the last one
+    taken, empty ones included (on a GPU a few more rows of a step cost next to nothing),
+    and rows that join fill the empty places first. The rows move up only when more than
+    ``slack`` times the live rows would run (``TorchWhisper.slack``)."""
 
     def __init__(self, runtime: TorchWhisper, buffers: _Buffers, cross: KV, batch: int):
-        self.runtime, self.buffers, self.batch = runtime, buffers, 0
-        self.positions = np.zeros(runtime.max_batch, np.int64)  # each row's next position
+        self.runtime, self.buffers = runtime, buffers
+        self.slots: list[int] = []  # each row's place in the buffers, in the rows' order
+        self.slack = runtime.slack or (2.0 if runtime.steps_mode == "graphs" else 1.0)
+        self.positions = np.zeros(runtime.max_batch, np.int64)  # each place's next position
         self._io = np.zeros((runtime.max_batch, 2), np.int64)  # a graph step's input, host side
         self.join(cross)
         if self.batch != batch:
             raise ValueError(f"{self.batch} rows of encoder output for a batch of {batch}")
+
+    @property
+    def batch(self) -> int:
+        return len(self.slots)
 
     def room(self) -> int:
         """How many more rows may join."""
         return self.runtime.max_batch - self.batch
 
     def join(self, cross: KV) -> int:
-        """The rows of ``cross`` (the encoder's keys and values) join after the current rows;
-        returns the first of their row indices, each at position 0."""
+        """The rows of ``cross`` (the encoder's keys and values) join after the current rows,
+        in the first free places; returns the first of their row indices, each at position 0."""
         torch, buffers = self.runtime._torch, self.buffers
         first, count = self.batch, cross[0][0].shape[0]
         if count > self.room():
             raise ValueError(f"{count} rows joining a batch with room for {self.room()}")
-        frames, rows = cross[0][0].shape[-1], slice(first, first + count)
+        taken = set(self.slots)
+        places = [p for p in range(self.runtime.max_batch) if p not in taken][:count]
+        frames = cross[0][0].shape[-1]
         with torch.inference_mode():
-            # The rows' last cache is zeroed rather than only masked: a value that overflowed
-            # there must not reach this batch's softmax (0 * inf).
-            for t in buffers.self_keys + buffers.self_values:
-                t[rows].zero_()
-            for (k, v), keys, values in zip(cross, buffers.cross_keys, buffers.cross_values):
-                keys[rows, :, :, :frames].copy_(k)
-                values[rows, :, :frames].copy_(v)
-                if frames < keys.shape[-1]:
-                    keys[rows, :, :, frames:].zero_()
-                    values[rows, :, frames:].zero_()
-            if buffers.cross_mask is not None:
-                buffers.cross_mask[rows].zero_()
-                buffers.cross_mask[rows, :, :, frames:] = torch.finfo(self.runtime.dtype).min
-        self.positions[rows] = 0
-        self.batch += count
+            for source, rows in _runs(places):
+                # The rows' last cache is zeroed rather than only masked: a value that overflowed
+                # there must not reach this batch's softmax (0 * inf).
+                for t in buffers.self_keys + buffers.self_values:
+                    t[rows].zero_()
+                for (k, v), keys, values in zip(cross, buffers.cross_keys, buffers.cross_values):
+                    keys[rows, :, :, :frames].copy_(k[source])
+                    values[rows, :, :frames].copy_(v[source])
+                    if frames < keys.shape[-1]:
+                        keys[rows, :, :, frames:].zero_()
+                        values[rows, :, frames:].zero_()
+                if buffers.cross_mask is not None:
+                    buffers.cross_mask[rows].zero_()
+                    buffers.cross_mask[rows, :, :, frames:] = torch.finfo(self.runtime.dtype).min
+        self.positions[places] = 0
+        self.slots += places
         return first
 
     def rows(self, first: int, count: int) -> _Rows:
@@ -344,9 +363,10 @@ class StaticSteps:
         return _Rows(self, slice(first, first + count))
 
     def step(self, input_ids: np.ndarray, rows: slice | None = None) -> np.ndarray:
-        logits = self._step(input_ids, rows)
+        logits, order = self._step(input_ids, rows)
         with self.runtime._torch.inference_mode():
-            return logits.float().cpu().numpy()
+            out = logits.float().cpu().numpy()
+        return out if order is None else out[order]
 
     def choose(
         self,
@@ -359,56 +379,91 @@ class StaticSteps:
         """One step, then ``model.greedy`` on the device: [B] tokens come back to the host, not
         [B, V] logits. ``first``: rows also banned ``first_banned`` (their first token)."""
         rt, torch = self.runtime, self.runtime._torch
-        logits = self._step(input_ids, rows)
+        logits, order = self._step(input_ids, rows)
         with torch.inference_mode():
             if banned.size:  # out of place: a graph's logits are its own buffer
                 logits = logits.index_fill(1, rt._on_device(banned), float("-inf"))
             if first is not None and first.size and first_banned is not None and first_banned.size:
                 if not banned.size:
                     logits = logits.clone()
-                which = torch.from_numpy(first).to(rt.device)
+                which = torch.from_numpy(first if order is None else order[first]).to(rt.device)
                 logits[which.unsqueeze(1), rt._on_device(first_banned).unsqueeze(0)] = float("-inf")
-            return logits.argmax(dim=1).cpu().numpy()
+            tokens = logits.argmax(dim=1).cpu().numpy()
+        return tokens if order is None else tokens[order]
 
     def _step(self, input_ids: np.ndarray, rows: slice | None):
-        """Feed the tokens of ``rows`` (None: every row); the last position's logits, [B, V],
-        on the device."""
+        """Feed the tokens of ``rows`` (None: every row). Returns the last position's logits of
+        every place the step ran, [places, V] on the device, and which of those are the rows',
+        in their order (None: all, in order)."""
         rt, buffers, torch = self.runtime, self.buffers, self.runtime._torch
         whole = rows is None
-        rows = slice(0, self.batch) if whole else rows
+        if whole and self._span() > self.slack * self.batch:
+            self._compact()
+        places = np.asarray(self.slots if whole else self.slots[rows], np.int64)
+        if not whole and len(places) and places.max() - places.min() + 1 != len(places):
+            self._compact()  # a run of its own needs its rows side by side
+            places = np.asarray(self.slots[rows], np.int64)
         ids = np.asarray(input_ids, np.int64)
         width = ids.shape[1]
-        at = self.positions[rows]
-        if len(at) != ids.shape[0]:
-            raise ValueError(f"{ids.shape[0]} rows of tokens for {len(at)} rows")
+        if len(places) != ids.shape[0]:
+            raise ValueError(f"{ids.shape[0]} rows of tokens for {len(places)} rows")
+        at = self.positions[places]
         if at.max(initial=0) + width > buffers.self_keys[0].shape[2]:  # on the GPU: a device-side assert
             raise ValueError(f"decoding past the decoder's {buffers.self_keys[0].shape[2]} positions")
+        start = 0 if whole else int(places.min(initial=0))
+        span = slice(start, self._span() if whole else start + len(places))
+        order = places - start
+        count = span.stop - span.start
+        if np.array_equal(order, np.arange(count)):
+            order, fed, fed_at = None, ids, at
+        else:  # empty places run too, on token 0 at position 0: what they compute is never read
+            fed, fed_at = np.zeros((count, width), np.int64), np.zeros(count, np.int64)
+            fed[order], fed_at[order] = ids, at
         with torch.inference_mode(), rt._kernels():
             if whole and width == 1 and rt.steps_mode == "graphs":
-                io = self._io[: self.batch]
-                io[:, 0], io[:, 1] = ids[:, 0], at
-                buffers.io[: self.batch].copy_(torch.from_numpy(io))
-                logits = rt._replay(buffers, self.batch)
+                io = self._io[:count]
+                io[:, 0], io[:, 1] = fed[:, 0], fed_at
+                buffers.io[:count].copy_(torch.from_numpy(io))
+                logits = rt._replay(buffers, count)
             else:
-                positions = torch.from_numpy(at[:, None] + np.arange(width)).to(rt.device)
-                logits = rt._run_static(buffers, rows, torch.from_numpy(ids).to(rt.device), positions)
-        self.positions[rows] += width
-        return logits
+                positions = torch.from_numpy(fed_at[:, None] + np.arange(width)).to(rt.device)
+                logits = rt._run_static(buffers, span, torch.from_numpy(fed).to(rt.device), positions)
+        self.positions[places] += width
+        return logits, order
 
-    def keep(self, rows: list[int]) -> None:
-        torch = self.runtime._torch
-        if rows and rows != list(range(len(rows))):
-            which = torch.tensor(rows, device=self.runtime.device)
+    def _span(self) -> int:
+        """How many places a step over every row runs: up to the last one taken."""
+        return max(self.slots) + 1 if self.slots else 0
+
+    def _compact(self) -> None:
+        """Move the rows up to the first places, in their order."""
+        torch, places = self.runtime._torch, self.slots
+        if places != list(range(len(places))):
+            which = torch.tensor(places, device=self.runtime.device)
             with torch.inference_mode():
                 for t in self.buffers.every():
-                    t[: len(rows)] = t.index_select(0, which)
-            self.positions[: len(rows)] = self.positions[rows]
-        self.batch = len(rows)
+                    t[: len(places)] = t.index_select(0, which)
+            self.positions[: len(places)] = self.positions[places]
+        self.slots = list(range(len(places)))
+
+    def keep(self, rows: list[int]) -> None:
+        """Only ``rows`` go on, in that order; the others' places are free."""
+        self.slots = [self.slots[j] for j in rows]
 
     def close(self) -> None:
         if self.buffers is not None:
             self.runtime._release(self.buffers)
             self.buffers = None
+
+
+def _runs(places: list[int]):
+    """``places`` (ascending) as runs of consecutive ones: (the runs' slice of ``places``, the
+    places' slice)."""
+    start = 0
+    for i in range(1, len(places) + 1):
+        if i == len(places) or places[i] != places[i - 1] + 1:
+            yield slice(start, i), slice(places[start], places[i - 1] + 1)
+            start = i
 
 
 class _Rows:

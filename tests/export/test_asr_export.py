@@ -17,6 +17,7 @@ from switchboard import paths
 from switchboard.asr.features import pad_batch
 from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest
+from switchboard.asr.torch_runtime import StaticSteps
 from switchboard.export import asr as export_asr
 
 SPECIALS = [
@@ -387,20 +388,30 @@ def test_fixed_size_cache_decodes_as_the_growing_one(which, request):
     assert len(static.runtime._free) == 1  # one set of buffers, given back after each batch
 
 
+@pytest.mark.parametrize("slack", [None, 8.0])
 @pytest.mark.parametrize("on_device", [True, False])
 @pytest.mark.parametrize("which", ["multilingual", "english"])
-def test_rows_joining_a_running_batch_decode_as_they_would_alone(which, on_device, request):
+def test_rows_joining_a_running_batch_decode_as_they_would_alone(which, on_device, slack, request, monkeypatch):
     """In-flight batching on the fixed-size buffers: rows given by ``more`` join the running
     batch where rows left room, each at its own position (a known language's prompt fed a
     token a step with the batch's steps, its first token banned as a first token is; a
     language to detect detected on the joiners' rows alone, with their prompt), and decode the
     tokens they get in a batch of their own (each group of joiners is encoded as one, as it is
     padded together). The callbacks count the joiners after the batch's own rows. Tokens
-    chosen on the device, or on the host from the logits."""
+    chosen on the device, or on the host from the logits. With ``slack`` 8 the rows never move
+    up: steps run over the places rows left empty, and joiners take those places, out of the
+    rows' order."""
     ckpt, _, m = request.getfixturevalue(which)
     growing = AsrModel.from_checkpoint(ckpt, device="cpu", steps="growing")
     static = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=3)
     static.runtime.choose_on_device = on_device
+    static.runtime.slack = slack
+    moved, places = [], []
+    compact, join = StaticSteps._compact, StaticSteps.join
+    monkeypatch.setattr(StaticSteps, "_compact", lambda self: (moved.append(list(self.slots)), compact(self))[1])
+    monkeypatch.setattr(
+        StaticSteps, "join", lambda self, cross: (join(self, cross), places.append(list(self.slots)))[0]
+    )
     frames = [100, 100, 100, 100, 100] if m.window_frames else [160, 90, 250, 40, 120]
     langs = [None, "zh", "en", None, "zh"] if m.multilingual else ["en", None, "en", None, "en"]
     feats = noise_features(m, frames, seed=7)
@@ -431,6 +442,8 @@ def test_rows_joining_a_running_batch_decode_as_they_would_alone(which, on_devic
     ]
     assert sorted(done) == [0, 1, 2, 3, 4]
     assert len(static.runtime._free) == 1
+    if slack:
+        assert not moved and places[-1] != sorted(places[-1]), places  # [3, 4] took the places [0, 1] left
 
 
 @pytest.fixture(scope="module")
