@@ -245,11 +245,11 @@ class AsrConfig(_Config):
         15.0, "audio longer than this is cut at silences into chunks of at most this (streamed in order)", 1.0, 30.0
     )
     windows: str = setting(
-        "auto",
+        "fitted",
         "for a model whose encoder reads a fixed window (a pretrained Whisper's 30 s): fitted (each chunk padded "
         "to the shortest of 10, 15 or 20 s that leaves 7 s after its audio, else the whole window: a 3 s question "
-        "costs the encoder a third), whole (always the whole window, as Whisper and faster-whisper do) or auto "
-        "(fitted, but whole with runtime torch on a GPU: docs/voice.md)",
+        "costs the encoder a third) or whole (always the whole window, as Whisper and faster-whisper do; on a GPU "
+        "its encoder graphs take 2.5x less memory: docs/voice.md)",
     )
     max_audio_s: float = setting(600.0, "longer audio is refused (the gateway answers 413)", 1.0)
     max_pending_s: float = setting(
@@ -304,12 +304,8 @@ class AsrConfig(_Config):
     def fitted_windows(self) -> bool:
         """Whether a fixed-window model's chunks are padded to windows fitted to them
         (``windows``); ConfigError names a choice that is not one."""
-        if self.windows not in ("auto", "fitted", "whole"):
-            raise ConfigError(
-                f"asr/config.pbtxt: parameter 'windows' = {self.windows!r}: expected auto, fitted or whole"
-            )
-        if self.windows == "auto":
-            return not (self.runtime == "torch" and self.device.startswith("cuda"))
+        if self.windows not in ("fitted", "whole"):
+            raise ConfigError(f"asr/config.pbtxt: parameter 'windows' = {self.windows!r}: expected fitted or whole")
         return self.windows == "fitted"
 
 

@@ -26,7 +26,7 @@ pytestmark = NEEDS_TINY_EN
 
 def onnx_transcripts(clips: list) -> list[str]:
     """What the exported graphs hear in each clip, cut into chunks and padded to windows fitted
-    to them as the pool does (asr windows: auto, on the CPU)."""
+    to them as the pool does (asr windows: fitted)."""
     model = AsrModel.load(TINY.artifacts, threads=1, fitted_windows=True)
     out = []
     for clip in clips:

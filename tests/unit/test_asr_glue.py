@@ -221,15 +221,14 @@ def test_threads_0_is_one_for_a_model_whose_window_is_little_work(
     assert loaded == [threads, 2]
 
 
-def test_windows_fitted_to_the_audio_except_where_not_yet_measured(glue):
+def test_windows_are_fitted_to_the_audio_unless_set_whole(glue):
     cfg = glue.AsrConfig()
-    assert cfg.windows == "auto" and cfg.fitted_windows()  # ONNX Runtime
     gpu = dataclasses.replace(cfg, runtime="torch", device="cuda:1")
-    assert not gpu.fitted_windows() and dataclasses.replace(gpu, windows="fitted").fitted_windows()
-    assert dataclasses.replace(gpu, device="cpu").fitted_windows()
-    assert not dataclasses.replace(cfg, windows="whole").fitted_windows()
-    with pytest.raises(ValueError, match="parameter 'windows' = 'short': expected auto, fitted or whole"):
-        dataclasses.replace(cfg, windows="short").fitted_windows()
+    assert cfg.windows == "fitted" and cfg.fitted_windows() and gpu.fitted_windows()
+    assert not dataclasses.replace(gpu, windows="whole").fitted_windows()
+    for old in ("auto", "short"):
+        with pytest.raises(ValueError, match=f"parameter 'windows' = '{old}': expected fitted or whole"):
+            dataclasses.replace(cfg, windows=old).fitted_windows()
 
 
 def test_threads_0_uses_every_core_when_the_encoder_cannot_be_sized(tmp_path):
