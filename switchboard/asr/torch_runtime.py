@@ -111,6 +111,8 @@ class TorchWhisper:
         # None: 2 with graphs, where a few more rows cost next to nothing, else 1
         self.slack: float | None = None
         self._encoders: dict[tuple, tuple] = {}  # (batch size, frames) -> (graph, its input, its outputs)
+        self._encoder_out: list = []  # every encoder graph's outputs, at the front of these
+        self._encoder_pool = None  # every encoder graph's working memory
         self._banned: dict[bytes, object] = {}  # token ids never chosen, on the device
 
     @classmethod
@@ -139,20 +141,38 @@ class TorchWhisper:
         )
 
     def _encode_replayed(self, x):
-        """The encoder by the CUDA graph captured for ``len(x)`` rows (captured here the first
-        time, as ``_replay`` captures a step). A graph's input and outputs are its own buffers,
-        so one batch at a time encodes, and the outputs are copied out before the next may."""
+        """The encoder by the CUDA graph captured for ``len(x)`` rows and its window (captured
+        here the first time, as ``_replay`` captures a step). One batch at a time encodes, and
+        its outputs are copied out before the next may, so every encoder graph writes into one
+        set of output buffers, sized for the largest, and takes its working memory from one
+        pool: a graph per (batch size, window) costs the memory of one."""
         torch, key = self._torch, (x.shape[0], x.shape[-1])
         with self._capturing:
             entry = self._encoders.get(key)
             if entry is None:
                 inputs = torch.zeros(x.shape, device=self.device, dtype=self.dtype)
-                graph, outputs = self._capture(lambda: self.encoder(inputs))
+                if self._encoder_pool is None:
+                    m = self.manifest
+                    size = self.max_batch * m.num_heads * m.head_dim * m.max_source_positions
+                    self._encoder_out = [
+                        torch.empty(size, device=self.device, dtype=self.dtype) for _ in range(2 * m.num_layers)
+                    ]
+                    self._encoder_pool = torch.cuda.graph_pool_handle()
+                graph, outputs = self._capture(lambda: self._shared(self.encoder(inputs)), pool=self._encoder_pool)
                 entry = self._encoders[key] = (graph, inputs, outputs)
             graph, inputs, outputs = entry
             inputs.copy_(x)  # from the host, cast to the model's dtype
             graph.replay()
             return [t.clone() for t in outputs]
+
+    def _shared(self, outputs) -> list:
+        """``outputs`` copied to the front of the encoder graphs' output buffers: the copies."""
+        copies = []
+        for buffer, t in zip(self._encoder_out, outputs, strict=True):
+            if t.numel() > buffer.numel():
+                raise ValueError(f"encoder output {tuple(t.shape)} larger than its buffer ({buffer.numel()} values)")
+            copies.append(buffer[: t.numel()].view(t.shape).copy_(t))
+        return copies
 
     def empty_past(self, batch: int) -> KV:
         m = self.manifest
@@ -236,10 +256,11 @@ class TorchWhisper:
         graph.replay()
         return logits
 
-    def _capture(self, run):
+    def _capture(self, run, pool=None):
         """``run`` as a CUDA graph, and what it returned (tensors the graph's replays write):
-        two runs on a side stream first (allocations, autotuning), then the capture. The caller
-        holds ``_capturing``."""
+        two runs on a side stream first (allocations, autotuning), then the capture, its
+        working memory from ``pool`` (a ``graph_pool_handle``; None: a pool of its own). The
+        caller holds ``_capturing``."""
         torch = self._torch
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -248,7 +269,7 @@ class TorchWhisper:
                 run()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             out = run()
         return graph, out
 

@@ -248,8 +248,7 @@ class AsrConfig(_Config):
         "fitted",
         "for a model whose encoder reads a fixed window (a pretrained Whisper's 30 s): fitted (each chunk padded "
         "to the shortest of 10, 15 or 20 s that leaves 7 s after its audio, else the whole window: a 3 s question "
-        "costs the encoder a third) or whole (always the whole window, as Whisper and faster-whisper do; on a GPU "
-        "its encoder graphs take 2.5x less memory: docs/voice.md)",
+        "costs the encoder a third) or whole (always the whole window, as Whisper and faster-whisper do)",
     )
     max_audio_s: float = setting(600.0, "longer audio is refused (the gateway answers 413)", 1.0)
     max_pending_s: float = setting(

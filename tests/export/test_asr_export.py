@@ -483,6 +483,37 @@ def test_fitted_windows_decode_the_same_on_every_runtime_and_joining_rows_keep_t
     assert len({tuple(t.tokens) for t in want}) == 4  # a row reading another's encoder output would show
 
 
+def test_encoder_graphs_of_every_size_share_one_set_of_outputs(thirty, monkeypatch):
+    """On a GPU each (batch size, window) has its encoder graph, and all of them write into one
+    set of output buffers. Here a stand-in for a CUDA graph runs the captured function again at
+    each replay, writing into those buffers as a replay does: batches of other sizes and
+    windows, encoded in turn, decode what the encoder gives them without graphs."""
+    ckpt, _, m = thirty
+    plain = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=3, fitted_windows=True)
+    shared = AsrModel.from_checkpoint(ckpt, device="cpu", steps="static", max_batch=3, fitted_windows=True)
+    rt = shared.runtime
+
+    class Replayed:
+        def __init__(self, run):
+            self.replay = run
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(rt, "_capture", lambda run, pool=None: (Replayed(run), run()))
+    monkeypatch.setattr(rt, "_encoder_replays", lambda shape: True)
+    feats = noise_features(m, [1500, 1000, 1000, 2000, 900], seed=11)
+    for rows in ([0, 1], [3], [1, 2, 4], [0, 1], [3]):
+        batch = [feats[i] for i in rows]
+        want = plain.transcribe(batch, ["en"] * len(rows), max_new_tokens=8)
+        got = shared.transcribe(batch, ["en"] * len(rows), max_new_tokens=8)
+        assert [t.tokens for t in got] == [t.tokens for t in want]
+    assert sorted(rt._encoders) == [(1, 2000), (2, 1500), (3, 1000)]  # each batch padded to its longest
+    first = rt.encode(pad_batch(feats[:2], 1500))
+    rt.encode(pad_batch(feats[3:4], 2000))  # writes the same buffers: what the first gave is its own
+    for (k, v), (k0, v0) in zip(first, plain.runtime.encode(pad_batch(feats[:2], 1500))):
+        assert torch.equal(k, k0) and torch.equal(v, v0)
+    assert len(rt._encoder_out) == 2 * m.num_layers
+
+
 @pytest.mark.parametrize("on_device", [True, False])
 def test_a_row_taking_its_first_token_mid_batch_is_banned_what_a_first_token_is(english, on_device):
     """A joined row chooses its first token while the others choose later ones: only it is
