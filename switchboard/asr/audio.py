@@ -18,7 +18,9 @@ Every way a file can be wrong becomes an ``AudioError`` with a ``code`` the serv
   format tag libsndfile does not know, OGG Speex, video codecs in WebM or MP4, ...);
 - ``too_long``: longer than ``max_seconds``, judged from the header before any sample is
   decoded (and again while decoding, for formats whose header only estimates the length), so
-  a 2-hour upload costs a header parse, not 2 hours of decoding and resampling;
+  a 2-hour upload costs a header parse, not 2 hours of decoding and resampling. An estimate
+  longer than the file's bytes could hold at the lowest bitrate its format has (a damaged MP3
+  Xing header can claim 100 days for 4 KB) is not believed: the file is decoded, up to the limit;
 - ``no_samples``: a valid file with 0 frames;
 - ``truncated``: the header promises more than the file holds (a WAV header cut short, a WAV
   data chunk or a FLAC stream that ends early, an MP4 whose samples stop before the length
@@ -60,6 +62,9 @@ _SF_ERR_UNSUPPORTED_ENCODING = 4
 _UNKNOWN_SIZE_FROM = 0x7FFF0000
 # header lengths are estimates in these (granule of the last page, Xing/bitrate), not promises
 _ESTIMATED_LENGTH = {"OGG", "MP3"}
+# the fewest bits a second of them takes (MPEG-2.5 layer III's 8 kb/s; Opus's 6): an estimate
+# beyond what the file's bytes could hold at that comes from a damaged header
+_LEAST_BITS_PER_S = 6000
 
 # FFmpeg's demuxer for each container it reads here (by _foreign_container's names), and the
 # audio codecs it decodes in them: what recordings hold, nothing else
@@ -116,7 +121,8 @@ def decode(data: bytes, max_seconds: float = 600.0) -> Audio:
         container, fmt = f.format, f"{f.format}/{f.subtype}".lower()
         if rate < MIN_SOURCE_RATE:
             raise AudioError("unsupported", f"audio: a {rate} Hz sample rate is too low for speech")
-        _check_seconds(frames / rate, max_seconds)
+        if container not in _ESTIMATED_LENGTH or frames / rate <= len(data) * 8 / _LEAST_BITS_PER_S:
+            _check_seconds(frames / rate, max_seconds)  # else the read below stops at the limit
         if frames == 0:
             raise _no_samples(container)
         mono = _read_mono(f, max_seconds)

@@ -273,6 +273,23 @@ def test_two_hours_of_real_flac_is_too_long_without_decoding(monkeypatch):
     assert e.code == "too_long" and "7200.0 s" in str(e)
 
 
+@pytest.mark.skipif("MP3" not in sf.available_formats(), reason="this libsndfile has no MP3")
+def test_an_mp3_length_its_bytes_cannot_hold_is_not_believed(monkeypatch):
+    """A damaged Xing header's frame count (found by fuzzing: 4 KB claiming 112 days) is not a
+    reason to answer too_long; the file decodes, its real 3 s. A real long MP3, whose header
+    its bytes can hold, is still refused from the header alone."""
+    data = bytearray(write(tone(3.0, RATE), RATE, "MP3", "MPEG_LAYER_III"))
+    at = data.find(b"Xing")
+    assert at > 0 and struct.unpack(">I", data[at + 4 : at + 8])[0] & 1  # the frame count is there
+    data[at + 8 : at + 12] = struct.pack(">I", 0x0FFFFFFF)
+    assert decode(bytes(data), max_seconds=30.0).seconds == pytest.approx(3.0, abs=0.1)
+
+    long = write(tone(40.0, RATE), RATE, "MP3", "MPEG_LAYER_III")
+    monkeypatch.setattr(sf.SoundFile, "read", lambda *a, **k: pytest.fail("decoded a file over the limit"))
+    e = error(long, max_seconds=30.0)
+    assert e.code == "too_long" and "30 s limit" in str(e)
+
+
 def test_max_seconds_is_the_callers_limit():
     data = write(tone(3.0, RATE), RATE)
     assert decode(data, max_seconds=3.0).seconds == pytest.approx(3.0)
