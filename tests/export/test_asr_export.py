@@ -254,6 +254,25 @@ def test_int8_failing_the_gate_is_left_out_with_its_reason(multilingual, tmp_pat
         export_asr.main(["--model", str(ckpt), "--out", str(out), "--precision", "fp32,int8-dynamic", *strict])
 
 
+def test_int8_refused_is_judged_again_with_the_first_encoder_layer_fp32(multilingual, tmp_path, monkeypatch, capfd):
+    """The gate's second rung: the encoder quantized again with its first layer's weights
+    FP32 (the decoder as it was), judged again, shipped when it passes, the manifest saying
+    what stayed FP32. The gate's verdicts are stood in for: the rule has its own test."""
+    ckpt, _, _ = multilingual
+    out, verdicts = tmp_path / "rungs", [["en WER refused at the first rung"], []]
+    monkeypatch.setattr(export_asr.AsrGate, "failures", lambda self, variant, fp32: verdicts.pop(0))
+    args = ["--model", str(ckpt), "--out", str(out), "--gate-clips", "2", "--no-check", "--bench-batches", ""]
+    assert export_asr.main(args) == 0
+    m = AsrManifest.load(out)
+    assert not verdicts and set(m.precisions) == {"fp32", "int8-dynamic"} and not m.left_out
+    assert m.precisions["int8-dynamic"]["fp32_modules"] == ["encoder.layers.0."]
+    assert m.gate["rungs"] == [[], ["encoder.layers.0."]]
+    fp32 = out / "encoder.onnx"
+    first = set(export_asr.weight_matmuls(fp32)) - set(export_asr.weight_matmuls(fp32, ("encoder.layers.0.",)))
+    assert first and set(export_asr.weight_matmuls(out / "encoder.int8-dynamic.onnx")) == first  # the rest INT8
+    assert "INT8 again with encoder.layers.0. kept FP32: int8-dynamic" in capfd.readouterr().out
+
+
 def test_install_layout(english, tmp_path):
     ckpt, out, _ = english
     repo = tmp_path / "model_repository"
