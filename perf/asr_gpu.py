@@ -33,8 +33,11 @@ files the whisper-small shape is built from.
 ``first`` loads each model four times in turn, with its graphs captured at load
 (``TorchWhisper.warm``, what the server does) and without, and times the first batches.
 
+``profile`` samples the batch worker's stack with 8 callers in one ``--steps`` mode: which
+lines its time goes to.
+
 Writes ``results.json`` and ``summary.md`` (``first``: ``first-batches.txt``; ``seed001``:
-``seed001.json``) to ``--out``;
+``seed001.json``; ``profile``: ``profile-<model>-<dtype>-<mode>.txt``) to ``--out``;
 ``docs/benchmarks.md`` keeps the figures.
 """
 
@@ -413,6 +416,78 @@ def seed001(
     return rows
 
 
+def profile(
+    pack_dir: Path | None,
+    out: Path,
+    work: Path,
+    name: str,
+    dtype: str,
+    device: str,
+    mode: str,
+    requests: int,
+    every_s: float = 0.0005,
+) -> str:
+    """Where the batch worker's time goes with 8 callers: its Python stack sampled every
+    ``every_s`` while ``measure`` runs, as the share of samples each line was the innermost
+    (leaf) and each function was anywhere on the stack (cumulative). Time inside a CUDA call
+    that waits (a copy to the host) shows on the line that called it."""
+    import collections
+    import threading
+
+    from switchboard.asr.model import AsrModel
+
+    langs, cap = MODELS[name]
+    clips = clips_of(langs, pack_dir)
+    model = capped(
+        AsrModel.from_checkpoint(
+            checkpoint_of(name, pack_dir, work), device=device, dtype=dtype, steps=base_mode(mode)
+        ),
+        cap,
+    )
+    join = set_mode(model, mode)
+    model.runtime.warm(1)
+    leaf: collections.Counter = collections.Counter()
+    cumulative: collections.Counter = collections.Counter()
+    stop, me = threading.Event(), threading.get_ident()
+
+    def sample() -> None:
+        while not stop.is_set():
+            for thread, frame in sys._current_frames().items():
+                if thread == me:
+                    continue
+                stack, f = [], frame
+                while f is not None:
+                    stack.append((Path(f.f_code.co_filename).name, f.f_code.co_name, f.f_lineno))
+                    f = f.f_back
+                if not any(fn == "service.py" and func == "_work" for fn, func, _ in stack):
+                    continue  # not a batch worker
+                leaf["{}:{}:{}".format(*stack[0])] += 1
+                for where in {f"{fn}:{func}" for fn, func, _ in stack}:
+                    cumulative[where] += 1
+            time.sleep(every_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        row = measure(model, clips, 8, 8, 1, requests, max(8, requests // 12), join)
+    finally:
+        stop.set()
+        sampler.join()
+    total = sum(leaf.values()) or 1
+    lines = [
+        f"{name} {dtype} {mode} on {device}, 8 callers: {row['audio_s_per_s']:.1f} audio s/s, "
+        f"batch {row['mean_batch']:.1f}, busy {row['busy']:.2f}; {total} samples of the batch worker",
+        "-- innermost line",
+        *(f"{n / total:6.1%} {where}" for where, n in leaf.most_common(25)),
+        "-- anywhere on the stack",
+        *(f"{n / total:6.1%} {where}" for where, n in cumulative.most_common(40)),
+    ]
+    text = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"profile-{name}-{dtype}-{mode}.txt").write_text(text)
+    return text
+
+
 def transformers_peer(checkpoint: Path, clips: list, cap: int | None, device: str, dtype: str, count: int) -> dict:
     """transformers' ``generate`` (what LitServe runs in ``asr_bench``) on ``count`` clips in
     batches of 1 and of 8 formed in advance: no queue, no server, a PyTorch server's best case.
@@ -640,6 +715,15 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--steps", default="graphs,graphs-whole", help="comma-separated modes, as run's --steps")
     d.add_argument("--seconds", type=float, default=60.0, help="the arrival window")
     d.add_argument("--load", type=float, default=1.2, help="arrivals as a multiple of one-at-a-time capacity")
+    f = sub.add_parser("profile", help="where the batch worker's time goes with 8 callers (a stack sampler)")
+    f.add_argument("--pack", type=Path)
+    f.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
+    f.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"))
+    f.add_argument("--model", default="tiny-en", choices=sorted(MODELS))
+    f.add_argument("--dtype", default="float16")
+    f.add_argument("--device", default="cuda")
+    f.add_argument("--steps", default="graphs-fitted", help="one mode, as run's --steps")
+    f.add_argument("--requests", type=int, default=192)
     c = sub.add_parser("first", help="a fresh pool's first batches, graphs captured at load or not (on the GPU)")
     c.add_argument("--pack", type=Path)
     c.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
@@ -654,8 +738,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     steps = [m for m in getattr(args, "steps", "").split(",") if m]
     wrong = [m for m in steps if m not in STEPS]
-    if args.step in ("run", "seed001") and (wrong or not steps):
+    if args.step in ("run", "seed001", "profile") and (wrong or not steps):
         p.error(f"--steps: {', '.join(wrong) or 'none given'} (known: {', '.join(STEPS)})")
+    if args.step == "profile":
+        if len(steps) != 1:
+            p.error(f"--steps: one mode to profile, not {len(steps)}")
+        print(profile(args.pack, args.out, args.work, args.model, args.dtype, args.device, steps[0], args.requests))
+        return 0
     if args.step == "seed001":
         seed001(args.pack, args.out, args.work, args.model, args.dtype, args.device, steps, args.seconds, args.load)
         return 0

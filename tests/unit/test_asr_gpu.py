@@ -92,3 +92,9 @@ def test_seed001_refuses_an_unknown_steps_mode(capsys):
     with pytest.raises(SystemExit):
         asr_gpu.main(["seed001", "--steps", "graphs,sometimes"])
     assert "--steps: sometimes" in capsys.readouterr().err
+
+
+def test_profile_takes_one_steps_mode(capsys):
+    with pytest.raises(SystemExit):
+        asr_gpu.main(["profile", "--steps", "graphs,graphs-fitted"])
+    assert "--steps: one mode to profile, not 2" in capsys.readouterr().err
