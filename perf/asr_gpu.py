@@ -673,6 +673,21 @@ def summary(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _measuring(parser: argparse.ArgumentParser, models: bool = False) -> argparse.ArgumentParser:
+    """``parser`` with what seed001, profile and first share: where the pack, the results and
+    the checkpoints are, which model (or ``models``), dtype and device."""
+    parser.add_argument("--pack", type=Path, help="a folder `pack` wrote (default: this repository's build outputs)")
+    parser.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"), help="checkpoints made there")
+    if models:
+        parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    else:
+        parser.add_argument("--model", default="tiny-en", choices=sorted(MODELS))
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--device", default="cuda")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.perf.asr_gpu", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
@@ -705,32 +720,21 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="also measure transformers' generate on each model and dtype",
     )
-    d = sub.add_parser("seed001", help="seed 001 in process: questions among recordings, length and count batching")
-    d.add_argument("--pack", type=Path)
-    d.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
-    d.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"))
-    d.add_argument("--model", default="tiny-en", choices=sorted(MODELS))
-    d.add_argument("--dtype", default="float16")
-    d.add_argument("--device", default="cuda")
+    d = _measuring(
+        sub.add_parser("seed001", help="seed 001 in process: questions among recordings, length and count batching")
+    )
     d.add_argument("--steps", default="graphs,graphs-whole", help="comma-separated modes, as run's --steps")
     d.add_argument("--seconds", type=float, default=60.0, help="the arrival window")
     d.add_argument("--load", type=float, default=1.2, help="arrivals as a multiple of one-at-a-time capacity")
-    f = sub.add_parser("profile", help="where the batch worker's time goes with 8 callers (a stack sampler)")
-    f.add_argument("--pack", type=Path)
-    f.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
-    f.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"))
-    f.add_argument("--model", default="tiny-en", choices=sorted(MODELS))
-    f.add_argument("--dtype", default="float16")
-    f.add_argument("--device", default="cuda")
+    f = _measuring(
+        sub.add_parser("profile", help="where the batch worker's time goes with 8 callers (a stack sampler)")
+    )
     f.add_argument("--steps", default="graphs-fitted", help="one mode, as run's --steps")
     f.add_argument("--requests", type=int, default=192)
-    c = sub.add_parser("first", help="a fresh pool's first batches, graphs captured at load or not (on the GPU)")
-    c.add_argument("--pack", type=Path)
-    c.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
-    c.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"))
-    c.add_argument("--models", default=",".join(MODELS))
-    c.add_argument("--dtype", default="float16")
-    c.add_argument("--device", default="cuda")
+    _measuring(
+        sub.add_parser("first", help="a fresh pool's first batches, graphs captured at load or not (on the GPU)"),
+        models=True,
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.step == "pack":
