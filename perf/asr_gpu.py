@@ -618,12 +618,14 @@ def first_batches(pack_dir: Path | None, out: Path, work: Path, models: list[str
         langs, cap = MODELS[name]
         checkpoint, clips = checkpoint_of(name, pack_dir, work), clips_of(langs, pack_dir)
         for warm in (True, False, True, False):
-            model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype), cap)
+            model = AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype, fitted_windows=True)  # as served
+            model = capped(model, cap)
             torch.cuda.synchronize()
-            base, started = torch.cuda.memory_allocated(), time.perf_counter()
+            base, held, started = torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), time.perf_counter()
             captured = model.runtime.warm(2) if warm else 0
             torch.cuda.synchronize()
             took, memory = time.perf_counter() - started, (torch.cuda.memory_allocated() - base) / 2**20
+            reserved = (torch.cuda.memory_reserved() - held) / 2**20  # the graphs' pools included
             feats = [model.features(asr_load.decode_audio(c.wav)) for c in clips[:8]]
             times = []
             for size in (8, 3) * 4:
@@ -633,7 +635,9 @@ def first_batches(pack_dir: Path | None, out: Path, work: Path, models: list[str
                 times.append(time.perf_counter() - started)
             lines.append(
                 f"{name:12s} {'captured at load' if warm else 'not':16s} {captured} graphs in {took * 1000:.0f} ms, "
-                f"{memory:.0f} MiB; batches of 8, 3, ...: " + ", ".join(f"{x * 1000:.0f}" for x in times) + " ms"
+                f"{memory:.0f} MiB allocated, {reserved:.0f} MiB reserved; batches of 8, 3, ...: "
+                + ", ".join(f"{x * 1000:.0f}" for x in times)
+                + " ms"
             )
             print(lines[-1], flush=True)
             del model
