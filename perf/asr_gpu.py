@@ -250,6 +250,15 @@ def capped(model, cap: int | None):
     return model
 
 
+def loaded(name: str, checkpoint: Path, device: str, dtype: str, mode: str):
+    """``name``'s recognizer (from ``checkpoint_of``) on ``TorchWhisper`` with ``mode``'s
+    decoding steps, its transcripts capped as ``MODELS`` says (``set_mode`` sets the rest)."""
+    from switchboard.asr.model import AsrModel
+
+    model = AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype, steps=base_mode(mode))
+    return capped(model, MODELS[name][1])
+
+
 def measure(
     model, clips: list, max_batch: int, callers: int, workers: int, requests: int, warmup: int, join: bool = True
 ) -> dict:
@@ -352,18 +361,12 @@ def seed001(
     arrivals for ``seconds`` at ``load`` times what the pool does one request at a time, with
     length and with count batching, in each --steps mode (``-whole``: no joining). The pool's
     own code, as ``run`` measures it; Triton's front is left out (these machines cannot run it)."""
-    from switchboard.asr.model import AsrModel
     from switchboard.perf.asr_bench import SEED001_MIX
 
-    langs, cap = MODELS[name]
-    mix = clips_of(("seed001",), pack_dir) if pack_dir else asr_load.mix_clips(langs[0], shorts=12, longs=4, seed=seed)
+    lang = MODELS[name][0][0]
+    mix = clips_of(("seed001",), pack_dir) if pack_dir else asr_load.mix_clips(lang, shorts=12, longs=4, seed=seed)
     by_kind = {k: [c for c in mix if c.kind == k] for k in SEED001_MIX}
-    model = capped(
-        AsrModel.from_checkpoint(
-            checkpoint_of(name, pack_dir, work), device=device, dtype=dtype, steps=base_mode(steps[0])
-        ),
-        cap,
-    )
+    model = loaded(name, checkpoint_of(name, pack_dir, work), device, dtype, steps[0])
     out.mkdir(parents=True, exist_ok=True)
     rows, rate = [], None
     for mode in steps:
@@ -434,16 +437,8 @@ def profile(
     import collections
     import threading
 
-    from switchboard.asr.model import AsrModel
-
-    langs, cap = MODELS[name]
-    clips = clips_of(langs, pack_dir)
-    model = capped(
-        AsrModel.from_checkpoint(
-            checkpoint_of(name, pack_dir, work), device=device, dtype=dtype, steps=base_mode(mode)
-        ),
-        cap,
-    )
+    clips = clips_of(MODELS[name][0], pack_dir)
+    model = loaded(name, checkpoint_of(name, pack_dir, work), device, dtype, mode)
     join = set_mode(model, mode)
     model.runtime.warm(1)
     leaf: collections.Counter = collections.Counter()
@@ -540,8 +535,6 @@ def run(
 ) -> dict:
     import torch
 
-    from switchboard.asr.model import AsrModel
-
     out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     results = {"device": device, "gpu": gpu, "torch": torch.__version__, "requests": requests, "rows": []}
@@ -551,8 +544,7 @@ def run(
         clips = clips_of(langs, pack_dir)
         checkpoint = checkpoint_of(name, pack_dir, work)
         for dtype in dtypes:
-            first_mode = base_mode(steps[0])
-            model = capped(AsrModel.from_checkpoint(checkpoint, device=device, dtype=dtype, steps=first_mode), cap)
+            model = loaded(name, checkpoint, device, dtype, steps[0])
             warm = [model.features(asr_load.decode_audio(c.wav)) for c in clips[:8]]
             tokens = {}
             for mode in steps:
