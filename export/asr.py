@@ -27,6 +27,7 @@ convolutions' output, and it is where tiny.en's INT8 lost its accuracy.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import hashlib
 import json
 import logging
@@ -632,6 +633,23 @@ def install(artifacts: Path, repository: Path) -> Path:
             old.unlink()
     place_artifacts(artifacts, version, REPO_MODEL, "local")
     return version
+
+
+def installed(artifacts: Path, repository: Path) -> bool:
+    """Whether ``repository``'s recognizer is the export in ``artifacts``, file for file (the
+    files ``install`` places; installing it again would only make a server reload it)."""
+    version = repository / REPO_MODEL / "1"
+    files = [p for p in artifacts.iterdir() if p.is_file() and not p.name.startswith((".", "report."))]
+    if not files:
+        return False
+    for src in files:
+        dst = version / src.name
+        try:
+            if not (dst.samefile(src) or filecmp.cmp(src, dst, shallow=False)):
+                return False
+        except OSError:  # not installed
+            return False
+    return True
 
 
 def parse_precisions(value: str) -> tuple[list[str], set[str]]:

@@ -22,21 +22,13 @@ import time
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.export.asr import install, installed
 from switchboard.ops.launch import operator_key
 from switchboard.ops.model_control import ModelControlError, load_model
 from switchboard.ops.process import pid_file
 
 DEFAULT_MODEL = paths.BUILD / "asr-default-model"
 STATE = "voice.json"
-
-
-def installed_source(repository: Path) -> str | None:
-    """The checkpoint the installed recognizer was exported from, or None."""
-    manifest = repository / "asr" / "1" / "asr.json"
-    try:
-        return json.loads(manifest.read_text()).get("source")
-    except (OSError, ValueError):
-        return None
 
 
 def servers(run_dir: Path, http_port: int) -> list[str]:
@@ -73,13 +65,16 @@ class Joiner:
                 self.run([sys.executable, "-m", "switchboard.training.asr", "--out", str(model)])
             elif not (model / "config.json").is_file():
                 raise RuntimeError(f"{model}: not a Hugging Face Whisper checkpoint (no config.json)")
-            installed = installed_source(args.repository)
-            if installed is None or Path(installed).resolve() != model.resolve() or args.force:
-                self.stage("exporting")
-                out = paths.BUILD / "artifacts" / "asr" / model.name
-                cmd = [sys.executable, "-m", "switchboard.export.asr", "--model", str(model), "--out", str(out)]
-                cmd += ["--precision", args.precision, "--install", str(args.repository)]
-                self.run(cmd)
+            # The exporter is run every time: it exports again only when the checkpoint, the
+            # exporter or the options changed (its own digest), so a recognizer retrained since
+            # it was installed is not served stale; else it answers "up to date" at once.
+            self.stage("exporting")
+            out = paths.BUILD / "artifacts" / "asr" / model.name
+            cmd = [sys.executable, "-m", "switchboard.export.asr", "--model", str(model), "--out", str(out)]
+            self.run([*cmd, "--precision", args.precision])
+            if args.force or not installed(out, args.repository):
+                self.stage("installing")
+                install(out, args.repository)
             self.stage("loading")
             key = operator_key(args.run_dir)
             for url in servers(args.run_dir, args.http_port):

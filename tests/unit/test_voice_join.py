@@ -1,0 +1,65 @@
+"""``python -m switchboard.ops.voice join``: a recognizer retrained or re-exported since it was
+installed is installed again, not served stale; one that is current is left as it is."""
+
+import argparse
+import json
+
+from switchboard.ops import voice
+
+
+def _export(out, weights: bytes) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "asr.json").write_text(json.dumps({"source": "m"}))
+    (out / "encoder.onnx").write_bytes(weights)
+    (out / ".inputs").write_text("digest\n")
+
+
+def test_installed_compares_file_for_file(tmp_path):
+    out, repo = tmp_path / "artifacts", tmp_path / "repo"
+    _export(out, b"one")
+    assert not voice.installed(out, repo)
+    voice.install(out, repo)
+    assert voice.installed(out, repo)
+    assert not (repo / "asr" / "1" / ".inputs").exists()
+    (out / "encoder.onnx").unlink()  # the exporter writes new files, not into the old ones
+    (out / "encoder.onnx").write_bytes(b"two")
+    assert not voice.installed(out, repo)
+
+
+def test_join_installs_a_stale_export_again(tmp_path, monkeypatch):
+    model, repo, run_dir = tmp_path / "whisper", tmp_path / "repo", tmp_path / "run"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    run_dir.mkdir()
+    monkeypatch.setattr(voice.paths, "BUILD", tmp_path / "build")
+    out = tmp_path / "build" / "artifacts" / "asr" / "whisper"
+    exported = {"weights": b"old"}
+    ran, loaded = [], []
+
+    def run(self, cmd):
+        ran.append(cmd)
+        _export(out, exported["weights"])
+
+    monkeypatch.setattr(voice.Joiner, "run", run)
+    monkeypatch.setattr(voice, "load_model", lambda url, name, key: loaded.append(name))
+    monkeypatch.setattr(voice, "operator_key", lambda run_dir: "key")
+    args = argparse.Namespace(
+        model=model, precision="default", repository=repo, run_dir=run_dir, http_port=8000, force=False
+    )
+    stages = []
+    monkeypatch.setattr(voice.Joiner, "stage", lambda self, name, **kw: stages.append(name))
+
+    assert voice.Joiner(args).join() == 0
+    assert (repo / "asr" / "1" / "encoder.onnx").read_bytes() == b"old"
+    assert "installing" in stages and loaded == ["asr"]
+
+    stages.clear()
+    assert voice.Joiner(args).join() == 0  # nothing changed: exported (up to date), not installed
+    assert "exporting" in stages and "installing" not in stages and len(ran) == 2
+
+    exported["weights"] = b"new"  # retrained: the exporter writes a new export
+    (out / "encoder.onnx").unlink()
+    stages.clear()
+    assert voice.Joiner(args).join() == 0
+    assert "installing" in stages
+    assert (repo / "asr" / "1" / "encoder.onnx").read_bytes() == b"new"
