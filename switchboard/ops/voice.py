@@ -71,7 +71,7 @@ class Joiner:
             self.stage("exporting")
             out = paths.BUILD / "artifacts" / "asr" / model.name
             cmd = [sys.executable, "-m", "switchboard.export.asr", "--model", str(model), "--out", str(out)]
-            self.run([*cmd, "--precision", args.precision])
+            self.run([*cmd, "--precision", args.precision, *(["--force"] if args.force else [])])
             if args.force or not installed(out, args.repository):
                 self.stage("installing")
                 install(out, args.repository)

@@ -63,3 +63,9 @@ def test_join_installs_a_stale_export_again(tmp_path, monkeypatch):
     assert voice.Joiner(args).join() == 0
     assert "installing" in stages
     assert (repo / "asr" / "1" / "encoder.onnx").read_bytes() == b"new"
+    assert not any("--force" in cmd for cmd in ran)
+
+    stages.clear()
+    args.force = True  # exported and installed again, current or not
+    assert voice.Joiner(args).join() == 0
+    assert "--force" in ran[-1] and "installing" in stages
