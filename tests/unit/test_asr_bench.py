@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import threading
 import time
 
@@ -503,3 +504,20 @@ def test_seed001_policies_become_the_servers_settings():
     assert whole["SWITCHBOARD_JOIN_RUNNING"] == "false" and whole["SWITCHBOARD_TORCH_STEPS"] == "static"
     assert whole["SWITCHBOARD_RUNTIME"] == "torch" and whole["SWITCHBOARD_DEVICE"] == "cpu"
     assert "SWITCHBOARD_JOIN_RUNNING" not in asr_bench.seed001_env("length", 1, torch)
+
+
+def test_a_checkpoint_written_after_its_export_is_named(tmp_path):
+    """The bench measures what build/artifacts holds; a model retrained since is named, not
+    measured silently as if it were the export."""
+    checkpoint, artifacts = tmp_path / "model", tmp_path / "export"
+    checkpoint.mkdir()
+    artifacts.mkdir()
+    for name in ("config.json", "model.safetensors", ".inputs"):
+        (checkpoint / name).write_text("x")
+        os.utime(checkpoint / name, (1000, 1000))
+    (artifacts / "asr.json").write_text("{}")
+    os.utime(artifacts / "asr.json", (2000, 2000))
+    assert asr_bench.newer_than_export(checkpoint, artifacts) == []
+    os.utime(checkpoint / "model.safetensors", (3000, 3000))
+    os.utime(checkpoint / ".inputs", (3000, 3000))
+    assert asr_bench.newer_than_export(checkpoint, artifacts) == ["model.safetensors"]
