@@ -16,7 +16,7 @@ pool's own code in process:
 callers with batches of 1 (the pool without its batching) and 8 callers with 2 batch workers;
 then transformers' ``generate`` on batches of 1 and of 8 formed in advance (no queue: a PyTorch
 server's best case, what LitServe runs in ``asr_bench``). Triton's gRPC front is left out: it
-costs the same in every row, and the device machines here cannot run the pip-installed server.
+costs the same in every row (``asr_gpu_served`` measures the pool behind it on such a machine).
 
 By default it reads this repository's build outputs (``make model-asr model-asr-tiny-en``; the
 whisper-small shape is built if missing) on a machine with a CUDA build of PyTorch. Where the

@@ -3,17 +3,24 @@
 The pytriton wheel ships ``libtriton_python.so`` and ``triton_python_backend_utils.py`` in
 one folder and one stub per Python version in another; Triton wants all three side by side
 in ``<backend-directory>/python/``.
+
+``SWITCHBOARD_TRITONSERVER`` names another copy of that build: a folder laid out as
+site-packages is (``pytriton/tritonserver`` beside ``nvidia_pytriton.libs``), such as the one
+``python -m switchboard.perf.asr_gpu_served`` unpacks on a machine without the wheel.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
 
 
 def pytriton_root() -> Path:
+    if os.environ.get("SWITCHBOARD_TRITONSERVER"):
+        return Path(os.environ["SWITCHBOARD_TRITONSERVER"]) / "pytriton" / "tritonserver"
     import pytriton  # noqa: PLC0415  (only needed here)
 
     return Path(pytriton.__file__).parent / "tritonserver"

@@ -9,6 +9,7 @@ the reason's code in brackets (``[too_long] ...``: switchboard.wire.AsrError).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -196,7 +197,8 @@ class TritonPythonModel:
             )
         if cfg.torch_steps == "graphs" and not cfg.device.startswith("cuda"):
             raise ConfigError(f"asr/config.pbtxt: torch_steps graphs needs a CUDA device, not {cfg.device!r}")
-        source = Path(AsrManifest.load(version).source)
+        installed = AsrManifest.load(version)
+        source = Path(installed.source)
         checkpoint = source if source.is_absolute() else paths.ROOT / source
         if not (checkpoint / "config.json").is_file():
             raise FileNotFoundError(
@@ -204,7 +206,7 @@ class TritonPythonModel:
                 f"{checkpoint} (asr.json's source), and it is not there"
             )
         dtype = None if cfg.torch_dtype == "auto" else cfg.torch_dtype
-        return AsrModel.from_checkpoint(
+        model = AsrModel.from_checkpoint(
             checkpoint,
             device=cfg.device,
             dtype=dtype,
@@ -212,6 +214,11 @@ class TritonPythonModel:
             steps=cfg.torch_steps,
             max_batch=cfg.max_batch,
         )
+        # the installed manifest's transcript budget, where it is the smaller (a random-weight
+        # checkpoint never ends a transcript: asr_bench installs it with a cap, as ONNX serves it)
+        if installed.max_target_positions < model.manifest.max_target_positions:
+            model.manifest = dataclasses.replace(model.manifest, max_target_positions=installed.max_target_positions)
+        return model
 
     def _batcher(self, cfg: AsrConfig):
         wait_s = cfg.max_wait_ms / 1000

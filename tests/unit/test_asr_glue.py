@@ -58,6 +58,27 @@ def test_the_torch_runtime_names_the_checkpoint_it_cannot_find(glue, version, de
         glue.TritonPythonModel()._load_model(version, cfg)
 
 
+@pytest.mark.parametrize(("installed", "served"), [(14, 14), (448, 448), (600, 448)])
+def test_the_torch_runtime_keeps_the_installed_transcript_budget_when_smaller(
+    glue, version, monkeypatch, installed, served
+):
+    """A random-weight checkpoint never ends a transcript, so a bench installs it with a budget
+    (asr.json's max_target_positions, what ONNX serves); the checkpoint's own is the most."""
+    checkpoint = version / "gone"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    manifest = json.loads((version / "asr.json").read_text())
+    (version / "asr.json").write_text(json.dumps(manifest | {"max_target_positions": installed}))
+
+    class Loaded:
+        manifest = AsrManifest.load(version)
+
+    Loaded.manifest = dataclasses.replace(Loaded.manifest, max_target_positions=448)
+    monkeypatch.setattr(glue.AsrModel, "from_checkpoint", classmethod(lambda cls, *a, **kw: Loaded()))
+    cfg = dataclasses.replace(glue.AsrConfig(), runtime="torch", device="cpu", torch_steps="static")
+    assert glue.TritonPythonModel()._load_model(version, cfg).manifest.max_target_positions == served
+
+
 # -- the way back: queued by the batch worker, sent by the sender thread -----------------------
 
 

@@ -1,0 +1,54 @@
+"""``asr_gpu_served`` end to end on this machine: the server packed from this environment's
+nvidia-pytriton, unpacked elsewhere, serving a recognizer from an ``asr_gpu`` pack (tiny.en
+as ``make test`` exports it) with ``runtime: torch`` on the CPU, measured over gRPC: what a GPU
+machine without tritonserver runs, with the GPU's settings swapped for the CPU's."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from switchboard import paths
+from switchboard.perf import asr_gpu, asr_gpu_served, asr_load
+from tests.integration.speechtools import NEEDS_TINY_EN, TINY
+
+pytestmark = NEEDS_TINY_EN
+CPU = {
+    "SWITCHBOARD_RUNTIME": "torch",
+    "SWITCHBOARD_DEVICE": "cpu",
+    "SWITCHBOARD_TORCH_DTYPE": "float32",
+    "SWITCHBOARD_TORCH_STEPS": "static",
+}
+
+
+def test_a_packed_server_serves_a_packed_recognizer_and_is_measured(tmp_path):
+    pack = tmp_path / "pack"
+    asr_gpu.pack_checkpoint(TINY.checkpoint, pack / "tiny-en")
+    asr_load.save_clips(asr_load.question_clips(("en",), 2, 0), pack / "audio" / "en")
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    asr_gpu_served.pack(tmp_path / "server", python, preset=0)
+    before = dict(os.environ)
+
+    results = asr_gpu_served.run(
+        pack,
+        tmp_path / "server",
+        tmp_path / "out",
+        tmp_path / "work",
+        ["tiny-en"],
+        {1: 1, 8: 8},
+        1,
+        paths.MODEL_REPOSITORY,
+        CPU,
+    )
+
+    assert dict(os.environ) == before  # the unpacked server was this run's alone
+    assert [(r["callers"], r["failed"]) for r in results["rows"]] == [(1, 0), (8, 0)]
+    assert all(r["audio_s_per_s"] > 0 for r in results["rows"])
+    assert results["rows"][1]["mean_batch"] > 1  # 8 callers were batched together
+    assert results["rows"][1]["errors"]["en"] < 0.5  # tiny.en heard them (its INT8-packed weights)
+    unpacked = tmp_path / "work" / "tritonserver" / "pytriton" / "tritonserver"
+    assert results["server"] == str(unpacked / "bin" / "tritonserver")
+    manifest = json.loads((tmp_path / "work" / "repos" / "tiny-en" / "asr" / "1" / "asr.json").read_text())
+    assert manifest["source"] == str((tmp_path / "work" / "tiny-en").resolve())
+    assert "| tiny-en | 1 |" in (tmp_path / "out" / "summary.md").read_text()
