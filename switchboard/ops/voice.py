@@ -61,7 +61,7 @@ class Joiner:
         model = Path(args.model)
         try:
             if model.resolve() == DEFAULT_MODEL.resolve():
-                self.stage("training the default recognizer")
+                self.stage("building the default recognizer")
                 self.run([sys.executable, "-m", "switchboard.training.asr", "--out", str(model)])
             elif not (model / "config.json").is_file():
                 raise RuntimeError(f"{model}: not a Hugging Face Whisper checkpoint (no config.json)")
