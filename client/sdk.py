@@ -239,9 +239,12 @@ def stream_request(
     return stream_call(model, inputs, priority, seed, outputs)
 
 
-def stream_call(model: str, inputs: list[tuple], priority: int, seed=None, outputs=CHAT_OUTPUTS) -> dict:
+def stream_call(
+    model: str, inputs: list[tuple], priority: int, seed=None, outputs=CHAT_OUTPUTS, parameters: dict | None = None
+) -> dict:
     """Keyword arguments of tritonclient's ``async_stream_infer`` for any model's ``inputs``
-    (``chat_inputs``, ``audio_inputs``...), each a ``[1, 1]`` tensor."""
+    (``chat_inputs``, ``audio_inputs``...), each a ``[1, 1]`` tensor; ``parameters``: more
+    request parameters (``Asr.DELTAS``)."""
 
     def tensor(name, value, dtype, triton_type):
         t = grpcclient.InferInput(name, [1, 1], triton_type)
@@ -253,7 +256,7 @@ def stream_call(model: str, inputs: list[tuple], priority: int, seed=None, outpu
         "inputs": [tensor(*i) for i in inputs],
         "request_id": f"{os.getpid()}-{next(_ids)}",
         "priority": int(priority),
-        "parameters": chat_parameters(priority, seed),
+        "parameters": chat_parameters(priority, seed) | (parameters or {}),
         "outputs": [grpcclient.InferRequestedOutput(name) for name in outputs],
     }
 
@@ -270,14 +273,17 @@ def request_message(
 
 
 def infer_message(
-    model: str, inputs: list[tuple], priority: int, seed=None, outputs=CHAT_OUTPUTS
+    model: str, inputs: list[tuple], priority: int, seed=None, outputs=CHAT_OUTPUTS, parameters: dict | None = None
 ) -> service_pb2.ModelInferRequest:
     """``stream_call``'s request as the protobuf message of Triton's gRPC API: each input one
     ``[1, 1]`` tensor in ``raw_input_contents`` (a BYTES element is its length, 4 bytes
     little-endian, then the bytes)."""
     request = service_pb2.ModelInferRequest(model_name=model, id=f"{os.getpid()}-{next(_ids)}")
-    for name, value in chat_parameters(priority, seed).items():
-        request.parameters[name].int64_param = value
+    for name, value in (chat_parameters(priority, seed) | (parameters or {})).items():
+        if isinstance(value, bool):
+            request.parameters[name].bool_param = value
+        else:
+            request.parameters[name].int64_param = value
     request.parameters["priority"].uint64_param = int(priority)  # Triton's queue order
     for name, value, _, datatype in inputs:
         request.inputs.add(name=name, datatype=datatype, shape=(1, 1))
@@ -476,7 +482,9 @@ class ChatClient:
         text; audio the server refuses raises ``ChatError`` (INVALID_ARGUMENT, its message
         headed by the reason: ``[too_long] ...``; UNAVAILABLE while the recognizer is not loaded)."""
         inputs = audio_inputs(audio, language)  # a wrong type fails here, not at the first event
-        events = self._run(partial(stream_call, self.asr_model, inputs, priority, None, Asr.OUTPUTS), None, asr_decoder)
+        extra = None if stream else {Asr.DELTAS: False}  # the result alone: no delta to send or read
+        request = partial(stream_call, self.asr_model, inputs, priority, None, Asr.OUTPUTS, extra)
+        events = self._run(request, None, asr_decoder)
         return events if stream else collect_transcript(list(events))
 
     def voice_chat(
@@ -718,14 +726,17 @@ class AsyncChatClient:
 
     async def transcribe(self, audio: bytes, language: str | None = None, priority: int = 2) -> AsrResult:
         """``ChatClient.transcribe``'s whole ``AsrResult``."""
-        return collect_transcript([e async for e in self.transcribe_stream(audio, language, priority)])
+        events = self.transcribe_stream(audio, language, priority, deltas=False)
+        return collect_transcript([e async for e in events])
 
     def transcribe_stream(
-        self, audio: bytes, language: str | None = None, priority: int = 2
+        self, audio: bytes, language: str | None = None, priority: int = 2, *, deltas: bool = True
     ) -> AsyncIterator[str | AsrResult]:
-        """Transcript deltas (str) ending with the ``AsrResult``; leaving early cancels the transcription."""
+        """Transcript deltas (str) ending with the ``AsrResult``; leaving early cancels the
+        transcription. ``deltas`` False: the ``AsrResult`` alone (``Asr.DELTAS``)."""
         inputs = audio_inputs(audio, language)
-        request = partial(infer_message, self.asr_model, inputs, priority, None, Asr.OUTPUTS)
+        extra = None if deltas else {Asr.DELTAS: False}
+        request = partial(infer_message, self.asr_model, inputs, priority, None, Asr.OUTPUTS, extra)
         return self._exchange(request, None, asr_decoder, pooled=False)
 
     async def voice_chat(

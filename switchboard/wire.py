@@ -90,6 +90,10 @@ class Asr:
     TEXT = "text"  # BYTES [1]: a transcript delta
     RESULT = "result"  # BYTES [1]: "" but on the last response: AsrResult as JSON
     OUTPUTS = (TEXT, RESULT)
+    # request parameter (bool, default true): false sends no text deltas, only the last response
+    # with the result, for a caller that does not stream (every response is a send through the
+    # server and a message for the client to read)
+    DELTAS = "asr_deltas"
 
 
 class AsrError(StrEnum):

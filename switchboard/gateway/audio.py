@@ -341,7 +341,7 @@ async def transcriptions(request: Request):
     with_stats = wants_stats(request)
     if not slots.take():
         raise overloaded(429, f"too many requests in flight (limit {slots.limit}), retry later", config.retry_after_s)
-    events = state.client.transcribe_stream(call.audio, call.language, priority)
+    events = state.client.transcribe_stream(call.audio, call.language, priority, deltas=call.stream)
     released = False
 
     async def release():

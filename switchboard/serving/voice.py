@@ -87,7 +87,7 @@ class VoiceTurn:
             self.asr_model,
             inputs,
             list(Asr.OUTPUTS),
-            {PRIORITY_PARAMETER: request.priority},
+            {PRIORITY_PARAMETER: request.priority, Asr.DELTAS: False},  # the transcript is read whole
             priority=request.priority,
             timeout_us=int(self.asr_timeout_s * 1e6),
         )

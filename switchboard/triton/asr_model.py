@@ -60,8 +60,11 @@ class TritonSink:
     batch wait on each (switchboard/engine/stream.py; docs/benchmarks.md has the figures).
     """
 
-    def __init__(self, request, priority: int, outbox: Outbox, watch: CancelWatch, metrics: AsrMetrics):
-        self.request, self.sender = request, request.get_response_sender()
+    def __init__(
+        self, request, priority: int, outbox: Outbox, watch: CancelWatch, metrics: AsrMetrics, deltas: bool = True
+    ):
+        """``deltas`` False: the request asked for the result alone (``Asr.DELTAS``)."""
+        self.request, self.sender, self.deltas = request, request.get_response_sender(), deltas
         self.priority, self.outbox, self.watch, self.metrics = priority, outbox, watch, metrics
         self.lock = threading.Lock()  # guards final_sent (stream.Sink says why)
         self.final_sent = self.cancel_seen = self.broken = self.watched = False
@@ -73,7 +76,8 @@ class TritonSink:
         return self.cancel_seen or self.broken
 
     def delta(self, text: str) -> None:
-        self.outbox.put(self, self.priority, [text])
+        if self.deltas:
+            self.outbox.put(self, self.priority, [text])
 
     def done(self, result: AsrResult) -> None:
         self.outbox.put(self, self.priority, (), result, end=True)
@@ -116,8 +120,8 @@ def _language(request) -> str | None:
     return text or None
 
 
-def _priority(request) -> int:
-    value = request_parameters(request).get(PRIORITY_PARAMETER, PRIORITY_DEFAULT)
+def _priority(params: dict) -> int:
+    value = params.get(PRIORITY_PARAMETER, PRIORITY_DEFAULT)
     return value if value in (1, 2) else PRIORITY_DEFAULT
 
 
@@ -254,8 +258,9 @@ class TritonPythonModel:
                 self.metrics.failed("invalid")
                 send_error(request.get_response_sender(), "audio: expected one audio file as bytes", "INVALID_ARG")
                 continue
-            priority = _priority(request)
-            sink = TritonSink(request, priority, self.sender.outbox, self.watch, self.metrics)
+            params = request_parameters(request)
+            priority, deltas = _priority(params), params.get(Asr.DELTAS, True) is not False
+            sink = TritonSink(request, priority, self.sender.outbox, self.watch, self.metrics, deltas)
             job = AsrJob(audio.reshape(-1)[0], sink, _language(request), priority, sink.cancelled)
             self.service.submit(job)
         return None

@@ -129,6 +129,24 @@ def raw_asr(url: str, audio: bytes, parameters: dict | None = None, timeout: flo
         close_stream(c)
 
 
+def test_a_caller_that_does_not_stream_gets_the_result_alone(stack, speech, short_wavs):
+    """asr_deltas false (the SDK's transcribe, the gateway's JSON answer, voice_chat): no delta
+    is sent, only the last response, whose result is what the deltas add up to."""
+    import asyncio
+
+    from switchboard.client import AsyncChatClient
+
+    async def both():
+        async with AsyncChatClient(stack.grpc_url, timeout_s=120) as client:
+            streamed = [e async for e in client.transcribe_stream(short_wavs[2], "en")]
+            alone = [e async for e in client.transcribe_stream(short_wavs[2], "en", deltas=False)]
+            return streamed, alone
+
+    streamed, alone = asyncio.run(both())
+    assert len(alone) == 1 and isinstance(alone[0], AsrResult)
+    assert len(streamed) > 1 and "".join(streamed[:-1]).strip() == streamed[-1].text == alone[0].text != ""
+
+
 # -- a long recording ----------------------------------------------------------------------------------
 def test_a_long_recording_streams_its_chunks_in_order_and_adds_up(speech, long_recording):
     events = list(speech.transcribe(long_recording, stream=True))

@@ -156,6 +156,18 @@ def test_deltas_queued_while_a_send_is_slow_leave_in_one_response_before_the_fin
     ]
 
 
+def test_a_request_that_asked_for_the_result_alone_gets_one_response(way_back):
+    glue, sender_thread, watch = way_back
+    sender = Sender()
+    sink = glue.TritonSink(Request(sender), 2, sender_thread.outbox, watch, AsrMetrics(), deltas=False)
+    for text in (" Where", " is", " my order?"):
+        sink.delta(text)
+    sink.done(AsrResult("Where is my order?", "en", 2.0, [], 10.0, 1.0, 1, 1))
+    final = _final(sender)
+    assert [r for r, _ in sender.sent] == [final] and not _texts(sender)
+    assert json.loads(final.outputs["result"][0][0])["text"] == "Where is my order?"
+
+
 def test_a_cancelled_request_ends_cancelled_and_is_no_longer_asked_after_its_end(way_back):
     glue, sender_thread, watch = way_back
     request = Request(Sender(), cancelled=True)

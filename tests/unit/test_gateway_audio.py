@@ -61,6 +61,7 @@ class FakeServer:
 
     def __init__(self):
         self.calls: list[tuple] = []
+        self.deltas: list[bool] = []  # whether each transcription asked asr for its deltas
         self.loaded = {"chat", "asr", "voice_chat"}
         self.open = 0  # requests whose events have not been closed
 
@@ -71,17 +72,19 @@ class FakeServer:
                 self.loaded.discard("asr")
             raise ChatError(message, code)
 
-    def transcribe_stream(self, audio, language=None, priority=2):
+    def transcribe_stream(self, audio, language=None, priority=2, *, deltas=True):
         self.calls.append(("asr", audio, language, priority))
-        return self._track(self._transcribe(audio))
+        self.deltas.append(deltas)
+        return self._track(self._transcribe(audio, deltas))
 
-    async def _transcribe(self, audio):
+    async def _transcribe(self, audio, deltas=True):
         self._refusal(audio)
         if audio.strip(b"\x00") == b"":
             yield AsrResult(text="", language="en", duration=2.0, segments=[], asr_ms=3.0, chunks=0)
             return
-        yield "Where is"
-        yield " my order?"
+        if deltas:  # as the server: asked for the result alone, it sends no delta
+            yield "Where is"
+            yield " my order?"
         yield AsrResult(text=HEARD, language="en", duration=1.6, segments=SEGMENTS, asr_ms=41.0, queue_ms=2.0)
 
     def voice_stream(self, audio, session_id=None, priority=2, *ask, language=None, history=None):
@@ -190,10 +193,18 @@ def test_a_transcription_in_each_response_format(oai, server):
     assert transcribe(oai, response_format="vtt").startswith("WEBVTT\n\n00:00:00.000 --> 00:00:00.900\nWhere is\n")
 
 
-def test_a_streamed_transcription_is_openais_events(oai):
+def test_a_streamed_transcription_is_openais_events(oai, server):
     events = list(transcribe(oai, model="switchboard-asr", stream=True))
     assert [e.type for e in events] == ["transcript.text.delta"] * 2 + ["transcript.text.done"]
     assert "".join(e.delta for e in events[:-1]) == events[-1].text == HEARD
+    assert server.deltas[-1] is True
+
+
+def test_a_transcription_not_streamed_asks_the_recognizer_for_its_result_alone(oai, server):
+    """Every delta is a response through Triton and a message to read: a caller of the JSON
+    response gets none sent (asr_deltas false)."""
+    assert transcribe(oai).text == HEARD
+    assert server.deltas[-1] is False
 
 
 def test_silence_is_an_empty_transcript(oai):

@@ -27,7 +27,7 @@ from switchboard.client.sdk import (
     audio_inputs,
     voice_decoder,
 )
-from switchboard.wire import PRIORITY_PARAMETER, AsrResult, ChatStats
+from switchboard.wire import PRIORITY_PARAMETER, Asr, AsrResult, ChatStats
 
 HEARD = {"transcript": "Where is my order?", "language": "en", "asr_ms": 40.0, "audio_s": 1.5}
 RESULT = AsrResult(text="Where is my order?", language="en", duration=1.5, segments=[], asr_ms=40.0)
@@ -52,7 +52,8 @@ def _inputs(request) -> dict[str, bytes]:
 
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``asr``, ``voice_chat`` and ``chat`` as the real ones answer; audio b"refuse" is refused
-    as too long, silence is heard as nothing. Records each request (model, inputs, priority)."""
+    as too long, silence is heard as nothing, and asr sends no delta when asked not to. Records
+    each request (model, inputs, priority, whether asr was asked for deltas)."""
 
     def __init__(self):
         self.requests: list[dict] = []
@@ -77,6 +78,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                     "inputs": inputs,
                     "priority": request.parameters["priority"].uint64_param,
                     "chat_priority": request.parameters[PRIORITY_PARAMETER].int64_param,
+                    "deltas": request.parameters[Asr.DELTAS].bool_param if Asr.DELTAS in request.parameters else True,
                 }
             )
             audio = inputs.get("audio")
@@ -86,7 +88,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 )
                 continue
             if request.model_name == "asr":
-                if audio != SILENCE:
+                if audio != SILENCE and self.requests[-1]["deltas"]:
                     yield _response(text=b"Where is", result=b"")
                     yield _response(text=b" my order?", result=b"")
                 result = RESULT if audio != SILENCE else AsrResult(text="", language="en", duration=2.0)
@@ -132,8 +134,10 @@ def test_transcribe_gives_the_result_or_the_deltas_then_the_result(triton):
     request = fake.requests[-1]
     assert request["model"] == "asr" and request["inputs"] == {"audio": b"RIFF....", "language": b"en"}
     assert request["priority"] == request["chat_priority"] == 1
+    assert request["deltas"] is False  # the whole result: no delta sent to be read
     events = list(client.transcribe(b"RIFF", stream=True))
     assert events[:2] == ["Where is", " my order?"] and events[2] == RESULT
+    assert fake.requests[-1]["deltas"] is True
     assert "language" not in fake.requests[-1]["inputs"]  # none given: the recognizer decides
     assert client.transcribe(SILENCE).text == ""
 
@@ -194,7 +198,10 @@ def test_the_async_client_transcribes_and_voice_chats_on_streams_it_closes(trito
     async def main():
         async with AsyncChatClient(url, timeout_s=10) as client:
             result = await client.transcribe(b"RIFF", language="en", priority=1)
+            asked = [fake.requests[-1]["deltas"]]
             deltas = [e async for e in client.transcribe_stream(b"RIFF")]
+            asked.append(fake.requests[-1]["deltas"])
+            alone = [e async for e in client.transcribe_stream(b"RIFF", deltas=False)]
             voice = await client.voice_chat(b"RIFF", max_new_tokens=8)
             streamed = [e async for e in client.voice_stream(b"RIFF")]
             chat = await client.chat("hi")
@@ -205,11 +212,12 @@ def test_the_async_client_transcribes_and_voice_chats_on_streams_it_closes(trito
                 if fake.open - open_before <= 1:
                     break
                 await asyncio.sleep(0.05)
-            return result, deltas, voice, streamed, chat, refused.value, ready, fake.open - open_before
+            return result, deltas, alone, asked, voice, streamed, chat, refused.value, ready, fake.open - open_before
 
     streams, open_before = fake.streams, fake.open
-    result, deltas, voice, streamed, chat, refused, ready, still_open = asyncio.run(main())
-    assert result == RESULT and deltas == ["Where is", " my order?", RESULT]
+    result, deltas, alone, asked, voice, streamed, chat, refused, ready, still_open = asyncio.run(main())
+    assert result == RESULT and deltas == ["Where is", " my order?", RESULT] and alone == [RESULT]
+    assert asked == [False, True]  # transcribe wants the result alone, transcribe_stream the deltas
     assert voice.heard.transcript == "Where is my order?" and voice.text == "In My Orders." and voice.stats.asr == HEARD
     assert isinstance(streamed[0], Heard) and streamed[1:3] == ["In My ", "Orders."] and streamed[3].asr == HEARD
     assert chat.text == "Hello"
@@ -217,7 +225,7 @@ def test_the_async_client_transcribes_and_voice_chats_on_streams_it_closes(trito
     assert ready == [True, False, False]  # loaded; not loaded; unknown to the server
     # Speech on streams of its own, closed when done (Triton cannot unload a model a stream
     # still holds); the chat on a stream kept for the next one.
-    assert fake.streams == streams + 6 and still_open == 1
+    assert fake.streams == streams + 7 and still_open == 1
 
 
 def test_an_unreachable_server_has_no_ready_model():

@@ -35,10 +35,11 @@ class FakeStream:
 
 class FakeClient:
     def __init__(self, *streams):
-        self.streams, self.models = list(streams), []
+        self.streams, self.models, self.requests = list(streams), [], []
 
     def stream(self, request, timeout_s=None):
         self.models.append(request.model_name)
+        self.requests.append(request)
         return self.streams[len(self.models) - 1]
 
 
@@ -88,6 +89,9 @@ def test_the_transcript_then_the_answer_and_both_streams_read_to_their_end():
     assert kind == "final" and stats.asr == HEARD.voice() and stats.session == "hit"
     # read to their end, not left for the collector to cancel (Triton 2.51 could not unload asr)
     assert asr.ended and chat.ended and not asr.cancelled and not chat.cancelled
+    # the transcript is read whole: asr is asked for no deltas
+    assert client.requests[0].parameters[Asr.DELTAS].bool_param is False
+    assert Asr.DELTAS not in client.requests[1].parameters
 
 
 def test_silence_ends_the_turn_without_a_chat():
