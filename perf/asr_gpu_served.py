@@ -73,13 +73,13 @@ def pack(out: Path, python: str, preset: int = 9) -> Path:
 
 
 def unpack(tarball: Path, work: Path) -> Path:
-    """The server unpacked under ``work`` (once), as ``install_backend`` finds it: the Python
-    backend's stub put where Triton looks, for this Python."""
+    """The server unpacked under ``work`` (once), laid out as ``install_backend`` finds it when
+    ``SWITCHBOARD_TRITONSERVER`` names the folder returned."""
     root = work / "tritonserver"
     server = root / "pytriton" / "tritonserver"
     if not (server / "bin" / "tritonserver").is_file():
         with tarfile.open(tarball) as tar:
-            safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # Python 3.11.4 on
+            safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # from Python 3.11.4
             tar.extractall(root, **safe)
     return root
 
@@ -90,6 +90,8 @@ def repository(name: str, checkpoint: Path, work: Path, source: Path) -> Path:
     from tokenizers import Tokenizer
 
     from switchboard.asr.checkpoint import copy_tokenizer, describe
+    from switchboard.asr.runtime import AsrManifest
+    from switchboard.perf.asr_bench import capped_manifest
 
     repo = work / "repos" / name
     version = repo / "asr" / "1"
@@ -100,9 +102,8 @@ def repository(name: str, checkpoint: Path, work: Path, source: Path) -> Path:
         manifest = describe(checkpoint, Tokenizer.from_file(str(copy_tokenizer(checkpoint, Path(tmp)))))
     manifest = dataclasses.replace(manifest, source=str(checkpoint.resolve()))
     cap = asr_gpu.MODELS[name][1]
-    if cap is not None:
-        budget = min(manifest.max_target_positions, manifest.prompt_length + cap)
-        manifest = dataclasses.replace(manifest, max_target_positions=budget)
+    if cap is not None:  # as asr_bench installs a random-weight checkpoint
+        manifest = AsrManifest(**capped_manifest(dataclasses.asdict(manifest), cap))
     manifest.save(version)
     return repo
 

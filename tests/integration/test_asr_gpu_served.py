@@ -52,3 +52,16 @@ def test_a_packed_server_serves_a_packed_recognizer_and_is_measured(tmp_path):
     manifest = json.loads((tmp_path / "work" / "repos" / "tiny-en" / "asr" / "1" / "asr.json").read_text())
     assert manifest["source"] == str((tmp_path / "work" / "tiny-en").resolve())
     assert "| tiny-en | 1 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_random_weight_model_is_installed_with_its_transcripts_capped(tmp_path):
+    """The whisper-small shape never ends a transcript: its asr.json allows the prompt and 12
+    tokens, as asr_bench installs it (tiny.en's checkpoint stands in for its geometry here)."""
+    repo = asr_gpu_served.repository("small-shape", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY)
+    capped = json.loads((repo / "asr" / "1" / "asr.json").read_text())
+    whole = json.loads(
+        (asr_gpu_served.repository("tiny-en", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY) / "asr" / "1"
+         / "asr.json").read_text()
+    )  # fmt: skip
+    assert capped["max_target_positions"] == 2 + asr_gpu.MODELS["small-shape"][1] < whole["max_target_positions"]
+    assert (repo / "asr" / "config.pbtxt").read_text() == (paths.MODEL_REPOSITORY / "asr" / "config.pbtxt").read_text()
