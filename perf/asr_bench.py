@@ -257,6 +257,28 @@ def voice_repository(asr: Path, out: Path) -> Path:
     return out
 
 
+def voice_row(model: str, concurrency: int, samples: list[Sample]) -> dict:
+    """One voice measurement: when the transcript (heard) and the first answer token came."""
+    ok = [s for s in samples if s.ok]
+    pct = asr_load.percentile
+    heard = [s.extra["heard_s"] for s in ok if s.extra.get("heard_s") is not None]
+    first = [s.extra["first_token_s"] for s in ok if s.extra.get("first_token_s") is not None]
+    return {
+        "model": model,
+        "concurrency": concurrency,
+        "requests": len(samples),
+        "failed": len(samples) - len(ok),
+        "answered": len(first),
+        "heard_p50_s": pct(heard, 50),
+        "heard_p99_s": pct(heard, 99),
+        "first_token_p50_s": pct(first, 50),
+        "first_token_p99_s": pct(first, 99),
+        "asr_ms_p50": pct([s.extra["asr_ms"] for s in ok if s.extra.get("asr_ms") is not None], 50),
+        "transcripts": sorted({s.text for s in ok}),
+        "load_avg": os.getloadavg()[0],
+    }
+
+
 def precisions_of(artifacts: Path) -> list[str]:
     """The exported variants that passed the gate, in the bench's order."""
     from switchboard.asr.runtime import AsrManifest
@@ -634,24 +656,7 @@ class Bench:
                 stack.stop()
 
     def record_voice(self, model: str, concurrency: int, samples: list[Sample]) -> None:
-        ok = [s for s in samples if s.ok]
-        pct = asr_load.percentile
-        heard = [s.extra["heard_s"] for s in ok if s.extra.get("heard_s") is not None]
-        first = [s.extra["first_token_s"] for s in ok if s.extra.get("first_token_s") is not None]
-        row = {
-            "model": model,
-            "concurrency": concurrency,
-            "requests": len(samples),
-            "failed": len(samples) - len(ok),
-            "answered": len(first),
-            "heard_p50_s": pct(heard, 50),
-            "heard_p99_s": pct(heard, 99),
-            "first_token_p50_s": pct(first, 50),
-            "first_token_p99_s": pct(first, 99),
-            "asr_ms_p50": pct([s.extra["asr_ms"] for s in ok if s.extra.get("asr_ms") is not None], 50),
-            "transcripts": sorted({s.text for s in ok}),
-            "load_avg": os.getloadavg()[0],
-        }
+        row = voice_row(model, concurrency, samples)
         self.keep("voice", row, samples, f"voice-{model}-c{concurrency}")
         self.say(
             f"  voice {model} c={concurrency}: heard P50 {row['heard_p50_s'] * 1000:.0f} ms, first answer token "

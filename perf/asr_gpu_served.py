@@ -117,6 +117,23 @@ def server_env(settings: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def library_path() -> str:
+    """LD_LIBRARY_PATH with this Python's library directory first: where the stub finds libpython."""
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    return os.pathsep.join(filter(None, (libdir, os.environ.get("LD_LIBRARY_PATH"))))
+
+
+def parse_settings(p: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    """``SERVED_ENV`` with each ``--set SWITCHBOARD_KEY=VALUE`` over it."""
+    settings = dict(SERVED_ENV)
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.startswith("SWITCHBOARD_"):
+            p.error(f"--set {item!r}: expected SWITCHBOARD_KEY=VALUE")
+        settings[key] = value
+    return settings
+
+
 def measure(url: str, clips: list, callers: int, requests: int) -> dict:
     """One closed loop of ``callers`` over one gRPC channel; the answers' mean batch size."""
     from switchboard.perf.asr_bench import AsyncCaller
@@ -142,12 +159,11 @@ def run(
     settings: dict[str, str] = SERVED_ENV,
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    libdir = sysconfig.get_config_var("LIBDIR") or ""  # where the stub finds libpython
     device = settings.get("SWITCHBOARD_DEVICE", "cuda")
     results = {"device": device, "gpu": _gpu(device), "requests": requests, "env": settings, "rows": [], "load_s": {}}
     server_at = {  # for this run only (install_backend; the server's environment)
         "SWITCHBOARD_TRITONSERVER": str(unpack(server / TARBALL, work)),
-        "LD_LIBRARY_PATH": os.pathsep.join(filter(None, (libdir, os.environ.get("LD_LIBRARY_PATH")))),
+        "LD_LIBRARY_PATH": library_path(),
     }
     with mock.patch.dict(os.environ, server_at):
         results["server"] = str(server_binary())
@@ -259,12 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in asr_gpu.MODELS]
     if unknown:
         p.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(asr_gpu.MODELS)})")
-    settings = dict(SERVED_ENV)
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        if not eq or not key.startswith("SWITCHBOARD_"):
-            p.error(f"--set {item!r}: expected SWITCHBOARD_KEY=VALUE")
-        settings[key] = value
+    settings = parse_settings(p, args.set)
     one, eight = (int(x) for x in args.requests.split(","))
     run(args.pack, args.server, args.out, args.work, models, {1: one, 8: eight}, args.rounds, args.source, settings)
     return 0

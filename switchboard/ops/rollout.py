@@ -60,6 +60,17 @@ def _param_pattern(key: str) -> re.Pattern:
     return re.compile(r'(\{ key: "' + re.escape(key) + r'" value: \{ string_value: ")([^"]*)(" \} \})')
 
 
+def with_parameters(text: str, values: dict[str, str], where: object) -> str:
+    """A config.pbtxt's ``text`` with each parameter of ``values`` set; one it does not have is
+    an error naming ``where`` (the file)."""
+    for key, value in values.items():
+        pattern = _param_pattern(key)
+        if not pattern.search(text):
+            raise RolloutError(f"{where} has no parameter {key!r} (re-render it)")
+        text = pattern.sub(lambda m, v=value: m.group(1) + v + m.group(3), text, count=1)
+    return text
+
+
 def _replace_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -108,12 +119,7 @@ class Repository:
         values = {"stable_version": str(stable), "canary_version": str(canary)}
         if share is not None:
             values["canary_share"] = f"{share:g}"
-        for key, value in values.items():
-            pattern = _param_pattern(key)
-            if not pattern.search(text):
-                raise RolloutError(f"{path} has no parameter {key!r} (re-render it)")
-            text = pattern.sub(lambda m, v=value: m.group(1) + v + m.group(3), text, count=1)
-        _replace_atomically(path, text)
+        _replace_atomically(path, with_parameters(text, values, path))
 
     def installed(self) -> list[int]:
         """Version folders present in every pool."""

@@ -1,0 +1,318 @@
+"""Voice to first answer token, served by tritonserver on a GPU machine without one installed:
+``python -m switchboard.perf.voice_gpu_served``.
+
+The whole voice path of ``asr_bench``'s third part (``voice_chat``: asr, then a ``chat`` turn on
+the engines, sessions in Redis), on a machine that has a GPU and a Python with PyTorch but
+neither tritonserver nor redis-server. The server comes from ``asr_gpu_served``'s pack; this
+module packs the rest (about 16 MB):
+
+- ``pack`` (here) writes ``voice.tar.xz``: the chat model's version files (manifest, tokenizer,
+  template, FAQ, the smallest graph, which the pools check before they serve), its Hugging Face
+  checkpoint in float16 (what the engine's ``torch:cuda`` runtime loads it as), redis-server
+  with the libraries it links beside the C library, and the 3 s question ``asr_bench`` asks;
+- ``run`` (there) unpacks both, writes a repository of ``chat``, ``engine_short``,
+  ``engine_long``, ``voice_chat`` and ``asr`` as model_repository ships them, with the engines on
+  ``runtime: torch:<device>`` and the recognizer (from an ``asr_gpu pack`` folder) on the torch
+  runtime with ``asr_gpu_served``'s settings, starts redis-server and tritonserver with
+  ``launch.Stack`` and measures 1 caller against 8 asking the question over gRPC
+  (``asr_bench.VoiceCaller``): when the transcript came and when the answer's first token did.
+
+Writes ``results.json`` and ``summary.md`` to ``--out``, the servers' logs under ``--out``/run;
+``docs/voice.md`` keeps the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+from switchboard import paths
+from switchboard.artifact.manifest import Manifest
+from switchboard.artifact.version import write_version_info
+from switchboard.ops.rollout import with_parameters
+from switchboard.perf import asr_gpu, asr_gpu_served, asr_load
+
+TARBALL = "voice.tar.xz"
+CHAT_MODELS = ("chat", "engine_short", "engine_long", "voice_chat")
+POOLS = ("engine_short", "engine_long")
+# the C library's parts, which the GPU machine has (and must be its own)
+SYSTEM_LIBRARIES = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so")
+REDIS_WRAPPER = """#!/bin/sh
+# redis-server with the libraries packed beside it
+here=$(dirname "$(readlink -f "$0")")
+LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/lib/redis-server" "$@"
+"""
+
+
+# -- here -------------------------------------------------------------------------------------
+def pack(out: Path, preset: int = 9) -> Path:
+    """``TARBALL`` in ``out`` from model_repository's installed chat model, this machine's
+    redis-server and the question; ``preset``: xz's, 0-9."""
+    from switchboard.perf.asr_bench import VOICE_QUESTION
+
+    version = paths.MODEL_REPOSITORY / "chat" / "1"
+    if not (version / "manifest.json").is_file():
+        raise SystemExit(f"{version} holds no chat model: make export first")
+    source = json.loads((version / "manifest.json").read_text())["source"]["path"]
+    checkpoint = (paths.ROOT / source).resolve()
+    if not (checkpoint / "model.safetensors").is_file():
+        raise SystemExit(f"{checkpoint}: the chat model's checkpoint is missing (make model)")
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / TARBALL
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        chat = root / "chat"
+        chat.mkdir()
+        precision, variant = smallest_variant(version)
+        for f in version.iterdir():
+            if f.is_file() and (f.suffix not in (".onnx", ".py") or f.name == variant):
+                shutil.copy2(f, chat / f.name)
+        write_version_info(chat, {"precision": precision})
+        half_checkpoint(checkpoint, root / "checkpoint")
+        pack_redis(root / "redis")
+        clip = asr_load.fitted_clip(VOICE_QUESTION, "en", 3.0, "voice-en", "voice")
+        asr_load.save_clips([clip], root / "question")
+        with tarfile.open(target, "w:xz", preset=preset) as tar:
+            for part in sorted(root.iterdir()):
+                tar.add(part, arcname=part.name)
+    print(f"packed {target}: {target.stat().st_size / 2**20:.1f} MiB (chat model {checkpoint.name}, redis-server)")
+    return target
+
+
+def smallest_variant(version: Path) -> tuple[str, str]:
+    """The precision and file of the version's smallest graph. The torch runtime does not read
+    it, but a pool checks its variant's weights against the manifest before it serves."""
+    variants = Manifest.load(version).variants
+    precision = min(variants, key=lambda p: variants[p]["bytes"])
+    return precision, variants[precision]["file"]
+
+
+def half_checkpoint(checkpoint: Path, out: Path) -> None:
+    """``checkpoint`` with its floating-point weights in float16: on a GPU the engine's torch
+    runtime loads them as float16 anyway, and the copy is half the size to carry."""
+    from safetensors.numpy import load_file, save_file
+
+    out.mkdir(parents=True)
+    weights = load_file(checkpoint / "model.safetensors")
+    save_file(
+        {k: w.astype("float16") if w.dtype.kind == "f" else w for k, w in weights.items()},
+        out / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    for f in checkpoint.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            shutil.copy2(f, out / f.name)
+
+
+def pack_redis(out: Path) -> None:
+    """redis-server as this machine has it, the libraries it links (all but the C library's)
+    beside it, and a wrapper named redis-server that runs it with them."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (make setup)")
+    binary = Path(binary).resolve()
+    lib = out / "lib"
+    lib.mkdir(parents=True)
+    shutil.copy2(binary, lib / "redis-server")  # the name decides its mode (not redis-check-rdb)
+    for line in subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout.splitlines():
+        name, _, where = line.strip().partition(" => ")
+        path = where.split(" (")[0].strip()
+        if path.startswith("/") and not name.startswith(SYSTEM_LIBRARIES):
+            shutil.copy2(path, lib / name)
+    wrapper = out / "redis-server"
+    wrapper.write_text(REDIS_WRAPPER)
+    wrapper.chmod(0o755)
+
+
+# -- there ------------------------------------------------------------------------------------
+def unpack(tarball: Path, work: Path) -> Path:
+    root = work / "voice"
+    if not (root / "redis" / "redis-server").is_file():
+        with tarfile.open(tarball) as tar:
+            safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # from Python 3.11.4
+            tar.extractall(root, **safe)
+    return root
+
+
+def repository(unpacked: Path, recognizer: Path, work: Path, source: Path, settings: dict[str, str], name: str) -> Path:
+    """``chat``, the engines and ``voice_chat`` from ``source`` with the packed chat model,
+    the engines on the torch runtime (``settings``' device), and ``asr`` from
+    ``asr_gpu_served.repository`` with ``settings`` as its parameters."""
+    repo = work / "repos" / "voice"
+    if repo.exists():
+        shutil.rmtree(repo)
+    asr = asr_gpu_served.repository(name, recognizer, work / "voice-asr", source)
+    shutil.copytree(asr / "asr", repo / "asr")
+    config = repo / "asr" / "config.pbtxt"
+    config.write_text(with_parameters(config.read_text(), parameters(settings), config))
+    device = settings.get("SWITCHBOARD_DEVICE", "cuda")
+    for model in CHAT_MODELS:
+        version = repo / model / "1"
+        version.mkdir(parents=True)
+        (version / "model.py").write_bytes((source / model / "1" / "model.py").read_bytes())
+        values = {"runtime": f"torch:{device}", "checkpoint": str(unpacked / "checkpoint")} if model in POOLS else {}
+        if model != "voice_chat":
+            for f in (unpacked / "chat").iterdir():
+                if model == "chat" or f.name != "faq.jsonl":
+                    shutil.copy2(f, version / f.name)
+        text = (source / model / "config.pbtxt").read_text()
+        (repo / model / "config.pbtxt").write_text(with_parameters(text, values, source / model / "config.pbtxt"))
+    return repo
+
+
+def parameters(settings: dict[str, str]) -> dict[str, str]:
+    """``SWITCHBOARD_KEY=VALUE`` settings as asr's parameters (key=value): written into its
+    config, since the server's environment would set them for every model."""
+    return {key.removeprefix("SWITCHBOARD_").lower(): value for key, value in settings.items()}
+
+
+def run(
+    pack_dir: Path,
+    server: Path,
+    out: Path,
+    work: Path,
+    recognizer: str,
+    requests: dict,
+    rounds: int,
+    source: Path,
+    settings: dict[str, str] = asr_gpu_served.SERVED_ENV,
+) -> dict:
+    from switchboard.ops.launch import Ports, Stack
+    from switchboard.perf.asr_bench import VoiceCaller, voice_row
+
+    out.mkdir(parents=True, exist_ok=True)
+    unpacked = unpack(server / TARBALL, work)
+    question = asr_load.load_clips(unpacked / "question")
+    checkpoint = asr_gpu.checkpoint_of(recognizer, pack_dir, work)
+    repo = repository(unpacked, checkpoint, work, source, settings, recognizer)
+    device = settings.get("SWITCHBOARD_DEVICE", "cuda")
+    results = {"device": device, "gpu": asr_gpu_served._gpu(device), "recognizer": recognizer, "env": settings}
+    results |= {"requests": requests, "rows": []}
+    here = {  # for this run only: the packed servers first
+        "SWITCHBOARD_TRITONSERVER": str(asr_gpu_served.unpack(server / asr_gpu_served.TARBALL, work)),
+        "LD_LIBRARY_PATH": asr_gpu_served.library_path(),
+        "PATH": os.pathsep.join((str(unpacked / "redis"), os.environ.get("PATH", ""))),
+    }
+    with mock.patch.dict(os.environ, here):
+        stack = Stack(
+            Ports.free(),
+            repository=repo,
+            run_dir=out / "run",
+            backends=work / "backends",
+            env=asr_gpu_served.server_env({}),
+        )
+        try:
+            started = time.monotonic()
+            stack.start_redis()
+            results["redis"] = shutil.which("redis-server")
+            stack.start_triton(timeout=600)
+            results["load_s"] = round(time.monotonic() - started, 1)
+            print(f"voice: redis-server and tritonserver ready in {results['load_s']:.0f} s", flush=True)
+            for turn in range(1, rounds + 1):
+                for callers in (1, 8):
+                    with VoiceCaller(stack.grpc_url) as call:
+                        samples = asr_load.closed_loop(call, question, callers, requests[callers], warmup=callers)
+                    row = voice_row(recognizer, callers, samples) | {"round": turn}
+                    if row["failed"]:
+                        row["error"] = next(s.error for s in samples if not s.ok)
+                    results["rows"].append(row)
+                    print(
+                        f"voice round {turn} {callers} caller(s): heard P50 {row['heard_p50_s'] * 1000:.0f} ms, "
+                        f"first token P50/P99 {row['first_token_p50_s'] * 1000:.0f}/"
+                        f"{row['first_token_p99_s'] * 1000:.0f} ms, {row['answered']}/{row['requests']} answered "
+                        f"{row['transcripts'][:2]}",
+                        flush=True,
+                    )
+                    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")  # so far
+        finally:
+            stack.stop_triton(timeout=10)  # voice_chat may hold a clean stop 30 s (docs/voice.md)
+            stack.stop_redis()
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "summary.md").write_text(summary(results))
+    print(summary(results), flush=True)
+    return results
+
+
+def summary(results: dict) -> str:
+    lines = [
+        f"voice_chat served by tritonserver (gRPC, the SDK's async client), a 3 s question, recognizer "
+        f"{results['recognizer']}, asr and engines on torch:{results['device']} ({results['gpu']}).",
+        "",
+        "| round | callers | heard P50 | first token P50 | first token P99 | asr P50 | answered |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        lines.append(
+            f"| {r['round']} | {r['concurrency']} | {r['heard_p50_s'] * 1000:.0f} ms | "
+            f"{r['first_token_p50_s'] * 1000:.0f} ms | {r['first_token_p99_s'] * 1000:.0f} ms | "
+            f"{r['asr_ms_p50']:.0f} ms | {r['answered']}/{r['requests']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m switchboard.perf.voice_gpu_served", description=__doc__.split("\n\n")[0]
+    )
+    sub = p.add_subparsers(dest="step", required=True)
+    a = sub.add_parser("pack", help=f"write {TARBALL}: the chat model, redis-server, the question (here)")
+    a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-served")
+    b = sub.add_parser("run", help="serve the voice path and measure 1 caller against 8 (on the GPU machine)")
+    b.add_argument("--pack", type=Path, required=True, help="a folder `asr_gpu pack` wrote (the recognizer)")
+    b.add_argument(
+        "--server",
+        type=Path,
+        default=paths.BUILD / "gpu-served",
+        help=f"the folder holding {TARBALL} and {asr_gpu_served.TARBALL} (asr_gpu_served pack)",
+    )
+    b.add_argument(
+        "--out", type=Path, default=paths.BUILD / "bench" / "voice-gpu-served", help="results, summary, logs"
+    )
+    b.add_argument("--work", type=Path, default=Path("/tmp/switchboard-voice-gpu"), help="unpacked parts go there")
+    b.add_argument(
+        "--recognizer",
+        default="default",
+        choices=[m for m in asr_gpu.MODELS if m != "small-shape"],
+        help="the pack's recognizer asr serves (the random-weight shape never ends a transcript)",
+    )
+    b.add_argument("--requests", default="10,32", help="questions asked by 1 caller, by 8")
+    b.add_argument("--rounds", type=int, default=2, help="1 caller then 8, this many times")
+    b.add_argument("--source", type=Path, default=paths.MODEL_REPOSITORY, help="where the models' configs come from")
+    b.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SWITCHBOARD_KEY=VALUE",
+        help="an asr parameter over the GPU's; SWITCHBOARD_DEVICE also moves the engines (cpu to try it here)",
+    )
+    args = p.parse_args(argv)
+    if args.step == "pack":
+        pack(args.out)
+        return 0
+    settings = asr_gpu_served.parse_settings(p, args.set)
+    one, eight = (int(x) for x in args.requests.split(","))
+    run(
+        args.pack,
+        args.server,
+        args.out,
+        args.work,
+        args.recognizer,
+        {1: one, 8: eight},
+        args.rounds,
+        args.source,
+        settings,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""``voice_gpu_served`` end to end on this machine: the server and the voice parts packed from
+here (the chat model, redis-server with its libraries, the question), unpacked elsewhere, and
+voice_chat served with the engines and tiny.en on the torch runtime on the CPU, measured over
+gRPC: what a GPU machine without tritonserver or redis-server runs, on the CPU's settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from switchboard import paths
+from switchboard.artifact.version import read_version_info
+from switchboard.perf import asr_gpu, asr_gpu_served, voice_gpu_served
+from tests.integration.speechtools import NEEDS_TINY_EN, TINY
+from tests.integration.test_asr_gpu_served import CPU
+
+pytestmark = NEEDS_TINY_EN
+
+
+def test_packed_redis_runs_with_the_libraries_beside_it(tmp_path):
+    voice_gpu_served.pack_redis(tmp_path / "redis")
+    libs = sorted(p.name for p in (tmp_path / "redis" / "lib").iterdir())
+    assert "redis-server" in libs
+    assert not [n for n in libs if n.startswith(voice_gpu_served.SYSTEM_LIBRARIES)]
+    out = subprocess.run([tmp_path / "redis" / "redis-server", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("Redis server v=")
+
+
+def test_voice_chat_is_served_from_the_packs_and_measured(tmp_path):
+    pack, server, work = tmp_path / "pack", tmp_path / "server", tmp_path / "work"
+    asr_gpu.pack_checkpoint(TINY.checkpoint, pack / "tiny-en")
+    asr_gpu_served.pack(server, f"{sys.version_info.major}.{sys.version_info.minor}", preset=0)
+    voice_gpu_served.pack(server, preset=0)
+    before = dict(os.environ)
+
+    results = voice_gpu_served.run(
+        pack, server, tmp_path / "out", work, "tiny-en", {1: 2, 8: 8}, 1, paths.MODEL_REPOSITORY, CPU
+    )
+
+    assert dict(os.environ) == before  # the unpacked servers were this run's alone
+    rows = [(r["concurrency"], r["failed"], r["answered"]) for r in results["rows"]]
+    assert rows == [(1, 0, 2), (8, 0, 8)], results["rows"]
+    assert all("order" in t.lower() for r in results["rows"] for t in r["transcripts"])  # tiny.en heard it
+    assert all(0 < r["heard_p50_s"] < r["first_token_p50_s"] for r in results["rows"])
+    assert results["redis"] == str(work / "voice" / "redis" / "redis-server")
+    repo = work / "repos" / "voice"
+    engine = (repo / "engine_short" / "config.pbtxt").read_text()
+    assert '{ key: "runtime" value: { string_value: "torch:cpu" } }' in engine
+    assert f'{{ key: "checkpoint" value: {{ string_value: "{work / "voice" / "checkpoint"}" }} }}' in engine
+    assert '{ key: "runtime" value: { string_value: "torch" } }' in (repo / "asr" / "config.pbtxt").read_text()
+    precision = read_version_info(repo / "engine_short" / "1")["precision"]
+    assert precision == voice_gpu_served.smallest_variant(paths.MODEL_REPOSITORY / "chat" / "1")[0]
+    assert "| 1 | 8 |" in (tmp_path / "out" / "summary.md").read_text()
