@@ -587,6 +587,7 @@ class _NothingReceived(Exception):
 
 RETRIES_BEFORE_ANSWER = 1
 RETRY_AFTER_S = 0.5  # the balancer takes a dead replica out after two failed checks 0.5 s apart
+STREAM_END_S = 5.0  # a stream half-closed after its answer is cancelled if Triton has not ended it by then
 
 
 def session_headers(session_id) -> dict | None:
@@ -650,8 +651,8 @@ class AsyncChatClient:
         await self.close()
 
     async def close(self) -> None:
-        while self._idle:
-            self._idle.pop().cancel()
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(self._finish(call) for call in idle))  # answered: ended, not cancelled
         await self._channel.close()
 
     async def ready(self, timeout_s: float = 5.0) -> bool:
@@ -819,8 +820,23 @@ class AsyncChatClient:
             if call is not None:
                 if done and pooled and len(self._idle) < self.idle_streams and not call.done():
                     self._idle.append(call)
+                elif done:
+                    await self._finish(call)
                 else:
                     call.cancel()  # cancels the request in Triton if it is still running
+
+    async def _finish(self, call) -> None:
+        """End a stream whose request is answered: the client half-closes and Triton ends it.
+        Cancelled instead, as its last response goes out, Triton 2.51 can keep the model
+        referenced: it never unloads, and a stop waits out the server's exit timeout
+        (docs/voice.md)."""
+        try:
+            if not call.done():
+                await call.done_writing()
+                async with asyncio.timeout(STREAM_END_S):
+                    await call.code()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
+            call.cancel()
 
     def _take(self) -> grpc.aio.StreamStreamCall | None:
         while self._idle:

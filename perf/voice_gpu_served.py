@@ -234,8 +234,7 @@ def run(
                     )
                     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")  # so far
         finally:
-            stack.stop_triton(timeout=10)  # voice_chat may hold a clean stop 30 s (docs/voice.md)
-            stack.stop_redis()
+            stack.stop()
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "summary.md").write_text(summary(results))
     print(summary(results), flush=True)

@@ -52,3 +52,5 @@ def test_voice_chat_is_served_from_the_packs_and_measured(tmp_path):
     precision = read_version_info(repo / "engine_short" / "1")["precision"]
     assert precision == voice_gpu_served.smallest_variant(paths.MODEL_REPOSITORY / "chat" / "1")[0]
     assert "| 1 | 8 |" in (tmp_path / "out" / "summary.md").read_text()
+    (log,) = (tmp_path / "out" / "run").glob("tritonserver-*.log")
+    assert "successfully unloaded 'voice_chat'" in log.read_text()  # its streams were ended, not cancelled

@@ -84,7 +84,7 @@ class FakeChat(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.drops = drops  # text "drop": the first ``drops`` streams end before answering
 
     async def ModelStreamInfer(self, requests, context):
-        stream = {"requests": 0, "cancelled": False, "metadata": dict(context.invocation_metadata())}
+        stream = {"requests": 0, "cancelled": False, "ended": False, "metadata": dict(context.invocation_metadata())}
         self.streams.append(stream)
         try:
             async for request in requests:
@@ -103,6 +103,7 @@ class FakeChat(service_pb2_grpc.GRPCInferenceServiceServicer):
                     if text == "cut":  # the replica died mid-answer
                         await context.abort(grpc.StatusCode.CANCELLED, "upstream reset")
                 yield response("", ChatStats(generated_tokens=2))
+            stream["ended"] = True  # the client half-closed: the server ends the stream
         except asyncio.CancelledError:
             stream["cancelled"] = True
             raise
@@ -234,6 +235,37 @@ def test_a_session_gets_a_stream_of_its_own_with_its_header():
     streams = asyncio.run(main())
     assert len(streams) == 3 and all(SESSION_HEADER in s["metadata"] for s in streams[:2])
     assert SESSION_HEADER not in streams[2]["metadata"]
+
+
+def test_a_stream_of_its_own_is_ended_by_the_client_half_closing_not_cancelled():
+    """Cancelled as its last response goes out, Triton 2.51 can keep the model referenced (it
+    then never unloads): a session's stream, answered, is half-closed and ended by the server."""
+
+    async def main():
+        fake, port = FakeChat(), free_port()
+        server = await serve(fake, port)
+        async with AsyncChatClient(f"127.0.0.1:{port}", timeout_s=5) as client:
+            text = await answer(client, session_id="s-1")
+            ended = [(s["ended"], s["cancelled"]) for s in fake.streams]
+        await server.stop(None)
+        return text, ended
+
+    text, ended = asyncio.run(main())
+    assert text == "Hello there"
+    assert ended == [(True, False)]  # already ended when the answer was returned
+
+
+def test_closing_the_client_ends_its_idle_streams():
+    async def main():
+        fake, port = FakeChat(), free_port()
+        server = await serve(fake, port)
+        async with AsyncChatClient(f"127.0.0.1:{port}", timeout_s=5) as client:
+            await asyncio.gather(*(answer(client) for _ in range(2)))
+        await asyncio.sleep(0.2)
+        await server.stop(None)
+        return [(s["requests"], s["ended"], s["cancelled"]) for s in fake.streams]
+
+    assert asyncio.run(main()) == [(1, True, False), (1, True, False)]
 
 
 def test_an_unreachable_server_is_unavailable():
