@@ -139,17 +139,20 @@ class EngineClient:
             version=version,
         )
         call = self._stub.ModelStreamInfer(iter((request,)), timeout=timeout_s)
+        answered = None
         try:
+            # Read to the stream's end, which Triton sends after the answer: a stream cancelled as
+            # its answer goes out can leave Triton 2.51 holding the model (docs/voice.md).
             for message in call:
                 parse_response(message)
-                return True
+                answered = True
         except EngineStreamError as e:
             return False if stub_dead(str(e)) else None
         except grpc.RpcError:
-            return None
+            return answered
         finally:
-            call.cancel()
-        return None
+            call.cancel()  # nothing left to cancel once it ended
+        return answered
 
     def close(self) -> None:
         self._channel.close()

@@ -1,9 +1,18 @@
+import time
+from concurrent import futures
+
 import grpc
 import numpy as np
 import pytest
-from tritonclient.grpc import service_pb2
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from switchboard.serving.engine_client import EngineStream, EngineStreamError, build_request, parse_response
+from switchboard.serving.engine_client import (
+    EngineClient,
+    EngineStream,
+    EngineStreamError,
+    build_request,
+    parse_response,
+)
 
 
 def _echo(request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInferResponse:
@@ -92,3 +101,51 @@ def test_a_broken_stream_raises_after_what_arrived():
         next(it)
     stream.cancel()
     assert call.cancelled
+
+
+class _Pong(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers each request with one response, as a pool answers a ping; records each stream
+    that ended because the client half-closed it (not cancelled it)."""
+
+    def __init__(self, answer: bool = True):
+        self.answer, self.ended = answer, []
+
+    def ModelStreamInfer(self, requests, context):
+        for _ in requests:
+            if self.answer:
+                yield service_pb2.ModelStreamInferResponse(infer_response=service_pb2.ModelInferResponse())
+            else:
+                yield service_pb2.ModelStreamInferResponse(error_message="Stub process 'x' is not healthy.")
+            time.sleep(0.2)  # the stream's end comes after the answer: a client that cancels has by then
+        self.ended.append(True)
+
+
+def _serve(servicer):
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def test_a_ping_reads_its_stream_to_the_end_instead_of_cancelling_it():
+    pong = _Pong()
+    server, url = _serve(pong)
+    client = EngineClient(url)
+    try:
+        assert client.ping("engine_short", 5) is True
+        assert client.ping("engine_short", 5) is True
+    finally:
+        client.close()
+        server.stop(None)
+    assert pong.ended == [True, True]  # the server ended both streams after the answer
+
+
+def test_a_ping_to_a_dead_stub_is_false():
+    server, url = _serve(_Pong(answer=False))
+    client = EngineClient(url)
+    try:
+        assert client.ping("engine_short", 5) is False
+    finally:
+        client.close()
+        server.stop(None)
