@@ -123,6 +123,11 @@ def library_path() -> str:
     return os.pathsep.join(filter(None, (libdir, os.environ.get("LD_LIBRARY_PATH"))))
 
 
+def add_settings_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--set SWITCHBOARD_KEY=VALUE``, any number of times (``parse_settings`` reads them)."""
+    parser.add_argument("--set", action="append", default=[], metavar="SWITCHBOARD_KEY=VALUE", help=help)
+
+
 def parse_settings(p: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
     """``SERVED_ENV`` with each ``--set SWITCHBOARD_KEY=VALUE`` over it."""
     settings = dict(SERVED_ENV)
@@ -260,12 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--source", type=Path, default=paths.MODEL_REPOSITORY, help="the model repository asr's config comes from"
     )
-    b.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SWITCHBOARD_KEY=VALUE",
-        help="an asr parameter for the server, over the GPU's (e.g. SWITCHBOARD_DEVICE=cpu to try it here)",
+    add_settings_argument(
+        b, "an asr parameter for the server, over the GPU's (e.g. SWITCHBOARD_DEVICE=cpu to try it here)"
     )
     args = p.parse_args(argv)
     if args.step == "pack":

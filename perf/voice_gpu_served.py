@@ -286,12 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--requests", default="10,32", help="questions asked by 1 caller, by 8")
     b.add_argument("--rounds", type=int, default=2, help="1 caller then 8, this many times")
     b.add_argument("--source", type=Path, default=paths.MODEL_REPOSITORY, help="where the models' configs come from")
-    b.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SWITCHBOARD_KEY=VALUE",
-        help="an asr parameter over the GPU's; SWITCHBOARD_DEVICE also moves the engines (cpu to try it here)",
+    asr_gpu_served.add_settings_argument(
+        b, "an asr parameter over the GPU's; SWITCHBOARD_DEVICE also moves the engines (cpu to try it here)"
     )
     args = p.parse_args(argv)
     if args.step == "pack":
