@@ -29,6 +29,8 @@ def stream(url: str, ids: list[int], max_new_tokens: int, times: list[float], do
     """One generation on ``engine_short``; appends the arrival time of every token response."""
     import tritonclient.grpc as grpcclient
 
+    from switchboard.client.sdk import close_stream
+
     client = grpcclient.InferenceServerClient(url)
     inputs = [
         grpcclient.InferInput(Pool.INPUT_IDS, [1, len(ids)], "INT32"),
@@ -51,8 +53,8 @@ def stream(url: str, ids: list[int], max_new_tokens: int, times: list[float], do
     client.start_stream(callback=callback)
     outputs = [grpcclient.InferRequestedOutput(Pool.TOKEN_IDS), grpcclient.InferRequestedOutput(Pool.STATS)]
     client.async_stream_infer("engine_short", inputs, outputs=outputs)
-    done.wait(600)
-    client.stop_stream(cancel_requests=True)
+    answered = done.wait(600)
+    close_stream(client, cancel=not answered)  # an answered stream is ended, not cancelled (docs/voice.md)
     client.close()
 
 
