@@ -95,6 +95,7 @@ def run_export(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from switchboard import console as console_mod
+    from switchboard.artifact.geometry import geometry
     from switchboard.artifact.manifest import Manifest, file_digest
     from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.engine.runtime import OnnxDecoder
@@ -105,7 +106,7 @@ def run_export(
     t0 = time.time()
     config = AutoConfig.from_pretrained(model_dir)
     try:
-        geo = onnx_export.geometry(config)
+        geo = geometry(config)
     except ValueError as e:
         raise SystemExit(f"{model_dir}: {e}") from None
     out.mkdir(parents=True, exist_ok=True)

@@ -18,46 +18,15 @@ with the stock PyTorch model.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from switchboard.artifact.geometry import Geometry
+
 log = logging.getLogger(__name__)
 
-SUPPORTED = {"llama", "qwen2", "mistral", "gpt2"}
 GROUPED = "switchboard_grouped"  # the attention implementation the graph is traced with
-
-
-@dataclass(frozen=True)
-class Geometry:
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    context_window: int
-
-
-def geometry(config) -> Geometry:
-    if config.model_type not in SUPPORTED:
-        raise ValueError(
-            f"unsupported architecture {config.model_type!r} "
-            f"({', '.join(config.architectures or [])}); supported: {', '.join(sorted(SUPPORTED))}"
-        )
-    heads = config.num_attention_heads
-    context = config.max_position_embeddings
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True):
-        # The exported graph keeps the whole cache; within the window that is exactly
-        # sliding-window attention, so the context is capped at the window.
-        context = min(context, int(window))
-    return Geometry(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-        vocab_size=config.vocab_size,
-        context_window=context,
-    )
 
 
 def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):

@@ -4,10 +4,10 @@
 The whole voice path of ``asr_bench``'s third part (``voice_chat``: asr, then a ``chat`` turn on
 the engines, sessions in Redis), on a machine that has a GPU and a Python with PyTorch but
 neither tritonserver nor redis-server. The server comes from ``asr_gpu_served``'s pack; this
-module packs the rest (about 16 MB):
+module packs the rest (about 10 MB):
 
 - ``pack`` (here) writes ``voice.tar.xz``: the chat model's version files (manifest, tokenizer,
-  template, FAQ, the smallest graph, which the pools check before they serve), its Hugging Face
+  template, FAQ; no graph: the torch runtime loads the checkpoint), its Hugging Face
   checkpoint in float16 (what the engine's ``torch:cuda`` runtime loads it as), redis-server
   with the libraries it links beside the C library, and the 3 s question ``asr_bench`` asks;
 - ``run`` (there) unpacks both, writes a repository of ``chat``, ``engine_short``,
@@ -36,7 +36,6 @@ from pathlib import Path
 from unittest import mock
 
 from switchboard import paths
-from switchboard.artifact.manifest import Manifest
 from switchboard.artifact.version import write_version_info
 from switchboard.ops.rollout import with_parameters
 from switchboard.perf import asr_gpu, asr_gpu_served, asr_load
@@ -72,11 +71,9 @@ def pack(out: Path, preset: int = 9) -> Path:
         root = Path(tmp)
         chat = root / "chat"
         chat.mkdir()
-        precision, variant = smallest_variant(version)
-        for f in version.iterdir():
-            if f.is_file() and (f.suffix not in (".onnx", ".py") or f.name == variant):
-                shutil.copy2(f, chat / f.name)
-        write_version_info(chat, {"precision": precision})
+        for f in chat_files(version):
+            shutil.copy2(f, chat / f.name)
+        write_version_info(chat, {"precision": "fp32"})  # the full-precision variant: the checkpoint, not a graph
         half_checkpoint(checkpoint, root / "checkpoint")
         pack_redis(root / "redis")
         clip = asr_load.fitted_clip(VOICE_QUESTION, "en", 3.0, "voice-en", "voice")
@@ -88,12 +85,10 @@ def pack(out: Path, preset: int = 9) -> Path:
     return target
 
 
-def smallest_variant(version: Path) -> tuple[str, str]:
-    """The precision and file of the version's smallest graph. The torch runtime does not read
-    it, but a pool checks its variant's weights against the manifest before it serves."""
-    variants = Manifest.load(version).variants
-    precision = min(variants, key=lambda p: variants[p]["bytes"])
-    return precision, variants[precision]["file"]
+def chat_files(version: Path) -> list[Path]:
+    """The chat model's version files the torch runtime needs: manifest, tokenizer, template,
+    FAQ. Not the graphs (it loads the checkpoint) nor the glue (the repository brings its own)."""
+    return sorted(f for f in version.iterdir() if f.is_file() and ".onnx" not in f.name and f.suffix != ".py")
 
 
 def half_checkpoint(checkpoint: Path, out: Path) -> None:

@@ -30,6 +30,12 @@ class RuntimeChoice:
     weights_cache: Path | None  # onnxruntime: where the shared pre-packed weights live
     checkpoint: str  # torch: the Hugging Face checkpoint
 
+    @property
+    def reads_graph(self) -> bool:
+        """Whether this runtime serves the version's exported graph (``torch`` loads the
+        checkpoint instead and checks its shape against the manifest)."""
+        return self.kind != TORCH
+
     @classmethod
     def parse(cls, runtime: str, threads: int, cache: str, checkpoint: str, model_bytes: int) -> RuntimeChoice:
         """The pool's settings, checked; ValueError names the parameter that is wrong.

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from switchboard.artifact.geometry import geometry, mismatches
 from switchboard.artifact.manifest import Manifest
 
 
 class TorchDecoder:
     def __init__(self, checkpoint: Path, manifest: Manifest, device: str = "cpu", threads: int = 2):
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         if device == "cpu":
             torch.set_num_threads(threads)
@@ -26,13 +27,15 @@ class TorchDecoder:
         self.manifest = manifest
         self.device = torch.device(device)
         self.model_dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        config = AutoConfig.from_pretrained(str(checkpoint))
+        differ = mismatches(geometry(config), manifest)
+        if differ:  # before the weights are read
+            raise ValueError(
+                f"checkpoint {checkpoint} is not the model the repository was exported from "
+                f"({', '.join(differ)}; checkpoint != manifest)"
+            )
         self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.model_dtype)
         self.model.to(self.device).eval()
-        if self.model.config.num_hidden_layers != manifest.num_layers:
-            raise ValueError(
-                f"checkpoint {checkpoint} has {self.model.config.num_hidden_layers} layers, "
-                f"the exported model {manifest.num_layers}: not the same model"
-            )
         self.dtype = np.dtype(manifest.kv_dtype)  # what the batch layout keeps between steps
 
     def empty_past(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:

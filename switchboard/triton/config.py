@@ -444,7 +444,11 @@ class EngineConfig(_RedisConfig):
     runtime: str = setting(
         "onnxruntime", "onnxruntime, torch[:cpu|cuda] (needs checkpoint), or triton:<model> (a native backend over BLS)"
     )
-    checkpoint: str = setting("", "with runtime torch: the Hugging Face checkpoint the repository was exported from")
+    checkpoint: str = setting(
+        "",
+        "with runtime torch: the Hugging Face checkpoint the repository was exported from (its shape is "
+        "checked against the manifest; the exported graph is then neither read nor checked)",
+    )
 
     def own_priority_lane(self, compute_bound: bool) -> bool:
         """Whether priority 1 decodes in a batch of its own (``priority_lane``); a value other

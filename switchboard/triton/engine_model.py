@@ -82,10 +82,7 @@ class TritonPythonModel:
 
     # -- initialize, step by step -----------------------------------------------------------
     def _load_version(self, version, cfg: EngineConfig) -> None:
-        # The version's weights are checked against its manifest before it serves: a modified
-        # file fails this load, and the version already serving goes on (switchboard/ops/rollout.py).
         self.version = ModelVersion.load(version, cfg.precision)
-        self.version.verify()
         self.manifest, self.fingerprint = self.version.manifest, self.version.fingerprint
 
     def _load_decoder(self, version, cfg: EngineConfig, args) -> tuple[Decoder, RuntimeChoice]:
@@ -96,6 +93,10 @@ class TritonPythonModel:
             )
         except ValueError as e:
             raise ValueError(f"{self.name}/config.pbtxt: {e}") from None
+        if runtime.reads_graph:
+            # The graph's weights are checked against the manifest before it serves: a modified
+            # file fails this load, and the version already serving goes on (switchboard/ops/rollout.py).
+            self.version.verify()
         gpu = args["model_instance_device_id"] if args.get("model_instance_kind") == "GPU" else None
         return runtime.load(version, self.manifest, self.version.precision, gpu, native=_native_decoder), runtime
 

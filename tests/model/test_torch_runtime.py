@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from switchboard.artifact.manifest import Manifest
 from switchboard.engine.runtime import OnnxDecoder
@@ -44,3 +45,15 @@ def test_torch_runtime_matches_onnx_and_drives_the_engine(artifacts):
             engine.step()
         outputs.append([s.tokens for s in sinks])
     assert outputs[0] == outputs[1]
+
+
+def test_a_checkpoint_of_another_shape_is_refused_before_its_weights_are_read(artifacts, tmp_path):
+    import json
+
+    from tests.conftest import ROOT
+
+    config = json.loads((ROOT / CHECKPOINT / "config.json").read_text())
+    config["num_hidden_layers"] += 1
+    (tmp_path / "config.json").write_text(json.dumps(config))  # and no weights beside it
+    with pytest.raises(ValueError, match=r"not the model the repository was exported from \(num_layers \d+ != \d+"):
+        TorchDecoder(tmp_path, Manifest.load(artifacts), "cpu")

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from switchboard.artifact.geometry import geometry, mismatches
 from switchboard.engine import torch_runtime
 from switchboard.engine.loader import ONNXRUNTIME, TORCH, TRITON, RuntimeChoice
 from switchboard.engine.runtime import MANY_THREADS_FROM_BYTES, usable_cores
@@ -60,3 +61,28 @@ def test_torch_runs_on_the_device_named_and_on_a_gpu_instance_its_own(monkeypatc
     assert choice.kind == TORCH
     assert choice.load("/repo/engine_short/1", MANIFEST, "fp32", gpu=gpu) == "decoder"
     assert made == [(("/ckpt", MANIFEST, device), {"threads": 2})]
+
+
+@pytest.mark.parametrize("runtime,reads", [("onnxruntime", True), ("triton:decoder", True), ("torch:cuda", False)])
+def test_only_a_runtime_that_serves_the_graph_has_it_checked(runtime, reads):
+    assert parse(runtime, checkpoint="/ckpt").reads_graph is reads
+
+
+def test_a_checkpoint_is_compared_with_the_manifest_field_by_field():
+    config = SimpleNamespace(
+        model_type="qwen2",
+        architectures=["Qwen2ForCausalLM"],
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        hidden_size=896,
+        num_hidden_layers=24,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        sliding_window=None,
+    )
+    geo = geometry(config)
+    assert (geo.num_layers, geo.num_kv_heads, geo.head_dim, geo.vocab_size) == (24, 2, 64, 151936)
+    same = SimpleNamespace(num_layers=24, num_kv_heads=2, head_dim=64, vocab_size=151936)
+    assert mismatches(geo, same) == []
+    other = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=64, vocab_size=512)
+    assert mismatches(geo, other) == ["num_layers 24 != 2", "vocab_size 151936 != 512"]

@@ -1,5 +1,5 @@
 """``voice_gpu_served``'s pure parts: asr's settings written into its config, the chat model's
-checkpoint halved for the carry, the smallest graph chosen for the pools' check."""
+checkpoint halved for the carry, the chat model's files carried without its graphs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from switchboard import paths
-from switchboard.artifact.manifest import Manifest
 from switchboard.ops.rollout import RolloutError, with_parameters
 from switchboard.perf import asr_gpu_served, voice_gpu_served
 
@@ -42,11 +41,10 @@ def test_the_checkpoint_is_carried_in_float16_with_its_side_files(tmp_path):
     assert (tmp_path / "half" / "config.json").read_text() == "{}"
 
 
-def test_the_smallest_graph_is_the_one_carried(tmp_path):
-    variants = {
-        "fp32": {"file": "model.onnx", "bytes": 400},
-        "int8-dynamic": {"file": "model.int8-dynamic.onnx", "bytes": 100},
-        "int8-static": {"file": "model.int8-static.onnx", "bytes": 120},
-    }
-    Manifest("m", "f", 1, 1, 8, 16, 64, [2], 2, None, variants=variants).save(tmp_path)
-    assert voice_gpu_served.smallest_variant(tmp_path) == ("int8-dynamic", "model.int8-dynamic.onnx")
+def test_the_chat_model_is_carried_without_its_graphs_or_glue(tmp_path):
+    names = ["manifest.json", "tokenizer.json", "model.onnx", "model.onnx.data", "model.int8-dynamic.onnx", "model.py"]
+    for name in [*names, "faq.json"]:
+        (tmp_path / name).write_text("x")
+    (tmp_path / "__pycache__").mkdir()
+    carried = [f.name for f in voice_gpu_served.chat_files(tmp_path)]
+    assert carried == ["faq.json", "manifest.json", "tokenizer.json"]
