@@ -3,10 +3,12 @@
 
 ``make export`` installs version 1; ``python -m switchboard.ops.rollout`` installs the next
 ones, each with a ``version.json`` saying which precision it serves and where it came from.
-Before a version serves, the pool checks its weights against the manifest's SHA-256
-(``verify``): a tampered or truncated file fails the load, and the version already serving
-goes on. The version's number is part of its fingerprint, so KV (blocks and conversations) is
-never reused across versions, even when two versions hold the same weights.
+Before a version serves, a pool whose runtime reads the graph checks its weights against the
+manifest's SHA-256 (``verify``): a tampered or truncated file fails the load, and the version
+already serving goes on. (``runtime: torch`` reads the checkpoint its config names instead, and
+checks that checkpoint's shape against the manifest.) The version's number is part of its
+fingerprint, so KV (blocks and conversations) is never reused across versions, even when two
+versions hold the same weights.
 """
 
 from __future__ import annotations
