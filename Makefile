@@ -5,7 +5,7 @@ SHELL := /bin/bash
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
 MODEL     ?=
-ARTIFACTS ?= build/artifacts/$(if $(MODEL),$(notdir $(abspath $(MODEL))),default)
+ARTIFACTS ?= build/artifacts/$(if $(MODEL),$(patsubst %.gguf,%,$(notdir $(abspath $(MODEL)))),default)
 REPO      ?= model_repository
 # default: fp32 plus the INT8 variants (int8-dynamic, int8-percentile) that pass the accuracy
 # gate, those that fail left out with the reason; a list (PRECISION=fp32,int8-dynamic) ships

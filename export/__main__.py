@@ -16,16 +16,11 @@ import time
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.artifact.tokenizer import FALLBACK_TEMPLATE
 
 log = logging.getLogger("switchboard.export")
 HERE = Path(__file__).resolve().parent
 REPO_MODELS = ("chat", "engine_short", "engine_long")
-# For base checkpoints without a chat template (e.g. GPT-2): each turn ends with the EOS
-# token, which is also what generation stops on.
-FALLBACK_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + eos_token + '\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
-)
 
 
 def _digest_dir(path: Path) -> str:
@@ -41,6 +36,21 @@ def _inputs_digest(model_dir: Path, precisions: list[str]) -> str:
         h.update(f.read_bytes())
     h.update(",".join(precisions).encode())
     return h.hexdigest()[:16]
+
+
+def _end_of_turn(tok) -> int | None:
+    """The token the chat template closes an assistant turn with (Gemma: ``<end_of_turn>``;
+    most templates: EOS), read off a rendering: the first token after the answer's text."""
+    marker = "Switchboard-end-of-turn-probe"
+    try:
+        text = tok.template.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}])
+    except Exception:  # a template that refuses this conversation: fall back to EOS
+        text = ""
+    after = text.split(marker, 1)[1] if marker in text else ""
+    for token in tok.encode(after) if after.strip() else []:
+        if tok.decode([token], skip_special_tokens=False).strip():
+            return token
+    return tok.token_id(tok.eos_token) if tok.eos_token else None
 
 
 def _prompts(tok, system_prompt: str | None, conversations: list[list[dict]], limit: int) -> list[list[int]]:
@@ -137,7 +147,7 @@ def run_export(
     if gen_path.exists():
         g = json.loads(gen_path.read_text()).get("eos_token_id")
         eos += g if isinstance(g, list) else [g] if g is not None else []
-    end_id = tok.token_id(tok.eos_token) if tok.eos_token else None
+    end_id = _end_of_turn(tok)
     eos = sorted({e for e in eos + [end_id] if e is not None})
 
     tok_digest = file_digest([out / "tokenizer.json", out / "tokenizer_config.json"])
@@ -373,7 +383,12 @@ CHECKPOINT_DEFAULTS = ("precision", "int8_parts", "bench_batches", "bench_repeat
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.export", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint directory")
+    p.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        help="local Hugging Face checkpoint directory, or a .gguf file (imported first)",
+    )
     p.add_argument("--out", type=Path, required=True, help="artifact directory to write")
     p.add_argument(
         "--precision",
@@ -423,8 +438,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="export even if the inputs did not change")
     p.add_argument("--log", type=Path, help="where the detail goes (default build/logs/export.log)")
     args = p.parse_args(argv)
+    if args.model.suffix == ".gguf":  # llama.cpp's format: imported to a checkpoint directory first
+        from switchboard import console
+        from switchboard.export import gguf
+
+        with console.step("gguf") as out:
+            try:
+                args.model = gguf.ensure(args.model, say=out.line)
+            except gguf.GgufError as e:
+                raise SystemExit(str(e)) from None
     if not (args.model / "config.json").exists():
-        p.error(f"--model {args.model}: no config.json (not a Hugging Face checkpoint directory)")
+        p.error(f"--model {args.model}: no config.json (not a Hugging Face checkpoint directory or a .gguf file)")
     info_path = args.model / "switchboard.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     # A checkpoint may carry its own export defaults (switchboard.json "export"); the command

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from switchboard.artifact.geometry import Geometry
+from switchboard.engine.masks import position_masks, windowed
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class DecoderWrapper(torch.nn.Module):
         super().__init__()
         self.model = model
         self.num_layers = num_layers
+        self.window = windowed(model.config)
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
         from transformers import DynamicCache
@@ -72,6 +74,8 @@ class DecoderWrapper(torch.nn.Module):
         cache = DynamicCache()  # full layers: present = past + new, for every family
         for i in range(self.num_layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
+        if self.window is not None:  # sliding and global layers: windows counted in positions
+            attention_mask = position_masks(attention_mask, position_ids, self.window, past[0].dtype)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED = {"llama", "qwen2", "mistral", "gpt2"}
+SUPPORTED = {"llama", "qwen2", "mistral", "gpt2", "gemma3_text"}
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,12 @@ def geometry(config) -> Geometry:
     heads = config.num_attention_heads
     context = config.max_position_embeddings
     window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True):
-        # The exported graph keeps the whole cache; within the window that is exactly
-        # sliding-window attention, so the context is capped at the window.
+    mixed = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    if window and getattr(config, "use_sliding_window", True) and not mixed:
+        # Every layer slides (Mistral): the exported graph keeps the whole cache, which within
+        # the window is exactly sliding-window attention, so the context is capped at the window.
+        # Layers that mix windows (Gemma 3) get masks counted in positions instead
+        # (engine/masks.py), and the context is the model's own.
         context = min(context, int(window))
     return Geometry(
         num_layers=config.num_hidden_layers,

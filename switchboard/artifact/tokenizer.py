@@ -17,6 +17,13 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+# For base checkpoints without a chat template (GPT-2, most GGUF files): each turn ends with
+# the EOS token, which is also what generation stops on.
+FALLBACK_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
+
 
 def _token_text(value) -> str | None:
     # tokenizer_config.json stores special tokens either as strings or as AddedToken dicts.

@@ -21,6 +21,8 @@ class TorchDecoder:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        from switchboard.engine.masks import windowed
+
         if device == "cpu":
             torch.set_num_threads(threads)
         self.torch = torch
@@ -35,6 +37,7 @@ class TorchDecoder:
                 f"({', '.join(differ)}; checkpoint != manifest)"
             )
         self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.model_dtype)
+        self.window = windowed(config)
         self.model.to(self.device).eval()
         self.dtype = np.dtype(manifest.kv_dtype)  # what the batch layout keeps between steps
 
@@ -52,6 +55,8 @@ class TorchDecoder:
         torch = self.torch
         from transformers import DynamicCache
 
+        from switchboard.engine.masks import position_masks
+
         def dev(a, dtype=None):
             return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype)
 
@@ -60,10 +65,13 @@ class TorchDecoder:
             if past and past[0][0].shape[2]:
                 for i, (k, v) in enumerate(past):
                     cache.update(dev(k, self.model_dtype), dev(v, self.model_dtype), i)
+            mask, positions = dev(attention_mask, torch.long), dev(position_ids, torch.long)
+            if self.window is not None:
+                mask = position_masks(mask, positions, self.window, self.model_dtype)
             out = self.model(
                 input_ids=dev(input_ids, torch.long),
-                attention_mask=dev(attention_mask, torch.long),
-                position_ids=dev(position_ids, torch.long),
+                attention_mask=mask,
+                position_ids=positions,
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,  # the last position only, as the exported graph

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from switchboard import console
 from switchboard.training import corpus
@@ -30,6 +30,18 @@ def config(family: str, vocab: int):
         return Qwen2Config(vocab_size=vocab, num_key_value_heads=2, **SMALL)
     if family == "mistral":
         return MistralConfig(vocab_size=vocab, num_key_value_heads=1, sliding_window=128, **SMALL)
+    if family == "gemma3_text":
+        # Two sliding layers (an 8-token window, so the parity prompts cross it) and a global
+        # one, grouped-query attention, QK-norm, the scaled embedding, tied weights.
+        return Gemma3TextConfig(
+            vocab_size=vocab,
+            num_key_value_heads=1,
+            head_dim=32,
+            query_pre_attn_scalar=32,
+            sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            **{**SMALL, "num_hidden_layers": 3},
+        )
     if family == "gpt2":
         return GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256, initializer_range=0.2)
     raise ValueError(family)

@@ -11,7 +11,7 @@ from switchboard.artifact.manifest import Manifest
 from switchboard.export.__main__ import main as export_main
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gpt2", "gemma3_text"])
 def test_family_exports_and_matches_pytorch(family, tokenizer_dir, tmp_path, checkpoint):
     ckpt = checkpoint(family, tokenizer_dir, tmp_path, chat_template=family != "gpt2")
     out = tmp_path / "artifacts"
@@ -24,6 +24,8 @@ def test_family_exports_and_matches_pytorch(family, tokenizer_dir, tmp_path, che
     assert m.source["model_type"] == family and (out / "model.onnx").exists()
     if family == "mistral":
         assert m.context_window == 128  # capped at the sliding window
+    if family == "gemma3_text":
+        assert m.context_window == 256  # global layers see the whole context; the window is per layer
 
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
@@ -36,7 +38,9 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
         intermediate_size=64,
         is_decoder=True,
     ).save_pretrained(ckpt)
-    with pytest.raises(SystemExit, match="unsupported architecture 'bert'.*supported: gpt2, llama, mistral, qwen2"):
+    with pytest.raises(
+        SystemExit, match="unsupported architecture 'bert'.*supported: gemma3_text, gpt2, llama, mistral, qwen2"
+    ):
         export_main(["--model", str(ckpt), "--out", str(tmp_path / "out")])
 
 
@@ -76,3 +80,31 @@ def test_grouped_attention_is_the_stock_attention_without_copying_the_cache(grou
     stock, _ = eager_attention_forward(module, query, key, value, mask, scaling=d**-0.5)
     assert none is None and ours.shape == stock.shape == (b, q, heads, d)
     torch.testing.assert_close(ours, stock, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_runtime_counts_gemma_windows_in_positions_as_the_graph_does(tokenizer_dir, tmp_path, checkpoint):
+    """``runtime: torch`` on a model with sliding and global layers: on a cached prefix with a
+    masked gap before the new tokens, prompts longer than the 8-token window, it gives the
+    exported graph's logits and greedy tokens."""
+    import numpy as np
+
+    from switchboard.engine.runtime import OnnxDecoder
+    from switchboard.engine.torch_runtime import TorchDecoder
+    from switchboard.export.parity import onnx_greedy
+
+    ckpt = checkpoint("gemma3_text", tokenizer_dir, tmp_path)
+    out = tmp_path / "artifacts"
+    assert export_main(["--model", str(ckpt), "--out", str(out), "--precision", "fp32", "--bench-batches", ""]) == 0
+    m = Manifest.load(out)
+    decoders = OnnxDecoder(out, m, "fp32", threads=2), TorchDecoder(ckpt, m, "cpu")
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(10, m.vocab_size, n)) for n in (30, 19, 41)]
+    halves = [9, 5, 20]
+    runs = []
+    for decoder in decoders:
+        _, _, first = onnx_greedy(decoder, [p[:h] for p, h in zip(prompts, halves)], 1)
+        caches = [first.row_cache(i) for i in range(len(prompts))]
+        runs.append(onnx_greedy(decoder, prompts, 5, reused=halves, pasts=caches))
+    (onnx_tokens, onnx_seen, _), (torch_tokens, torch_seen, _) = runs
+    assert onnx_tokens == torch_tokens
+    assert max(float(np.abs(a - b).max()) for a, b in zip(onnx_seen, torch_seen)) < 1e-3
