@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -108,6 +109,7 @@ def run_export(
     from switchboard.artifact.geometry import geometry
     from switchboard.artifact.manifest import Manifest, file_digest
     from switchboard.artifact.tokenizer import TextTokenizer
+    from switchboard.engine import heads
     from switchboard.engine.runtime import OnnxDecoder
     from switchboard.export import accuracy, calibration, onnx_export, parity, quantize, smooth
 
@@ -133,6 +135,10 @@ def run_export(
         tokenizer.chat_template = FALLBACK_TEMPLATE
     tokenizer.save_pretrained(out)  # always writes tokenizer.json (fast tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    output_vocabulary = heads.restrict(model, model_dir)  # a fine-tune's slice of a large vocabulary
+    if output_vocabulary is not None:
+        shutil.copy(model_dir / heads.FILE, out / heads.FILE)
+        say.line(f"output vocabulary: {len(output_vocabulary)} of {geo.vocab_size} tokens ({heads.FILE})")
     info_path = model_dir / "switchboard.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     system_prompt = info.get("system_prompt")
@@ -176,7 +182,12 @@ def run_export(
         end_of_turn_id=end_id if end_id is not None else eos[0],
         system_prompt=system_prompt,
         variants=variants,
-        source={"path": str(model_dir), "model_type": config.model_type, "tokenizer_sha256": tok_digest},
+        source={
+            "path": str(model_dir),
+            "model_type": config.model_type,
+            "tokenizer_sha256": tok_digest,
+            **({"output_vocabulary": len(output_vocabulary)} if output_vocabulary else {}),
+        },
     )
     manifest.save(out)
 

@@ -11,12 +11,15 @@ and multiplying the weight's column by it leaves the product unchanged and evens
 activation's channels (the weight's are quantized per channel already). The division is folded
 into what produces the activation, so the graph has no extra op:
 
-- q/k/v and gate/up projections: into the RMSNorm weight in front of them;
+- q/k/v and gate/up projections: into the RMSNorm weight in front of them (Gemma's norms
+  scale by ``1 + w``, so there ``w`` becomes ``(1 + w) / s - 1``);
 - o_proj: into v_proj's output rows (attention is linear in V; with grouped-query attention
   one scale per KV head channel, shared by the query heads that read it);
 - down_proj: into up_proj's output rows (``act(gate(x)) * up(x)`` is linear in ``up``).
 
-Llama, Qwen2 and Mistral blocks have this shape; other families are left as they are. The
+Llama, Qwen2, Mistral and Gemma 3 blocks have this shape (Gemma's MLP norm is
+``pre_feedforward_layernorm``; its ``post_*`` norms act on a block's output and are left alone);
+other families are left as they are. The
 smoothed model computes the same function (checked on the calibration prompts); only the INT8
 variants are made from it.
 """
@@ -39,7 +42,6 @@ def supported(model) -> bool:
     names = {n for n, _ in layers[0].named_modules()}
     need = {
         "input_layernorm",
-        "post_attention_layernorm",
         "self_attn.q_proj",
         "self_attn.k_proj",
         "self_attn.v_proj",
@@ -48,7 +50,21 @@ def supported(model) -> bool:
         "mlp.up_proj",
         "mlp.down_proj",
     }
-    return need <= names
+    return need <= names and ("post_attention_layernorm" in names or "pre_feedforward_layernorm" in names)
+
+
+def _mlp_norm(layer):
+    """The norm in front of the MLP: Gemma's pre_feedforward_layernorm (its
+    post_attention_layernorm normalizes the attention's output), else post_attention_layernorm."""
+    return getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
+
+
+def _fold(norm, s: torch.Tensor) -> None:
+    """Divide what ``norm`` outputs by ``s``, per channel."""
+    if type(norm).__name__.startswith("Gemma"):  # y = x_hat * (1 + w)
+        norm.weight.copy_((1 + norm.weight) / s - 1)
+    else:
+        norm.weight.div_(s)
 
 
 @torch.no_grad()
@@ -105,11 +121,11 @@ def smoothed(model, prompts: list[list[int]], alpha: float = 0.5, tolerance: flo
     for i, layer in enumerate(out.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         s = _scales(stats[f"{i}.qkv"], _column_max(attn.q_proj, attn.k_proj, attn.v_proj), alpha)
-        layer.input_layernorm.weight.div_(s)
+        _fold(layer.input_layernorm, s)
         for m in (attn.q_proj, attn.k_proj, attn.v_proj):
             m.weight.mul_(s)
         s = _scales(stats[f"{i}.gate_up"], _column_max(mlp.gate_proj, mlp.up_proj), alpha)
-        layer.post_attention_layernorm.weight.div_(s)
+        _fold(_mlp_norm(layer), s)
         for m in (mlp.gate_proj, mlp.up_proj):
             m.weight.mul_(s)
         s = _scales(stats[f"{i}.down"], _column_max(mlp.down_proj), alpha)
@@ -129,7 +145,8 @@ def smoothed(model, prompts: list[list[int]], alpha: float = 0.5, tolerance: flo
     for p in prompts[:: max(1, len(prompts) // 4)][:4]:
         ids = torch.tensor([p])
         ref, got = model(ids).logits, out(ids).logits
-        worst = max(worst, float((got - ref).abs().max() / ref.abs().max().clamp(min=_EPS)))
+        live = ref > torch.finfo(ref.dtype).min  # a restricted head's floor (engine/heads.py) is not a logit
+        worst = max(worst, float((got - ref)[live].abs().max() / ref[live].abs().max().clamp(min=_EPS)))
     if worst > tolerance:
         log.warning("smoothing changed the logits by %.1e (relative); INT8 from the plain graph", worst)
         return None

@@ -21,6 +21,7 @@ class TorchDecoder:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        from switchboard.engine import heads
         from switchboard.engine.masks import windowed
 
         if device == "cpu":
@@ -37,6 +38,7 @@ class TorchDecoder:
                 f"({', '.join(differ)}; checkpoint != manifest)"
             )
         self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.model_dtype)
+        heads.restrict(self.model, checkpoint)  # the graph's head, where the checkpoint lists one
         self.window = windowed(config)
         self.model.to(self.device).eval()
         self.dtype = np.dtype(manifest.kv_dtype)  # what the batch layout keeps between steps

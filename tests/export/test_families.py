@@ -108,3 +108,35 @@ def test_torch_runtime_counts_gemma_windows_in_positions_as_the_graph_does(token
     (onnx_tokens, onnx_seen, _), (torch_tokens, torch_seen, _) = runs
     assert onnx_tokens == torch_tokens
     assert max(float(np.abs(a - b).max()) for a, b in zip(onnx_seen, torch_seen)) < 1e-3
+
+
+def test_a_restricted_output_vocabulary_is_the_graphs_and_the_torch_runtimes(tokenizer_dir, tmp_path, checkpoint):
+    """A checkpoint listing its output vocabulary (engine/heads.py) exports a graph whose other
+    tokens get the lowest finite logit, and whose listed tokens' logits are the full head's."""
+    import json
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from switchboard.engine import heads
+    from switchboard.engine.runtime import OnnxDecoder
+    from switchboard.engine.torch_runtime import TorchDecoder
+
+    ckpt = checkpoint("gemma3_text", tokenizer_dir, tmp_path)
+    kept = list(range(0, 300, 3))
+    (ckpt / heads.FILE).write_text(json.dumps(kept))
+    out = tmp_path / "artifacts"
+    assert export_main(["--model", str(ckpt), "--out", str(out), "--precision", "fp32", "--bench-batches", ""]) == 0
+    m = Manifest.load(out)
+    assert m.parity["ok"] and m.source["output_vocabulary"] == len(kept) and (out / heads.FILE).is_file()
+    ids = np.asarray([[5, 17, 40, 41, 99]], np.int64)
+    mask, pos = np.ones_like(ids), np.arange(5)[None]
+    onnx_logits, _ = OnnxDecoder(out, m, "fp32").forward(ids, mask, pos, OnnxDecoder(out, m, "fp32").empty_past(1))
+    torch_logits, _ = TorchDecoder(ckpt, m, "cpu").forward(ids, mask, pos, TorchDecoder(ckpt, m, "cpu").empty_past(1))
+    full = AutoModelForCausalLM.from_pretrained(ckpt).eval()(torch.from_numpy(ids)).logits[0, -1].detach().numpy()
+    floor = np.finfo(np.float32).min
+    for logits in (onnx_logits[0, -1], torch_logits[0, -1]):
+        others = np.setdiff1d(np.arange(m.vocab_size), kept)
+        assert (logits[others] == floor).all()
+        np.testing.assert_allclose(logits[kept], full[kept], rtol=1e-4, atol=1e-4)

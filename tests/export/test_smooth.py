@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config
 
 from switchboard.export import smooth
 
@@ -20,11 +20,15 @@ SMALL = dict(
 
 def _model(family: str):
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config((LlamaConfig if family == "llama" else Qwen2Config)(**SMALL)).eval()
+    if family == "gemma3_text":
+        config = Gemma3TextConfig(**{**SMALL, "num_key_value_heads": 1}, head_dim=16, sliding_window=8)
+    else:
+        config = (LlamaConfig if family == "llama" else Qwen2Config)(**SMALL)
+    model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # a few outlier channels, as trained models have
         for layer in model.model.layers:
             layer.input_layernorm.weight[:3] = 20.0
-            layer.post_attention_layernorm.weight[5:7] = 15.0
+            smooth._mlp_norm(layer).weight[5:7] = 15.0
     return model
 
 
@@ -40,7 +44,9 @@ def _spread(stats):
 
 
 def test_smoothed_llama_and_qwen2_compute_the_same_logits_with_flatter_activations():
-    for family in ("llama", "qwen2"):  # qwen2: biases on q/k/v; both: grouped-query attention
+    # qwen2: biases on q/k/v; gemma3: norms scaling by 1 + w, the MLP's norm after the
+    # attention's output norm, QK-norm; all: grouped-query attention
+    for family in ("llama", "qwen2", "gemma3_text"):
         model, prompts = _model(family), _prompts()
         out = smooth.smoothed(model, prompts, alpha=0.5)
         assert out is not None and out is not model
@@ -53,3 +59,18 @@ def test_smoothed_llama_and_qwen2_compute_the_same_logits_with_flatter_activatio
 def test_other_shapes_are_left_alone():
     model = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=2)).eval()
     assert not smooth.supported(model) and smooth.smoothed(model, _prompts()) is None
+
+
+def test_smoothing_a_model_with_a_restricted_head_checks_the_logits_it_has(tmp_path, monkeypatch):
+    """The floor a restricted head gives the other tokens (engine/heads.py) is not compared:
+    a smoothing that breaks the model (here: norms left unscaled) is still refused."""
+    import json
+
+    from switchboard.engine import heads
+
+    model, prompts = _model("llama"), _prompts()
+    (tmp_path / heads.FILE).write_text(json.dumps(list(range(40))))
+    heads.restrict(model, tmp_path)
+    assert smooth.smoothed(model, prompts) is not None
+    monkeypatch.setattr(smooth, "_fold", lambda norm, s: None)
+    assert smooth.smoothed(model, prompts) is None
