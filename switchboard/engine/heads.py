@@ -41,7 +41,7 @@ class SlicedHead(torch.nn.Module):
             raise ValueError(f"output vocabulary has id {max(ids)}, the model only {vocab_size}")
         index = torch.tensor(ids, dtype=torch.long)
         self.register_buffer("index", index)
-        self.weight = torch.nn.Parameter(weight.detach()[index].clone(), requires_grad=False)
+        self.register_buffer("weight", weight.detach()[index].clone())  # a copy of rows, not a parameter
         self.vocab_size = vocab_size
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
