@@ -113,7 +113,10 @@ class Grammars:
         """What ``token`` writes (a special token: its text)."""
         out = self._bytes.get(token)
         if out is None:
-            out = self._bytes[token] = self.tokenizer.decode_bytes([token])
+            out = self.tokenizer.decode_bytes([token])
+            if out[:1] == b"\xff" and self.tokenizer.is_special_token(token):
+                out = out[1:]  # llguidance may mark a special token's text with a 0xFF byte
+            self._bytes[token] = out
         return out
 
     @staticmethod
@@ -232,6 +235,8 @@ class RowConstraint:
             # a string held to a pattern is finished byte by byte: more room than its closing's bytes
             if len(texts[0]) + NEAR + WALK_BYTES <= room or not self._finish.patterned(after):
                 return token
+        elif not texts and room > NEAR + WALK_BYTES:
+            return token  # no closing rule here: the grammar is asked only near the end
         fits = self._finishing([token], after)
         if fits is not None and len(fits) <= room:
             return token
