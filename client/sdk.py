@@ -125,6 +125,8 @@ def chat_inputs(
     tools=None,
     tool_choice=None,
     tool_results=None,
+    presence_penalty=None,
+    frequency_penalty=None,
 ) -> list[tuple]:
     """(name, value, numpy dtype, Triton datatype) of each input of one chat. ``history``: the
     conversation before ``text`` (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``)
@@ -134,8 +136,9 @@ def chat_inputs(
     ``tools``: OpenAI's function definitions the answer may call, ``tool_choice``: "auto",
     "none", "required" or a function's name (``ToolCallDeltas`` events); ``tool_results``: the
     last answer's calls' results, ``[{"tool_call_id", "content"}]``, before ``text`` (then
-    optional: None)."""
-    inputs = turn_inputs(session_id, max_new_tokens, temperature, top_p, history)
+    optional: None). ``presence_penalty``, ``frequency_penalty`` (-2 to 2): OpenAI's repetition
+    control, over the answer's own tokens."""
+    inputs = turn_inputs(session_id, max_new_tokens, temperature, top_p, history, presence_penalty, frequency_penalty)
     if text is not None:
         raw = text if isinstance(text, bytes) else text.encode("utf-8")
         inputs.insert(0, (Chat.TEXT, raw, np.object_, "BYTES"))
@@ -155,7 +158,9 @@ def chat_inputs(
     return inputs
 
 
-def turn_inputs(session_id, max_new_tokens, temperature, top_p, history=None) -> list[tuple]:
+def turn_inputs(
+    session_id, max_new_tokens, temperature, top_p, history=None, presence_penalty=None, frequency_penalty=None
+) -> list[tuple]:
     """``chat_inputs`` but the text: chat's optional inputs, which ``voice_chat`` takes too."""
     inputs = []
     if session_id is not None:
@@ -167,6 +172,10 @@ def turn_inputs(session_id, max_new_tokens, temperature, top_p, history=None) ->
         inputs.append((Chat.TEMPERATURE, temperature, np.float32, "FP32"))
     if top_p is not None:
         inputs.append((Chat.TOP_P, top_p, np.float32, "FP32"))
+    if presence_penalty is not None:
+        inputs.append((Chat.PRESENCE_PENALTY, presence_penalty, np.float32, "FP32"))
+    if frequency_penalty is not None:
+        inputs.append((Chat.FREQUENCY_PENALTY, frequency_penalty, np.float32, "FP32"))
     if history is not None:
         blob = json.dumps(list(history), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
         inputs.append((Chat.HISTORY, blob, np.object_, "BYTES"))
@@ -455,6 +464,8 @@ class ChatClient:
         tools: list[dict] | None = None,
         tool_choice: str | dict | None = None,
         tool_results: list[dict] | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
     ) -> Iterator[str | TokenLogprobs | ToolCallDeltas | ChatStats] | ChatReply:
         """``stream=True``: an iterator of text deltas (str) ending with one ``ChatStats``.
         ``stream=False``: the whole ``ChatReply``. Raises ``ChatError`` on refusal.
@@ -462,13 +473,16 @@ class ChatClient:
         ``response_format`` (``chat_inputs``): the answer is JSON, matching a schema if given.
         ``logprobs`` (0-5, ``chat_inputs``): ``TokenLogprobs`` events before the text they score.
         ``tools``, ``tool_choice``, ``tool_results`` (``chat_inputs``): ``ToolCallDeltas`` events;
-        ``ChatReply.tool_calls``. ``text`` may be None when ``tool_results`` are sent."""
+        ``ChatReply.tool_calls``. ``text`` may be None when ``tool_results`` are sent.
+        ``presence_penalty``, ``frequency_penalty`` (-2 to 2, ``chat_inputs``): repetition control."""
         extra = dict(
             response_format=response_format,
             logprobs=logprobs,
             tools=tools,
             tool_choice=tool_choice,
             tool_results=tool_results,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
         )
         events = self._events(text, session_id, priority, max_new_tokens, temperature, top_p, seed, history, **extra)
         return events if stream else collect_reply(events)
@@ -500,14 +514,18 @@ class ChatClient:
         *,
         language: str | None = None,
         history: list[dict] | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
     ) -> Iterator[Heard | str | ChatStats] | VoiceReply:
         """A turn spoken instead of typed: the audio is transcribed, the transcript answered as
         ``chat`` answers text (the session's history, priority, limits). ``stream=True``: an
         iterator of one ``Heard`` (the transcript), then text deltas (str), then ``ChatStats``
         (its ``asr``: transcript, language, asr_ms, audio_s). ``stream=False``: the whole
         ``VoiceReply``. Silence: ``Heard("")``, no answer, the stats."""
-        inputs = audio_inputs(audio, language) + turn_inputs(session_id, max_new_tokens, temperature, top_p, history)
-        request = partial(stream_call, self.voice_model, inputs, priority, seed, CHAT_OUTPUTS)
+        turn = turn_inputs(session_id, max_new_tokens, temperature, top_p, history, presence_penalty, frequency_penalty)
+        request = partial(
+            stream_call, self.voice_model, audio_inputs(audio, language) + turn, priority, seed, CHAT_OUTPUTS
+        )
         events = self._run(request, session_headers(session_id), voice_decoder)
         return events if stream else collect_voice(list(events))
 
@@ -689,12 +707,15 @@ class AsyncChatClient:
         tools: list[dict] | None = None,
         tool_choice: str | dict | None = None,
         tool_results: list[dict] | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
     ) -> ChatReply:
         """The whole answer. Raises ``ChatError`` on refusal."""
         events = self.stream(
             text, session_id, priority, max_new_tokens, temperature, top_p, seed,
             history=history, response_format=response_format, logprobs=logprobs,
             tools=tools, tool_choice=tool_choice, tool_results=tool_results,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
         )  # fmt: skip
         return collect_reply([event async for event in events])
 
@@ -714,6 +735,8 @@ class AsyncChatClient:
         tools: list[dict] | None = None,
         tool_choice: str | dict | None = None,
         tool_results: list[dict] | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
     ) -> AsyncIterator[str | TokenLogprobs | ToolCallDeltas | ChatStats]:
         """Text deltas (str) ending with one ``ChatStats``; leaving early cancels the chat.
         ``history`` (instead of ``session_id``): the conversation before ``text``, kept by the caller.
@@ -722,6 +745,7 @@ class AsyncChatClient:
         ``tools``, ``tool_choice``, ``tool_results`` (``chat_inputs``): ``ToolCallDeltas`` events."""
         args = (self.model, text, session_id, priority, max_new_tokens, temperature, top_p, seed, history)
         extra = dict(tools=tools, tool_choice=tool_choice, tool_results=tool_results)
+        extra.update(presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
         build = partial(request_message, *args, response_format=response_format, logprobs=logprobs, **extra)
         return self._exchange(build, session_headers(session_id), chat_decoder)
 
@@ -752,11 +776,14 @@ class AsyncChatClient:
         *,
         language: str | None = None,
         history: list[dict] | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
     ) -> VoiceReply:
         """``ChatClient.voice_chat``'s whole ``VoiceReply``."""
         events = self.voice_stream(
-            audio, session_id, priority, max_new_tokens, temperature, top_p, seed, language=language, history=history
-        )
+            audio, session_id, priority, max_new_tokens, temperature, top_p, seed, language=language, history=history,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        )  # fmt: skip
         return collect_voice([e async for e in events])
 
     def voice_stream(
@@ -771,9 +798,12 @@ class AsyncChatClient:
         *,
         language: str | None = None,
         history: list[dict] | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
     ) -> AsyncIterator[Heard | str | ChatStats]:
         """``stream`` for a spoken turn: one ``Heard``, then text deltas (str), then ``ChatStats``."""
-        inputs = audio_inputs(audio, language) + turn_inputs(session_id, max_new_tokens, temperature, top_p, history)
+        turn = turn_inputs(session_id, max_new_tokens, temperature, top_p, history, presence_penalty, frequency_penalty)
+        inputs = audio_inputs(audio, language) + turn
         request = partial(infer_message, self.voice_model, inputs, priority, seed, CHAT_OUTPUTS)
         return self._exchange(request, session_headers(session_id), voice_decoder, pooled=False)
 

@@ -95,7 +95,9 @@ input [
   { name: "logprobs" data_type: TYPE_INT32 dims: [ 1 ] optional: true },
   { name: "tools" data_type: TYPE_STRING dims: [ 1 ] optional: true },
   { name: "tool_choice" data_type: TYPE_STRING dims: [ 1 ] optional: true },
-  { name: "tool_results" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+  { name: "tool_results" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "presence_penalty" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+  { name: "frequency_penalty" data_type: TYPE_FP32 dims: [ 1 ] optional: true }
 ]
 output [
   { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
@@ -171,7 +173,9 @@ input [
   { name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true },
   { name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
   { name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
-  { name: "history" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+  { name: "history" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "presence_penalty" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+  { name: "frequency_penalty" data_type: TYPE_FP32 dims: [ 1 ] optional: true }
 ]
 output [
   { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
@@ -221,7 +225,9 @@ input [
   {{ name: "input_ids" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }},
   {{ name: "max_new_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }},
   {{ name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true }},
-  {{ name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true }}
+  {{ name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true }},
+  {{ name: "presence_penalty" data_type: TYPE_FP32 dims: [ 1 ] optional: true }},
+  {{ name: "frequency_penalty" data_type: TYPE_FP32 dims: [ 1 ] optional: true }}
 ]
 output [
   {{ name: "token_ids" data_type: TYPE_INT32 dims: [ -1 ] }},

@@ -57,6 +57,9 @@ class Chat:
     # BYTES [1], optional: the results of the last answer's calls, JSON list of
     # {"tool_call_id", "content"}; they come before ``text``, which may then be left out
     TOOL_RESULTS = "tool_results"
+    # FP32 [1], optional, -2 to 2 (0: none): OpenAI's repetition control, over the answer's own tokens
+    PRESENCE_PENALTY = "presence_penalty"
+    FREQUENCY_PENALTY = "frequency_penalty"
     INPUTS = (
         TEXT,
         SESSION_ID,
@@ -69,6 +72,8 @@ class Chat:
         TOOLS,
         TOOL_CHOICE,
         TOOL_RESULTS,
+        PRESENCE_PENALTY,
+        FREQUENCY_PENALTY,
     )
     TEXT_OUTPUT = "text_output"  # BYTES [1]: a text delta
     STATS = "stats"  # BYTES [1], on the last response: ChatStats as JSON
@@ -130,6 +135,8 @@ class Pool:
     MAX_NEW_TOKENS = "max_new_tokens"
     TEMPERATURE = "temperature"
     TOP_P = "top_p"
+    PRESENCE_PENALTY = "presence_penalty"  # FP32 [1], optional (Chat's)
+    FREQUENCY_PENALTY = "frequency_penalty"
     TOKEN_IDS = "token_ids"  # INT32 [n]: generated tokens
     STATS = "stats"  # on the last response: EngineStats as JSON
     # BYTES [1], with token_ids when asked (parameter LOGPROBS): JSON, per token

@@ -56,7 +56,7 @@ import numpy as np
 from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.policy import NORMAL, URGENT, Policy, make_policy
-from switchboard.engine.sampling import sample
+from switchboard.engine.sampling import Counts, penalize, sample
 from switchboard.nice import lower_this_thread
 from switchboard.wire import MAX_TOP_LOGPROBS, FinishReason
 
@@ -77,15 +77,23 @@ class GenerationRequest:
     constraint: Constraint | None = None  # what the answer must match (artifact/grammar.py); None: free
     # -1: none; 0-5: each token's log-probability and that many of the likeliest alternatives (Sink.on_logprobs)
     logprobs: int = -1
+    # OpenAI's repetition control, -2 to 2, over the tokens this row generated (sampling.penalize)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 class Constraint(Protocol):
     """A row's grammar (``switchboard.artifact.grammar.RowConstraint``)."""
 
     def mask(self, logits: np.ndarray) -> bool: ...  # forbid in place; False: nothing allowed
+    # the token to write instead of the sampled one, ``budget`` tokens left with it: itself, or the
+    # next of the shortest way to finish the answer when the budget leaves room for no more
+    def choose(self, token: int, budget: int) -> int: ...
     def accept(self, token: int) -> bool: ...
     @property
     def finished(self) -> bool: ...  # complete, or broken: the row ends
+    @property
+    def cut(self) -> bool: ...  # the budget ended it: the engine wrote its finishing (finish_reason length)
 
 
 @dataclass
@@ -135,6 +143,8 @@ class _Sequence:
     prefill_ms: float = 0.0
     admitted_with: int = 0
     broken: bool = False  # its sink raised: dropped without a result
+    limit: int = 0  # the most tokens it may generate: max_new_tokens, or fewer where the context window ends first
+    counts: Counts | None = None  # with penalties: its generated tokens, counted
 
 
 _by_rank = operator.attrgetter("rank")
@@ -252,6 +262,10 @@ class Engine:
             raise ValueError(
                 f"prompt of {len(req.prompt)} tokens does not fit the context window {self.context_window}"
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(req, name)
+            if not (isinstance(value, (int, float)) and -2.0 <= value <= 2.0):  # NaN fails too
+                raise ValueError(f"{name}: {value} is outside [-2, 2]")
         if req.reused:
             layers, heads, dim = self._shape
             want = (layers, 2, heads, req.reused, dim)
@@ -272,6 +286,10 @@ class Engine:
             order = next(self._order)
             rank = self.policy.rank(req.priority, order)
             seq = _Sequence(req, sink, time.perf_counter(), np.random.default_rng(req.seed), order, rank)
+            # the n-th token is written at position len(prompt) + n - 1 (_finished)
+            seq.limit = min(req.max_new_tokens, self.context_window - len(req.prompt) + 1)
+            if req.presence_penalty or req.frequency_penalty:
+                seq.counts = Counts()
             heapq.heappush(self._lane(req.priority).waiting, (rank, order, seq))
             self._cv.notify_all()
 
@@ -571,10 +589,13 @@ class Engine:
         Never sampled: a banned token (a control character), and a stop token as an answer's first
         token: an answer is never empty (OpenAI clients, AIPerf among them, take an answer without
         content for a failed request; vLLM's ``min_tokens=1``). A row with a ``constraint`` samples
-        only what its grammar allows, and ends once the grammar is complete."""
+        only what its grammar allows, and ends once the grammar is complete; when the budget
+        leaves room for no more than finishing it, the grammar writes its finishing instead
+        (``Constraint.choose``). A row with presence or frequency penalties has them taken off
+        its logits first (``penalize``)."""
         first = [i for i, seq in enumerate(seqs) if not seq.tokens]
-        constrained = any(seq.request.constraint is not None for seq in seqs)
-        if self.banned_ids.size or (first and self._stop_array.size) or constrained:
+        changed = any(seq.request.constraint is not None or seq.counts is not None for seq in seqs)
+        if self.banned_ids.size or (first and self._stop_array.size) or changed:
             if not last_logits.flags.writeable:
                 last_logits = last_logits.copy()
             last_logits[:, self.banned_ids] = -np.inf
@@ -582,13 +603,19 @@ class Engine:
                 last_logits[np.ix_(first, self._stop_array)] = -np.inf
         for seq, logits in zip(seqs, last_logits):
             r = seq.request
+            if seq.counts is not None:
+                penalize(logits, seq.counts, r.presence_penalty, r.frequency_penalty)
             if r.constraint is not None and not r.constraint.mask(logits):
                 token = int(self._stop_array[0]) if self._stop_array.size else 0  # nothing allowed: it ends
             else:
                 token = sample(logits, r.temperature, r.top_p, seq.rng)
-                if r.constraint is not None and not r.constraint.accept(token):
-                    log.warning("the grammar refused the token it allowed (%d); the answer ends", token)
+                if r.constraint is not None:
+                    token = r.constraint.choose(token, seq.limit - len(seq.tokens))
+                    if not r.constraint.accept(token):
+                        log.warning("the grammar refused the token it allowed (%d); the answer ends", token)
             seq.tokens.append(token)
+            if seq.counts is not None:
+                seq.counts.add(token)
             try:
                 if r.logprobs >= 0:
                     seq.sink.on_logprobs([token_logprobs(logits, token, r.logprobs)])
@@ -598,11 +625,11 @@ class Engine:
                 seq.broken = True
 
     def _finished(self, lane: _Lane, seq: _Sequence, row: int) -> FinishReason | None:
-        if seq.tokens and seq.tokens[-1] in self.stop_ids:
-            return FinishReason.STOP
         constraint = seq.request.constraint
-        if constraint is not None and constraint.finished:
-            return FinishReason.STOP  # complete: nothing more may follow
+        # complete (a stop token, or a grammar after which nothing may follow); one the engine
+        # finished because the budget ended it stays ``length``
+        if (seq.tokens and seq.tokens[-1] in self.stop_ids) or (constraint is not None and constraint.finished):
+            return FinishReason.LENGTH if constraint is not None and constraint.cut else FinishReason.STOP
         if len(seq.tokens) >= seq.request.max_new_tokens:
             return FinishReason.LENGTH
         if int(lane.batch.next_pos[row]) >= self.context_window:

@@ -68,6 +68,8 @@ _CHAT_FIELDS = [
     (re.compile(r"^max_new_tokens: "), "max_tokens", "{max_tokens}: "),
     (re.compile(r"^temperature: "), "temperature", "temperature: "),
     (re.compile(r"^top_p: "), "top_p", "top_p: "),
+    (re.compile(r"^presence_penalty: "), "presence_penalty", "presence_penalty: "),
+    (re.compile(r"^frequency_penalty: "), "frequency_penalty", "frequency_penalty: "),
     (re.compile(r"^parameter seed: "), "seed", "seed: "),
     (re.compile(r"^parameter chat_priority: "), "priority", "priority: "),
     (re.compile(r"^json_schema: "), "response_format", "response_format.json_schema.schema: "),

@@ -38,8 +38,6 @@ SEED_MAX = 2**32 - 1
 # Accepted with these values only (what clients send by default); anything else is refused by name.
 NEUTRAL = {
     "n": (1,),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
     "logit_bias": ({},),
     "functions": ([],),
     "function_call": ("none",),
@@ -64,6 +62,8 @@ KNOWN = {
     "max_completion_tokens",
     "temperature",
     "top_p",
+    "presence_penalty",
+    "frequency_penalty",
     "stop",
     "seed",
     "response_format",
@@ -105,6 +105,9 @@ class CompletionCall:
     max_tokens_param: str = "max_tokens"  # the field that set it (error messages name it)
     temperature: float | None = None
     top_p: float | None = None
+    # OpenAI's repetition control (-2 to 2; None: 0), applied per row in the pool's engine
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
     user: str | None = None
@@ -374,6 +377,13 @@ def _optional_number(body: dict, name: str) -> float | None:
     return float(v)
 
 
+def _penalty(body: dict, name: str) -> float | None:
+    v = _optional_number(body, name)
+    if v is not None and not -2.0 <= v <= 2.0:
+        raise bad_request(f"{name}: {v:g} is outside [-2, 2]", name)
+    return v
+
+
 def _stop(v) -> tuple[str, ...]:
     if v is None:
         return ()
@@ -459,6 +469,8 @@ def parse_request(body: dict, served_model: str, max_audio_bytes: int = 25 << 20
         max_tokens_param=max_param,
         temperature=_optional_number(body, "temperature"),
         top_p=_optional_number(body, "top_p"),
+        presence_penalty=_penalty(body, "presence_penalty"),
+        frequency_penalty=_penalty(body, "frequency_penalty"),
         stop=_stop(body.get("stop")),
         seed=seed,
         user=body.get("user"),

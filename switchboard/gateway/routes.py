@@ -59,6 +59,7 @@ async def chat_completions(request: Request):
         raise overloaded(429, f"too many chats in flight (limit {slots.limit}), retry later", config.retry_after_s)
     completion = Completion(call.model)
     ask = (call.max_tokens, call.temperature, call.top_p, call.seed)
+    penalties = dict(presence_penalty=call.presence_penalty, frequency_penalty=call.frequency_penalty)
     if call.audio is None:
         events = state.client.stream(
             None if call.tool_results else call.text,  # a turn of tool results has no new text
@@ -71,11 +72,12 @@ async def chat_completions(request: Request):
             tools=call.tools,
             tool_choice=call.tool_choice,
             tool_results=call.tool_results,
+            **penalties,
         )
     else:
         language = call.audio.language
         events = state.client.voice_stream(
-            call.audio.data, None, priority, *ask, language=language, history=call.history
+            call.audio.data, None, priority, *ask, language=language, history=call.history, **penalties
         )
     released = False
 

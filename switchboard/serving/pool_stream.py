@@ -45,6 +45,8 @@ class Generation:
     expected_reuse: int = 0  # prompt tokens the session's earlier turns stored KV for
     response_format: str | None = None  # the answer's constraint (ChatRequest's), if any
     logprobs: int = -1  # ChatRequest's
+    presence_penalty: float = 0.0  # ChatRequest's (sent only when not 0)
+    frequency_penalty: float = 0.0
 
 
 class PoolStreams:
@@ -73,6 +75,12 @@ class PoolStreams:
             Pool.TEMPERATURE: np.asarray([[gen.temperature]], np.float32),
             Pool.TOP_P: np.asarray([[gen.top_p]], np.float32),
         }
+        for name, value in (
+            (Pool.PRESENCE_PENALTY, gen.presence_penalty),
+            (Pool.FREQUENCY_PENALTY, gen.frequency_penalty),
+        ):
+            if value:
+                inputs[name] = np.asarray([[value]], np.float32)
         parameters = {
             PRIORITY_PARAMETER: gen.priority,
             Pool.FINGERPRINT: self.fingerprint,

@@ -57,6 +57,9 @@ class ChatRequest:
     tool_choice: str = "none"
     tool_name: str | None = None
     tool_results: tuple[dict, ...] = ()
+    # OpenAI's repetition control (-2 to 2), over the answer's own tokens, in the pool's engine
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def must_generate(self) -> bool:
@@ -171,6 +174,12 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
 
     temperature = _number("temperature", _one(Chat.TEMPERATURE, inputs.get(Chat.TEMPERATURE)), 0.0, 0.0, 2.0)
     top_p = _number("top_p", _one(Chat.TOP_P, inputs.get(Chat.TOP_P)), 1.0, 0.0, 1.0, lo_open=True)
+    presence = _number(
+        "presence_penalty", _one(Chat.PRESENCE_PENALTY, inputs.get(Chat.PRESENCE_PENALTY)), 0.0, -2.0, 2.0
+    )
+    frequency = _number(
+        "frequency_penalty", _one(Chat.FREQUENCY_PENALTY, inputs.get(Chat.FREQUENCY_PENALTY)), 0.0, -2.0, 2.0
+    )
 
     # Triton's own request priority is not visible to a Python model in 2.51, so clients
     # send the same value as the request parameter `chat_priority` (the SDK does both).
@@ -228,6 +237,8 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
         tool_choice,
         tool_name,
         tool_results,
+        presence,
+        frequency,
     )
 
 

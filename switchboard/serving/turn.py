@@ -112,6 +112,7 @@ class ChatTurn:
             )
         except PromptTooLong as e:
             raise RequestError(str(e)) from None
+        self.check_budget(constraint, prompt.max_new_tokens, chat)
         stored = lookup.conversation.kv_tokens if lookup.conversation else 0
         expected = min(longest_common_prefix(lookup.conversation.tokens, prompt.ids), stored) if stored else 0
         gen = Generation(
@@ -125,6 +126,8 @@ class ChatTurn:
             expected_reuse=expected,
             response_format=constraint,
             logprobs=chat.logprobs,
+            presence_penalty=chat.presence_penalty,
+            frequency_penalty=chat.frequency_penalty,
         )
         session_status = lookup.status if chat.session_id else SessionStatus.NONE
         _, preferred = self.router.route(len(prompt.ids) - expected)
@@ -309,6 +312,27 @@ class ChatTurn:
         except GrammarError as e:
             raise RequestError(str(e)) from None
         return json.dumps(spec, ensure_ascii=False, sort_keys=True)
+
+    def check_budget(self, constraint: str | None, budget: int, chat: ChatRequest) -> None:
+        """A constrained answer must have room for its shortest whole answer: the pool finishes
+        one the budget would cut (its finish_reason stays ``length``), and refuses nothing, so
+        a budget below that is refused here, naming the tokens needed. ``budget``: the
+        tokens the chat may generate (``max_new_tokens``, or less where the prompt leaves less
+        of the context window)."""
+        if constraint is None or self.grammars is None:
+            return
+        need = self.grammars.shortest(json.loads(constraint))
+        if need is None or need <= budget:
+            return
+        what = "call of these tools" if chat.calls_tools else "answer in this response_format"
+        if budget < chat.max_new_tokens:
+            raise RequestError(
+                f"max_new_tokens: the prompt leaves {budget} tokens of the context window and the shortest "
+                f"{what} takes {need} on this model"
+            )
+        raise RequestError(
+            f"max_new_tokens: {budget} is below the {need} tokens the shortest {what} takes on this model"
+        )
 
     def answer_from_faq(
         self,

@@ -236,6 +236,8 @@ class TritonPythonModel:
             max_new_tokens=scalar(Pool.MAX_NEW_TOKENS, 64, int),
             temperature=scalar(Pool.TEMPERATURE, 0.0, float),
             top_p=scalar(Pool.TOP_P, 1.0, float),
+            presence_penalty=scalar(Pool.PRESENCE_PENALTY, 0.0, float),  # range: Engine.validate
+            frequency_penalty=scalar(Pool.FREQUENCY_PENALTY, 0.0, float),
             # chat_priority: from chat over gRPC, where Triton keeps `priority` for its own queue.
             priority=int(params.get(PRIORITY_PARAMETER, params.get("priority", PRIORITY_DEFAULT))),
             seed=params.get(Pool.SEED),

@@ -235,6 +235,20 @@ def test_a_json_schema_answer_over_grpc_validates_and_a_bad_schema_is_invalid_ar
     assert client.ready()
 
 
+def test_a_json_schema_answer_cut_by_its_budget_parses_and_penalties_go_through_grpc(client):
+    free = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    fmt = {"type": "json_schema", "schema": free}
+    reply = client.chat("How do I delete my account?", stream=False, max_new_tokens=16, response_format=fmt)
+    assert isinstance(json.loads(reply.text)["answer"], str) and reply.stats.raw["finish_reason"] == "length"
+    penalized = client.chat("订单" * 100, stream=False, max_new_tokens=32, frequency_penalty=1.0, presence_penalty=0.5)
+    assert penalized.text != client.chat("订单" * 100, stream=False, max_new_tokens=32).text
+    for name in ("presence_penalty", "frequency_penalty"):
+        with pytest.raises(ChatError) as e:
+            client.chat("hi", stream=False, **{name: 2.5})
+        assert e.value.code == "INVALID_ARGUMENT" and f"{name}: 2.5 is outside" in str(e.value)
+    assert client.ready()
+
+
 def test_logprobs_over_grpc_come_with_the_tokens(client):
     reply = client.chat("Where is my order?", stream=False, max_new_tokens=16, logprobs=2)
     scored = reply.logprobs
@@ -268,8 +282,8 @@ def test_constrained_rows_share_batches_leave_when_cancelled_and_store_their_kv(
     again = client.chat("Thanks. When is the refund?", session_id="json-kv", **ask)
     assert again.stats.raw["session"] == "hit" and again.stats.reused_tokens > 16
     # a constrained chat the client leaves is cancelled in the pool like any other (its schema
-    # holds it to 512 tokens, seconds here, past the pools' 50 ms cancel poll)
-    note = {"type": "object", "properties": {"note": {"type": "string", "minLength": 5000}}, "required": ["note"]}
+    # holds it to 400 characters at least, in 404 tokens at least: past the pools' 50 ms cancel poll)
+    note = {"type": "object", "properties": {"note": {"type": "string", "minLength": 400}}, "required": ["note"]}
     long = {"type": "json_schema", "schema": note}
     name = "switchboard_engine_finished_cancelled_total"
     before = sum(_engine_metric(stack, name, pool) for pool in ("engine_short", "engine_long"))

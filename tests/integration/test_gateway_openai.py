@@ -133,6 +133,57 @@ def test_a_json_schema_answer_parses_and_validates(oai, stream):
         json.loads(free)
 
 
+# The issue-66 case: free-text strings, which the default model never closes; cut by the budget,
+# the engine finishes the answer (the string cut and closed, the required field added).
+FREE = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}, "topic": {"type": "string"}},
+    "required": ["answer", "topic"],
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("max_tokens", [16, 64])
+def test_a_json_schema_answer_the_budget_cuts_still_parses_with_finish_reason_length(oai, stream, max_tokens):
+    fmt = {"type": "json_schema", "json_schema": {"name": "faq", "strict": True, "schema": FREE}}
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "How do I delete my account?"}], temperature=0)
+    ask.update(max_tokens=max_tokens, response_format=fmt)
+    if stream:
+        chunks = list(oai.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        used = chunks[-1].usage.completion_tokens
+    else:
+        r = oai.chat.completions.create(**ask)
+        text, finish, used = r.choices[0].message.content, [r.choices[0].finish_reason], r.usage.completion_tokens
+    answer = json.loads(text)
+    jsonschema.validate(answer, FREE)
+    assert finish == ["length"] and used <= max_tokens
+    assert answer["answer"], "the model's own words, cut, not an empty answer"
+
+
+# An answer the default model writes in loops (all 512 tokens, greedy: LONG below).
+LOOPS = [{"role": "user", "content": "订单" * 100}]
+
+
+def _repeated(text: str, n: int = 6) -> float:
+    """The share of ``text``'s n-character windows that repeat an earlier one."""
+    windows = [text[i : i + n] for i in range(len(text) - n + 1)]
+    return 1 - len(set(windows)) / len(windows)
+
+
+def test_presence_and_frequency_penalties_are_taken_and_break_a_loop(oai):
+    ask = dict(model=MODEL, messages=LOOPS, temperature=0, max_tokens=64)
+    plain = oai.chat.completions.create(**ask).choices[0].message.content
+    assert _repeated(plain) > 0.5, plain
+    again = oai.chat.completions.create(**ask, presence_penalty=0, frequency_penalty=0).choices[0].message.content
+    assert again == plain, "0: the answer as without"
+    freq = oai.chat.completions.create(**ask, frequency_penalty=1.0).choices[0].message.content
+    assert _repeated(freq) < _repeated(plain) / 2, freq
+    presence = oai.chat.completions.create(**ask, presence_penalty=1.0).choices[0].message.content
+    assert presence != plain
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_logprobs_score_every_token_of_the_answer(oai, stream):
     ask = dict(model=MODEL, messages=[{"role": "user", "content": "我的订单什么时候发货？"}], max_tokens=24)
@@ -345,6 +396,16 @@ BAD = [
         "expected",
     ),
     ("top-logprobs-9", body(logprobs=True, top_logprobs=9), {}, 400, "top_logprobs", "integer in [0, 5]"),
+    ("presence-penalty-3", body(presence_penalty=3), {}, 400, "presence_penalty", "3 is outside [-2, 2]"),
+    ("frequency-penalty-word", body(frequency_penalty="x"), {}, 400, "frequency_penalty", "expected a number"),
+    (
+        "json-schema-no-room",  # 11 tokens at least on the default model: refused, not cut
+        body(max_tokens=5, response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": FREE}}),
+        {},
+        400,
+        "max_tokens",
+        "max_tokens: 5 is below the",
+    ),
     (
         "json-schema-unusable",
         body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}),

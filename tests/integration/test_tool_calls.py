@@ -42,6 +42,20 @@ def test_required_answers_with_calls_that_validate(oai):
     assert len({c.id for c in choice.message.tool_calls}) == len(choice.message.tool_calls)
 
 
+def test_a_call_the_budget_cuts_is_finished_and_validates(oai):
+    # 23 tokens: the demo tools' shortest call on the default model (transfer_to_human); the call
+    # the question wants (get_order_status with the order number) is longer: the engine finishes it
+    r = oai.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=23
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and r.usage.completion_tokens <= 23
+    assert _valid(choice.message.tool_calls)
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=22)
+    assert e.value.body["param"] == "max_tokens" and "below the 23 tokens the shortest call" in e.value.message
+
+
 def test_a_named_function_is_the_one_called_once(oai):
     r = oai.chat.completions.create(
         model=MODEL,

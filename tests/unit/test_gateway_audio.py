@@ -87,8 +87,9 @@ class FakeServer:
             yield " my order?"
         yield AsrResult(text=HEARD, language="en", duration=1.6, segments=SEGMENTS, asr_ms=41.0, queue_ms=2.0)
 
-    def voice_stream(self, audio, session_id=None, priority=2, *ask, language=None, history=None):
+    def voice_stream(self, audio, session_id=None, priority=2, *ask, language=None, history=None, **penalties):
         self.calls.append(("voice_chat", audio, language, priority, ask, history))
+        self.penalties = penalties
         return self._track(self._voice(audio))
 
     async def _voice(self, audio):
@@ -472,8 +473,11 @@ HISTORY = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "
 
 
 def test_a_voice_chat_answers_with_what_was_heard(oai, server):
-    r = oai.chat.completions.create(model="switchboard", messages=[*HISTORY, audio_message(wav())], max_tokens=20)
+    r = oai.chat.completions.create(
+        model="switchboard", messages=[*HISTORY, audio_message(wav())], max_tokens=20, frequency_penalty=0.5
+    )
     assert r.choices[0].message.content == "".join(ANSWER)
+    assert server.penalties == {"presence_penalty": None, "frequency_penalty": 0.5}, "a spoken answer's too"
     assert r.model_extra["switchboard"]["asr"] == {
         "transcript": HEARD,
         "language": "en",

@@ -31,6 +31,7 @@ class FakeChat:
 
     def stream(self, text, session_id=None, priority=2, *args, history=None, **extra):
         self.chats += 1
+        self.extra = extra
         return self._calls() if extra.get("tools") else self._events()
 
     async def _calls(self):  # with tools: one call, its arguments in two deltas
@@ -260,3 +261,11 @@ def test_the_demo_order_service(gateway):
             assert r.status == status and needle.replace(" ", "") in text, text
     finally:
         conn.close()
+
+
+def test_penalties_reach_the_chat(gateway, chat):
+    status, _, _ = post(gateway, "application/json", {**CHAT, "presence_penalty": 1.5, "frequency_penalty": 0})
+    assert status == 200 and (chat.extra["presence_penalty"], chat.extra["frequency_penalty"]) == (1.5, 0.0)
+    status, _, body = post(gateway, "application/json", {**CHAT, "presence_penalty": 2.5})
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "presence_penalty" and "outside [-2, 2]" in error["message"]

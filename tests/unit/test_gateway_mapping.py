@@ -56,7 +56,7 @@ def test_defaults_and_parameters():
         user="u",
         n=1,
         presence_penalty=0,
-        frequency_penalty=0.0,
+        frequency_penalty=-1.5,
         logprobs=False,
         tools=[],
         response_format={"type": "text"},
@@ -67,6 +67,8 @@ def test_defaults_and_parameters():
         call.stream and call.include_usage and call.max_tokens == 7 and call.max_tokens_param == "max_completion_tokens"
     )
     assert (call.temperature, call.top_p, call.stop, call.seed, call.user) == (0.0, 0.5, ("\n",), 3, "u")
+    assert (call.presence_penalty, call.frequency_penalty) == (0.0, -1.5)
+    assert req().presence_penalty is None and req().frequency_penalty is None, "not sent: the chat's 0"
     assert req(max_tokens=5, max_completion_tokens=5).max_tokens == 5
 
 
@@ -74,7 +76,10 @@ def test_defaults_and_parameters():
     "kw, param, needle",
     [
         ({"n": True}, "n", "n: true is not supported"),
-        ({"presence_penalty": 0.5}, "presence_penalty", "is not supported"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty: 2.5 is outside [-2, 2]"),
+        ({"frequency_penalty": -3}, "frequency_penalty", "frequency_penalty: -3 is outside [-2, 2]"),
+        ({"frequency_penalty": "0.5"}, "frequency_penalty", "frequency_penalty: expected a number"),
+        ({"logit_bias": {"5": 1}}, "logit_bias", "is not supported"),
         ({"max_tokens": True}, "max_tokens", "expected an integer"),
         ({"temperature": float("inf")}, "temperature", "expected a number"),
         ({"seed": 1.0}, "seed", "expected an integer"),
@@ -172,6 +177,20 @@ def test_another_model_is_404_and_bodies_must_be_json_objects():
             400,
             "messages",
             "messages are too long: the prompt takes 2000 tokens",
+        ),
+        (
+            "INVALID_ARGUMENT",
+            "max_new_tokens: 4 is below the 9 tokens the shortest answer in this response_format takes",
+            400,
+            "max_completion_tokens",
+            "max_completion_tokens: 4 is below the 9 tokens",
+        ),
+        (
+            "INVALID_ARGUMENT",
+            "frequency_penalty: 3.0 is outside [-2.0, 2.0]",
+            400,
+            "frequency_penalty",
+            "frequency_penalty: 3.0 is outside",
         ),
         ("UNAVAILABLE", "overloaded (queue_full); try again later", 503, None, "retry later"),
         ("DEADLINE_EXCEEDED", "no response within 120 s", 504, None, "did not answer in time"),

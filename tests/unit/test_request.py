@@ -40,9 +40,13 @@ def test_all_fields():
         max_new_tokens=np.asarray([[12]], np.int32),
         temperature=np.asarray([[0.7]], np.float32),
         top_p=np.asarray([[0.9]], np.float32),
+        presence_penalty=np.asarray([[-2.0]], np.float32),
+        frequency_penalty=np.asarray([[0.5]], np.float32),
     )
     assert (r.text, r.session_id, r.max_new_tokens, r.priority, r.seed) == ("你好", "s-1", 12, 1, 7)
     assert math.isclose(r.temperature, 0.7, rel_tol=1e-6)
+    assert (r.presence_penalty, r.frequency_penalty) == (-2.0, 0.5)
+    assert parse(text=b(b"hi")).presence_penalty == parse(text=b(b"hi")).frequency_penalty == 0.0
 
 
 @pytest.mark.parametrize(
@@ -65,6 +69,12 @@ def test_all_fields():
         ({"text": b(b"hi"), "temperature": np.asarray([[-1]], np.float32)}, {}, "temperature"),
         ({"text": b(b"hi"), "top_p": np.asarray([[0]], np.float32)}, {}, "top_p"),
         ({"text": b(b"hi"), "top_p": np.asarray([[np.inf]], np.float32)}, {}, "top_p"),
+        (
+            {"text": b(b"hi"), "presence_penalty": np.asarray([[2.5]], np.float32)},
+            {},
+            "presence_penalty: 2.5 is outside",
+        ),
+        ({"text": b(b"hi"), "frequency_penalty": np.asarray([[np.nan]], np.float32)}, {}, "frequency_penalty: nan"),
         ({"text": b(b"hi")}, {"chat_priority": 3}, "chat_priority: 3"),
         ({"text": b(b"hi")}, {"chat_priority": "high"}, "chat_priority"),
         ({"text": b(b"hi")}, {"chat_priority": True}, "chat_priority"),

@@ -642,6 +642,11 @@ class Spelled:
         logits[self.word[self.at]] = keep
         return True
 
+    cut = False
+
+    def choose(self, token, budget):
+        return token
+
     def accept(self, token):
         ok = token == self.word[self.at]
         self.at += 1
@@ -697,3 +702,83 @@ def test_logprobs_come_with_each_token_when_asked_and_only_then():
         others = VOCAB - 1 - (i == 0)
         assert lp == pytest.approx(1 - np.log(np.e + others)) and top[0] == (token, pytest.approx(lp))
         assert len(top) == 2 and top[1][1] == pytest.approx(-np.log(np.e + others))
+
+
+class Closing:
+    """A grammar's stand-in that allows any token and is finished by ``end`` (two tokens), written
+    once the budget leaves room for no more: what ``RowConstraint.choose`` does."""
+
+    def __init__(self, end=(50, 51)):
+        self.end, self.plan, self.budgets, self.cut, self.done = list(end), [], [], False, False
+
+    def mask(self, logits):
+        return True
+
+    def choose(self, token, budget):
+        self.budgets.append(budget)
+        if not self.plan and budget - 1 < len(self.end):
+            self.plan, self.cut = list(self.end), True
+        return self.plan[0] if self.plan else token
+
+    def accept(self, token):
+        if self.plan:
+            self.plan.pop(0)
+            self.done = not self.plan
+        return True
+
+    @property
+    def finished(self):
+        return self.done
+
+
+def test_a_constrained_row_is_finished_within_its_budget_and_ends_as_length():
+    e = engine()
+    s, c = Sink(), Closing()
+    e.submit(GenerationRequest([1, 2, 10], 5, constraint=c), s)
+    drain(e, [s])
+    assert s.tokens == [11, 12, 13, 50, 51] and s.result.reason == "length", "the budget ended it, finished"
+    assert c.budgets == [5, 4, 3, 2, 1], "each step: the tokens left, this one included"
+
+
+def test_the_budget_a_constraint_gets_ends_where_the_context_window_does():
+    e = engine(ScriptedDecoder(context_window=8))
+    s, c = Sink(), Closing()
+    e.submit(GenerationRequest([1, 2, 3, 4, 10], 50, constraint=c), s)
+    drain(e, [s])
+    assert c.budgets[0] == 4 and s.tokens == [11, 12, 50, 51] and s.result.reason == "length"
+
+
+class Looping(ScriptedDecoder):
+    """Every row's next token: 7 (logit 1.0) before 8 (0.5) before the rest (0): a model that loops."""
+
+    def forward(self, ids, mask, pos, past):
+        logits, present = super().forward(ids, mask, pos, past)
+        logits[:] = 0.0
+        logits[:, :, 7], logits[:, :, 8] = 1.0, 0.5
+        return logits, present
+
+
+@pytest.mark.parametrize(
+    "presence, frequency, want",
+    [
+        (0.0, 0.0, [7, 7, 7, 7, 7]),
+        (0.6, 0.0, [7, 8, 7, 7, 7]),  # 7 at 0.4 after its first: above 8's 0.5 - 0.6 once 8 appeared
+        (0.0, 0.3, [7, 7, 8, 7, 8]),  # 7 at 1.0 - 0.3n, 8 at 0.5 - 0.3n
+        (-0.6, 0.0, [7, 7, 7, 7, 7]),  # a negative penalty favours what was written
+    ],
+)
+def test_presence_and_frequency_penalties_count_each_rows_own_tokens(presence, frequency, want):
+    e = engine(Looping())
+    penalized, free = Sink(), Sink()
+    e.submit(GenerationRequest([1, 2, 10], 5, presence_penalty=presence, frequency_penalty=frequency), penalized)
+    e.submit(GenerationRequest([1, 2, 10], 5), free)
+    drain(e, [penalized, free])
+    assert penalized.tokens == want
+    assert free.tokens == [7] * 5, "a row in the same batch is untouched"
+
+
+@pytest.mark.parametrize("field", ["presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [2.5, -2.01, float("nan")])
+def test_a_penalty_outside_its_range_is_refused_naming_it(field, value):
+    with pytest.raises(ValueError, match=f"^{field}: .* is outside \\[-2, 2\\]"):
+        engine().submit(GenerationRequest([1, 2, 10], 4, **{field: value}), Sink())

@@ -22,9 +22,12 @@ from switchboard.wire import SESSION_HEADER, Chat, ChatStats
 def test_the_request_is_the_one_tritonclient_would_send():
     args = ("chat", "你好, where is my order?", None, 1, 32, 0.7, 0.9, 5)
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    for session_id, hist in ((None, history), ("s-1", None)):
-        ours = request_message(*args[:2], session_id, *args[3:], history=hist)
-        kw = stream_request(*args[:2], session_id, *args[3:], history=hist)
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": -1.25}
+    for session_id, hist, extra in ((None, history, {}), ("s-1", None, penalties)):
+        ours = request_message(*args[:2], session_id, *args[3:], history=hist, **extra)
+        kw = stream_request(*args[:2], session_id, *args[3:], history=hist, **extra)
+        names = {i.name for i in ours.inputs}
+        assert (Chat.PRESENCE_PENALTY in names) == bool(extra) and (Chat.FREQUENCY_PENALTY in names) == bool(extra)
         theirs = triton_utils._get_inference_request(
             kw["model_name"],
             kw["inputs"],

@@ -114,9 +114,9 @@ def _answer(ids, stats=None):
 FAQ = Faq()
 
 
-def _turn(sessions=None, pools=None, faq=FAQ, health=None, decode=decode, **kw):
+def _turn(sessions=None, pools=None, faq=FAQ, health=None, decode=decode, prompts=None, **kw):
     return ChatTurn(
-        prompts=Prompts(),
+        prompts=prompts or Prompts(),
         sessions=sessions or Sessions(),
         router=Router(8),
         pools=pools,
@@ -260,6 +260,9 @@ class StubGrammars:
             raise GrammarError("json_schema: Invalid type: wat")
         return "grammar"
 
+    def shortest(self, spec):
+        return 9  # tokens of the shortest whole answer
+
 
 def _formatted(fmt='{"type": "json_object"}', **kw):
     return dataclasses.replace(_chat(**kw), response_format=fmt)
@@ -390,3 +393,26 @@ def test_a_long_prompt_mostly_stored_stays_in_the_short_pool_where_its_blocks_ar
     pools = Pools(engine_short=[_answer([EOT])])
     sink = _run(_turn(Sessions(Lookup(history, SessionStatus.HIT)), pools), _chat("ok", session_id="s"))
     assert pools.calls[0][0] == "engine_short" and sink.stats["route"] == "short"  # Router(8): 12 tokens is long
+
+
+def test_a_budget_below_the_shortest_constrained_answer_is_refused_naming_what_it_takes():
+    pools = Pools(engine_short=[_answer([1, EOT], stats=ENGINE_STATS)])
+    _run(_turn(pools=pools, grammars=StubGrammars()), dataclasses.replace(_formatted(), max_new_tokens=9))
+    assert pools.calls[0][1].max_new_tokens == 9, "exactly the shortest answer's tokens: served"
+    with pytest.raises(RequestError, match=r"^max_new_tokens: 8 is below the 9 tokens the shortest answer in this"):
+        _run(_turn(pools=pools, grammars=StubGrammars()), dataclasses.replace(_formatted(), max_new_tokens=8))
+
+    class Short(Prompts):  # the prompt leaves 5 tokens of the context window
+        def build(self, *args, **kw):
+            return dataclasses.replace(super().build(*args, **kw), max_new_tokens=5)
+
+    with pytest.raises(RequestError, match="the prompt leaves 5 tokens of the context window and the shortest"):
+        _run(_turn(pools=pools, grammars=StubGrammars(), prompts=Short()), _formatted())
+    assert len(pools.calls) == 1, "refused before any pool was asked"
+
+
+def test_penalties_go_to_the_pool_with_the_chat():
+    pools = Pools(engine_short=[_answer([1, EOT], stats=ENGINE_STATS)])
+    _run(_turn(pools=pools), dataclasses.replace(_chat(), presence_penalty=0.5, frequency_penalty=-1.0))
+    gen = pools.calls[0][1]
+    assert (gen.presence_penalty, gen.frequency_penalty) == (0.5, -1.0)
