@@ -122,9 +122,9 @@ class Grammars:
     @staticmethod
     def _key(spec: dict) -> tuple[str, str]:
         if spec["type"] == "tool_calls":
-            return json.dumps(spec, sort_keys=True), "tools"
+            return json.dumps(spec), "tools"
         schema = {"type": "object"} if spec["type"] == "json_object" else spec["schema"]
-        return json.dumps(schema, sort_keys=True), "json_schema"
+        return json.dumps(schema), "json_schema"
 
     def grammar(self, spec: dict) -> str:
         """The grammar for a parsed spec (``parse_spec``), checked; GrammarError otherwise."""

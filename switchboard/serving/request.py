@@ -212,7 +212,7 @@ def parse_chat_request(inputs: dict[str, np.ndarray | None], parameters: dict, l
             spec = parse_spec(_utf8("response_format", raw_format, MAX_SCHEMA_BYTES))
         except GrammarError as e:
             raise RequestError(str(e)) from None
-        response_format = json.dumps(spec, ensure_ascii=False, sort_keys=True)
+        response_format = json.dumps(spec, ensure_ascii=False)
         if tools and tool_choice != "none":
             raise RequestError('response_format: not with tools (send tool_choice "none", or one of them)')
     logprobs = -1

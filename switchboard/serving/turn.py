@@ -311,7 +311,7 @@ class ChatTurn:
             self.grammars.grammar(spec)
         except GrammarError as e:
             raise RequestError(str(e)) from None
-        return json.dumps(spec, ensure_ascii=False, sort_keys=True)
+        return json.dumps(spec, ensure_ascii=False)
 
     def check_budget(self, constraint: str | None, budget: int, chat: ChatRequest) -> None:
         """A constrained answer must have room for its shortest whole answer: the pool finishes

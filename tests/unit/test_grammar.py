@@ -300,3 +300,18 @@ def test_without_finishing_or_a_known_closing_the_budget_cuts_the_answer_as_befo
     assert g.shortest(spec) is None, "no rule here writes a multiple of 7: no budget to check against"
     text, ids, c = decode_with_budget(grammars, spec, 0, 3, quote_tokens)
     assert len(ids) == 3 and not c.cut and not c.finished
+
+
+def test_properties_come_in_the_schemas_order_as_openai_writes_them(grammars):
+    """The grammar follows the schema's order of properties, not an alphabetical one: a model
+    trained to write order_id before status (as clients list them) is not forced to reorder.
+    Through request parsing too: chat's response_format keeps the client's order."""
+    from switchboard.serving.request import ChatRequest  # noqa: F401 - the module that re-serializes it
+
+    g, tok = grammars
+    spec = {"type": "json_schema", "schema": ORDER}  # order_id, status, eta_days: not sorted
+    text, _, _ = decode_with_budget(grammars, spec, 0, 200)
+    assert list(json.loads(text)) == ["order_id", "status", "eta_days"]
+    reordered = {**ORDER, "properties": dict(reversed(list(ORDER["properties"].items())))}
+    text, _, _ = decode_with_budget(grammars, {"type": "json_schema", "schema": reordered}, 0, 200)
+    assert list(json.loads(text)) == ["eta_days", "status", "order_id"]

@@ -94,6 +94,10 @@ def test_a_response_format_is_carried_as_normalized_json():
     r = parse(text=b(b"hi"), response_format=b(json.dumps(spec, indent=2).encode()))
     assert json.loads(r.response_format) == spec and "\n" not in r.response_format
     assert parse(text=b(b"hi")).response_format is None
+    # the client's order of properties is kept: the grammar writes them in that order
+    ordered = {"type": "json_schema", "schema": {"properties": {"z": {}, "a": {}, "m": {}}}}
+    r = parse(text=b(b"hi"), response_format=b(json.dumps(ordered).encode()))
+    assert list(json.loads(r.response_format)["schema"]["properties"]) == ["z", "a", "m"]
 
 
 def test_control_characters_in_a_message_are_dropped_but_tab_and_newlines_kept():
