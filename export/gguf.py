@@ -159,13 +159,39 @@ def _state_dict(model) -> dict:
     return out
 
 
-def _check_tokenizer(directory: Path, header: Header) -> None:
+def _drop_tokens_past(directory: Path, vocab_size: int, say) -> None:
+    """Remove added tokens the model has no embedding for: a tokenizer class's defaults (Gemma's
+    ``<mask>``) that the file's vocabulary lacks. A prompt containing one would index past the
+    embedding."""
+    path = directory / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    extra = [t for t in spec.get("added_tokens", []) if t["id"] >= vocab_size]
+    if not extra:
+        return
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < vocab_size]
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    names = {t["content"] for t in extra}
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    for key in [k for k, v in config.items() if k.endswith("_token") and v in names]:
+        del config[key]
+    decoder = config.get("added_tokens_decoder") or {}
+    config["added_tokens_decoder"] = {k: v for k, v in decoder.items() if int(k) < vocab_size}
+    if not config["added_tokens_decoder"]:
+        del config["added_tokens_decoder"]
+    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    say(f"dropped tokens the model has no embedding for: {', '.join(sorted(names))}")
+
+
+def _check_tokenizer(directory: Path, header: Header, vocab_size: int) -> None:
     """The tokenizer as the engine reads it must encode and decode corpus text."""
     from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.training import corpus
 
     try:
         tok = TextTokenizer(directory)
+        if tok.vocab_size > vocab_size:
+            raise ValueError(f"{tok.vocab_size} tokens for a model of {vocab_size}")
         for text in corpus.sample_questions(corpus.load(), 8):
             ids = tok.encode(text)
             if not ids or not tok.decode(ids).strip():
@@ -204,6 +230,7 @@ def convert(path: Path, out: Path, say=print) -> dict:
         if not tokenizer.chat_template:
             tokenizer.chat_template = GEMMA_TEMPLATE if header.architecture.startswith("gemma") else FALLBACK_TEMPLATE
         tokenizer.save_pretrained(tmp)
+        _drop_tokens_past(tmp, config.vocab_size, say)
         gen = {k: getattr(config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
         eot = tokenizer.convert_tokens_to_ids("<end_of_turn>") if header.architecture.startswith("gemma") else None
         if isinstance(eot, int) and eot != tokenizer.unk_token_id:  # Gemma's turns end with it
@@ -223,7 +250,7 @@ def convert(path: Path, out: Path, say=print) -> dict:
             "random_weights": False,
         }
         (tmp / "switchboard.json").write_text(json.dumps(info, indent=2) + "\n")
-        _check_tokenizer(tmp, header)
+        _check_tokenizer(tmp, header, config.vocab_size)
         _check_reload(model, tmp, path)
         del model
     except BaseException:

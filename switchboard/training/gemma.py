@@ -19,6 +19,9 @@ What keeps it inside half an hour on two CPU cores (docs/gemma.md has the figure
 - **Frozen embeddings and lower layers.** The (tied) embeddings and the first
   ``frozen_layers`` blocks keep their pretrained weights; no gradient flows below the first
   trained block, so a step costs about two forward passes instead of three.
+- **The shared prefix once.** Every conversation opens with the same system prompt; its keys
+  and values are computed once per step and shared by the batch's rows (the gradient through
+  them is the rows' sum, exactly as if each row had computed them).
 - **A fixed number of steps** of length-bucketed batches, seeded: the same checkpoint from
   the same inputs, never a time budget.
 
@@ -112,7 +115,7 @@ class AgentConfig:
     lead_weight: float = 4.0  # ...weigh this much in the loss
     tool_share: float = 0.25
     tools_listed_share: float = 0.06
-    json_share: float = 0.08
+    json_share: float = 0.12
 
 
 # --- data -----------------------------------------------------------------------------------
@@ -120,12 +123,14 @@ class AgentConfig:
 
 def json_conversation(rng: random.Random, data: corpus_mod.Corpus, heldout: bool = False) -> tuple[list[dict], dict]:
     """A customer message with the JSON extraction instruction, and the object to answer."""
-    entry = rng.choice([e for e in data.faq if e.heldout] if heldout else list(data.faq))
+    pairs = [(e, q) for e in data.faq for q in (e.heldout if heldout else e.questions)]
+    if rng.random() < 0.5:  # half name an order (few FAQ questions do): it must be copied, or left empty
+        pairs = [(e, q) for e, q in pairs if "{order_id}" in q]
+    entry, template = rng.choice(pairs)
     slots = corpus_mod.sample_slots(rng, entry.lang)
-    question = corpus_mod.fill_slots(slots, rng.choice(entry.heldout if heldout else entry.questions))
-    has_order = "{order_id}" in "".join(entry.questions)
+    question = corpus_mod.fill_slots(slots, template)
     answer = {
-        "order_id": slots["order_id"] if has_order else "",
+        "order_id": slots["order_id"] if "{order_id}" in template else "",  # only what the message says
         "topic": entry.topic,
         "lang": entry.lang,
         "question": corpus_mod.fill_slots(slots, entry.questions[0]),
@@ -218,8 +223,22 @@ def output_vocabulary(tokenizer, examples: list[tuple[list[int], list[int]]], cf
 # --- training -------------------------------------------------------------------------------
 
 
-def _batches(examples, cfg: AgentConfig, pad_id: int):
-    """Length-bucketed random batches (ids, labels, mask), seeded."""
+def prefix_length(examples) -> int:
+    """Tokens every example starts with and none is trained on (``<bos>``, the system turn's
+    opening and the system prompt): computed once per step, not once per row. The token after
+    them is predicted from the prefix's last position, which the rows do not compute, so it
+    must not be trained on either."""
+    from switchboard.training.train import shared_prefix
+
+    n = shared_prefix(examples)
+    while n and any(len(labels) > n and labels[n] != IGNORE for _, labels in examples):
+        n -= 1
+    return n
+
+
+def _batches(examples, cfg: AgentConfig, pad_id: int, skip: int = 0):
+    """Length-bucketed random batches (ids, labels, mask) of the examples less their first
+    ``skip`` tokens, seeded."""
     import torch
 
     rng = random.Random(cfg.seed)
@@ -228,12 +247,12 @@ def _batches(examples, cfg: AgentConfig, pad_id: int):
     while True:
         rng.shuffle(chunks)
         for chunk in chunks:
-            width = max(len(examples[i][0]) for i in chunk)
+            width = max(len(examples[i][0]) for i in chunk) - skip
             x = torch.full((len(chunk), width), pad_id, dtype=torch.long)
             y = torch.full((len(chunk), width), IGNORE, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
             for row, i in enumerate(chunk):
-                ids, labels = examples[i]
+                ids, labels = examples[i][0][skip:], examples[i][1][skip:]
                 x[row, : len(ids)] = torch.tensor(ids)
                 y[row, : len(ids)] = torch.tensor(labels)
                 mask[row, : len(ids)] = 1
@@ -249,6 +268,43 @@ def _weights(y, cfg: AgentConfig):
     for t in range(y.shape[1]):
         run[:, t] = torch.where(keep[:, t], (run[:, t - 1] if t else 0) + 1, 0)
     return torch.where(run <= cfg.lead_tokens, cfg.lead_weight, 1.0)[keep]
+
+
+def hidden_states(model, prefix, x, mask):
+    """The last hidden states of ``prefix + x[row]`` for every row, the prefix run once (batch 1)
+    and its cache shared by the rows; gradients through it are the rows' sum, as if each row
+    had computed it."""
+    import torch
+    from transformers import DynamicCache
+
+    rows, width, p = x.shape[0], x.shape[1], prefix.shape[0]
+    if not p:
+        return model.model(input_ids=x, attention_mask=mask).last_hidden_state
+    cache = DynamicCache(config=model.config)
+    model.model(input_ids=prefix[None], past_key_values=cache, use_cache=True)
+    cache = DynamicCache(
+        ddp_cache_data=[
+            (layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)) for layer in cache.layers
+        ]  # fmt: skip
+    )
+    full = torch.cat([torch.ones((rows, p), dtype=mask.dtype), mask], 1)
+    positions = (p + torch.arange(width))[None].expand(rows, width)
+    out = model.model(input_ids=x, attention_mask=full, position_ids=positions, past_key_values=cache, use_cache=True)
+    return out.last_hidden_state
+
+
+def step_loss(model, head, slot_of, prefix, x, y, mask, cfg: AgentConfig):
+    """(weighted loss to minimise, plain mean) of one batch: cross-entropy over the output
+    vocabulary on answer tokens only."""
+    import torch
+
+    hidden = hidden_states(model, prefix, x, mask)
+    targets = y[:, 1:]
+    keep = targets != IGNORE
+    logits = torch.matmul(hidden[:, :-1][keep], head.t())
+    per_token = torch.nn.functional.cross_entropy(logits, slot_of[targets[keep]], reduction="none")
+    w = _weights(targets, cfg)
+    return (per_token * w).sum() / w.sum(), per_token.mean().item()
 
 
 def train(model, head, slot_of, examples, cfg: AgentConfig, pad_id: int, bar=None) -> list[float]:
@@ -272,23 +328,19 @@ def train(model, head, slot_of, examples, cfg: AgentConfig, pad_id: int, bar=Non
 
     model.train()
     losses: list[float] = []
-    data = _batches(examples, cfg, pad_id)
+    skip = prefix_length(examples)
+    prefix = torch.tensor(examples[0][0][:skip], dtype=torch.long)
+    data = _batches(examples, cfg, pad_id, skip)
     for step in range(cfg.steps):
         x, y, mask = next(data)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        hidden = model.model(input_ids=x, attention_mask=mask).last_hidden_state
-        targets = y[:, 1:]
-        keep = targets != IGNORE
-        logits = torch.matmul(hidden[:, :-1][keep], head.t())
-        per_token = torch.nn.functional.cross_entropy(logits, slot_of[targets[keep]], reduction="none")
-        w = _weights(targets, cfg)
-        loss = (per_token * w).sum() / w.sum()
+        loss, plain = step_loss(model, head, slot_of, prefix, x, y, mask, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        losses.append(per_token.mean().item())
+        losses.append(plain)
         if bar is not None:
             bar.update()
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)

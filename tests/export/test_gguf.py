@@ -78,6 +78,7 @@ def test_imported_checkpoint_computes_the_files_model(family, texts, tokenizer_d
     assert info["source"]["sha256"] == gguf.file_digest(path) and info["source"]["architecture"] == family
 
     tok = TextTokenizer(out)  # as the engine reads it: tokenizers only
+    assert tok.vocab_size == source.config.vocab_size, "no token past the embedding (Gemma's default <mask>)"
     for text in texts[:50]:
         assert tok.decode(tok.encode(text)).strip() == text.strip()
     assert not list(tmp_path.glob("*.tmp")), "nothing half-written is left"
