@@ -365,16 +365,42 @@ class AsrGate:
         )
 
 
-def gate_clips(manifest: AsrManifest, per_language: int) -> list:
-    """Held-out speech in the model's languages (``speech.heldout_clips``), at most
-    ``per_language`` clips each (0: all), spread evenly over the set (both voices, every FAQ
-    entry). A model is judged on the clips its input takes whole (its window, or the
+def gate_languages(model_dir: Path, manifest: AsrManifest, asked: str = "") -> tuple[list[str], dict[str, str]]:
+    """(the languages the gate judges, {language: why not} for the model's others that have
+    held-out speech). ``asked``: a comma-separated list (``--gate-languages``); else what the
+    checkpoint's switchboard.json says (``gate_languages``, its reasons in ``gate_not_judged``),
+    else every language of the model with held-out speech. Whisper's converter
+    (``switchboard.training.whisper_ct2``) leaves Mandarin out for pretrained Whisper: espeak-ng's
+    ``cmn`` voice is not speech a recognizer trained on people knows."""
+    from switchboard.training import speech
+
+    have = [lang for lang in speech.LANGS if lang in manifest.languages]
+    info = read_json(model_dir / "switchboard.json")
+    if asked.strip():
+        chosen = [x.strip() for x in asked.split(",") if x.strip()]
+        reasons = {}
+    elif "gate_languages" in info:
+        chosen, reasons = list(info["gate_languages"]), dict(info.get("gate_not_judged") or {})
+    else:
+        chosen, reasons = have, {}
+    unknown = [lang for lang in chosen if lang not in have]
+    if unknown:
+        raise ValueError(
+            f"gate languages {', '.join(unknown)}: the model's languages with held-out speech are {', '.join(have)}"
+        )
+    return chosen, {lang: reasons.get(lang, "not asked for (--gate-languages)") for lang in have if lang not in chosen}
+
+
+def gate_clips(manifest: AsrManifest, per_language: int, languages: list[str] | None = None) -> list:
+    """Held-out speech in ``languages`` (default: the model's; ``speech.heldout_clips``), at
+    most ``per_language`` clips each (0: all), spread evenly over the set (both voices, every
+    FAQ entry). A model is judged on the clips its input takes whole (its window, or the
     variable-length limit): a longer one would be cut, which serving never does."""
     from switchboard.training import speech
 
     clips = []
     for lang in speech.LANGS:
-        if lang not in manifest.languages:
+        if lang not in manifest.languages or (languages is not None and lang not in languages):
             continue
         pool = speech.heldout_clips(lang)
         pool = [c for c in pool if len(c.samples) // manifest.hop_length <= manifest.max_frames]
@@ -486,6 +512,7 @@ def run_export(
     bench_batches: tuple[int, ...] = (1, 8),
     threads: int = 0,
     console=None,
+    languages: str = "",
 ) -> AsrManifest:
     """Export, check, quantize, gate and measure; returns the manifest written to ``out``.
     ``required``: variants that must pass the gate (the others are left out when they fail)."""
@@ -503,6 +530,7 @@ def run_export(
             stale.unlink()
     tok_path = copy_tokenizer(model_dir, out)
     manifest = describe(model_dir, Tokenizer.from_file(str(tok_path)))
+    judged = gate_languages(model_dir, manifest, languages) if gate is not None else ([], {})
     model = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     info = read_json(model_dir / "switchboard.json")
     parameters = sum(p.numel() for p in model.parameters())
@@ -539,7 +567,7 @@ def run_export(
     if int8 and info.get("random_weights"):
         say.line("random weights: INT8 transcripts are not measured or gated (the parity check ran)")
     elif int8 and gate is not None:
-        manifest = _gate(out, manifest, int8, required, gate, per_language, threads, say)
+        manifest = _gate(out, manifest, int8, required, gate, per_language, threads, say, judged)
     if bench_batches:
         shipped = [p for p in precisions if p in manifest.precisions]
         bench = benchmark(out, shipped, bench_batches, threads=threads)
@@ -565,10 +593,13 @@ def _with(manifest: AsrManifest, **changes) -> AsrManifest:
     return AsrManifest(**{**manifest.__dict__, **changes})
 
 
-def _gate(out, manifest, int8, required, gate, per_language, threads, say) -> AsrManifest:
-    clips = gate_clips(manifest, per_language)
+def _gate(out, manifest, int8, required, gate, per_language, threads, say, judged) -> AsrManifest:
+    languages, not_judged = judged
+    for lang, why in not_judged.items():
+        say.line(f"the gate does not judge {lang}: {why}")
+    clips = gate_clips(manifest, per_language, languages)
     if not clips:
-        say.line(f"no held-out speech in {', '.join(manifest.languages)}: INT8 not gated")
+        say.line(f"no held-out speech in {', '.join(languages or manifest.languages)}: INT8 not gated")
         return manifest
     precisions, left_out, failed = dict(manifest.precisions), {}, {}
     pending, reasons = list(int8), {}
@@ -611,6 +642,8 @@ def _gate(out, manifest, int8, required, gate, per_language, threads, say) -> As
         "max_increase": gate.max_increase,
         "max_lost": gate.max_lost,
         "clips": len(clips),
+        "languages": sorted({c.lang for c in clips}),
+        "not_judged": not_judged,
         "rungs": [list(keep) for keep in INT8_RUNGS],
     }
     manifest = _with(manifest, precisions=precisions, left_out=left_out, gate=report)
@@ -691,6 +724,12 @@ def main(argv: list[str] | None = None) -> int:
         f"reason) or a comma-separated list from {','.join(VARIANTS)} (each must pass the gate)",
     )
     p.add_argument("--gate-clips", type=int, default=64, help="held-out clips per language in the gate (0: all)")
+    p.add_argument(
+        "--gate-languages",
+        default="",
+        help="languages the gate judges, comma-separated (default: the checkpoint's switchboard.json "
+        "gate_languages, else all of its languages with held-out speech)",
+    )
     p.add_argument("--max-increase", type=float, default=AsrGate.max_increase, help="gate: WER/CER over FP32's")
     p.add_argument(
         "--max-lost", type=float, default=AsrGate.max_lost, help="gate: share of FP32's word-for-word clips lost"
@@ -717,6 +756,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gate = None if args.no_gate else AsrGate(args.max_increase, args.max_lost)
     options = [*precisions, "required:" + ",".join(sorted(required)), repr(gate), str(args.gate_clips)]
+    options.append(args.gate_languages)
     options += [str(not args.no_check), args.bench_batches]
     digest = _inputs_digest(args.model, options)
     stamp = args.out / ".inputs"
@@ -735,6 +775,7 @@ def main(argv: list[str] | None = None) -> int:
                     batches,
                     args.threads,
                     out,
+                    args.gate_languages,
                 )
             except ValueError as e:  # a checkpoint that is not what the exporter needs
                 raise SystemExit(str(e)) from None
