@@ -60,11 +60,13 @@ class Joiner:
         self.args = args
         self.state_path = args.run_dir / STATE
         self.child: subprocess.Popen | None = None
+        self.t0 = time.monotonic()
 
     def stage(self, name: str, **extra) -> None:
         state = {"stage": name, "model": str(self.args.model), "at": time.time(), **extra}
         self.state_path.write_text(json.dumps(state))
-        print(f"[voice] {name}" + (f": {extra}" if extra else ""), flush=True)
+        since = f" (+{time.monotonic() - self.t0:.1f} s)"
+        print(f"[voice] {name}{since}" + (f": {extra}" if extra else ""), flush=True)
 
     def run(self, cmd: list[str]) -> None:
         self.child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
@@ -73,7 +75,7 @@ class Joiner:
         self.child = None
 
     def join(self) -> int:
-        args, t0 = self.args, time.monotonic()
+        args, t0 = self.args, self.t0
         model = Path(args.model)
         try:
             build = builder(model)
