@@ -29,7 +29,7 @@ PYTEST_ARGS ?= -q
 SETUP_STAMP := $(VENV)/.switchboard-setup
 MODEL_DIR   := $(if $(MODEL),$(MODEL),build/default-model)
 
-.PHONY: help setup model model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -130,6 +130,11 @@ bench-asr: export test-recognizer ## speech side by side on tiny.en: served pool
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''
 	@$(PY) -m switchboard.perf.asr_bench --preset quick --out build/bench/asr $(BENCH_ARGS)
 
+BASE_EXPORT := build/artifacts/asr/asr-whisper-base
+bench-asr-base: export model-asr-base ## Whisper base, the served default, beside faster-whisper on its own model.bin: audio s/s at 1 and 8 callers (FP32, INT8), a 3 s spoken question to the first answer token (~15 min, build/bench/asr-base)
+	@$(PY) -m switchboard.export.asr --model build/asr-whisper-base --out $(BASE_EXPORT) --precision default --bench-batches ''
+	@$(PY) -m switchboard.perf.asr_bench --preset base --out build/bench/asr-base $(BENCH_ARGS)
+
 bench-asr-full: export test-recognizer model-asr model-asr-large ## bench-asr on tiny.en, the embedded default and the whisper-small shape, 2 rounds (~1 h, build/bench/asr-full)
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''
 	@$(PY) -m switchboard.export.asr --model build/asr-default-model --out build/artifacts/asr/asr-default-model --precision default --bench-batches ''
@@ -139,8 +144,13 @@ bench-asr-full: export test-recognizer model-asr model-asr-large ## bench-asr on
 bench-asr-gpu: model-asr model-asr-tiny-en model-asr-large ## on an NVIDIA GPU with a CUDA build of PyTorch: the asr pool, 1 caller vs 8, PyTorch runtime, vs transformers generate (~3 min, build/bench/asr-gpu)
 	@$(PY) -m switchboard.perf.asr_gpu run --out build/bench/asr-gpu $(BENCH_ARGS)
 
-bench-asr-voices: model-asr model-asr-tiny-en ## which voices the recognizers hear: held-out questions in voices ever further from training (~10 min, build/bench/asr-voices)
-	@$(PY) -m switchboard.perf.asr_voices --questions 0 --out build/bench/asr-voices $(BENCH_ARGS)
+bench-asr-voices: model-asr-base model-asr-tiny-en ## English WER of Whisper base as served (FP32, INT8), faster-whisper on the same weights and tiny.en, on 40 questions in no file of corpus/, in the plain voice and unseen ones (~15 min, build/bench/asr-voices)
+	@$(PY) -m switchboard.export.asr --model build/asr-whisper-base --out $(BASE_EXPORT) --precision default --bench-batches ''
+	@$(PY) -m switchboard.perf.asr_voices --question-set fresh --windows fitted \
+	  --voices en:en-us,en:en-us+f5,en:en-gb-x-gbcwmd+Andrea --out build/bench/asr-voices \
+	  --model base-fp32=$(BASE_EXPORT)@fp32 --model base-int8=$(BASE_EXPORT)@int8-dynamic \
+	  --model faster-whisper-base-int8=faster-whisper:base@int8 --model faster-whisper-base-fp32=faster-whisper:base@float32 \
+	  --model tiny-en=build/asr-tiny-en $(BENCH_ARGS)
 
 chaos: export ## faults, a 5x overload burst and (with a recognizer) an audio burst against a private stack; REPLICAS=2: a replica killed mid-burst too (build/chaos/summary.md)
 	@$(PY) -m switchboard.perf.chaos --out build/chaos --replicas $(REPLICAS)
