@@ -10,7 +10,7 @@ import soundfile as sf
 
 from switchboard.asr import audio
 from switchboard.asr.audio import MAX_UPLOAD_BYTES, Audio, AudioError, decode, encode_wav
-from tests.audiotools import encode_av
+from tests.audiotools import encode_av, flac_of_unknown_length
 
 RATE = 16_000
 
@@ -328,17 +328,6 @@ def test_wav_of_unknown_length_decodes_what_is_there(placeholder):
     # streaming writers leave a placeholder for the data size: -1, espeak-ng --stdout 0x7FFFF000
     a = decode(wav_header(placeholder) + np.full(800, 1000, "<i2").tobytes())
     assert len(a.samples) == 800 and a.seconds == pytest.approx(0.05)
-
-
-def flac_of_unknown_length(data: bytes) -> bytes:
-    """``data`` (a FLAC file) as a writer to a pipe leaves it: STREAMINFO's 36-bit total of
-    samples (bytes 10 to 17 of the block, after the 4-byte magic and the 4-byte block header)
-    set to 0, "unknown", since it could not seek back to fill it in."""
-    out = bytearray(data)
-    assert out[:4] == b"fLaC" and out[4] & 0x7F == 0  # STREAMINFO first
-    out[8 + 13] &= 0xF0
-    out[8 + 14 : 8 + 18] = bytes(4)
-    return bytes(out)
 
 
 @pytest.mark.parametrize("channels", [1, 2])
