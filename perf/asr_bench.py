@@ -209,6 +209,7 @@ PRESETS = {
         fw_settings=(FwSetting(1, 2),),
         litserve=False,
         seed001_s=0.0,
+        seed001_model="base",
         voice_models=("base",),
     ),
     "full": Preset(
