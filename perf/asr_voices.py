@@ -9,6 +9,14 @@ language given; audio longer than the window cut at its pauses). By default the 
 the embedded one and OpenAI's tiny.en. tiny.en was trained on real speech and never on
 espeak-ng, so a voice it cannot follow either is a hard voice, not a deaf model.
 
+``--questions fresh`` takes instead 40 English questions that are in no file of corpus/
+(``FRESH_QUESTIONS``, checked by a unit test): what a new user would ask, never seen by the
+corpus-trained recognizer's training or held-out sets. A recognizer is a Hugging Face checkpoint
+(run in PyTorch, as above), an export directory (``DIR@PRECISION``: the ONNX graphs the pool
+serves, ``fp32`` or ``int8-dynamic``) or ``faster-whisper:SOURCE@COMPUTE`` (faster-whisper on the
+CTranslate2 weights a pinned package carries, ``switchboard.training.whisper_ct2.SOURCES``:
+the same weights; greedy, no timestamps, the language given, as the pool decodes).
+
 ``--windows whole,fitted`` measures each recognizer twice: every chunk padded to the model's
 window, and padded to a window fitted to it (asr/config.pbtxt's ``windows``). ``--long`` adds, per
 voice, its questions strung into recordings of about 28 s (0.6 s of silence between them), cut
@@ -41,7 +49,55 @@ VOICES = {
     ),
     "zh": ("cmn", "cmn+f3", "cmn-latn-pinyin+m3", "cmn+Andrea", "cmn+f5"),
 }
-DEFAULT_MODELS = {"default": paths.BUILD / "asr-default-model", "tiny-en": paths.BUILD / "asr-tiny-en"}
+DEFAULT_MODELS = {
+    "whisper-base": paths.BUILD / "asr-whisper-base",
+    "default": paths.BUILD / "asr-default-model",
+    "tiny-en": paths.BUILD / "asr-tiny-en",
+}
+# What a new user might ask, in words no file of corpus/ holds (tests/unit/test_asr_voices.py
+# checks): the trained-from-scratch recognizer never heard them, in training or held out.
+FRESH_QUESTIONS = (
+    "Where is my parcel? It has not arrived yet.",
+    "The courier says he delivered it but I never got anything.",
+    "Can you tell me when my package will get here?",
+    "I ordered a jacket last Tuesday and it still has not shipped.",
+    "How much does it cost to send something to Canada?",
+    "Do you deliver on Sundays?",
+    "The box was crushed and the glass inside is broken.",
+    "I would like to send these shoes back because they are too small.",
+    "How many days do I have to return a gift?",
+    "My money still has not come back after the return.",
+    "Why was my card declined when I tried to pay?",
+    "Can I split the payment over three months?",
+    "I think you charged me the wrong amount.",
+    "Please cancel the second item in my basket.",
+    "I forgot my password and the reset email never comes.",
+    "How can I change the email address on my profile?",
+    "I want to close my account for good.",
+    "Someone else logged into my account without asking me.",
+    "Is there a discount for students?",
+    "My promo code says it has expired but the advert says it is valid.",
+    "Can I collect my order from a shop instead?",
+    "What time does your customer service close today?",
+    "I need to speak to a real person please.",
+    "The size chart is confusing, which size should I pick for a small child?",
+    "Will this charger work in Europe?",
+    "Does the laptop come with a warranty?",
+    "The screen of my new phone stopped working after two days.",
+    "Can I swap the blue one for the red one?",
+    "I was sent the wrong colour.",
+    "How do I know if my order went through?",
+    "Can you send the receipt to my work email?",
+    "Is it safe to save my card details on your website?",
+    "The tracking page has not updated for a week.",
+    "Can I add a note for the driver?",
+    "My neighbour took the parcel in, is that okay?",
+    "How long does a refund take to reach my bank?",
+    "I have been waiting on hold for an hour.",
+    "Can I buy a gift card for my sister?",
+    "Why do I have to pay customs fees?",
+    "Thank you, that solves my problem.",
+)
 
 
 def relation(voice: str, lang: str) -> str:
@@ -62,7 +118,8 @@ def relation(voice: str, lang: str) -> str:
 
 
 def parse_models(specs: list[str]) -> dict[str, Path]:
-    """``NAME=PATH`` each (a bare path is named by its folder); none: the defaults that exist."""
+    """``NAME=PATH`` each (a bare path is named by its folder; PATH may end in @PRECISION or be
+    faster-whisper:SOURCE@COMPUTE, see the module docstring); none: the defaults that exist."""
     if not specs:
         return {name: path for name, path in DEFAULT_MODELS.items() if (path / "config.json").exists()}
     out = {}
@@ -71,6 +128,85 @@ def parse_models(specs: list[str]) -> dict[str, Path]:
         path = Path(path if sep else name)
         out[name if sep else path.name] = path
     return out
+
+
+class FasterWhisperHears:
+    """faster-whisper as ``transcribe`` below calls a recognizer: the CTranslate2 model a pinned
+    package carries (``whisper_ct2.ct2_files``: from memory), each chunk decoded greedily with
+    no timestamps in its clip's language, as the pool decodes; no VAD, no fallback."""
+
+    max_seconds = 30.0
+
+    def __init__(self, source: str, compute_type: str = "int8"):
+        from faster_whisper import WhisperModel
+
+        from switchboard.training import whisper_ct2
+
+        src = whisper_ct2.SOURCES[source]
+        self.model = WhisperModel(src.name, device="cpu", compute_type=compute_type, files=whisper_ct2.ct2_files(src))
+        self.multilingual = self.model.model.is_multilingual
+        self.languages = ["en", "zh"] if self.multilingual else ["en"]
+
+    def features(self, samples):
+        return samples  # faster-whisper computes its own
+
+    def transcribe(self, features: list, languages: list) -> list:
+        from types import SimpleNamespace
+
+        out = []
+        for samples, lang in zip(features, languages, strict=True):
+            segments, _ = self.model.transcribe(
+                samples,
+                language=lang if self.multilingual else None,
+                beam_size=1,
+                temperature=0.0,
+                without_timestamps=True,
+                condition_on_previous_text=False,
+                vad_filter=False,
+            )
+            out.append(SimpleNamespace(text="".join(s.text for s in segments)))
+        return out
+
+
+def load_recognizer(spec: Path, fitted: bool):
+    """The recognizer ``spec`` names (see ``parse_models``), windows fitted or whole."""
+    from switchboard.asr.model import AsrModel
+
+    text = str(spec)
+    if text.startswith("faster-whisper:"):
+        source, _, compute = text.removeprefix("faster-whisper:").partition("@")
+        return FasterWhisperHears(source, compute or "int8")
+    path, _, precision = text.partition("@")
+    if (Path(path) / "asr.json").is_file():  # an export: the graphs the pool serves
+        return AsrModel.load(Path(path), precision or "fp32", fitted_windows=fitted)
+    return AsrModel.from_checkpoint(Path(path), device="cpu", dtype="float32", steps="growing", fitted_windows=fitted)
+
+
+def spec_problem(spec: Path) -> str | None:
+    """Why ``spec`` names no recognizer (None: it does)."""
+    from switchboard.training import whisper_ct2
+
+    text = str(spec)
+    if text.startswith("faster-whisper:"):
+        source = text.removeprefix("faster-whisper:").partition("@")[0]
+        return (
+            None
+            if source in whisper_ct2.SOURCES
+            else f"no CTranslate2 source {source!r} ({', '.join(whisper_ct2.SOURCES)})"
+        )
+    path = Path(text.partition("@")[0])
+    if (path / "asr.json").is_file() or ((path / "config.json").is_file() and "@" not in text):
+        return None
+    return f"{path} is not a Hugging Face checkpoint (no config.json) nor an export (no asr.json)"
+
+
+def sentences(lang: str, questions: str, per_language: int) -> list[str]:
+    """The texts to speak: the corpus's held-out questions, or ``FRESH_QUESTIONS`` (English)."""
+    from switchboard.training import speech
+
+    if questions == "fresh":
+        return list(FRESH_QUESTIONS) if lang == "en" else []
+    return [text for text, _ in speech.heldout_sentences(lang)][: per_language or None]
 
 
 def transcribe(model, clips: list) -> list[str]:
@@ -126,26 +262,24 @@ def measure(
     per_language: int,
     windows: tuple[str, ...] = ("whole",),
     long: bool = False,
+    questions: str = "heldout",
 ) -> dict:
     from switchboard.asr import wer
-    from switchboard.asr.model import AsrModel
     from switchboard.training import speech
 
     rows, labels = [], {}
-    for name, checkpoint in models.items():
+    for name, spec in models.items():
         for how in windows:
             label = name if windows == ("whole",) else f"{name}, {how} windows"
-            labels[label] = str(checkpoint)
-            model = AsrModel.from_checkpoint(
-                checkpoint, device="cpu", dtype="float32", steps="growing", fitted_windows=how == "fitted"
-            )
+            labels[label] = str(spec)
+            model = load_recognizer(spec, fitted=how == "fitted")
             for lang, names in voices.items():
-                if lang not in model.languages:
+                texts = sentences(lang, questions, per_language)
+                if lang not in model.languages or not texts:
                     continue
-                sentences = [text for text, _ in speech.heldout_sentences(lang)][: per_language or None]
                 for voice in names:
                     started = time.monotonic()
-                    clips = [speech.Clip(speech.synthesize(t, lang, voice), t, lang, voice, False) for t in sentences]
+                    clips = [speech.Clip(speech.synthesize(t, lang, voice), t, lang, voice, False) for t in texts]
                     sets = [("questions", clips)] + ([("recordings", recordings(clips))] if long else [])
                     for kind, items in sets:
                         refs = [c.text for c in items]
@@ -169,7 +303,7 @@ def measure(
                             flush=True,
                         )
             del model
-    return {"models": labels, "per_language": per_language, "rows": rows}
+    return {"models": labels, "per_language": per_language, "questions": questions, "rows": rows}
 
 
 def summary(results: dict) -> str:
@@ -178,6 +312,8 @@ def summary(results: dict) -> str:
     models = list(results["models"])
     n = results["per_language"]
     questions = f"The first {n} held-out questions of each language" if n else "Every held-out question"
+    if results.get("questions") == "fresh":
+        questions = f"The {len(FRESH_QUESTIONS)} English questions in no file of corpus/ (FRESH_QUESTIONS)"
     lines = [f"{questions}, spoken by each voice.", ""]
     for lang in ("en", "zh"):
         rows = [r for r in results["rows"] if r["lang"] == lang]
@@ -209,11 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME=PATH",
-        help="a Hugging Face Whisper checkpoint (repeatable; default: build/asr-default-model and "
-        "build/asr-tiny-en, those that are built)",
+        help="a Hugging Face Whisper checkpoint, an export directory with @PRECISION, or "
+        "faster-whisper:SOURCE@COMPUTE (repeatable; default: build/asr-whisper-base, build/asr-default-model "
+        "and build/asr-tiny-en, those that are built)",
     )
     p.add_argument("--voices", help="comma-separated espeak-ng voices, each lang:voice (default: the built-in ladder)")
     p.add_argument("--questions", type=int, default=60, help="held-out questions per language (0: all)")
+    p.add_argument(
+        "--question-set",
+        choices=["heldout", "fresh"],
+        default="heldout",
+        help="the corpus's held-out questions, or 40 English questions in no file of corpus/",
+    )
     p.add_argument(
         "--windows",
         default="whole",
@@ -238,9 +381,10 @@ def main(argv: list[str] | None = None) -> int:
             voices[lang] = (*voices.get(lang, ()), voice)
     if args.questions < 0:
         p.error("--questions: 0 (all) or more")
-    for name, path in models.items():
-        if not (path / "config.json").is_file():
-            p.error(f"--model {name}: {path} is not a Hugging Face checkpoint (no config.json)")
+    for name, spec in models.items():
+        problem = spec_problem(spec)
+        if problem:
+            p.error(f"--model {name}: {problem}")
     from switchboard.training import speech
 
     for lang, names in voices.items():
@@ -249,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                 speech.synthesize("a" if lang == "en" else "好", lang, voice)
             except (ValueError, speech.SpeechError) as e:
                 p.error(f"--voices: {lang}:{voice}: {e}")
-    results = measure(models, voices, args.questions, windows, args.long)
+    results = measure(models, voices, args.questions, windows, args.long, args.question_set)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     text = summary(results)

@@ -27,6 +27,13 @@ Every way a file can be wrong becomes an ``AudioError`` with a ``code`` the serv
   its header gives). Formats without an exact length in their header (OGG, MP3, WebM) cannot
   tell, and their readable part is decoded.
 
+A file written to a pipe has no length in its header: its writer could not seek back to fill it
+in (``espeak-ng --stdout ... | sox -t wav - -t flac -``). A WAV then carries a placeholder data
+size, a FLAC a STREAMINFO total of 0 samples, "unknown" in the FLAC format. libsndfile reports
+such a FLAC as 2^63 - 1 frames and cannot read it to its end (soundfile seeks after every read,
+and that seek fails at the end of an unknown length), so FFmpeg's FLAC demuxer reads it, as it
+reads WebM and MP4: to its end, up to the limit. Like a streamed WAV, it cannot be truncated.
+
 libsndfile clamps a WAV's frame count to the bytes present, so the promise a WAV header makes
 (its ``data`` chunk size) is read here with a small RIFF parser; that is what lets a crafted
 "2 hours" header with a few bytes behind it be refused as too long instead of decoded as 30 ms.
@@ -66,9 +73,10 @@ _ESTIMATED_LENGTH = {"OGG", "MP3"}
 # beyond what the file's bytes could hold at that comes from a damaged header
 _LEAST_BITS_PER_S = 6000
 
-# FFmpeg's demuxer for each container it reads here (by _foreign_container's names), and the
-# audio codecs it decodes in them: what recordings hold, nothing else
-_AV_DEMUXERS = {"WebM/Matroska": ("matroska", "webm"), "MP4/M4A": ("mp4", "mp4")}
+# FFmpeg's demuxer for each container it reads here (by _foreign_container's names, and FLAC of
+# unknown length: see the module docstring), and the audio codecs it decodes in them: what
+# recordings hold, nothing else
+_AV_DEMUXERS = {"WebM/Matroska": ("matroska", "webm"), "MP4/M4A": ("mp4", "mp4"), "FLAC": ("flac", "flac")}
 _AV_CODECS = frozenset({"opus", "vorbis", "aac", "mp3", "flac", "alac", "pcm_s16le", "pcm_f32le"})
 # an MP4's samples may stop this short of its header's length (encoder priming and padding)
 _AV_LENGTH_SLACK_S = 0.1
@@ -109,6 +117,8 @@ def decode(data: bytes, max_seconds: float = 600.0) -> Audio:
     foreign = _foreign_container(data)
     if foreign in _AV_DEMUXERS:
         return _decode_av(data, foreign, max_seconds)
+    if _flac_total_samples(data) == 0:  # no length in the header: written to a pipe
+        return _decode_av(data, "FLAC", max_seconds)
     wav = _parse_wav(data)
     if wav is not None:
         _check_wav_header(wav, max_seconds)
@@ -252,6 +262,18 @@ def _to_16k(mono: np.ndarray, rate: int) -> np.ndarray:
         # the filter rings a little past full scale on hard edges
         mono = np.clip(soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ"), -1.0, 1.0)
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+# --- FLAC: whether the header gives a length at all ---
+
+
+def _flac_total_samples(data: bytes) -> int | None:
+    """STREAMINFO's total samples (36 bits; 0: unknown), or None when the file does not start
+    with one. STREAMINFO is the first metadata block by the format's rule: 2 + 2 + 3 + 3 bytes
+    of block and frame sizes, then 20 bits of sample rate, 3 of channels, 5 of sample size."""
+    if len(data) < 8 + 18 or data[:4] != b"fLaC" or data[4] & 0x7F != 0:
+        return None
+    return int.from_bytes(data[8 + 10 : 8 + 18], "big") & ((1 << 36) - 1)
 
 
 # --- WAV headers: what the file promises, which libsndfile does not report ---

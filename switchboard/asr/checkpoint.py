@@ -4,6 +4,7 @@ manifest (``runtime.AsrManifest``) and the ``tokenizer.json`` the pool reads. Us
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -42,8 +43,9 @@ def window_frames(config: dict) -> int | None:
 
 def describe(model_dir: Path, tokenizer) -> AsrManifest:
     """The manifest of a checkpoint, before any graph exists: geometry from config.json, the
-    prompt and suppression tokens from generation_config.json (the fields transformers'
-    Whisper generation reads), tokens it lacks looked up by name in the tokenizer."""
+    prompt, suppression tokens and length limits (``max_length``, ``max_new_tokens``) from
+    generation_config.json (the fields transformers' Whisper generation reads), tokens it lacks
+    looked up by name in the tokenizer."""
     config = read_json(model_dir / "config.json")
     gen = read_json(model_dir / "generation_config.json")
     info = read_json(model_dir / "switchboard.json")
@@ -87,7 +89,7 @@ def describe(model_dir: Path, tokenizer) -> AsrManifest:
     if isinstance(gen.get("max_length"), int):
         max_target = min(max_target, gen["max_length"])
     heads = int(config["decoder_attention_heads"])
-    return AsrManifest(
+    manifest = AsrManifest(
         name=info.get("name", model_dir.name),
         source=str(model_dir),
         n_mels=int(config["num_mel_bins"]),
@@ -105,6 +107,12 @@ def describe(model_dir: Path, tokenizer) -> AsrManifest:
         vocab_size=int(config["vocab_size"]),
         hop_length=hop_length(model_dir),
     )
+    new_tokens = gen.get("max_new_tokens")
+    if isinstance(new_tokens, int) and not isinstance(new_tokens, bool) and new_tokens > 0:
+        # the prompt, then at most that many (pretrained Whisper: 224, as OpenAI's decoding)
+        limit = min(manifest.max_target_positions, manifest.prompt_length + new_tokens)
+        manifest = dataclasses.replace(manifest, max_target_positions=limit)
+    return manifest
 
 
 def copy_tokenizer(model_dir: Path, out: Path) -> Path:

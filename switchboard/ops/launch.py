@@ -307,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--asr-model",
         default=os.environ.get("ASR_MODEL") or "",
-        help="the speech recognizer: a Hugging Face Whisper checkpoint (`make serve`: ASR_MODEL; default: the "
-        "embedded one, trained from corpus/ in the background while text chat already serves); 'off': none",
+        help="the speech recognizer: a Hugging Face Whisper checkpoint (`make serve`: ASR_MODEL; default: Whisper "
+        "base, converted from its pinned packages and exported in the background while text chat already serves); "
+        "'off': none",
     )
     args = p.parse_args(argv)
     run = args.run_dir

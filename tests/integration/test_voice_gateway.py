@@ -36,7 +36,7 @@ from switchboard.asr.wer import error_rate
 from switchboard.client.sdk import AsyncChatClient, ChatClient, ChatError, Heard
 from switchboard.ops.launch import Ports, Stack, operator_key
 from switchboard.ops.model_control import load_model
-from tests.audiotools import encode_av
+from tests.audiotools import encode_av, flac_of_unknown_length
 from tests.integration.gatewaytools import LIVE_KEY, STANDARD_KEY, Gateway
 
 ASR_INSTALLED = (paths.MODEL_REPOSITORY / "asr" / "1" / "asr.json").is_file()
@@ -148,6 +148,7 @@ def test_a_streamed_transcript_is_openais_events_adding_up_to_the_whole(oai, que
         ("8k.wav", lambda q: encode(soxr.resample(q, RATE, 8000), 8000)),
         ("48k-float.wav", lambda q: encode(soxr.resample(q, RATE, 48000), 48000, "WAV", "FLOAT")),
         ("question.flac", lambda q: encode(q, RATE, "FLAC")),
+        ("piped.flac", lambda q: flac_of_unknown_length(encode(q, RATE, "FLAC"))),  # no length in its header
         ("question.ogg", lambda q: encode(soxr.resample(q, RATE, 48000), 48000, "OGG", "OPUS")),
         ("browser.webm", lambda q: encode_av(soxr.resample(q, RATE, 48000), 48000, "webm", "libopus")),
         ("memo.m4a", lambda q: encode_av(soxr.resample(q, RATE, 44100), 44100, "ipod", "aac")),

@@ -10,7 +10,7 @@ import soundfile as sf
 
 from switchboard.asr import audio
 from switchboard.asr.audio import MAX_UPLOAD_BYTES, Audio, AudioError, decode, encode_wav
-from tests.audiotools import encode_av
+from tests.audiotools import encode_av, flac_of_unknown_length
 
 RATE = 16_000
 
@@ -328,6 +328,25 @@ def test_wav_of_unknown_length_decodes_what_is_there(placeholder):
     # streaming writers leave a placeholder for the data size: -1, espeak-ng --stdout 0x7FFFF000
     a = decode(wav_header(placeholder) + np.full(800, 1000, "<i2").tobytes())
     assert len(a.samples) == 800 and a.seconds == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_flac_of_unknown_length_decodes_to_its_end(channels):
+    # `espeak-ng --stdout ... | sox -t wav - -t flac -` writes such a file; libsndfile says it is
+    # 2^63 - 1 frames long (it was refused as "418293516410647.4 s is longer than the limit")
+    data = write(tone(2.0, 22050, channels=channels), 22050, "FLAC")
+    a = decode(flac_of_unknown_length(data))
+    assert a.seconds == pytest.approx(2.0) and a.channels == channels and a.source_rate == 22050
+    assert np.array_equal(a.samples, decode(data).samples)
+
+
+def test_flac_of_unknown_length_stops_at_the_limit_and_cannot_be_truncated():
+    data = flac_of_unknown_length(write(tone(3.0, 44100), 44100, "FLAC"))
+    e = error(data, max_seconds=2.0)
+    assert e.code == "too_long" and "2 s limit" in str(e)
+    # no length promised, so none broken: a stream cut short is what it holds (as OGG's)
+    assert 0.5 < decode(data[: len(data) // 2]).seconds < 2.5
+    assert error(data[:60]).code == "not_audio"
 
 
 def test_flac_cut_short_is_truncated():

