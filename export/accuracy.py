@@ -114,11 +114,14 @@ class Gate:
 NEAR_TIE = 0.25
 
 
-def _forced(decoder, prompts: list[list[int]], continuations: list[list[int]], batch: int = 16):
+def _forced(decoder, prompts: list[list[int]], continuations: list[list[int]], batch: int = 16, columns=None):
     """Teacher-forced logits, one array [len(cont), V] per sequence: row j is the distribution of
     ``cont[j]`` after ``prompt + cont[:j]``. The graph returns the last position's logits only,
-    so the continuation is fed one token per step on the KV cache, as the engine decodes."""
+    so the continuation is fed one token per step on the KV cache, as the engine decodes.
+    ``columns``: keep only these logits (a restricted head's live tokens: at Gemma's 262,144
+    the full rows of 144 conversations are gigabytes)."""
     m = decoder.manifest
+    pick = (lambda row: row[columns]) if columns is not None else (lambda row: row.copy())
     out = []
     for i in range(0, len(prompts), batch):
         ps, cs = prompts[i : i + batch], continuations[i : i + batch]
@@ -127,14 +130,14 @@ def _forced(decoder, prompts: list[list[int]], continuations: list[list[int]], b
         )
         logits, present = decoder.forward(ids, mask, pos, past)
         kv = KVBatch(present, mask, next_pos)
-        rows = [[logits[r, -1]] for r in range(len(ps))]
+        rows = [[pick(logits[r, -1])] for r in range(len(ps))]
         for j in range(max(len(c) for c in cs) - 1):
             feed = np.asarray([[c[j] if j < len(c) else 0] for c in cs], np.int64)
             mask = np.concatenate([kv.mask, np.ones((kv.size, 1), np.int64)], axis=1)
             logits, present = decoder.forward(feed, mask, kv.next_pos[:, None], kv.kv)
             kv = KVBatch(present, mask, kv.next_pos + 1)
             for r in range(len(cs)):
-                rows[r].append(logits[r, -1])
+                rows[r].append(pick(logits[r, -1]))
         out += [np.stack(r)[: len(c)] for r, c in zip(rows, cs)]
     return out
 
@@ -166,6 +169,7 @@ def evaluate(
     progress = progress or (lambda: None)
     from switchboard.artifact.manifest import Manifest
     from switchboard.artifact.tokenizer import TextTokenizer
+    from switchboard.engine import heads
     from switchboard.engine.runtime import OnnxDecoder
 
     manifest = Manifest.load(artifacts)
@@ -178,16 +182,23 @@ def evaluate(
     decoders = {v: OnnxDecoder(artifacts, manifest, v) for v in ["fp32", *variants]}
     base_greedy = _greedy(decoders["fp32"], prompts, steps)
     scored = [r for r in refs if r]
+    # A restricted head (engine/heads.py): only its tokens carry logits, the rest are the same
+    # floor in every variant; compared on the live columns alone.
+    live = heads.read(artifacts)
+    columns = np.asarray(live, np.int64) if live is not None else None
 
     def continuation_logits(decoder):
-        return _forced(decoder, prompts, base_greedy)
+        return _forced(decoder, prompts, base_greedy, columns=columns)
 
-    def perplexity(decoder) -> float:
+    def perplexity(decoder, batch: int = 16) -> float:
+        """Over the full rows, a batch at a time (a token outside a restricted head scores the floor)."""
         nll, count = 0.0, 0
-        for row, (_, a) in zip(_forced(decoder, [p for p, _ in scored], [a for _, a in scored]), scored):
-            lp = _log_softmax(row)
-            nll -= float(lp[np.arange(len(a)), a].sum())
-            count += len(a)
+        for i in range(0, len(scored), batch):
+            part = scored[i : i + batch]
+            for row, (_, a) in zip(_forced(decoder, [p for p, _ in part], [a for _, a in part], batch), part):
+                lp = _log_softmax(row)
+                nll -= float(lp[np.arange(len(a)), a].sum())
+                count += len(a)
         return math.exp(nll / max(count, 1))
 
     base_logits = continuation_logits(decoders["fp32"])

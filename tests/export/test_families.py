@@ -140,3 +140,32 @@ def test_a_restricted_output_vocabulary_is_the_graphs_and_the_torch_runtimes(tok
         others = np.setdiff1d(np.arange(m.vocab_size), kept)
         assert (logits[others] == floor).all()
         np.testing.assert_allclose(logits[kept], full[kept], rtol=1e-4, atol=1e-4)
+
+
+def test_the_gate_reads_a_restricted_head_on_its_live_tokens_alone(tokenizer_dir, tmp_path, checkpoint, monkeypatch):
+    """The accuracy gate keeps only a restricted head's tokens (at Gemma's 262,144 the full rows
+    are gigabytes): the same verdict figures as over the full rows."""
+    import json
+
+    from switchboard.engine import heads
+    from switchboard.export import accuracy
+
+    from switchboard.artifact.tokenizer import TextTokenizer
+
+    ckpt = checkpoint("gemma3_text", tokenizer_dir, tmp_path)
+    cases = accuracy.heldout_cases(2)
+    tok = TextTokenizer(ckpt)
+    answers = {t for c in cases for t in tok.encode(c.reference)}  # as a fine-tune's vocabulary has them
+    kept = sorted(answers | set(range(0, tok.vocab_size, 2)))
+    assert len(kept) < tok.vocab_size
+    (ckpt / heads.FILE).write_text(json.dumps(kept))
+    out = tmp_path / "artifacts"
+    argv = ["--model", str(ckpt), "--out", str(out), "--precision", "fp32,int8-dynamic", "--no-gate"]
+    assert export_main([*argv, "--bench-batches", ""]) == 0
+    sliced = accuracy.evaluate(out, ["int8-dynamic"], cases)["int8-dynamic"]
+    monkeypatch.setattr(heads, "read", lambda _: None)
+    full = accuracy.evaluate(out, ["int8-dynamic"], cases)["int8-dynamic"]
+    assert sliced.teacher_forced_top1 == full.teacher_forced_top1
+    assert sliced.greedy_sequences_identical == full.greedy_sequences_identical
+    assert abs(sliced.logits_cosine - full.logits_cosine) < 1e-6
+    assert sliced.perplexity == full.perplexity and sliced.logits_cosine < 1.0
