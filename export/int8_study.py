@@ -42,7 +42,9 @@ def outliers(model, prompts: list[list[int]]) -> list[dict]:
     return rows
 
 
-def study(model_dir: Path, out: Path, precisions: list[str], gate, alpha: float, say=print) -> dict:
+def study(
+    model_dir: Path, out: Path, precisions: list[str], gate, alpha: float, say=print, heldout_per_class: int = 24
+) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -57,7 +59,7 @@ def study(model_dir: Path, out: Path, precisions: list[str], gate, alpha: float,
         say(f"exporting {', '.join(precisions)} from the {name} graph")
         t0 = time.monotonic()
         run_export(model_dir, out / name, precisions, gate=gate, bench_batches=None, required={"fp32"},
-                   smooth_alpha=a, console=None)  # fmt: skip
+                   smooth_alpha=a, heldout_per_class=heldout_per_class, console=None)  # fmt: skip
         m = Manifest.load(out / name)
         runs[name] = {
             "accuracy": m.accuracy,
@@ -75,7 +77,13 @@ def study(model_dir: Path, out: Path, precisions: list[str], gate, alpha: float,
     before = outliers(model, prompts)
     smoothed = smooth.smoothed(model, prompts, alpha)
     after = outliers(smoothed, prompts) if smoothed is not None else None
-    return {"model": str(model_dir), "alpha": alpha, "runs": runs, "outliers": {"plain": before, "smoothed": after}}
+    return {
+        "model": str(model_dir),
+        "alpha": alpha,
+        "heldout_per_class": heldout_per_class,
+        "runs": runs,
+        "outliers": {"plain": before, "smoothed": after},
+    }
 
 
 def report(result: dict, gate, title: str) -> str:
@@ -86,7 +94,8 @@ def report(result: dict, gate, title: str) -> str:
         "held-out conversations. Command:",
         "",
         "```bash",
-        f"python -m switchboard.export.int8_study --model {result['model']}",
+        f"python -m switchboard.export.int8_study --model {result['model']}"
+        + (f" --heldout-per-class {n}" if (n := result.get("heldout_per_class", 24)) != 24 else ""),
         "```",
         "",
         "## The gate",
@@ -143,12 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="fp32,int8-dynamic,int8-minmax,int8-percentile")
     p.add_argument("--smooth-alpha", type=float, default=0.5)
     p.add_argument("--report", type=Path, help="markdown report (default <out>/study.md)")
+    p.add_argument(
+        "--heldout-per-class", type=int, default=24, help="held-out conversations per class in the gate (6 classes)"
+    )
     args = p.parse_args(argv)
     out = args.out or paths.BUILD / "int8-study" / args.model.name
     gate = Gate(0.80, 0.97, 0.99, 0.10)
     precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
     with console.step("int8-study") as c:
-        result = study(args.model, out, precisions, gate, args.smooth_alpha, say=c.line)
+        result = study(args.model, out, precisions, gate, args.smooth_alpha, c.line, args.heldout_per_class)
         (out / "study.json").write_text(json.dumps(result, indent=1) + "\n")
         path = args.report or out / "study.md"
         path.write_text(report(result, gate, args.model.name))

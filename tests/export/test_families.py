@@ -147,10 +147,9 @@ def test_the_gate_reads_a_restricted_head_on_its_live_tokens_alone(tokenizer_dir
     are gigabytes): the same verdict figures as over the full rows."""
     import json
 
+    from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.engine import heads
     from switchboard.export import accuracy
-
-    from switchboard.artifact.tokenizer import TextTokenizer
 
     ckpt = checkpoint("gemma3_text", tokenizer_dir, tmp_path)
     cases = accuracy.heldout_cases(2)
