@@ -36,6 +36,7 @@ from pathlib import Path
 from switchboard import paths
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.perf import workload as wl
+from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
 
 AIPERF = "aiperf==0.13.0"
 AIPERF_VENV = paths.BUILD / "aiperf-venv"
@@ -355,7 +356,9 @@ def run(args) -> Path:
         if not (preset.artifacts / "manifest.json").exists():
             raise SystemExit(f"{preset.artifacts}: not exported (make bench-aiperf exports it)")
         repository = repository_with(preset.artifacts, out / "repository")
-    system_prompt = Manifest.load(repository / "chat" / "1").system_prompt
+    # a model without one of its own (an imported base model) gets the deployment's, as a
+    # customer-service client would send it: the same conversations for every preset
+    system_prompt = Manifest.load(repository / "chat" / "1").system_prompt or DEFAULT_SYSTEM_PROMPT
     llama = Settings(threads=args.llama_threads, parallel=args.llama_parallel, flash_attn=args.llama_flash_attn)
     aiperf_bin()
     results = {
