@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import WhisperConfig, WhisperForConditionalGeneration
+from transformers import WhisperForConditionalGeneration
 
 from switchboard import paths
 from switchboard.asr.features import pad_batch
@@ -19,6 +19,7 @@ from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest
 from switchboard.asr.torch_runtime import StaticSteps
 from switchboard.export import asr as export_asr
+from tests.export import tiny_whisper
 
 SPECIALS = [
     "<|endoftext|>",
@@ -55,16 +56,8 @@ def make_whisper(out, multilingual: bool, window: int | None, source_positions: 
     tok.add_special_tokens(SPECIALS)
     tok.add_tokens(["<|0.00|>", "<|0.02|>"])  # timestamps: added tokens, not special ones (as Whisper's)
     ids = {t: tok.token_to_id(t) for t in SPECIALS}
-    config = WhisperConfig(
+    config = tiny_whisper.config(
         vocab_size=tok.get_vocab_size(),
-        num_mel_bins=80,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
         max_source_positions=source_positions or (150 if multilingual else 50),
         max_target_positions=64,
         init_std=0.2,

@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config
 
 from switchboard.export import smooth
+from tests.export import tiny_whisper
 
 SMALL = dict(
     vocab_size=96,
@@ -77,19 +78,11 @@ def test_smoothing_a_model_with_a_restricted_head_checks_the_logits_it_has(tmp_p
 
 
 def _whisper():
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    from transformers import WhisperForConditionalGeneration
 
     torch.manual_seed(0)
-    config = WhisperConfig(
+    config = tiny_whisper.config(
         vocab_size=96,
-        num_mel_bins=80,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
         max_source_positions=50,
         max_target_positions=32,
         pad_token_id=0,
