@@ -229,13 +229,10 @@ def test_burst_beyond_capacity_every_chat_is_answered_in_time_vip_first(tight):
     assert share[1] <= share[2] / 2, f"priority 1 is admitted before priority 2: fallback shares {share}"
 
 
-def test_killed_engine_stub_mid_answer_goes_on_in_the_other_pool_never_hangs(tight):
-    """Seen in Triton 2.51: killing a stub mid-request either leaves the server up (the model
-    stays READY, the stub is never restarted and never completes the requests it held: chat
-    goes on in the other pool and routes around the dead one) or aborts the whole tritonserver
-    (boost::interprocess::lock_exception). Either way clients must not hang."""
-    client = ChatClient(tight.grpc_url, timeout_s=60)
-    stub = children(tight.triton.pid)["engine_short"]
+def _kill_engine_short_mid_answer(stack, client):
+    """Start a long sampled answer, SIGKILL engine_short's stub at its first token, and wait for
+    the answer to end: (when killed, the stream's (time, event) queue, {"error", "ended"})."""
+    stub = children(stack.triton.pid)["engine_short"]
     events: queue.Queue = queue.Queue()
     box = {}
 
@@ -258,20 +255,40 @@ def test_killed_engine_stub_mid_answer_goes_on_in_the_other_pool_never_hangs(tig
     os.kill(stub, signal.SIGKILL)
     killed = time.monotonic()
     time.sleep(0.5)
-    if tight.triton.poll() is not None:
-        t.join(60)
-        assert "ended" in box and box["ended"] - killed < 15, "the in-flight chat must end within its bounds"
-        # The server aborted: a supervisor restarts it (sweeping the stubs it left) and chats work again.
-        tight.restart_triton()
-        assert ask(ChatClient(tight.grpc_url), "Where is my order?", max_new_tokens=8).stats.generated_tokens > 0
-        return
+    t.join(60)
+    assert not t.is_alive(), "the in-flight chat must end"
+    return killed, events, box
+
+
+def test_killed_engine_stub_mid_answer_goes_on_in_the_other_pool_never_hangs(tight):
+    """Seen in Triton 2.51: killing a stub mid-request either leaves the server up (the model
+    stays READY, the stub is never restarted and never completes the requests it held: chat
+    goes on in the other pool and routes around the dead one) or aborts the whole tritonserver
+    (boost::interprocess::lock_exception). Either way clients must not hang."""
+    client = ChatClient(tight.grpc_url, timeout_s=60)
+    # The kill races the answer (~330 ms alone): on a loaded machine the stub may have streamed it
+    # whole before the signal lands. Such a try shows nothing about failover: restart and try again.
+    for _ in range(3):
+        killed, events, box = _kill_engine_short_mid_answer(tight, client)
+        if tight.triton.poll() is not None:
+            assert "ended" in box and box["ended"] - killed < 15, "the in-flight chat must end within its bounds"
+            # The server aborted: a supervisor restarts it (sweeping the stubs it left) and chats work again.
+            tight.restart_triton()
+            assert ask(ChatClient(tight.grpc_url), "Where is my order?", max_new_tokens=8).stats.generated_tokens > 0
+            return
+        streamed = list(events.queue)
+        assert "error" not in box and isinstance(streamed[-1][1], ChatStats), f"one whole answer: {box}"
+        stats = streamed[-1][1]
+        if stats.route == "short" and not stats.failover_tokens:
+            tight.restart_triton()  # the answer was whole before the kill took
+            continue
+        after = [(at, event) for at, event in streamed if at > killed]
+        break
+    else:
+        pytest.fail("three answers in a row were whole before the stub was killed")
     # Server survived, and no other chat is sent: the stream from the dead pool goes quiet, chat
     # pings the pool (every 0.5 s here), Triton answers that its stub is dead, and the answer goes
     # on in engine_long from the tokens already streamed, well before the 4 s stall bound.
-    t.join(60)
-    after = [(at, event) for at, event in list(events.queue) if at > killed]
-    assert "error" not in box and after and isinstance(after[-1][1], ChatStats), f"one whole answer: {box}"
-    stats = after[-1][1]
     assert stats.failover_tokens > 0 and stats.route == "long" and not stats.fallback, stats.raw
     times = [killed, *(at for at, _ in after)]
     stalled = max(b - a for a, b in zip(times, times[1:]))
