@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.triton.config import AsrConfig, ChatConfig, EngineConfig, VoiceChatConfig
+from switchboard.repository.config import AsrConfig, ChatConfig, EngineConfig, VoiceChatConfig
 
 TARGETS = ("local", "ngc-onnxruntime", "ngc-tensorrt")
 # Each model's glue module in switchboard/triton/ (the pools: engine_model).
@@ -61,7 +61,7 @@ POOLS = (
 
 
 def _params(items: list[tuple[str, str, str]]) -> str:
-    """The ``parameters`` block, each parameter under its doc (switchboard/triton/config.py)."""
+    """The ``parameters`` block, each parameter under its doc (switchboard/repository/config.py)."""
     entries = []
     for key, value, doc in items:
         comment = "\n".join("  # " + line for line in textwrap.wrap(doc, 94))

@@ -23,6 +23,9 @@ ALLOWED = {
     "switchboard.redis_conn": set(),
     "switchboard.console": {"switchboard.paths"},
     "switchboard.artifact": LEAVES,
+    # The model repository: what each config says and how a model reads it, rendering,
+    # installing, versions. Triton-free: export, ops and the Triton glue all use it.
+    "switchboard.repository": LEAVES | {"switchboard.artifact"},
     "switchboard.kv": LEAVES | {"switchboard.artifact"},
     "switchboard.serving": LEAVES | {"switchboard.artifact"},
     "switchboard.engine": LEAVES | {"switchboard.artifact"},
@@ -30,7 +33,14 @@ ALLOWED = {
     # runtime helpers and chat's incremental detokenizer).
     "switchboard.asr": LEAVES | {"switchboard.artifact", "switchboard.engine", "switchboard.serving"},
     "switchboard.triton": LEAVES
-    | {"switchboard.artifact", "switchboard.serving", "switchboard.engine", "switchboard.kv", "switchboard.asr"},
+    | {
+        "switchboard.artifact",
+        "switchboard.repository",
+        "switchboard.serving",
+        "switchboard.engine",
+        "switchboard.kv",
+        "switchboard.asr",
+    },
     "switchboard.client": {"switchboard.wire"},
     # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike.
     "switchboard.gateway": LEAVES | {"switchboard.client", "switchboard.serving", "switchboard.asr"},
@@ -83,7 +93,18 @@ def test_imports_point_one_way(module, path):
 
 def test_every_folder_of_the_package_is_a_layer_of_the_layout():
     packages = {p.name for p in (ROOT / "switchboard").iterdir() if (p / "__init__.py").is_file()}
-    assert packages == {"artifact", "kv", "serving", "engine", "triton", "ops", "training", "gateway", "asr"}
+    assert packages == {
+        "artifact",
+        "repository",
+        "kv",
+        "serving",
+        "engine",
+        "triton",
+        "ops",
+        "training",
+        "gateway",
+        "asr",
+    }
 
 
 def _graph() -> dict[str, set[str]]:
