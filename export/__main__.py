@@ -355,7 +355,7 @@ def _coverage_study(
 
 def install(artifacts: Path, repository: Path) -> None:
     """Put the artifacts into each model's version folder (hard links where possible)."""
-    from switchboard.export.render import place_artifacts
+    from switchboard.repository.install import place_artifacts
 
     for name in REPO_MODELS:
         version = repository / name / "1"

@@ -129,7 +129,7 @@ class Repository:
     def install(self, artifacts: Path, number: int, precision: str, staging: Path) -> None:
         """``artifacts`` as version ``number`` of every pool: each pool's folder is built under
         ``staging``, checked against the manifest, then renamed into place."""
-        from switchboard.export.render import place_artifacts
+        from switchboard.repository.install import place_artifacts
 
         stable = self.chat()["stable_version"]
         for pool in POOLS:

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.export.asr import install, installed
 from switchboard.ops.launch import operator_key
 from switchboard.ops.model_control import ModelControlError, load_model
 from switchboard.ops.process import pid_file
+from switchboard.repository.install import asr_installed, install_asr
 
 DEFAULT_MODEL = paths.BUILD / "asr-whisper-base"
 STATE = "voice.json"
@@ -94,9 +94,9 @@ class Joiner:
             # hold the voice channel back by half a minute
             cmd += ["--precision", args.precision, "--bench-batches", ""]
             self.run([*cmd, *(["--force"] if args.force else [])])
-            if args.force or not installed(out, args.repository):
+            if args.force or not asr_installed(out, args.repository):
                 self.stage("installing")
-                install(out, args.repository)
+                install_asr(out, args.repository)
             self.stage("loading")
             key = operator_key(args.run_dir)
             for url in servers(args.run_dir, args.http_port):

@@ -2,7 +2,7 @@
 ``chat/config.pbtxt``, ``engine_*/config.pbtxt``, ``asr/config.pbtxt`` and
 ``voice_chat/config.pbtxt``, read once when a model loads.
 
-Each field is a parameter: its default here is what ``export.render`` writes into the
+Each field is a parameter: its default here is what ``render`` writes into the
 repository and what applies when the parameter is missing; its doc is the comment above it in
 the rendered ``config.pbtxt`` and its line in docs/configuration-reference.md
 (``python -m switchboard.repository.config`` writes that file; a test checks it is current).

@@ -7,8 +7,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from switchboard.artifact.manifest import Manifest
-from switchboard.export.render import TARGETS, render
 from switchboard.paths import ROOT
+from switchboard.repository.render import TARGETS, render
 
 MANIFEST = Manifest(
     name="tiny",

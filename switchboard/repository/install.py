@@ -1,0 +1,77 @@
+"""What goes into a model's version folder: the files of an export, hard-linked where possible.
+
+``make export --install`` fills version 1 of ``chat`` and the pools (``python -m
+switchboard.export``), the speech exporter fills ``asr/1`` (``python -m switchboard.export.asr``),
+and ``make serve``'s voice channel checks whether ``asr/1`` is the export it wants before it
+installs it again. The configs and ``model.py`` files are ``render``'s.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+from pathlib import Path
+
+from switchboard import paths
+
+ASR = "asr"
+
+
+def place_artifacts(artifacts: Path, version: Path, model: str, target: str) -> None:
+    """The files of ``artifacts`` that ``model`` reads on ``target`` into its ``version`` folder."""
+    if model == "decoder" and target == "ngc-tensorrt":
+        wanted = ["model.plan"]
+    elif model == "decoder":
+        wanted = [p.name for p in artifacts.glob("model.onnx*")]
+    else:  # Python models read the manifest and tokenizer; local pools also the ONNX graphs
+        wanted = [
+            p.name
+            for p in artifacts.iterdir()
+            if p.is_file()
+            and not p.name.startswith((".", "report."))
+            and (target == "local" or not p.name.startswith("model."))
+        ]
+    for name in wanted:
+        src = artifacts / name
+        if not src.exists():
+            raise SystemExit(f"{src} missing (build TensorRT engines with `python -m switchboard.export.tensorrt`)")
+        _link(src, version / name)
+    if model == "chat":  # the FAQ that chat answers from when the engines cannot (overload, failure)
+        shutil.copy2(paths.CORPUS / "faq.jsonl", version / "faq.jsonl")
+
+
+def _link(src: Path, dst: Path) -> None:
+    dst.unlink(missing_ok=True)
+    try:
+        dst.hardlink_to(src)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def install_asr(artifacts: Path, repository: Path) -> Path:
+    """The artifacts into ``repository/asr/1`` (hard links where possible). The model's
+    config.pbtxt and model.py are the repository's own, not written here."""
+    version = repository / ASR / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    for old in version.iterdir():
+        if old.is_file() and old.name != "model.py":
+            old.unlink()
+    place_artifacts(artifacts, version, ASR, "local")
+    return version
+
+
+def asr_installed(artifacts: Path, repository: Path) -> bool:
+    """Whether ``repository``'s recognizer is the export in ``artifacts``, file for file (the
+    files ``install_asr`` places; installing it again would only make a server reload it)."""
+    version = repository / ASR / "1"
+    files = [p for p in artifacts.iterdir() if p.is_file() and not p.name.startswith((".", "report."))]
+    if not files:
+        return False
+    for src in files:
+        dst = version / src.name
+        try:
+            if not (dst.samefile(src) or filecmp.cmp(src, dst, shallow=False)):
+                return False
+        except OSError:  # not installed
+            return False
+    return True
