@@ -37,8 +37,8 @@ from unittest import mock
 
 from switchboard import paths
 from switchboard.artifact.version import write_version_info
-from switchboard.ops.rollout import with_parameters
 from switchboard.perf import asr_gpu, asr_gpu_served, asr_load
+from switchboard.repository.versions import with_parameters
 
 TARBALL = "voice.tar.xz"
 CHAT_MODELS = ("chat", "engine_short", "engine_long", "voice_chat")

@@ -1,19 +1,27 @@
 """What goes into a model's version folder: the files of an export, hard-linked where possible.
 
-``make export --install`` fills version 1 of ``chat`` and the pools (``python -m
-switchboard.export``), the speech exporter fills ``asr/1`` (``python -m switchboard.export.asr``),
-and ``make serve``'s voice channel checks whether ``asr/1`` is the export it wants before it
-installs it again. The configs and ``model.py`` files are ``render``'s.
+``make export --install`` fills version 1 of ``chat`` and the pools (``install_chat``),
+``make rollout`` the next version of the pools (``install_version``), the speech exporter
+``asr/1`` (``install_asr``); ``make serve``'s voice channel checks whether ``asr/1`` is the
+export it wants before it installs it again. The configs and ``model.py`` files are ``render``'s.
 """
 
 from __future__ import annotations
 
 import filecmp
+import logging
+import os
 import shutil
+import time
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.artifact.manifest import Manifest
+from switchboard.artifact.version import verify_variant, write_version_info
+from switchboard.repository.versions import CHAT, POOLS, Repository, RepositoryError
 
+log = logging.getLogger("switchboard.repository")
+CHAT_MODELS = (CHAT, *POOLS)
 ASR = "asr"
 
 
@@ -48,6 +56,48 @@ def _link(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def install_chat(artifacts: Path, repository: Path) -> None:
+    """The artifacts into version 1 of ``chat`` and the pools (hard links where possible), and
+    version 1 serves again (``Repository.reset``)."""
+    for name in CHAT_MODELS:
+        version = repository / name / "1"
+        if not version.is_dir():
+            raise SystemExit(f"{version} is not a model version folder")
+        for old in version.iterdir():
+            if old.name != "model.py" and old.is_file():
+                old.unlink()
+        place_artifacts(artifacts, version, name, "local")
+    Repository(repository).reset()
+    log.info("installed %s into %s", artifacts, ", ".join(f"{repository}/{n}/1" for n in CHAT_MODELS))
+
+
+def install_version(repo: Repository, artifacts: Path, number: int, precision: str, staging: Path) -> None:
+    """``artifacts`` as version ``number`` of every pool of ``repo`` (a rollout's canary): each
+    pool's folder is built under ``staging``, checked against the manifest, then renamed into
+    place."""
+    stable = repo.chat()["stable_version"]
+    for pool in POOLS:
+        target = repo.path / pool / str(number)
+        if target.exists():
+            raise RepositoryError(f"{target} already exists")
+        stage = staging / f"{pool}-{number}"
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir(parents=True)
+        shutil.copy2(repo.path / pool / str(stable) / "model.py", stage / "model.py")
+        place_artifacts(artifacts, stage, pool, "local")
+        write_version_info(
+            stage,
+            {"precision": precision, "source": str(Path(artifacts).resolve()), "installed_at": _now()},
+        )
+        verify_variant(stage, Manifest.load(stage), precision)
+        try:
+            os.replace(stage, target)
+        except OSError:  # another filesystem: copy, then the same check in place
+            shutil.copytree(stage, target)
+            shutil.rmtree(stage)
+            verify_variant(target, Manifest.load(target), precision)
+
+
 def install_asr(artifacts: Path, repository: Path) -> Path:
     """The artifacts into ``repository/asr/1`` (hard links where possible). The model's
     config.pbtxt and model.py are the repository's own, not written here."""
@@ -75,3 +125,7 @@ def asr_installed(artifacts: Path, repository: Path) -> bool:
         except OSError:  # not installed
             return False
     return True
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -13,16 +13,8 @@ import pytest
 
 from switchboard.artifact.manifest import Manifest, file_digest
 from switchboard.artifact.version import ChecksumError, ModelVersion, verify_variant
-from switchboard.ops.rollout import (
-    Margins,
-    Repository,
-    Rollout,
-    RolloutError,
-    VersionStats,
-    histogram_quantile,
-    judge,
-    version_stats,
-)
+from switchboard.ops.rollout import Margins, Rollout, VersionStats, histogram_quantile, judge, version_stats
+from switchboard.repository.versions import Repository, RepositoryError
 from switchboard.serving.canary import VersionPicker, bucket, conversation_key
 
 pytestmark = pytest.mark.unit
@@ -126,7 +118,7 @@ def test_the_repository_edits_change_only_the_rollout_lines(repo):
         changed = [(a, b) for a, b in zip(text.splitlines(), after.splitlines()) if a != b]
         assert len(text.splitlines()) == len(after.splitlines()) and len(changed) == (1 if p != "chat" else 2)
     (repo.path / "chat" / "config.pbtxt").write_text('name: "chat"\n')
-    with pytest.raises(RolloutError, match="stable_version"):
+    with pytest.raises(RepositoryError, match="stable_version"):
         repo.set_chat(1, 0)
 
 

@@ -1,0 +1,121 @@
+"""Which model versions serve, as the model repository records it: the pools'
+``version_policy`` and their numbered version folders, and ``chat``'s ``stable_version``,
+``canary_version`` and ``canary_share`` (switchboard/serving/canary.py reads them).
+
+``make export`` installs version 1 (``install.install_chat``, which resets this state);
+``make rollout`` (switchboard/ops/rollout.py) installs the next ones (``install.install_version``)
+and moves sessions between them through ``Repository``. Every edit replaces a config atomically,
+so a server that restarts mid-rollout loads a consistent state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("switchboard.repository")
+POOLS = ("engine_short", "engine_long")
+CHAT = "chat"
+
+
+class RepositoryError(RuntimeError):
+    """A config the repository edits is not as rendered; the message names the file."""
+
+
+_POLICY = re.compile(r"^version_policy:.*$", re.M)
+
+
+def _param_pattern(key: str) -> re.Pattern:
+    return re.compile(r'(\{ key: "' + re.escape(key) + r'" value: \{ string_value: ")([^"]*)(" \} \})')
+
+
+def with_parameters(text: str, values: dict[str, str], where: object) -> str:
+    """A config.pbtxt's ``text`` with each parameter of ``values`` set; one it does not have is
+    an error naming ``where`` (the file)."""
+    for key, value in values.items():
+        pattern = _param_pattern(key)
+        if not pattern.search(text):
+            raise RepositoryError(f"{where} has no parameter {key!r} (re-render it)")
+        text = pattern.sub(lambda m, v=value: m.group(1) + v + m.group(3), text, count=1)
+    return text
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass
+class Repository:
+    """The rollout state as the model repository holds it: the pools' ``version_policy`` and
+    the version folders, ``chat``'s ``stable_version``, ``canary_version`` and ``canary_share``."""
+
+    path: Path
+
+    def served(self, pool: str = POOLS[0]) -> list[int]:
+        text = (self.path / pool / "config.pbtxt").read_text(encoding="utf-8")
+        m = _POLICY.search(text)
+        if not m:
+            raise RepositoryError(f"{pool}/config.pbtxt has no version_policy line (re-render it)")
+        return [int(v) for v in re.findall(r"\d+", m.group(0))]
+
+    def set_served(self, versions: list[int]) -> None:
+        line = f"version_policy: {{ specific {{ versions: [ {', '.join(str(v) for v in sorted(versions))} ] }} }}"
+        for pool in POOLS:
+            path = self.path / pool / "config.pbtxt"
+            text = path.read_text(encoding="utf-8")
+            if not _POLICY.search(text):
+                raise RepositoryError(f"{path} has no version_policy line (re-render it)")
+            _replace_atomically(path, _POLICY.sub(line, text, count=1))
+
+    def chat(self) -> dict:
+        """``stable_version``, ``canary_version`` (0: none) and ``canary_share`` from chat's config."""
+        text = (self.path / CHAT / "config.pbtxt").read_text(encoding="utf-8")
+        out = {}
+        for key, kind, default in (
+            ("stable_version", int, 1),
+            ("canary_version", int, 0),
+            ("canary_share", float, 0.1),
+        ):
+            m = _param_pattern(key).search(text)
+            out[key] = kind(m.group(2)) if m and m.group(2) else default
+        return out
+
+    def set_chat(self, stable: int, canary: int = 0, share: float | None = None) -> None:
+        path = self.path / CHAT / "config.pbtxt"
+        text = path.read_text(encoding="utf-8")
+        values = {"stable_version": str(stable), "canary_version": str(canary)}
+        if share is not None:
+            values["canary_share"] = f"{share:g}"
+        _replace_atomically(path, with_parameters(text, values, path))
+
+    def installed(self) -> list[int]:
+        """Version folders present in every pool."""
+        sets = [{int(d.name) for d in (self.path / p).iterdir() if d.is_dir() and d.name.isdigit()} for p in POOLS]
+        return sorted(set.intersection(*sets))
+
+    def remove(self, number: int) -> None:
+        for pool in POOLS:
+            if number == 1:  # version 1 is `make export`'s, its model.py is in git: keep the folder
+                continue
+            shutil.rmtree(self.path / pool / str(number), ignore_errors=True)
+
+    def reset(self) -> None:
+        """Version 1 serves again: what `make rollout` installed (versions 2 and up) is removed
+        and the configs name version 1 only. A repository without the configs is left alone."""
+        if not all((self.path / p / "config.pbtxt").is_file() for p in (*POOLS, CHAT)):
+            return
+        if self.served() != [1]:
+            self.set_served([1])
+        state = self.chat()
+        if state["stable_version"] != 1 or state["canary_version"]:
+            self.set_chat(1, 0)
+        for number in self.installed():
+            if number != 1:
+                log.info("removing model version %d (make rollout's) from %s", number, self.path)
+                self.remove(number)
