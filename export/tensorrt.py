@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard.artifact.manifest import Manifest
-from switchboard.repository.render import POOLS, Pool
+from switchboard.repository.models import POOLS, Pool
 
 log = logging.getLogger("switchboard.export.tensorrt")
 

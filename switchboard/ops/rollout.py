@@ -42,7 +42,8 @@ from switchboard.artifact.version import verify_variant
 from switchboard.ops.launch import operator_key
 from switchboard.ops.model_control import ModelControlError, load_model
 from switchboard.repository.install import install_version
-from switchboard.repository.versions import CHAT, POOLS, Repository, RepositoryError
+from switchboard.repository.models import CHAT, POOL_MODELS
+from switchboard.repository.versions import Repository, RepositoryError
 from switchboard.serving.metrics import PREFIX
 
 
@@ -242,12 +243,12 @@ class Rollout:
         )
         self.repo.set_served([stable, number])
         try:
-            self._load(*POOLS)
+            self._load(*POOL_MODELS)
         except RolloutError as e:
             self.repo.set_served([stable])
             self.repo.remove(number)
             try:
-                self._load(*POOLS)
+                self._load(*POOL_MODELS)
             finally:
                 self.record("refused", version=number, reason=str(e))
             raise RolloutError(f"version {number} was refused; version {stable} serves on. {e}") from None
@@ -264,7 +265,7 @@ class Rollout:
         self.repo.set_chat(canary, 0)
         self._load(CHAT)  # every new chat on the canary ...
         self.repo.set_served([canary])
-        self._load(*POOLS)  # ... then the old version unloads once its last chats finished
+        self._load(*POOL_MODELS)  # ... then the old version unloads once its last chats finished
         self.record("promoted", version=canary, retired=state["stable_version"])
         return canary
 
@@ -276,7 +277,7 @@ class Rollout:
         self.repo.set_chat(stable, 0)
         self._load(CHAT)  # the canary's sessions back to the stable version (their KV does not follow)
         self.repo.set_served([stable])
-        self._load(*POOLS)
+        self._load(*POOL_MODELS)
         self.repo.remove(canary)
         self.record("rolled_back", version=canary, stable=stable, reason=reason)
         return stable

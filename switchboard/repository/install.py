@@ -18,11 +18,11 @@ from pathlib import Path
 from switchboard import paths
 from switchboard.artifact.manifest import Manifest
 from switchboard.artifact.version import verify_variant, write_version_info
-from switchboard.repository.versions import CHAT, POOLS, Repository, RepositoryError
+from switchboard.repository.models import ASR, CHAT, POOL_MODELS
+from switchboard.repository.versions import Repository, RepositoryError
 
 log = logging.getLogger("switchboard.repository")
-CHAT_MODELS = (CHAT, *POOLS)
-ASR = "asr"
+CHAT_MODELS = (CHAT, *POOL_MODELS)
 
 
 def place_artifacts(artifacts: Path, version: Path, model: str, target: str) -> None:
@@ -44,7 +44,7 @@ def place_artifacts(artifacts: Path, version: Path, model: str, target: str) -> 
         if not src.exists():
             raise SystemExit(f"{src} missing (build TensorRT engines with `python -m switchboard.export.tensorrt`)")
         _link(src, version / name)
-    if model == "chat":  # the FAQ that chat answers from when the engines cannot (overload, failure)
+    if model == CHAT:  # the FAQ that chat answers from when the engines cannot (overload, failure)
         shutil.copy2(paths.CORPUS / "faq.jsonl", version / "faq.jsonl")
 
 
@@ -76,7 +76,7 @@ def install_version(repo: Repository, artifacts: Path, number: int, precision: s
     pool's folder is built under ``staging``, checked against the manifest, then renamed into
     place."""
     stable = repo.chat()["stable_version"]
-    for pool in POOLS:
+    for pool in POOL_MODELS:
         target = repo.path / pool / str(number)
         if target.exists():
             raise RepositoryError(f"{target} already exists")

@@ -19,46 +19,15 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard import paths
 from switchboard.artifact.manifest import Manifest
 from switchboard.repository.config import AsrConfig, ChatConfig, EngineConfig, VoiceChatConfig
 from switchboard.repository.install import place_artifacts
+from switchboard.repository.models import GLUE, LONG_PROMPT_TOKENS, POOLS, SPEECH, Pool
 
 TARGETS = ("local", "ngc-onnxruntime", "ngc-tensorrt")
-# Each model's glue module in switchboard/triton/ (the pools: engine_model).
-GLUE = {"chat": "chat_model", "asr": "asr_model", "voice_chat": "voice_chat_model"}
-SPEECH = ("asr", "voice_chat")
-
-
-@dataclass(frozen=True)
-class Pool:
-    name: str
-    max_batch_size: int  # requests per execute at most
-    engine_batch: int  # sequences the engine decodes together
-    max_prompt: int  # longest prompt routed here (profile / documentation)
-    blurb: str
-
-
-LONG_PROMPT_TOKENS = 160
-POOLS = (
-    Pool(
-        "short",
-        16,
-        16,
-        LONG_PROMPT_TOKENS,
-        "Prompts up to long_prompt_tokens (chat/config.pbtxt): larger batches.",
-    ),
-    Pool(
-        "long",
-        8,
-        8,
-        1024,
-        "Long prompts: smaller batches so one long prefill does not stall many short chats.",
-    ),
-)
 
 
 def _params(items: list[tuple[str, str, str]]) -> str:
@@ -302,7 +271,7 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
             "ngc-onnxruntime": "triton:decoder",
             "ngc-tensorrt": "triton:decoder",
         }[target]
-        files[f"engine_{pool.name}/config.pbtxt"] = engine_config(pool, runtime)
+        files[f"{pool.model}/config.pbtxt"] = engine_config(pool, runtime)
     if target != "local":
         if manifest is None:
             raise ValueError(f"target {target} needs the manifest (--artifacts)")

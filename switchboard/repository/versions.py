@@ -17,9 +17,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from switchboard.repository.models import CHAT, POOL_MODELS
+
 log = logging.getLogger("switchboard.repository")
-POOLS = ("engine_short", "engine_long")
-CHAT = "chat"
 
 
 class RepositoryError(RuntimeError):
@@ -57,7 +57,7 @@ class Repository:
 
     path: Path
 
-    def served(self, pool: str = POOLS[0]) -> list[int]:
+    def served(self, pool: str = POOL_MODELS[0]) -> list[int]:
         text = (self.path / pool / "config.pbtxt").read_text(encoding="utf-8")
         m = _POLICY.search(text)
         if not m:
@@ -66,7 +66,7 @@ class Repository:
 
     def set_served(self, versions: list[int]) -> None:
         line = f"version_policy: {{ specific {{ versions: [ {', '.join(str(v) for v in sorted(versions))} ] }} }}"
-        for pool in POOLS:
+        for pool in POOL_MODELS:
             path = self.path / pool / "config.pbtxt"
             text = path.read_text(encoding="utf-8")
             if not _POLICY.search(text):
@@ -96,11 +96,13 @@ class Repository:
 
     def installed(self) -> list[int]:
         """Version folders present in every pool."""
-        sets = [{int(d.name) for d in (self.path / p).iterdir() if d.is_dir() and d.name.isdigit()} for p in POOLS]
+        sets = [
+            {int(d.name) for d in (self.path / p).iterdir() if d.is_dir() and d.name.isdigit()} for p in POOL_MODELS
+        ]
         return sorted(set.intersection(*sets))
 
     def remove(self, number: int) -> None:
-        for pool in POOLS:
+        for pool in POOL_MODELS:
             if number == 1:  # version 1 is `make export`'s, its model.py is in git: keep the folder
                 continue
             shutil.rmtree(self.path / pool / str(number), ignore_errors=True)
@@ -108,7 +110,7 @@ class Repository:
     def reset(self) -> None:
         """Version 1 serves again: what `make rollout` installed (versions 2 and up) is removed
         and the configs name version 1 only. A repository without the configs is left alone."""
-        if not all((self.path / p / "config.pbtxt").is_file() for p in (*POOLS, CHAT)):
+        if not all((self.path / p / "config.pbtxt").is_file() for p in (*POOL_MODELS, CHAT)):
             return
         if self.served() != [1]:
             self.set_served([1])
