@@ -38,12 +38,11 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.artifact.manifest import Manifest
-from switchboard.artifact.version import verify_variant
 from switchboard.ops.launch import operator_key
 from switchboard.ops.model_control import ModelControlError, load_model
 from switchboard.repository.install import install_version
 from switchboard.repository.models import CHAT, POOL_MODELS
-from switchboard.repository.versions import Repository, RepositoryError
+from switchboard.repository.versions import Repository, RepositoryError, verify_variant
 from switchboard.serving.metrics import PREFIX
 
 

@@ -17,9 +17,8 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.artifact.manifest import Manifest
-from switchboard.artifact.version import verify_variant, write_version_info
 from switchboard.repository.models import ASR, CHAT, POOL_MODELS
-from switchboard.repository.versions import Repository, RepositoryError
+from switchboard.repository.versions import Repository, RepositoryError, verify_variant, write_version_info
 
 log = logging.getLogger("switchboard.repository")
 CHAT_MODELS = (CHAT, *POOL_MODELS)

@@ -24,7 +24,6 @@ import triton_python_backend_utils as pb_utils
 
 from switchboard.artifact.grammar import Grammars, parse_spec
 from switchboard.artifact.tokenizer import control_token_ids
-from switchboard.artifact.version import ModelVersion
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.loader import RuntimeChoice
 from switchboard.engine.scheduler import Engine, GenerationRequest
@@ -33,6 +32,7 @@ from switchboard.engine.stream import CancelWatch, ResponseSender, TokenStream
 from switchboard.kv.model import block_cache
 from switchboard.kv.tiers import BlockCache, Reuse
 from switchboard.repository.config import EngineConfig
+from switchboard.repository.versions import ModelVersion
 from switchboard.triton.common import (
     input_array,
     load_config,

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from switchboard.artifact.manifest import file_digest
-from switchboard.artifact.version import read_version_info
 from switchboard.paths import ROOT
 from switchboard.repository.install import CHAT_MODELS, install_chat, install_version
-from switchboard.repository.versions import Repository, RepositoryError
+from switchboard.repository.versions import Repository, RepositoryError, read_version_info
 
 
 @pytest.fixture

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from switchboard.artifact.manifest import Manifest, file_digest
-from switchboard.artifact.version import ChecksumError, ModelVersion, verify_variant
 from switchboard.ops.rollout import Margins, Rollout, VersionStats, histogram_quantile, judge, version_stats
-from switchboard.repository.versions import Repository, RepositoryError
+from switchboard.repository.versions import ChecksumError, ModelVersion, Repository, RepositoryError, verify_variant
 from switchboard.serving.canary import VersionPicker, bucket, conversation_key
 
 pytestmark = pytest.mark.unit
