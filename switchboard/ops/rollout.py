@@ -3,8 +3,9 @@
 
 ``start --artifacts DIR`` checks the artifacts against their manifest (SHA-256 of the weights),
 installs them as the next version of both pools (``engine_short/N``, ``engine_long/N``: staged,
-checked again, then renamed into place), lists the version in the pools' ``version_policy`` and
-loads them through Triton's model-repository API, which answers only the operator key
+checked again, then renamed into place), lists the version in the pools' ``version_policy``
+(both edits are the repository's: switchboard/repository/install.py, versions.py) and loads them
+through Triton's model-repository API, which answers only the operator key
 (``launch.operator_key``). The pools check the weights once more before they serve. Only then
 does ``chat`` get ``canary_version: N`` and ``canary_share``: Triton loads the new ``chat``
 beside the old one and switches when it is ready, so no chat sees a half-loaded model; the
