@@ -18,10 +18,10 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.artifact.tokenizer import FALLBACK_TEMPLATE
+from switchboard.repository.install import CHAT_MODELS, install_chat
 
 log = logging.getLogger("switchboard.export")
 HERE = Path(__file__).resolve().parent
-REPO_MODELS = ("chat", "engine_short", "engine_long")
 
 
 def _digest_dir(path: Path) -> str:
@@ -353,41 +353,6 @@ def _coverage_study(
     return {k: v for k, v in accuracy.as_dict(results).items() if k in names}
 
 
-def install(artifacts: Path, repository: Path) -> None:
-    """Put the artifacts into each model's version folder (hard links where possible)."""
-    from switchboard.export.render import place_artifacts
-
-    for name in REPO_MODELS:
-        version = repository / name / "1"
-        if not version.is_dir():
-            raise SystemExit(f"{version} is not a model version folder")
-        for old in version.iterdir():
-            if old.name != "model.py" and old.is_file():
-                old.unlink()
-        place_artifacts(artifacts, version, name, "local")
-    _reset_rollout(repository)
-    log.info("installed %s into %s", artifacts, ", ".join(f"{repository}/{n}/1" for n in REPO_MODELS))
-
-
-def _reset_rollout(repository: Path) -> None:
-    """Version 1 serves again: what `make rollout` installed (versions 2 and up) is removed
-    and the configs name version 1 only."""
-    from switchboard.ops.rollout import POOLS, Repository
-
-    repo = Repository(repository)
-    if not all((repository / p / "config.pbtxt").is_file() for p in (*POOLS, "chat")):
-        return
-    if repo.served() != [1]:
-        repo.set_served([1])
-    state = repo.chat()
-    if state["stable_version"] != 1 or state["canary_version"]:
-        repo.set_chat(1, 0)
-    for number in repo.installed():
-        if number != 1:
-            log.info("removing model version %d (make rollout's) from %s", number, repository)
-            repo.remove(number)
-
-
 # What a checkpoint's switchboard.json may set under "export" (argument names).
 CHECKPOINT_DEFAULTS = ("precision", "int8_parts", "bench_batches", "bench_repeats", "smooth_alpha")
 
@@ -519,8 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             left = "".join(f"; {v} left out ({'; '.join(r)})" for v, r in m.left_out.items())
             out.line(f"artifacts in {args.out} are up to date: {', '.join(m.variants)}{left}")
         if args.install:
-            install(args.out, args.install)
-            out.line(f"installed into {args.install}/ ({', '.join(REPO_MODELS)})")
+            install_chat(args.out, args.install)
+            out.line(f"installed into {args.install}/ ({', '.join(CHAT_MODELS)})")
     return 0
 
 

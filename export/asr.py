@@ -32,7 +32,6 @@ whose Mandarin espeak-ng cannot speak to it).
 from __future__ import annotations
 
 import argparse
-import filecmp
 import hashlib
 import json
 import logging
@@ -48,10 +47,10 @@ from switchboard import paths
 from switchboard.asr.checkpoint import copy_tokenizer, describe, read_json
 from switchboard.asr.graphs import modules as graph_modules
 from switchboard.asr.runtime import AsrManifest, decoder_io, encoder_outputs
+from switchboard.repository.install import install_asr
 
 log = logging.getLogger("switchboard.export.asr")
 HERE = Path(__file__).resolve().parent
-REPO_MODEL = "asr"
 VARIANTS = ("fp32", "int8-dynamic")
 DEFAULT_PRECISIONS = ("fp32", "int8-dynamic")
 ENCODER, DECODER = "encoder", "decoder"
@@ -679,37 +678,6 @@ def _gate(out, manifest, int8, required, gate, per_language, threads, say, judge
     return manifest
 
 
-def install(artifacts: Path, repository: Path) -> Path:
-    """The artifacts into ``repository/asr/1`` (hard links where possible). The model's
-    config.pbtxt and model.py are the repository's own, not written here."""
-    from switchboard.export.render import place_artifacts
-
-    version = repository / REPO_MODEL / "1"
-    version.mkdir(parents=True, exist_ok=True)
-    for old in version.iterdir():
-        if old.is_file() and old.name != "model.py":
-            old.unlink()
-    place_artifacts(artifacts, version, REPO_MODEL, "local")
-    return version
-
-
-def installed(artifacts: Path, repository: Path) -> bool:
-    """Whether ``repository``'s recognizer is the export in ``artifacts``, file for file (the
-    files ``install`` places; installing it again would only make a server reload it)."""
-    version = repository / REPO_MODEL / "1"
-    files = [p for p in artifacts.iterdir() if p.is_file() and not p.name.startswith((".", "report."))]
-    if not files:
-        return False
-    for src in files:
-        dst = version / src.name
-        try:
-            if not (dst.samefile(src) or filecmp.cmp(src, dst, shallow=False)):
-                return False
-        except OSError:  # not installed
-            return False
-    return True
-
-
 def parse_precisions(value: str) -> tuple[list[str], set[str]]:
     """``--precision`` as (variants to build, variants that must pass the gate)."""
     if value.strip() == "default":
@@ -810,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
             left = "".join(f"; {v} left out ({'; '.join(r)})" for v, r in m.left_out.items())
             out.line(f"artifacts in {args.out} are up to date: {', '.join(m.precisions)}{left}")
         if args.install:
-            version = install(args.out, args.install)
+            version = install_asr(args.out, args.install)
             out.line(f"installed into {version}/")
     return 0
 

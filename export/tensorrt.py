@@ -7,7 +7,7 @@ of the weights on the GPU, with an optimization profile per routing pool whose s
 match that pool (batch, prompt length, context), in ``POOLS`` order: Triton's TensorRT backend
 runs each request on the profile that fits its shapes best. A timing cache makes rebuilds fast;
 the engine's fingerprint (plan hash, TensorRT version, GPU) goes into the manifest.
-``python -m switchboard.export.render --target ngc-tensorrt`` then renders a repository that
+``python -m switchboard.repository.render --target ngc-tensorrt`` then renders a repository that
 serves it with Triton's ``tensorrt_plan`` backend as ``decoder``. Building needs an NVIDIA GPU
 and the ``tensorrt`` package.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard.artifact.manifest import Manifest
-from switchboard.export.render import POOLS, Pool
+from switchboard.repository.models import POOLS, Pool
 
 log = logging.getLogger("switchboard.export.tensorrt")
 

@@ -250,10 +250,10 @@ def seed001_env(batching: str, workers: int, preset: Preset) -> dict:
 
 def asr_repository(artifacts: Path, out: Path, cap_tokens: int | None = None) -> Path:
     """A model repository with ``asr`` alone: its config and glue from model_repository/asr,
-    the artifacts linked in (``export.asr.install``). ``cap_tokens``: the transcript budget,
+    the artifacts linked in (``repository.install.install_asr``). ``cap_tokens``: the transcript budget,
     written into this copy's manifest (see the module docstring)."""
     from switchboard.asr.runtime import MANIFEST, AsrManifest
-    from switchboard.export.asr import install
+    from switchboard.repository.install import install_asr
 
     if out.exists():
         shutil.rmtree(out)
@@ -261,7 +261,7 @@ def asr_repository(artifacts: Path, out: Path, cap_tokens: int | None = None) ->
     (out / "asr" / "1").mkdir(parents=True)
     shutil.copy2(source / "config.pbtxt", out / "asr" / "config.pbtxt")
     shutil.copy2(source / "1" / "model.py", out / "asr" / "1" / "model.py")
-    version = install(artifacts, out)
+    version = install_asr(artifacts, out)
     if cap_tokens is not None:
         capped = capped_manifest(json.loads((version / MANIFEST).read_text()), cap_tokens)
         (version / MANIFEST).unlink()  # a hard link to the artifact's own: never written through

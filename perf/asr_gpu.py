@@ -298,7 +298,7 @@ def pool(model, max_batch: int, workers: int, join: bool, batching: str = "lengt
     budget: on a GPU, max_batch windows), with ``batching`` length or count."""
     from switchboard.asr.batcher import audio_budget, length_batcher, make_batcher
     from switchboard.asr.service import AsrService
-    from switchboard.triton.config import AsrConfig
+    from switchboard.repository.config import AsrConfig
 
     cfg = AsrConfig()
     window_s = model.max_seconds if model.window_frames is not None else None

@@ -214,7 +214,7 @@ def transcribe(model, clips: list) -> list[str]:
     it (asr/config.pbtxt's chunk_s, at most the model's window), and the chunks' texts joined."""
     from switchboard.asr import segment
     from switchboard.asr.features import SAMPLE_RATE
-    from switchboard.triton.config import AsrConfig
+    from switchboard.repository.config import AsrConfig
 
     chunk_s = min(AsrConfig().chunk_s, model.max_seconds)
     chunks = []  # (clip index, features)

@@ -13,7 +13,7 @@ from switchboard import paths
 
 def repository_with(artifacts: Path, out: Path) -> Path:
     """A copy of the model repository's configs and glue with ``artifacts`` in place (hard links)."""
-    from switchboard.export.render import place_artifacts
+    from switchboard.repository.install import place_artifacts
 
     if out.exists():
         shutil.rmtree(out)

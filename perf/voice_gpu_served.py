@@ -36,9 +36,8 @@ from pathlib import Path
 from unittest import mock
 
 from switchboard import paths
-from switchboard.artifact.version import write_version_info
-from switchboard.ops.rollout import with_parameters
 from switchboard.perf import asr_gpu, asr_gpu_served, asr_load
+from switchboard.repository.versions import with_parameters, write_version_info
 
 TARBALL = "voice.tar.xz"
 CHAT_MODELS = ("chat", "engine_short", "engine_long", "voice_chat")

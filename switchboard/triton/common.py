@@ -10,7 +10,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from switchboard.triton.params import ConfigError
+from switchboard.repository.params import ConfigError
 from switchboard.wire import tag
 
 

@@ -24,7 +24,6 @@ import triton_python_backend_utils as pb_utils
 
 from switchboard.artifact.grammar import Grammars, parse_spec
 from switchboard.artifact.tokenizer import control_token_ids
-from switchboard.artifact.version import ModelVersion
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.loader import RuntimeChoice
 from switchboard.engine.scheduler import Engine, GenerationRequest
@@ -32,6 +31,8 @@ from switchboard.engine.sizing import compute_bound
 from switchboard.engine.stream import CancelWatch, ResponseSender, TokenStream
 from switchboard.kv.model import block_cache
 from switchboard.kv.tiers import BlockCache, Reuse
+from switchboard.repository.config import EngineConfig
+from switchboard.repository.versions import ModelVersion
 from switchboard.triton.common import (
     input_array,
     load_config,
@@ -40,7 +41,6 @@ from switchboard.triton.common import (
     require_decoupled,
     send_error,
 )
-from switchboard.triton.config import EngineConfig
 from switchboard.triton.engine_metrics import EngineMetricsPublisher
 from switchboard.triton.engine_responses import FINAL, ResponseSink
 from switchboard.wire import MAX_TOP_LOGPROBS, PRIORITY_DEFAULT, PRIORITY_PARAMETER, Pool

@@ -16,6 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from switchboard.engine.stream import CancelPoll
+from switchboard.repository.config import VoiceChatConfig
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.voice import VoiceError, VoiceRequest, VoiceTurn
 from switchboard.triton.common import (
@@ -26,7 +27,6 @@ from switchboard.triton.common import (
     require_decoupled,
     send_error,
 )
-from switchboard.triton.config import VoiceChatConfig
 from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Pool, VoiceChat
 
 log = logging.getLogger("switchboard.voice_chat")

@@ -9,9 +9,9 @@ import pytest
 
 from switchboard.artifact.manifest import Manifest
 from switchboard.export.__main__ import main as export_main
-from switchboard.export.render import POOLS
 from switchboard.export.tensorrt import gpu_name, pool_profile
 from switchboard.export.tensorrt import main as trt_main
+from switchboard.repository.models import POOLS
 
 MANIFEST = Manifest(
     name="tiny",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from switchboard.artifact.version import ModelVersion
 from switchboard.kv.blocks import chain, model_root
 from switchboard.kv.model import chat_template
+from switchboard.repository.versions import ModelVersion
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import Generation, PoolStreams

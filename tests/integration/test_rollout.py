@@ -20,7 +20,9 @@ import pytest
 
 from switchboard.client import ChatClient, ChatError
 from switchboard.ops.launch import OPERATOR_HEADER, Ports, Stack, operator_key
-from switchboard.ops.rollout import Margins, Repository, Rollout, RolloutError, Server
+from switchboard.ops.rollout import Margins, Rollout, RolloutError, Server
+from switchboard.repository.install import install_version
+from switchboard.repository.versions import Repository
 from switchboard.serving.canary import bucket
 from switchboard.wire import CacheMiss
 
@@ -216,7 +218,7 @@ def test_a_tampered_artifact_is_refused_and_the_stable_version_serves_on(private
     # Modified after the tool checked it: the pool's own check refuses to load it.
     repo = Repository(stack.repository)
     shutil.copytree(artifacts, copy, dirs_exist_ok=True)  # good bytes again
-    repo.install(copy, 2, "fp32", tmp_path / "staging")
+    install_version(repo, copy, 2, "fp32", tmp_path / "staging")
     with (stack.repository / "engine_short" / "2" / "model.onnx").open("r+b") as f:
         f.seek(-100, os.SEEK_END)
         f.write(b"\0")

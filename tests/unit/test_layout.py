@@ -15,7 +15,9 @@ LEAVES = {
     "switchboard.console",
     "switchboard.redis_conn",
 }
-# layer -> the switchboard modules or packages it may import (besides its own)
+# layer -> the switchboard modules or packages it may import (besides its own). Read bottom up:
+# the leaves; artifact and the model repository; the runtime pieces; speech; the Triton glue,
+# the client and the gateway; then the tools that build and run it: training, export, ops.
 ALLOWED = {
     "switchboard.wire": set(),
     "switchboard.paths": set(),
@@ -23,6 +25,9 @@ ALLOWED = {
     "switchboard.redis_conn": set(),
     "switchboard.console": {"switchboard.paths"},
     "switchboard.artifact": LEAVES,
+    # The model repository: what each config says and how a model reads it, rendering,
+    # installing, versions. Triton-free: export, ops and the Triton glue all use it.
+    "switchboard.repository": LEAVES | {"switchboard.artifact"},
     "switchboard.kv": LEAVES | {"switchboard.artifact"},
     "switchboard.serving": LEAVES | {"switchboard.artifact"},
     "switchboard.engine": LEAVES | {"switchboard.artifact"},
@@ -30,10 +35,52 @@ ALLOWED = {
     # runtime helpers and chat's incremental detokenizer).
     "switchboard.asr": LEAVES | {"switchboard.artifact", "switchboard.engine", "switchboard.serving"},
     "switchboard.triton": LEAVES
-    | {"switchboard.artifact", "switchboard.serving", "switchboard.engine", "switchboard.kv", "switchboard.asr"},
+    | {
+        "switchboard.artifact",
+        "switchboard.repository",
+        "switchboard.serving",
+        "switchboard.engine",
+        "switchboard.kv",
+        "switchboard.asr",
+    },
     "switchboard.client": {"switchboard.wire"},
     # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike.
     "switchboard.gateway": LEAVES | {"switchboard.client", "switchboard.serving", "switchboard.asr"},
+    # Data (corpus text, speech), trainers and checkpoint converters; a trained model is checked
+    # on the engine's runtime and with chat's prompt and demo tools.
+    "switchboard.training": LEAVES
+    | {"switchboard.artifact", "switchboard.engine", "switchboard.serving", "switchboard.asr"},
+    # Checkpoints become artifacts (on training's data), checked on the runtimes and installed
+    # through the repository.
+    "switchboard.export": LEAVES
+    | {
+        "switchboard.artifact",
+        "switchboard.engine",
+        "switchboard.asr",
+        "switchboard.training",
+        "switchboard.repository",
+    },
+    # Running the stack: processes, probes through the SDK and the pools' wire, versions rolled
+    # out through the repository. What it must build, it runs (``python -m switchboard.export.asr``).
+    "switchboard.ops": LEAVES
+    | {
+        "switchboard.artifact",
+        "switchboard.asr",
+        "switchboard.client",
+        "switchboard.serving",
+        "switchboard.repository",
+    },
+}
+# Parts of the package that are no layer: the bench suite may import anything, nothing imports it
+# (it leaves the serving wheel: issue 67, point 3).
+UNLAYERED = {"switchboard.perf"}
+# Imports that break the layers today, each (module, imported module), until the change that owns
+# the module removes it (issue 67): the test below fails once one is gone, so the list only shrinks.
+PENDING = {
+    # a checkpoint converter filed under export/, used by the Gemma trainer (training's converters)
+    ("switchboard.training.gemma", "switchboard.export.gguf"),
+    # the corpus's FAQ questions per language, a data source kept in the bench suite
+    ("switchboard.export.asr_int8", "switchboard.perf.asr_load"),
 }
 FOLDERS = {
     "switchboard": "switchboard",
@@ -51,64 +98,80 @@ def _modules():
             yield ".".join([package, *parts]), path
 
 
-def _imports(path):
-    for node in ast.walk(ast.parse(path.read_text())):
+MODULES = list(_modules())
+KNOWN = {m for m, _ in MODULES}
+
+
+def _imports(module: str, source: str, is_package: bool = False) -> set[str]:
+    """What ``module`` imports, at module level or inside functions (a lazy import only hides an
+    edge until both modules change together), relative imports resolved. ``from a import b``
+    names ``a.b`` when that is a module of the package, else ``a``."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "switchboard":  # from switchboard import paths
-                yield from (f"switchboard.{a.name}" for a in node.names)
-            else:
-                yield node.module
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package ``level - 1`` above this one
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in KNOWN else base for a in node.names)
+    return found
+
+
+IMPORTS = {module: _imports(module, path.read_text(), path.name == "__init__.py") for module, path in MODULES}
 
 
 def _layer(module: str) -> str | None:
     return next((layer for layer in ALLOWED if module == layer or module.startswith(layer + ".")), None)
 
 
-MODULES = list(_modules())
+def _part(module: str) -> str:
+    """The layer or unlayered part a module belongs to (itself when none)."""
+    parts = [*ALLOWED, *UNLAYERED]
+    return next((p for p in parts if module == p or module.startswith(p + ".")), module)
 
 
-@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
-def test_imports_point_one_way(module, path):
+@pytest.mark.parametrize("module", [m for m, _ in MODULES])
+def test_imports_point_one_way(module):
     layer = _layer(module)
-    for name in _imports(path):
+    for name in sorted(IMPORTS[module]):
         if name == "triton_python_backend_utils":
             assert layer == "switchboard.triton", f"{module}: only switchboard.triton imports {name}"
-        if layer is None or not name.startswith("switchboard"):
+        if layer is None or not name.startswith("switchboard") or (module, name) in PENDING:
             continue
-        target = _layer(name) or name
+        target = _part(name)
         assert target == layer or target in ALLOWED[layer], f"{module} imports {name}: {layer} may not import it"
 
 
-def test_every_folder_of_the_package_is_a_layer_of_the_layout():
-    packages = {p.name for p in (ROOT / "switchboard").iterdir() if (p / "__init__.py").is_file()}
-    assert packages == {"artifact", "kv", "serving", "engine", "triton", "ops", "training", "gateway", "asr"}
+def test_the_layer_check_sees_function_level_and_relative_imports():
+    source = "import os\n\ndef f():\n    from switchboard.ops import rollout\n    from .install import x\n"
+    found = _imports("switchboard.repository.render", source)
+    assert found == {"os", "switchboard.ops.rollout", "switchboard.repository.install"}
+
+
+def test_every_part_of_the_package_is_a_layer_of_the_layout():
+    packages = {f"switchboard.{p.name}" for p in (ROOT / "switchboard").iterdir() if (p / "__init__.py").is_file()}
+    packages |= {package for folder, package in FOLDERS.items() if folder != "switchboard"}
+    top = {f"switchboard.{p.stem}" for p in (ROOT / "switchboard").glob("*.py") if p.stem != "__init__"}
+    assert packages == set(ALLOWED) - LEAVES | UNLAYERED
+    assert top == LEAVES
+
+
+def test_the_layers_form_an_order():
+    declared = {layer: {t for t in allowed if t in ALLOWED} for layer, allowed in ALLOWED.items()}
+    assert not _cycles(declared), "ALLOWED lets two layers import each other"
+
+
+def test_the_pending_exceptions_are_still_needed():
+    gone = sorted(edge for edge in PENDING if edge[1] not in IMPORTS.get(edge[0], set()))
+    assert not gone, f"no longer imported, remove them from PENDING: {gone}"
 
 
 def _graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports, at module level or inside functions (a lazy
-    import only hides a circle until both modules change together). ``from a import b`` points
-    at ``a.b`` when that is a module."""
-    known = {m for m, _ in MODULES}
-    graph = {}
-    for module, path in MODULES:
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: from the package ``level - 1`` above this one
-                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                    base = f"{parent}.{base}" if base else parent
-                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-            else:
-                continue
-            targets.update(n for n in names if n in known and n != module)
-        graph[module] = targets
-    return graph
+    """Module -> the package's modules it imports (``_imports``)."""
+    return {module: {n for n in IMPORTS[module] if n in KNOWN and n != module} for module in IMPORTS}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -145,6 +208,20 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycles():
     cycles = _cycles(_graph())
     assert not cycles, f"import circles (module-level or inside functions): {cycles}"
+
+
+def test_no_import_cycles_between_parts():
+    """Between the package's parts too (export, ops, training, perf, each package of
+    switchboard/): export -> ops -> export is a circle even when no module imports itself back."""
+    parts: dict[str, set[str]] = {}
+    for module, targets in _graph().items():
+        edges = {_part(t) for t in targets if (module, t) not in PENDING}
+        parts.setdefault(_part(module), set()).update(edges - {_part(module)})
+    for targets in list(parts.values()):
+        for t in targets:
+            parts.setdefault(t, set())
+    cycles = _cycles(parts)
+    assert not cycles, f"import circles between parts: {cycles}"
 
 
 def test_the_cycle_check_sees_function_level_imports():

@@ -1,6 +1,6 @@
 import pytest
 
-from switchboard.triton.params import ConfigError, Params
+from switchboard.repository.params import ConfigError, Params
 
 
 def cfg(**kv):
@@ -34,13 +34,13 @@ def test_bad_values_name_the_field(kv, call):
     [("auto", False, True), ("auto", True, False), ("on", True, True), ("off", False, False), (" Off ", True, False)],
 )
 def test_priority_lane_auto_shares_the_batch_only_on_a_compute_bound_model(mode, compute_bound, own):
-    from switchboard.triton.config import EngineConfig
+    from switchboard.repository.config import EngineConfig
 
     assert EngineConfig(priority_lane=mode).own_priority_lane(compute_bound) is own
 
 
 def test_a_bad_priority_lane_names_the_parameter():
-    from switchboard.triton.config import EngineConfig
+    from switchboard.repository.config import EngineConfig
 
     with pytest.raises(ValueError, match="'priority_lane' = 'sometimes': expected auto, on or off"):
         EngineConfig(priority_lane="sometimes").own_priority_lane(False)

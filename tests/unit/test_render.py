@@ -7,8 +7,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from switchboard.artifact.manifest import Manifest
-from switchboard.export.render import TARGETS, render
 from switchboard.paths import ROOT
+from switchboard.repository.render import TARGETS, render
 
 MANIFEST = Manifest(
     name="tiny",
@@ -99,13 +99,13 @@ def test_unknown_target_is_refused(tmp_path):
 
 
 def test_the_configuration_reference_is_current():
-    from switchboard.triton.config import REFERENCE, reference
+    from switchboard.repository.config import REFERENCE, reference
 
-    assert REFERENCE.read_text() == reference(), "run: python -m switchboard.triton.config"
+    assert REFERENCE.read_text() == reference(), "run: python -m switchboard.repository.config"
 
 
 def test_every_rendered_parameter_is_a_typed_setting_with_its_default():
-    from switchboard.triton.config import ChatConfig, EngineConfig
+    from switchboard.repository.config import ChatConfig, EngineConfig
 
     chat = params(parse(ROOT / "model_repository/chat/config.pbtxt"))
     assert set(chat) == {f for f, _, _ in ChatConfig().parameters()}
@@ -116,7 +116,7 @@ def test_every_rendered_parameter_is_a_typed_setting_with_its_default():
 
 
 def test_chat_reads_the_pools_rows_from_their_config_and_sizes_its_admission(monkeypatch, tmp_path):
-    from switchboard.triton.config import ChatConfig, admission_slots, pool_config
+    from switchboard.repository.config import ChatConfig, admission_slots, pool_config
 
     repo = ROOT / "model_repository"
     assert pool_config(repo, "engine_short").max_batch + pool_config(repo, "engine_long").max_batch == 24

@@ -1,9 +1,8 @@
-"""The rollout's pure parts: the canary's share by session hash, the verdict, the quantile,
-the repository edits, the checksum check."""
+"""The rollout's pure parts: the canary's share by session hash, the verdict, the quantile, a
+watch that ends when another command ended the trial (the repository's part: test_repository.py)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 import time
@@ -11,18 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from switchboard.artifact.manifest import Manifest, file_digest
-from switchboard.artifact.version import ChecksumError, ModelVersion, verify_variant
-from switchboard.ops.rollout import (
-    Margins,
-    Repository,
-    Rollout,
-    RolloutError,
-    VersionStats,
-    histogram_quantile,
-    judge,
-    version_stats,
-)
+from switchboard.ops.rollout import Margins, Rollout, VersionStats, histogram_quantile, judge, version_stats
+from switchboard.repository.versions import Repository
 from switchboard.serving.canary import VersionPicker, bucket, conversation_key
 
 pytestmark = pytest.mark.unit
@@ -112,60 +101,6 @@ def repo(tmp_path) -> Repository:
         (tmp_path / model / "1").mkdir(parents=True)
         shutil.copy(Path("model_repository") / model / "config.pbtxt", tmp_path / model / "config.pbtxt")
     return Repository(tmp_path)
-
-
-def test_the_repository_edits_change_only_the_rollout_lines(repo):
-    before = {p: (repo.path / p / "config.pbtxt").read_text() for p in ("chat", "engine_short", "engine_long")}
-    assert repo.served() == [1] and repo.chat() == {"stable_version": 1, "canary_version": 0, "canary_share": 0.1}
-    repo.set_served([3, 1])
-    repo.set_chat(1, 3, 0.25)
-    assert repo.served() == [1, 3] == repo.served("engine_long")
-    assert repo.chat() == {"stable_version": 1, "canary_version": 3, "canary_share": 0.25}
-    for p, text in before.items():
-        after = (repo.path / p / "config.pbtxt").read_text()
-        changed = [(a, b) for a, b in zip(text.splitlines(), after.splitlines()) if a != b]
-        assert len(text.splitlines()) == len(after.splitlines()) and len(changed) == (1 if p != "chat" else 2)
-    (repo.path / "chat" / "config.pbtxt").write_text('name: "chat"\n')
-    with pytest.raises(RolloutError, match="stable_version"):
-        repo.set_chat(1, 0)
-
-
-def _artifact(tmp_path: Path) -> Path:
-    d = tmp_path / "7"
-    d.mkdir()
-    (d / "model.onnx").write_bytes(b"graph")
-    (d / "model.onnx.data").write_bytes(b"weights" * 100)
-    digest = file_digest([d / "model.onnx", d / "model.onnx.data"])
-    m = dict(
-        name="m", fingerprint="fp", num_layers=1, num_kv_heads=1, head_dim=2, vocab_size=8, context_window=16,
-        eos_token_ids=[1], end_of_turn_id=1, system_prompt=None,
-        variants={"fp32": {"file": "model.onnx", "fingerprint": "fp", "weights_sha256": digest}},
-    )  # fmt: skip
-    (d / "manifest.json").write_text(json.dumps(m))
-    return d
-
-
-def test_a_version_serves_only_weights_matching_its_manifest(tmp_path):
-    d = _artifact(tmp_path)
-    version = ModelVersion.load(d, "fp32")
-    version.verify()
-    assert version.number == 7 and version.fingerprint == "fp.v7"  # KV of another version never matches
-    (d / "model.onnx.data").write_bytes(b"weights" * 99 + b"weighs")
-    with pytest.raises(ChecksumError, match="do not match the manifest"):
-        version.verify()
-    (d / "model.onnx.data").unlink()
-    with pytest.raises(ChecksumError, match="do not match"):  # external data is covered too
-        verify_variant(d, Manifest.load(d), "fp32")
-
-
-def test_a_version_file_names_the_precision_it_serves(tmp_path):
-    d = _artifact(tmp_path)
-    (d / "version.json").write_text(json.dumps({"precision": "int8-dynamic"}))
-    with pytest.raises(ValueError, match="int8-dynamic"):
-        ModelVersion.load(d, "fp32")
-    (d / "version.json").write_text("[1]")
-    with pytest.raises(ValueError, match="version.json"):
-        ModelVersion.load(d, "fp32")
 
 
 class _QuietServer:

@@ -8,8 +8,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from switchboard import paths
-from switchboard.ops.rollout import RolloutError, with_parameters
 from switchboard.perf import asr_gpu_served, voice_gpu_served
+from switchboard.repository.versions import RepositoryError, with_parameters
 
 ASR_CONFIG = paths.MODEL_REPOSITORY / "asr" / "config.pbtxt"
 
@@ -24,7 +24,7 @@ def test_the_gpu_settings_become_asr_parameters_in_its_config():
 
 
 def test_a_parameter_the_config_lacks_is_an_error_naming_the_file():
-    with pytest.raises(RolloutError, match=r"config.pbtxt has no parameter 'no_such_key'"):
+    with pytest.raises(RepositoryError, match=r"config.pbtxt has no parameter 'no_such_key'"):
         with_parameters(ASR_CONFIG.read_text(), {"no_such_key": "1"}, ASR_CONFIG)
 
 

@@ -1,4 +1,4 @@
-"""Render the Triton model repository for a target: ``python -m switchboard.export.render``.
+"""Render the Triton model repository for a target: ``python -m switchboard.repository.render``.
 
 Targets:
 - ``local``: this machine's tritonserver (pytriton build, Python backend only): the pools run
@@ -17,51 +17,21 @@ Every config is generated here, so a test can compare each rendering with what i
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.triton.config import AsrConfig, ChatConfig, EngineConfig, VoiceChatConfig
+from switchboard.artifact.manifest import Manifest
+from switchboard.repository.config import AsrConfig, ChatConfig, EngineConfig, VoiceChatConfig
+from switchboard.repository.install import place_artifacts
+from switchboard.repository.models import GLUE, LONG_PROMPT_TOKENS, POOLS, SPEECH, Pool
 
 TARGETS = ("local", "ngc-onnxruntime", "ngc-tensorrt")
-# Each model's glue module in switchboard/triton/ (the pools: engine_model).
-GLUE = {"chat": "chat_model", "asr": "asr_model", "voice_chat": "voice_chat_model"}
-SPEECH = ("asr", "voice_chat")
-
-
-@dataclass(frozen=True)
-class Pool:
-    name: str
-    max_batch_size: int  # requests per execute at most
-    engine_batch: int  # sequences the engine decodes together
-    max_prompt: int  # longest prompt routed here (profile / documentation)
-    blurb: str
-
-
-LONG_PROMPT_TOKENS = 160
-POOLS = (
-    Pool(
-        "short",
-        16,
-        16,
-        LONG_PROMPT_TOKENS,
-        "Prompts up to long_prompt_tokens (chat/config.pbtxt): larger batches.",
-    ),
-    Pool(
-        "long",
-        8,
-        8,
-        1024,
-        "Long prompts: smaller batches so one long prefill does not stall many short chats.",
-    ),
-)
 
 
 def _params(items: list[tuple[str, str, str]]) -> str:
-    """The ``parameters`` block, each parameter under its doc (switchboard/triton/config.py)."""
+    """The ``parameters`` block, each parameter under its doc (switchboard/repository/config.py)."""
     entries = []
     for key, value, doc in items:
         comment = "\n".join("  # " + line for line in textwrap.wrap(doc, 94))
@@ -301,7 +271,7 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
             "ngc-onnxruntime": "triton:decoder",
             "ngc-tensorrt": "triton:decoder",
         }[target]
-        files[f"engine_{pool.name}/config.pbtxt"] = engine_config(pool, runtime)
+        files[f"{pool.model}/config.pbtxt"] = engine_config(pool, runtime)
     if target != "local":
         if manifest is None:
             raise ValueError(f"target {target} needs the manifest (--artifacts)")
@@ -326,43 +296,13 @@ def render(target: str, out: Path, manifest=None, artifacts: Path | None = None)
                 f'"""Triton entry point: the logic lives in switchboard.triton.{glue}."""\n\n'
                 f"from switchboard.triton.{glue} import TritonPythonModel  # noqa: F401\n"
             )
-        if artifacts is not None and model not in SPEECH:  # the recognizer has its own (export/asr.py)
+        if artifacts is not None and model not in SPEECH:  # the recognizer has its own (install.install_asr)
             place_artifacts(artifacts, version, model, target)
     return written
 
 
-def place_artifacts(artifacts: Path, version: Path, model: str, target: str) -> None:
-    if model == "decoder" and target == "ngc-tensorrt":
-        wanted = ["model.plan"]
-    elif model == "decoder":
-        wanted = [p.name for p in artifacts.glob("model.onnx*")]
-    else:  # Python models read the manifest and tokenizer; local pools also the ONNX graphs
-        wanted = [
-            p.name
-            for p in artifacts.iterdir()
-            if p.is_file()
-            and not p.name.startswith((".", "report."))
-            and (target == "local" or not p.name.startswith("model."))
-        ]
-    for name in wanted:
-        src = artifacts / name
-        if not src.exists():
-            raise SystemExit(f"{src} missing (build TensorRT engines with `python -m switchboard.export.tensorrt`)")
-        _link(src, version / name)
-    if model == "chat":  # the FAQ that chat answers from when the engines cannot (overload, failure)
-        shutil.copy2(paths.CORPUS / "faq.jsonl", version / "faq.jsonl")
-
-
-def _link(src: Path, dst: Path) -> None:
-    dst.unlink(missing_ok=True)
-    try:
-        dst.hardlink_to(src)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.export.render", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.repository.render", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", choices=TARGETS, default="local")
     p.add_argument(
         "--out",
@@ -374,8 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (paths.MODEL_REPOSITORY if args.target == "local" else paths.BUILD / "repos" / args.target)
     manifest = None
     if args.artifacts:
-        from switchboard.artifact.manifest import Manifest
-
         manifest = Manifest.load(args.artifacts)
     for path in render(args.target, out, manifest, args.artifacts):
         print(path)
