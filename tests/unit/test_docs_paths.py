@@ -12,6 +12,7 @@ mentions caught.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -29,6 +30,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 PLACEHOLDER = re.compile(r"[<>*{}$]|\.\.\.")
 GENERATED = re.compile(r"model_repository/[^/]+/\d+/(?!model\.py$)")
 NOT_PATHS = {"deploy/switchboard"}  # kubectl's name of the Deployment
+# A command a reader copies: `python -m switchboard.perf.bench`, `.venv/bin/python -m bench ...`.
+MODULE = re.compile(r"python3? -m ((?:switchboard|bench|tools)(?:\.\w+)*)")
 
 
 def documents() -> list[Path]:
@@ -74,6 +77,13 @@ def anchors(doc: Path) -> set[str]:
 def test_every_named_path_exists(doc: Path):
     missing = sorted(p for p in named_paths(doc.read_text(encoding="utf-8")) if not (ROOT / p).exists())
     assert not missing, f"{doc.relative_to(ROOT)} names paths that are not in the repository: {missing}"
+
+
+@pytest.mark.parametrize("doc", documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_a_command_runs_exists(doc: Path):
+    modules = sorted(set(MODULE.findall(doc.read_text(encoding="utf-8"))))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    assert not missing, f"{doc.relative_to(ROOT)} runs modules that do not exist: {missing}"
 
 
 @pytest.mark.parametrize("doc", [*documents(), *sorted((ROOT / "docs" / "decisions").glob("*.md"))],
