@@ -1,1 +1,3 @@
-"""Load tests: perf_analyzer runs and LLM metrics (time to first token, inter-token latency)."""
+"""Switchboard's benchmark suite: load generators, peers, workloads and reports. Not part of
+the wheel: it runs from the repository's root (``python -m perf.<module>``) and imports the
+product as any client would; the product imports nothing from it."""

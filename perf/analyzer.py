@@ -1,4 +1,4 @@
-"""perf_analyzer against ``chat``: ``python -m switchboard.perf.analyzer``.
+"""perf_analyzer against ``chat``: ``python -m perf.analyzer``.
 
 Builds an input-data file of real corpus questions, runs perf_analyzer over gRPC streaming
 at several concurrency levels, and turns its per-response timestamps (--profile-export-file)
@@ -46,8 +46,8 @@ def write_input_data(path: Path, n: int, seed: int = 0) -> Path:
 
 def write_workload_data(path: Path, workload: Path) -> Path:
     """perf_analyzer input data from a workload file: every turn as a one-off request (perf_analyzer
-    cannot chain turns; ``switchboard.perf.driver`` replays them as sessions)."""
-    from switchboard.perf.workload import load
+    cannot chain turns; ``perf.driver`` replays them as sessions)."""
+    from perf.workload import load
 
     _, sessions = load(workload)
     data = {"data": [{"text": [t], "max_new_tokens": [s.max_new_tokens]} for s in sessions for t in s.turns]}
@@ -151,7 +151,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.analyzer", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.analyzer", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="gRPC address of a running server (default: start one on free ports)")
     p.add_argument("--out", type=Path, default=Path("build/perf"), help="output directory")
     p.add_argument("--concurrency", default="1:4:1", help="perf_analyzer --concurrency-range")

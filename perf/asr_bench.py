@@ -1,4 +1,4 @@
-"""The speech recognizer, measured side by side: ``python -m switchboard.perf.asr_bench``.
+"""The speech recognizer, measured side by side: ``python -m perf.asr_bench``.
 
 One run, one machine, the same audio (corpus questions spoken by espeak-ng, 16 kHz WAV) and
 the same generation cap for every system (issue 38, "Measured"):
@@ -11,7 +11,7 @@ the same generation cap for every system (issue 38, "Measured"):
      (``SWITCHBOARD_PRECISION``);
    - ``faster-whisper``: CTranslate2 on the same weights (for tiny.en and Whisper base the
      CTranslate2 model.bin their pinned packages carry, loaded from memory; the others converted
-     here), int8 and float32, in process (``switchboard.perf.asr_peers``);
+     here), int8 and float32, in process (``perf.asr_peers``);
    - ``litserve``: the Hugging Face checkpoint in PyTorch behind LitServe's batching.
 2. Seed 001's experiment: 2 s questions and 30 s recordings (80/20) arriving as a Poisson
    process at a rate that loads the pool, the short ones' latency with ``batching=length``
@@ -45,9 +45,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from perf import asr_load
+from perf.asr_load import Clip, Reply, Sample
 from switchboard import paths
-from switchboard.perf import asr_load
-from switchboard.perf.asr_load import Clip, Reply, Sample
 
 PRECISION_NAMES = {"fp32": "fp32", "int8-dynamic": "int8"}
 FW_COMPUTE = {"int8": "int8", "float32": "fp32"}
@@ -380,13 +380,13 @@ class Bench:
         return AsyncCaller(stack.grpc_url)
 
     def start_litserve(self, model: ModelSpec):
+        from perf.asr_peers import HttpAsrClient, wait_ready
         from switchboard.ops.launch import free_port
-        from switchboard.perf.asr_peers import HttpAsrClient, wait_ready
 
         port = free_port()
         run = self.out / "run" / f"litserve-{model.name}"
         run.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "switchboard.perf.asr_peers", "litserve", "--checkpoint", str(model.checkpoint)]
+        cmd = [sys.executable, "-m", "perf.asr_peers", "litserve", "--checkpoint", str(model.checkpoint)]
         cmd += ["--port", str(port), "--max-batch", "8", "--batch-timeout", "0.01"]
         if model.cap_tokens:
             cmd += ["--max-new-tokens", str(model.cap_tokens)]
@@ -467,7 +467,7 @@ class Bench:
             if ct2_source_installed(model.ct2_source):
                 return f"source:{model.ct2_source}"
             self.note(f"{model.ct2_source}'s packages are not installed: converted from the checkpoint instead")
-        from switchboard.perf.asr_peers import ct2_model
+        from perf.asr_peers import ct2_model
 
         t0 = time.monotonic()
         path = ct2_model(model.checkpoint, paths.BUILD / "cache" / "ct2")
@@ -475,7 +475,7 @@ class Bench:
         return path
 
     def fw_job(self, model: ModelSpec, ct2: Path, compute: str, setting: FwSetting, levels: list, clips_dir: Path):
-        from switchboard.perf.asr_load import generation, multilingual
+        from perf.asr_load import generation, multilingual
 
         job = {
             "model": str(ct2),
@@ -494,7 +494,7 @@ class Bench:
         tag = f"{model.name}-{compute}-{setting.mode}-{setting.num_workers}x{setting.cpu_threads}"
         job_path, result_path = run / f"{tag}.job.json", run / f"{tag}.result.json"
         job_path.write_text(json.dumps(job, indent=1))
-        cmd = [sys.executable, "-m", "switchboard.perf.asr_peers", "faster-whisper", "--job", str(job_path)]
+        cmd = [sys.executable, "-m", "perf.asr_peers", "faster-whisper", "--job", str(job_path)]
         with open(run / f"{tag}.log", "wb") as log:
             proc = subprocess.run(cmd + ["--out", str(result_path)], stdout=log, stderr=subprocess.STDOUT)
         if proc.returncode != 0:
@@ -832,7 +832,7 @@ def stop(proc: subprocess.Popen) -> None:
 def machine() -> dict:
     """The LLM bench's description of the machine, with the cores this process may use, the
     load average and the commit."""
-    from switchboard.perf.bench import device_info
+    from perf.bench import device_info
 
     info = device_info("cpu") | {"cpus": len(os.sched_getaffinity(0)), "load_avg_start": os.getloadavg()}
     info.pop("device")
@@ -861,7 +861,7 @@ PARTS = ("throughput", "seed001", "voice")
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m switchboard.perf.asr_bench",
+        prog="python -m perf.asr_bench",
         description=__doc__.split("\n\n")[0],
         epilog="Presets: "
         + "; ".join(
@@ -937,10 +937,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # `kill` stops the run like Ctrl-C: every server it started is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    from perf.asr_report import write_summary
     from switchboard import console
-    from switchboard.perf.asr_report import write_summary
 
-    command = "python -m switchboard.perf.asr_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m perf.asr_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     with console.step("bench-asr", args.log or out / "bench.log") as con:
         bench = Bench(preset, out, con, args.seed)
         if args.resume:

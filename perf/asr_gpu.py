@@ -1,4 +1,4 @@
-"""The ASR pool on a GPU, 1 caller against 8: ``python -m switchboard.perf.asr_gpu run``.
+"""The ASR pool on a GPU, 1 caller against 8: ``python -m perf.asr_gpu run``.
 
 Issue 38 asks the pool to serve 8 concurrent callers at least 3 times faster (audio seconds per
 wall second) than one. On 2 CPU cores that cannot hold (a batch of 8 costs 8 single runs); on a
@@ -56,8 +56,8 @@ from pathlib import Path
 
 import numpy as np
 
+from perf import asr_load
 from switchboard import paths
-from switchboard.perf import asr_load
 
 PACKED = "weights.int8.safetensors"
 SIDE_FILES = (
@@ -96,7 +96,7 @@ STEPS = (
     "graphs" + FITTED,
     "static" + FITTED,
 )
-log = logging.getLogger("switchboard.perf.asr_gpu")
+log = logging.getLogger("perf.asr_gpu")
 
 
 def base_mode(mode: str) -> str:
@@ -169,7 +169,7 @@ def unpack_checkpoint(packed: Path, out: Path) -> Path:
 
 
 def pack(out: Path, clips: int, seed: int) -> None:
-    from switchboard.perf.asr_bench import bundled_tiny_en
+    from perf.asr_bench import bundled_tiny_en
 
     out.mkdir(parents=True, exist_ok=True)
     default, tiny = paths.BUILD / "asr-default-model", paths.BUILD / "asr-tiny-en"
@@ -223,7 +223,7 @@ def checkpoint_of(name: str, pack_dir: Path | None, work: Path) -> Path:
             return checkpoint
         if name != "small-shape":
             raise SystemExit(f"{checkpoint} missing: make model-asr model-asr-tiny-en (or run with --pack)")
-        from switchboard.perf.asr_bench import bundled_tiny_en
+        from perf.asr_bench import bundled_tiny_en
 
         asr_large.build(checkpoint, bundled_tiny_en())
         return checkpoint
@@ -361,7 +361,7 @@ def seed001(
     arrivals for ``seconds`` at ``load`` times what the pool does one request at a time, with
     length and with count batching, in each --steps mode (``-whole``: no joining). The pool's
     own code, as ``run`` measures it; Triton's front is left out (these machines cannot run it)."""
-    from switchboard.perf.asr_bench import SEED001_MIX
+    from perf.asr_bench import SEED001_MIX
 
     lang = MODELS[name][0][0]
     mix = clips_of(("seed001",), pack_dir) if pack_dir else asr_load.mix_clips(lang, shorts=12, longs=4, seed=seed)
@@ -685,7 +685,7 @@ def _measuring(parser: argparse.ArgumentParser, models: bool = False) -> argpars
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.asr_gpu", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.asr_gpu", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
     a = sub.add_parser("pack", help="write what the GPU machine needs (here, after make model-asr model-asr-tiny-en)")
     a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-pack")

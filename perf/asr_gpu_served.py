@@ -1,5 +1,5 @@
 """The asr pool served by tritonserver on a GPU machine without one installed:
-``python -m switchboard.perf.asr_gpu_served``.
+``python -m perf.asr_gpu_served``.
 
 ``asr_gpu`` measures the pool in process, because the GPU machines this project is lent have a
 Python with PyTorch but no tritonserver, and the nvidia-pytriton wheel is more than a lease
@@ -36,9 +36,9 @@ from unittest import mock
 
 import numpy as np
 
+from perf import asr_gpu, asr_load
 from switchboard import paths
 from switchboard.ops.install_backend import pytriton_root, server_binary
-from switchboard.perf import asr_gpu, asr_load
 
 TARBALL = "tritonserver.tar.xz"
 SERVED_ENV = {  # asr/config.pbtxt's parameters for a GPU (docs/configuration-reference.md)
@@ -89,9 +89,9 @@ def repository(name: str, checkpoint: Path, work: Path, source: Path) -> Path:
     torch runtime: asr.json names it, no graphs exported), ``name``'s cap on transcripts."""
     from tokenizers import Tokenizer
 
+    from perf.asr_bench import capped_manifest
     from switchboard.asr.checkpoint import copy_tokenizer, describe
     from switchboard.asr.runtime import AsrManifest
-    from switchboard.perf.asr_bench import capped_manifest
 
     repo = work / "repos" / name
     version = repo / "asr" / "1"
@@ -141,7 +141,7 @@ def parse_settings(p: argparse.ArgumentParser, items: list[str]) -> dict[str, st
 
 def measure(url: str, clips: list, callers: int, requests: int) -> dict:
     """One closed loop of ``callers`` over one gRPC channel; the answers' mean batch size."""
-    from switchboard.perf.asr_bench import AsyncCaller
+    from perf.asr_bench import AsyncCaller
 
     with AsyncCaller(url) as call:
         samples = asr_load.closed_loop(call, clips, callers, requests, warmup=2 * callers)
@@ -249,7 +249,7 @@ def summary(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.asr_gpu_served", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.asr_gpu_served", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
     a = sub.add_parser("pack", help=f"write {TARBALL} from this environment's nvidia-pytriton (here)")
     a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-served")

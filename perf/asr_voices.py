@@ -1,4 +1,4 @@
-"""Which voices a recognizer hears: ``python -m switchboard.perf.asr_voices``.
+"""Which voices a recognizer hears: ``python -m perf.asr_voices``.
 
 The held-out report (``switchboard.training.asr.evaluate``) scores two voices per language: the
 training voice, and one voice training never uses, an unseen accent in an unseen variant. This
@@ -339,7 +339,7 @@ def summary(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.asr_voices", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.asr_voices", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model",
         action="append",

@@ -1,4 +1,4 @@
-"""Faults and overload against a private stack: ``python -m switchboard.perf.chaos``.
+"""Faults and overload against a private stack: ``python -m perf.chaos``.
 
 Starts redis-server and tritonserver on free ports (``--replicas 2``: two tritonservers sharing
 the Redis behind HAProxy, as ``make serve REPLICAS=2``) and runs, in order:
@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.loadtools import ms, percentile, table, timed_chat, timed_chat_async, write_summary
 from switchboard import paths
 from switchboard.asr.audio import decode, encode_wav
 from switchboard.asr.wer import error_rate
@@ -51,7 +52,6 @@ from switchboard.client import AsyncChatClient, ChatClient, ChatError
 from switchboard.ops.balancer import Balancer, Replica
 from switchboard.ops.launch import Ports, Stack, children, free_port, free_ports
 from switchboard.ops.supervisor import Supervisor, probe, with_reloads
-from switchboard.perf.loadtools import ms, percentile, table, timed_chat, timed_chat_async, write_summary
 from switchboard.training.corpus import load, sample_questions
 
 
@@ -488,7 +488,7 @@ SCENARIOS = ("baseline", "burst", "redis-stop", "redis-pause", "audio-burst", "s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.chaos", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--burst-s", type=float, default=30.0, help="length of the 5x burst (default 30)")
     p.add_argument("--factor", type=float, default=5.0, help="burst rate as a multiple of capacity (default 5)")
     p.add_argument(

@@ -1,8 +1,8 @@
-"""Session-aware load driver: ``python -m switchboard.perf.driver``.
+"""Session-aware load driver: ``python -m perf.driver``.
 
 perf_analyzer sends independent requests; multi-turn chat needs each turn sent after the
 previous answer, in the same session. This driver replays a workload file (see
-``switchboard.perf.workload``): every session starts at its arrival time on its own thread
+``perf.workload``): every session starts at its arrival time on its own thread
 and sends its turns one after another. Per turn it records time to first token, the gaps
 between streamed deltas, end-to-end latency, tokens generated and reused, route, priority
 and turn number; failures are recorded with their gRPC status (rejections are
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.workload import Session, load
 from switchboard.client import ChatClient, ChatError, ChatStats
-from switchboard.perf.workload import Session, load
 
 
 @dataclass
@@ -181,7 +181,7 @@ def table(rows: list[dict], title: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.driver", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.driver", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC address")
     p.add_argument("--workload", type=Path, default=Path("build/perf/workload.jsonl"))
     p.add_argument("--out", type=Path, default=Path("build/perf/driver"))

@@ -7,8 +7,8 @@ chats/s and generated tokens/s; then the gateway's cost: the median TTFT differe
 2 ms) and the throughput ratio (bound: at least 95%) at ``--users`` concurrent chats, by default
 the saturating load of ``make perf`` (4 concurrent streaming chats, ``max_new_tokens`` 48).
 
-    python -m switchboard.perf.gateway_cost                 # its own stack on free ports
-    python -m switchboard.perf.gateway_cost --grpc-url 127.0.0.1:8001 --gateway-url http://127.0.0.1:8080
+    python -m perf.gateway_cost                 # its own stack on free ports
+    python -m perf.gateway_cost --grpc-url 127.0.0.1:8001 --gateway-url http://127.0.0.1:8080
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def report(results: dict, args, extra: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.gateway_cost", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.gateway_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--grpc-url", help="a running stack's gRPC endpoint (default: start one on free ports)")
     p.add_argument("--gateway-url", help="a running gateway in front of it (default: start one on a free port)")
     p.add_argument("--users", type=int, default=4, help="concurrent chats (default 4: make perf's saturating load)")

@@ -1,4 +1,4 @@
-"""Shared pieces of ``switchboard.perf.chaos`` and ``switchboard.perf.soak``: timed chats, process
+"""Shared pieces of ``perf.chaos`` and ``perf.soak``: timed chats, process
 memory, percentiles and markdown tables."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark peers: ``python -m switchboard.perf.peers litserve|hf``.
+"""Benchmark peers: ``python -m perf.peers litserve|hf``.
 
 The same model, on the same machine, served the way many teams would without Switchboard:
 
@@ -26,8 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from perf.peer_model import PeerModel, json_line
 from switchboard.client import ChatError, ChatStats
-from switchboard.perf.peer_model import PeerModel, json_line
 from switchboard.serving.prompt import PromptTooLong
 
 log = logging.getLogger("switchboard.peers")
@@ -158,7 +158,7 @@ def wait_ready(client: HttpChatClient, timeout: float = 120, proc=None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.peers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.peers", description=__doc__.split("\n\n")[0])
     p.add_argument("peer", choices=PEERS)
     p.add_argument("--checkpoint", type=Path, default=Path("build/default-model"), help="Hugging Face checkpoint")
     p.add_argument(
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer == "hf":
         serve_hf(PeerModel(args.checkpoint, args.artifacts, args.device, args.threads), args.port)
     else:
-        from switchboard.perf.litserve_peer import serve
+        from perf.litserve_peer import serve
 
         serve(args)
     return 0

@@ -1,6 +1,6 @@
-"""Report for a benchmark directory: ``python -m switchboard.perf.report build/bench/quick``.
+"""Report for a benchmark directory: ``python -m perf.report build/bench/quick``.
 
-Reads ``results.json`` and the per-run turn records written by ``switchboard.perf.bench`` and
+Reads ``results.json`` and the per-run turn records written by ``perf.bench`` and
 writes ``report.md`` with the headline ratios, per-load tables, the runtime limit, engine batch
 sizes and padding, perf_analyzer sweeps, and the plots: latency CDFs per priority
 (``cdf.png``), throughput and P99 against load (``load.png``), TTFT by turn number
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard.perf.driver import ABANDONED, REJECTED
+from perf.driver import ABANDONED, REJECTED
 
 COLORS = {
     "optimized": "tab:green",
@@ -274,7 +274,7 @@ def write_report(out: Path) -> Path:
     for load in sorted(loads)[:-1]:
         md += [f"\n## {load:g} sessions/s offered\n", headline(results, out, load)]
     if "optimized" in results["systems"]:
-        from switchboard.perf.driver import TurnRecord, summarize, table
+        from perf.driver import TurnRecord, summarize, table
 
         recs = [TurnRecord(**r) for r in load_records(out, "optimized", top)]
         wall = sum(e["wall_s"] for e in results["runs"] if e["system"] == "optimized" and e["load"] == top)
@@ -290,7 +290,7 @@ def write_report(out: Path) -> Path:
         "histories, right-aligned). Prefill positions wasted: left padding in batched prefill.\n",
     ]
     if results.get("analyzer"):
-        from switchboard.perf.analyzer import markdown
+        from perf.analyzer import markdown
 
         md.append("\n## perf_analyzer (gRPC streaming, every workload turn as a one-off request)\n")
         for name, rows in results["analyzer"].items():
@@ -328,7 +328,7 @@ def limit_md(lim: dict | None, system: str, top: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.report", description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="a benchmark directory (with results.json)")
     args = p.parse_args(argv)
     print(write_report(args.out))

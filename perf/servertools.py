@@ -1,5 +1,5 @@
 """Shared pieces of the perf tools about the server under test: a model repository with other
-artifacts in place, and Triton's /metrics read as numbers (``switchboard.perf.bench``,
+artifacts in place, and Triton's /metrics read as numbers (``perf.bench``,
 ``scaling``, ``kv``, ``long_prompt`` and the integration tests)."""
 
 from __future__ import annotations

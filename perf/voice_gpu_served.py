@@ -1,5 +1,5 @@
 """Voice to first answer token, served by tritonserver on a GPU machine without one installed:
-``python -m switchboard.perf.voice_gpu_served``.
+``python -m perf.voice_gpu_served``.
 
 The whole voice path of ``asr_bench``'s third part (``voice_chat``: asr, then a ``chat`` turn on
 the engines, sessions in Redis), on a machine that has a GPU and a Python with PyTorch but
@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 from unittest import mock
 
+from perf import asr_gpu, asr_gpu_served, asr_load
 from switchboard import paths
 from switchboard.artifact.version import write_version_info
 from switchboard.ops.rollout import with_parameters
-from switchboard.perf import asr_gpu, asr_gpu_served, asr_load
 
 TARBALL = "voice.tar.xz"
 CHAT_MODELS = ("chat", "engine_short", "engine_long", "voice_chat")
@@ -56,7 +56,7 @@ LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/lib
 def pack(out: Path, preset: int = 9) -> Path:
     """``TARBALL`` in ``out`` from model_repository's installed chat model, this machine's
     redis-server and the question; ``preset``: xz's, 0-9."""
-    from switchboard.perf.asr_bench import VOICE_QUESTION
+    from perf.asr_bench import VOICE_QUESTION
 
     version = paths.MODEL_REPOSITORY / "chat" / "1"
     if not (version / "manifest.json").is_file():
@@ -181,8 +181,8 @@ def run(
     source: Path,
     settings: dict[str, str] = asr_gpu_served.SERVED_ENV,
 ) -> dict:
+    from perf.asr_bench import VoiceCaller, voice_row
     from switchboard.ops.launch import Ports, Stack
-    from switchboard.perf.asr_bench import VoiceCaller, voice_row
 
     out.mkdir(parents=True, exist_ok=True)
     unpacked = unpack(server / TARBALL, work)
@@ -254,9 +254,7 @@ def summary(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m switchboard.perf.voice_gpu_served", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m perf.voice_gpu_served", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
     a = sub.add_parser("pack", help=f"write {TARBALL}: the chat model, redis-server, the question (here)")
     a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-served")

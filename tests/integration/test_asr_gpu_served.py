@@ -9,8 +9,8 @@ import json
 import os
 import sys
 
+from perf import asr_gpu, asr_gpu_served, asr_load
 from switchboard import paths
-from switchboard.perf import asr_gpu, asr_gpu_served, asr_load
 from tests.integration.speechtools import NEEDS_TINY_EN, TINY
 
 pytestmark = NEEDS_TINY_EN

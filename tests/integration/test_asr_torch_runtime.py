@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from perf import asr_bench, asr_load
 from switchboard.asr import segment
 from switchboard.asr.audio import decode
 from switchboard.asr.model import AsrModel
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, children
-from switchboard.perf import asr_bench, asr_load
 from tests.integration.speechtools import NEEDS_TINY_EN, TINY
 from tests.unit.test_asr_service import Sink
 

@@ -9,9 +9,9 @@ import os
 import subprocess
 import sys
 
+from perf import asr_gpu, asr_gpu_served, voice_gpu_served
 from switchboard import paths
 from switchboard.artifact.version import read_version_info
-from switchboard.perf import asr_gpu, asr_gpu_served, voice_gpu_served
 from tests.integration.speechtools import NEEDS_TINY_EN, TINY
 from tests.integration.test_asr_gpu_served import CPU
 

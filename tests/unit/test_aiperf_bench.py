@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from switchboard.perf import aiperf_bench as ab
+from perf import aiperf_bench as ab
 
 
 def _export(**over):
@@ -131,9 +131,9 @@ def llama_stub():
 
 
 def test_llama_client_streams_text_and_keeps_the_conversation(llama_stub, artifacts):
+    from perf.llamacpp import LlamaChatClient
+    from perf.peer_model import PromptSessions
     from switchboard.client import ChatStats
-    from switchboard.perf.llamacpp import LlamaChatClient
-    from switchboard.perf.peer_model import PromptSessions
 
     sessions = PromptSessions(artifacts)
     hello = sessions.tokenizer.encode("Hello there")

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from switchboard.perf import asr_bench, asr_load, asr_peers, asr_report
-from switchboard.perf.asr_load import Clip, Reply, Sample
+from perf import asr_bench, asr_load, asr_peers, asr_report
+from perf.asr_load import Clip, Reply, Sample
+from switchboard.training import corpus
 
 RATE = asr_load.SAMPLE_RATE
 
@@ -47,10 +48,10 @@ def test_wav_bytes_are_16_bit_16_khz_and_clipped():
 
 
 def test_questions_are_seeded_and_leave_out_slots():
-    en = asr_load.questions("en", seed=0)
+    en = corpus.spoken_questions("en", seed=0)
     assert en and all("{" not in q for q in en)
-    assert en == asr_load.questions("en", seed=0) and en != asr_load.questions("en", seed=1)
-    assert asr_load.questions("zh") and set(asr_load.questions("zh")).isdisjoint(en)
+    assert en == corpus.spoken_questions("en", seed=0) and en != corpus.spoken_questions("en", seed=1)
+    assert corpus.spoken_questions("zh") and set(corpus.spoken_questions("zh")).isdisjoint(en)
 
 
 def test_question_clips_take_turns_by_language_and_skip_long_ones():
@@ -343,7 +344,7 @@ def run_row(model, system, precision, c, rate, **kw):
 
 RESULTS = {
     "started": "2026-11-25 15:00:00",
-    "command": "python -m switchboard.perf.asr_bench --preset quick",
+    "command": "python -m perf.asr_bench --preset quick",
     "elapsed_s": 300.0,
     "machine": {"cpus": 2, "cpu": "EPYC", "commit": "abc1234", "load_avg_start": [0.5, 1.0, 1.2]},
     "throughput": [

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from switchboard.perf import asr_gpu
+from perf import asr_gpu
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from perf import asr_gpu_served
 from switchboard.ops import install_backend
-from switchboard.perf import asr_gpu_served
 
 
 def fake_site(root: Path, python: str) -> Path:

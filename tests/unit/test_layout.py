@@ -35,12 +35,13 @@ ALLOWED = {
     # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike.
     "switchboard.gateway": LEAVES | {"switchboard.client", "switchboard.serving", "switchboard.asr"},
 }
-FOLDERS = {
+# folder -> package: what the wheel ships, then the benchmark suite, which runs from the checkout
+PACKAGE_FOLDERS = {
     "switchboard": "switchboard",
     "client": "switchboard.client",
     "export": "switchboard.export",
-    "perf": "switchboard.perf",
 }
+FOLDERS = {**PACKAGE_FOLDERS, "perf": "perf"}
 
 
 def _modules():
@@ -75,6 +76,8 @@ def test_imports_point_one_way(module, path):
     for name in _imports(path):
         if name == "triton_python_backend_utils":
             assert layer == "switchboard.triton", f"{module}: only switchboard.triton imports {name}"
+        if module.startswith("switchboard"):
+            assert name.split(".")[0] != "perf", f"{module} imports {name}: the product does not import the bench suite"
         if layer is None or not name.startswith("switchboard"):
             continue
         target = _layer(name) or name

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from perf import asr_gpu_served, voice_gpu_served
 from switchboard import paths
 from switchboard.ops.rollout import RolloutError, with_parameters
-from switchboard.perf import asr_gpu_served, voice_gpu_served
 
 ASR_CONFIG = paths.MODEL_REPOSITORY / "asr" / "config.pbtxt"
 
