@@ -54,7 +54,7 @@ DEFAULT_MODELS = {
     "default": paths.BUILD / "asr-default-model",
     "tiny-en": paths.BUILD / "asr-tiny-en",
 }
-# What a new user might ask, in words no file of corpus/ holds (tests/unit/test_asr_voices.py
+# What a new user might ask, in words no file of corpus/ holds (tests/bench/test_asr_voices.py
 # checks): the trained-from-scratch recognizer never heard them, in training or held out.
 FRESH_QUESTIONS = (
     "Where is my parcel? It has not arrived yet.",
