@@ -16,8 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
+from perf.stats import percentile
 from switchboard.training import corpus
 from switchboard.wire import PRIORITY_PARAMETER
 
@@ -116,7 +115,6 @@ def llm_metrics(export: Path) -> list[dict]:
         if not e2e:
             continue
         span_s = (max(ends) - min(starts)) / 1e9
-        pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
         rows.append(
             {
                 "mode": experiment["experiment"].get("mode", "concurrency"),
@@ -124,12 +122,12 @@ def llm_metrics(export: Path) -> list[dict]:
                 "requests": len(e2e),
                 "requests_per_s": len(e2e) / span_s,
                 "text_deltas_per_s": responses / span_s,
-                "ttft_p50_ms": pct(ttft, 50),
-                "ttft_p99_ms": pct(ttft, 99),
-                "itl_p50_ms": pct(itl, 50),
-                "itl_p99_ms": pct(itl, 99),
-                "e2e_p50_ms": pct(e2e, 50),
-                "e2e_p99_ms": pct(e2e, 99),
+                "ttft_p50_ms": percentile(ttft, 50),
+                "ttft_p99_ms": percentile(ttft, 99),
+                "itl_p50_ms": percentile(itl, 50),
+                "itl_p99_ms": percentile(itl, 99),
+                "e2e_p50_ms": percentile(e2e, 50),
+                "e2e_p99_ms": percentile(e2e, 99),
             }
         )
     return rows

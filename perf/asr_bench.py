@@ -47,6 +47,7 @@ from pathlib import Path
 
 from perf import asr_load
 from perf.asr_load import Clip, Reply, Sample
+from perf.stats import percentile
 from switchboard import paths
 
 PRECISION_NAMES = {"fp32": "fp32", "int8-dynamic": "int8"}
@@ -293,7 +294,7 @@ def voice_repository(asr: Path, out: Path) -> Path:
 def voice_row(model: str, concurrency: int, samples: list[Sample]) -> dict:
     """One voice measurement: when the transcript (heard) and the first answer token came."""
     ok = [s for s in samples if s.ok]
-    pct = asr_load.percentile
+    pct = percentile
     heard = [s.extra["heard_s"] for s in ok if s.extra.get("heard_s") is not None]
     first = [s.extra["first_token_s"] for s in ok if s.extra.get("first_token_s") is not None]
     return {
@@ -629,7 +630,7 @@ class Bench:
         unit = {}
         for kind, clips in by_kind.items():
             samples = asr_load.closed_loop(call, clips, 1, 2)
-            unit[kind] = asr_load.percentile([s.latency for s in samples], 50)
+            unit[kind] = percentile([s.latency for s in samples], 50)
         per_request = sum(SEED001_MIX[k] * unit[k] for k in SEED001_MIX)
         return self.preset.seed001_load / per_request, unit
 
@@ -649,8 +650,8 @@ class Bench:
             "by_kind": by_kind,
             "short_batch_size_mean": sum(batch_sizes) / len(batch_sizes) if batch_sizes else float("nan"),
             # where a short one's time went: waiting for a batch, then running in one
-            "short_queued_p99_s": asr_load.percentile(queued, 99),
-            "short_in_batch_p99_s": asr_load.percentile([s.latency - q for s, q in zip(timed, queued)], 99),
+            "short_queued_p99_s": percentile(queued, 99),
+            "short_in_batch_p99_s": percentile([s.latency - q for s, q in zip(timed, queued)], 99),
             "sender_lag_max_s": max(lag) if lag else 0.0,
             # requests asr's latency breaker turned away (UNAVAILABLE), of every kind
             "refused_by_breaker": sum("latency bound" in s.error for s in samples),

@@ -57,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from perf import asr_load
+from perf.stats import percentile
 from switchboard import paths
 
 PACKED = "weights.int8.safetensors"
@@ -379,7 +380,7 @@ def seed001(
                 asr_load.closed_loop(call, mix, 1, 2, 0)  # warm
                 if rate is None:  # one request at a time, each kind: the capacity the load is a multiple of
                     unit = {
-                        k: asr_load.percentile([x.latency for x in asr_load.closed_loop(call, c, 1, 4)], 50)
+                        k: percentile([x.latency for x in asr_load.closed_loop(call, c, 1, 4)], 50)
                         for k, c in by_kind.items()
                     }
                     rate = load / sum(SEED001_MIX[k] * unit[k] for k in SEED001_MIX)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.stats import percentile
 from switchboard.training import corpus
 
 SAMPLE_RATE = 16_000
@@ -306,11 +307,6 @@ def open_loop(
 
 
 # -- arithmetic -------------------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (NaN for none)."""
-    return float(np.percentile(values, q)) if len(values) else float("nan")
-
-
 def throughput(samples: Sequence[Sample]) -> dict:
     """Audio seconds transcribed per wall second, and the rest of a closed-loop run's figures."""
     ok = [s for s in samples if s.ok]

@@ -19,8 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from perf.stats import percentile
 from perf.workload import Session, load
 from switchboard.client import ChatClient, ChatError, ChatStats
 
@@ -127,10 +126,6 @@ def drive(
     return records, time.perf_counter() - t0
 
 
-def _pct(xs, q):
-    return float(np.percentile(xs, q)) if xs else float("nan")
-
-
 def summarize(records: list[TurnRecord], wall_s: float, key=None) -> list[dict]:
     """One row per group (all, or by ``key``: priority, route, turn)."""
     groups: dict = {}
@@ -150,14 +145,14 @@ def summarize(records: list[TurnRecord], wall_s: float, key=None) -> list[dict]:
                 "rejected": sum(r.status in REJECTED for r in rs),
                 "requests_per_s": len(ok) / wall_s,
                 "output_tokens_per_s": sum(r.generated for r in ok) / wall_s,
-                "ttft_p50_ms": _pct(ttft, 50),
-                "ttft_p90_ms": _pct(ttft, 90),
-                "ttft_p99_ms": _pct(ttft, 99),
-                "itl_p50_ms": _pct(itl, 50),
-                "itl_p99_ms": _pct(itl, 99),
-                "e2e_p50_ms": _pct(e2e, 50),
-                "e2e_p90_ms": _pct(e2e, 90),
-                "e2e_p99_ms": _pct(e2e, 99),
+                "ttft_p50_ms": percentile(ttft, 50),
+                "ttft_p90_ms": percentile(ttft, 90),
+                "ttft_p99_ms": percentile(ttft, 99),
+                "itl_p50_ms": percentile(itl, 50),
+                "itl_p99_ms": percentile(itl, 99),
+                "e2e_p50_ms": percentile(e2e, 50),
+                "e2e_p90_ms": percentile(e2e, 90),
+                "e2e_p99_ms": percentile(e2e, 99),
                 "reused_tokens": sum(r.reused for r in ok),
                 "prompt_tokens": sum(r.prompt_tokens for r in ok),
             }

@@ -55,13 +55,6 @@ def _outcome(reply: ChatReply, seconds: float, priority: int) -> Outcome:
     )
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
-
-
 def ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f} ms"
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.stats import percentile
 from switchboard import paths
 from switchboard.wire import Pool
 
@@ -93,10 +94,10 @@ def measure(url: str, decoders: int, long: int, long_tokens: int, vocab: int) ->
     alone = [(b - a) * 1000 for ts in times for a, b in zip(ts, ts[1:]) if b < windows[0][0]]
     return {
         "gaps": len(gaps),
-        "itl_p50_ms": float(np.percentile(gaps, 50)) if gaps else float("nan"),
-        "itl_p99_ms": float(np.percentile(gaps, 99)) if gaps else float("nan"),
+        "itl_p50_ms": percentile(gaps, 50),
+        "itl_p99_ms": percentile(gaps, 99),
         "itl_max_ms": float(max(gaps)) if gaps else float("nan"),
-        "itl_alone_p50_ms": float(np.percentile(alone, 50)) if alone else float("nan"),
+        "itl_alone_p50_ms": percentile(alone, 50),
         "long_first_token_ms": float(np.nanmean(firsts)),
     }
 

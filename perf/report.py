@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from perf.driver import ABANDONED, REJECTED
+from perf.stats import percentile
 
 COLORS = {
     "optimized": "tab:green",
@@ -30,10 +31,6 @@ COLORS = {
     "llama.cpp-q8_0": "tab:brown",
     "vllm": "tab:pink",
 }
-
-
-def _pct(xs, q):
-    return float(np.percentile(xs, q)) if len(xs) else float("nan")
 
 
 def load_records(out: Path, system: str, load: float) -> list[dict]:
@@ -60,13 +57,13 @@ def aggregate(results: dict, out: Path, system: str, load: float) -> dict:
         "abandoned": sum(r["status"] == ABANDONED for r in recs),
         "requests_per_s": len(ok) / wall,
         "output_tokens_per_s": sum(r["generated"] for r in ok) / wall,
-        "ttft_p50": _pct(ttft, 50),
-        "ttft_p99": _pct(ttft, 99),
-        "vip_ttft_p99": _pct(vip, 99),
-        "e2e_p50": _pct(e2e, 50),
-        "e2e_p99": _pct(e2e, 99),
-        "itl_p50": _pct(itl, 50),
-        "itl_p99": _pct(itl, 99),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "vip_ttft_p99": percentile(vip, 99),
+        "e2e_p50": percentile(e2e, 50),
+        "e2e_p99": percentile(e2e, 99),
+        "itl_p50": percentile(itl, 50),
+        "itl_p99": percentile(itl, 99),
         "fallback": sum(bool(r.get("fallback")) for r in ok),
         "reused_share": sum(r["reused"] for r in ok) / max(1, sum(r["prompt_tokens"] for r in ok)),
     }
@@ -205,7 +202,7 @@ def plots(results: dict, out: Path, engine: dict) -> list[str]:
     for i, s in enumerate(systems):
         recs = [r for r in load_records(out, s, top) if r["ok"] and r["ttft_ms"] is not None]
         turns = sorted({r["turn"] for r in recs})
-        med = [_pct([r["ttft_ms"] for r in recs if r["turn"] == t], 50) for t in turns]
+        med = [percentile([r["ttft_ms"] for r in recs if r["turn"] == t], 50) for t in turns]
         ax.bar(np.array(turns) + (i - (len(systems) - 1) / 2) * width, med, width, color=COLORS.get(s), label=s)
     ax.set_xlabel("turn number in the session")
     ax.set_ylabel("TTFT P50 (ms)")

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import redis
 
-from perf.loadtools import ms, percentile, rss_kib, table, timed_chat, write_summary
+from perf.loadtools import ms, rss_kib, table, timed_chat, write_summary
+from perf.stats import nearest_rank
 from switchboard import paths
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, children
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 len(outcomes),
                 sum(errors.values()) or 0,
                 sum(o.fallback for o in outcomes),
-                f"{ms(percentile(lat, 50))} / {ms(percentile(lat, 99))}",
+                f"{ms(nearest_rank(lat, 50))} / {ms(nearest_rank(lat, 99))}",
                 dict(sessions),
                 f"{len(old) - lingering}/{len(old)} idle > TTL gone",
             ]
