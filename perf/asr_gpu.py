@@ -170,7 +170,7 @@ def unpack_checkpoint(packed: Path, out: Path) -> Path:
 
 
 def pack(out: Path, clips: int, seed: int) -> None:
-    from perf.asr_bench import bundled_tiny_en
+    from perf.asr_served import bundled_tiny_en
 
     out.mkdir(parents=True, exist_ok=True)
     default, tiny = paths.BUILD / "asr-default-model", paths.BUILD / "asr-tiny-en"
@@ -224,7 +224,7 @@ def checkpoint_of(name: str, pack_dir: Path | None, work: Path) -> Path:
             return checkpoint
         if name != "small-shape":
             raise SystemExit(f"{checkpoint} missing: make model-asr model-asr-tiny-en (or run with --pack)")
-        from perf.asr_bench import bundled_tiny_en
+        from perf.asr_served import bundled_tiny_en
 
         asr_large.build(checkpoint, bundled_tiny_en())
         return checkpoint
@@ -362,7 +362,7 @@ def seed001(
     arrivals for ``seconds`` at ``load`` times what the pool does one request at a time, with
     length and with count batching, in each --steps mode (``-whole``: no joining). The pool's
     own code, as ``run`` measures it; Triton's front is left out (these machines cannot run it)."""
-    from perf.asr_bench import SEED001_MIX
+    from perf.asr_served import SEED001_MIX
 
     lang = MODELS[name][0][0]
     mix = clips_of(("seed001",), pack_dir) if pack_dir else asr_load.mix_clips(lang, shorts=12, longs=4, seed=seed)

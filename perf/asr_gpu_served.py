@@ -11,7 +11,7 @@ the stub for the GPU machine's Python) packs into about 24 MB:
   model's recognizer into a repository of its own (``asr`` as model_repository ships it, its
   asr.json naming the checkpoint, with ``runtime: torch`` on the GPU: float16, CUDA graphs,
   fitted windows), starts tritonserver with ``launch.Stack`` as the tests do and measures
-  1 caller against 8 over gRPC with the SDK's async client (``asr_bench.AsyncCaller``), the
+  1 caller against 8 over gRPC with the SDK's async client (``asr_served.AsyncCaller``), the
   closed loop ``asr_bench`` runs on the CPU, ``--rounds`` times in turns.
 
 The models and clips come from an ``asr_gpu pack`` folder (``--pack``); the whisper-small
@@ -89,7 +89,7 @@ def repository(name: str, checkpoint: Path, work: Path, source: Path) -> Path:
     torch runtime: asr.json names it, no graphs exported), ``name``'s cap on transcripts."""
     from tokenizers import Tokenizer
 
-    from perf.asr_bench import capped_manifest
+    from perf.asr_served import capped_manifest
     from switchboard.asr.checkpoint import copy_tokenizer, describe
     from switchboard.asr.runtime import AsrManifest
 
@@ -141,7 +141,7 @@ def parse_settings(p: argparse.ArgumentParser, items: list[str]) -> dict[str, st
 
 def measure(url: str, clips: list, callers: int, requests: int) -> dict:
     """One closed loop of ``callers`` over one gRPC channel; the answers' mean batch size."""
-    from perf.asr_bench import AsyncCaller
+    from perf.asr_served import AsyncCaller
 
     with AsyncCaller(url) as call:
         samples = asr_load.closed_loop(call, clips, callers, requests, warmup=2 * callers)

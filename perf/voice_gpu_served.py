@@ -15,7 +15,7 @@ module packs the rest (about 10 MB):
   ``runtime: torch:<device>`` and the recognizer (from an ``asr_gpu pack`` folder) on the torch
   runtime with ``asr_gpu_served``'s settings, starts redis-server and tritonserver with
   ``launch.Stack`` and measures 1 caller against 8 asking the question over gRPC
-  (``asr_bench.VoiceCaller``): when the transcript came and when the answer's first token did.
+  (``asr_served.VoiceCaller``): when the transcript came and when the answer's first token did.
 
 Writes ``results.json`` and ``summary.md`` to ``--out``, the servers' logs under ``--out``/run;
 ``docs/voice.md`` keeps the figures.
@@ -56,7 +56,7 @@ LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/lib
 def pack(out: Path, preset: int = 9) -> Path:
     """``TARBALL`` in ``out`` from model_repository's installed chat model, this machine's
     redis-server and the question; ``preset``: xz's, 0-9."""
-    from perf.asr_bench import VOICE_QUESTION
+    from perf.asr_served import VOICE_QUESTION
 
     version = paths.MODEL_REPOSITORY / "chat" / "1"
     if not (version / "manifest.json").is_file():
@@ -181,7 +181,7 @@ def run(
     source: Path,
     settings: dict[str, str] = asr_gpu_served.SERVED_ENV,
 ) -> dict:
-    from perf.asr_bench import VoiceCaller, voice_row
+    from perf.asr_served import VoiceCaller, voice_row
     from switchboard.ops.launch import Ports, Stack
 
     out.mkdir(parents=True, exist_ok=True)
