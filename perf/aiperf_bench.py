@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from perf import workload as wl
+from perf.machine import device_info
 from switchboard import paths
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
@@ -372,8 +373,6 @@ def run(args) -> Path:
         "priority": [],
         "command": "python -m perf.aiperf_bench " + " ".join(sys.argv[1:]),
     }
-    from perf.bench import device_info
-
     results["device"] = device_info("cpu")
     per_slot = args.conversations_per_slot or preset.conversations_per_slot
     results["workload"]["conversations_per_slot"] = str(per_slot)

@@ -57,6 +57,7 @@ from perf.asr_served import (
     voice_repository,
     voice_row,
 )
+from perf.machine import machine
 from perf.stats import percentile
 from switchboard import paths
 
@@ -676,22 +677,6 @@ def stop(proc: subprocess.Popen) -> None:
     from switchboard.ops.process import stop_process
 
     stop_process(proc, timeout=15)
-
-
-def machine() -> dict:
-    """The LLM bench's description of the machine, with the cores this process may use, the
-    load average and the commit."""
-    from perf.bench import device_info
-
-    info = device_info("cpu") | {"cpus": len(os.sched_getaffinity(0)), "load_avg_start": os.getloadavg()}
-    info.pop("device")
-    try:
-        info["commit"] = subprocess.run(
-            ["git", "-C", str(paths.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        pass
-    return info
 
 
 def _rel(path: Path) -> str:

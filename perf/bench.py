@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import numpy as np
 
 from perf import workload as wl
 from perf.driver import ABANDONED, TurnRecord, drive, summarize
+from perf.machine import device_info
 from perf.servertools import metric_delta, repository_with, scrape
 from switchboard import paths
 from switchboard.ops.launch import Ports, Stack, free_port
@@ -343,32 +343,6 @@ def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 
 
 
 # -- the run ------------------------------------------------------------------------------------
-def device_info(device: str) -> dict:
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "device": device,
-    }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    if device.startswith("cuda"):
-        try:
-            info["gpu"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-        except OSError:
-            info["gpu"] = "nvidia-smi not found"
-    return info
-
-
 def record_rows(records: list[TurnRecord]) -> list[dict]:
     return [asdict(r) for r in records]
 
