@@ -112,8 +112,8 @@ test: lint export test-recognizer ## lint, then unit, bench, export, model and i
 test-unit: setup ## only the fast unit tests
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-bench: setup ## only the benchmark suite's own tests (tests/bench: no server, no build outputs)
-	@$(PY) -m pytest tests/bench $(PYTEST_ARGS)
+test-bench: setup ## only the tests of the benchmark suite and tools/ (tests/bench, tests/tools: no server, no build outputs)
+	@$(PY) -m pytest tests/bench tests/tools $(PYTEST_ARGS)
 
 test-integration: export test-recognizer ## only the integration tests
 	@$(PY) -m pytest tests/integration $(PYTEST_ARGS)

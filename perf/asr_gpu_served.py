@@ -6,7 +6,8 @@ Python with PyTorch but no tritonserver, and the nvidia-pytriton wheel is more t
 carries. What serving needs of that wheel (tritonserver, its libraries, the Python backend and
 the stub for the GPU machine's Python) packs into about 24 MB:
 
-- ``pack`` (here) writes ``tritonserver.tar.xz`` from this environment's nvidia-pytriton;
+- ``python -m tools.gpu_pack server`` (here) writes ``tritonserver.tar.xz`` from this
+  environment's nvidia-pytriton;
 - ``run`` (there) unpacks it (``SWITCHBOARD_TRITONSERVER``: ``install_backend``), installs each
   model's recognizer into a repository of its own (``asr`` as model_repository ships it, its
   asr.json naming the checkpoint, with ``runtime: torch`` on the GPU: float16, CUDA graphs,
@@ -14,7 +15,7 @@ the stub for the GPU machine's Python) packs into about 24 MB:
   1 caller against 8 over gRPC with the SDK's async client (``asr_served.AsyncCaller``), the
   closed loop ``asr_bench`` runs on the CPU, ``--rounds`` times in turns.
 
-The models and clips come from an ``asr_gpu pack`` folder (``--pack``); the whisper-small
+The models and clips come from a ``tools.gpu_pack asr`` folder (``--pack``); the whisper-small
 shape's transcripts are capped at 12 tokens as in ``asr_gpu`` (asr.json's budget, which the
 torch runtime keeps). Writes ``results.json`` and ``summary.md`` to ``--out``, and each server's
 log under ``--out``/run; ``docs/benchmarks.md`` keeps the figures.
@@ -38,7 +39,7 @@ import numpy as np
 
 from perf import asr_gpu, asr_load
 from switchboard import paths
-from switchboard.ops.install_backend import pytriton_root, server_binary
+from switchboard.ops.install_backend import server_binary
 
 TARBALL = "tritonserver.tar.xz"
 SERVED_ENV = {  # asr/config.pbtxt's parameters for a GPU (docs/configuration-reference.md)
@@ -47,29 +48,6 @@ SERVED_ENV = {  # asr/config.pbtxt's parameters for a GPU (docs/configuration-re
     "SWITCHBOARD_TORCH_DTYPE": "float16",
     "SWITCHBOARD_TORCH_STEPS": "graphs",
 }
-
-
-def pack(out: Path, python: str, preset: int = 9) -> Path:
-    """``TARBALL`` in ``out``: nvidia-pytriton's server, libraries, Python backend and the stub for
-    Python ``python`` (X.Y), laid out as site-packages holds them; ``preset``: xz's, 0-9."""
-    root = pytriton_root()
-    site = root.parent.parent
-    stub = root / "python_backend_stubs" / python
-    if not (stub / "triton_python_backend_stub").is_file():
-        raise SystemExit(f"no Python backend stub for Python {python} in {stub.parent}")
-
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        # the wheel's own libpython is needed by nothing the server runs; the stub links the host's
-        name = Path(info.name).name
-        return None if name == "__pycache__" or name.startswith("libpython") else info
-
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / TARBALL
-    with tarfile.open(target, "w:xz", preset=preset) as tar:
-        for part in (root / "bin", root / "backends", root / "caches", stub, site / "nvidia_pytriton.libs"):
-            tar.add(part, arcname=str(part.relative_to(site)), filter=keep)
-    print(f"packed {target}: {target.stat().st_size / 2**20:.1f} MiB (Python {python})")
-    return target
 
 
 def unpack(tarball: Path, work: Path) -> Path:
@@ -251,11 +229,8 @@ def summary(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf.asr_gpu_served", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
-    a = sub.add_parser("pack", help=f"write {TARBALL} from this environment's nvidia-pytriton (here)")
-    a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-served")
-    a.add_argument("--python", default="3.12", help="the GPU machine's Python, X.Y (the stub links its libpython)")
     b = sub.add_parser("run", help="serve each model and measure 1 caller against 8 (on the GPU machine)")
-    b.add_argument("--pack", type=Path, required=True, help="a folder `asr_gpu pack` wrote (checkpoints, clips)")
+    b.add_argument("--pack", type=Path, required=True, help="a folder `tools.gpu_pack asr` wrote (checkpoints, clips)")
     b.add_argument("--server", type=Path, default=paths.BUILD / "gpu-served", help=f"the folder holding {TARBALL}")
     b.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu-served")
     b.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"), help="the server, repositories there")
@@ -269,9 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         b, "an asr parameter for the server, over the GPU's (e.g. SWITCHBOARD_DEVICE=cpu to try it here)"
     )
     args = p.parse_args(argv)
-    if args.step == "pack":
-        pack(args.out, args.python)
-        return 0
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in asr_gpu.MODELS]
     if unknown:

@@ -3,16 +3,16 @@
 
 The whole voice path of ``asr_bench``'s third part (``voice_chat``: asr, then a ``chat`` turn on
 the engines, sessions in Redis), on a machine that has a GPU and a Python with PyTorch but
-neither tritonserver nor redis-server. The server comes from ``asr_gpu_served``'s pack; this
-module packs the rest (about 10 MB):
+neither tritonserver nor redis-server. ``python -m tools.gpu_pack server`` packs the server and
+``python -m tools.gpu_pack voice`` the rest (about 10 MB):
 
-- ``pack`` (here) writes ``voice.tar.xz``: the chat model's version files (manifest, tokenizer,
+- ``tools.gpu_pack voice`` (here) writes ``voice.tar.xz``: the chat model's version files (manifest, tokenizer,
   template, FAQ; no graph: the torch runtime loads the checkpoint), its Hugging Face
   checkpoint in float16 (what the engine's ``torch:cuda`` runtime loads it as), redis-server
   with the libraries it links beside the C library, and the 3 s question ``asr_bench`` asks;
 - ``run`` (there) unpacks both, writes a repository of ``chat``, ``engine_short``,
   ``engine_long``, ``voice_chat`` and ``asr`` as model_repository ships them, with the engines on
-  ``runtime: torch:<device>`` and the recognizer (from an ``asr_gpu pack`` folder) on the torch
+  ``runtime: torch:<device>`` and the recognizer (from a ``tools.gpu_pack asr`` folder) on the torch
   runtime with ``asr_gpu_served``'s settings, starts redis-server and tritonserver with
   ``launch.Stack`` and measures 1 caller against 8 asking the question over gRPC
   (``asr_served.VoiceCaller``): when the transcript came and when the answer's first token did.
@@ -27,105 +27,19 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 from unittest import mock
 
 from perf import asr_gpu, asr_gpu_served, asr_load
 from switchboard import paths
-from switchboard.artifact.version import write_version_info
 from switchboard.ops.rollout import with_parameters
 
 TARBALL = "voice.tar.xz"
 CHAT_MODELS = ("chat", "engine_short", "engine_long", "voice_chat")
 POOLS = ("engine_short", "engine_long")
-# the C library's parts, which the GPU machine has (and must be its own)
-SYSTEM_LIBRARIES = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so")
-REDIS_WRAPPER = """#!/bin/sh
-# redis-server with the libraries packed beside it
-here=$(dirname "$(readlink -f "$0")")
-LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/lib/redis-server" "$@"
-"""
-
-
-# -- here -------------------------------------------------------------------------------------
-def pack(out: Path, preset: int = 9) -> Path:
-    """``TARBALL`` in ``out`` from model_repository's installed chat model, this machine's
-    redis-server and the question; ``preset``: xz's, 0-9."""
-    from perf.asr_served import VOICE_QUESTION
-
-    version = paths.MODEL_REPOSITORY / "chat" / "1"
-    if not (version / "manifest.json").is_file():
-        raise SystemExit(f"{version} holds no chat model: make export first")
-    source = json.loads((version / "manifest.json").read_text())["source"]["path"]
-    checkpoint = (paths.ROOT / source).resolve()
-    if not (checkpoint / "model.safetensors").is_file():
-        raise SystemExit(f"{checkpoint}: the chat model's checkpoint is missing (make model)")
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / TARBALL
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        chat = root / "chat"
-        chat.mkdir()
-        for f in chat_files(version):
-            shutil.copy2(f, chat / f.name)
-        write_version_info(chat, {"precision": "fp32"})  # the full-precision variant: the checkpoint, not a graph
-        half_checkpoint(checkpoint, root / "checkpoint")
-        pack_redis(root / "redis")
-        clip = asr_load.fitted_clip(VOICE_QUESTION, "en", 3.0, "voice-en", "voice")
-        asr_load.save_clips([clip], root / "question")
-        with tarfile.open(target, "w:xz", preset=preset) as tar:
-            for part in sorted(root.iterdir()):
-                tar.add(part, arcname=part.name)
-    print(f"packed {target}: {target.stat().st_size / 2**20:.1f} MiB (chat model {checkpoint.name}, redis-server)")
-    return target
-
-
-def chat_files(version: Path) -> list[Path]:
-    """The chat model's version files the torch runtime needs: manifest, tokenizer, template,
-    FAQ. Not the graphs (it loads the checkpoint) nor the glue (the repository brings its own)."""
-    return sorted(f for f in version.iterdir() if f.is_file() and ".onnx" not in f.name and f.suffix != ".py")
-
-
-def half_checkpoint(checkpoint: Path, out: Path) -> None:
-    """``checkpoint`` with its floating-point weights in float16: on a GPU the engine's torch
-    runtime loads them as float16 anyway, and the copy is half the size to carry."""
-    from safetensors.numpy import load_file, save_file
-
-    out.mkdir(parents=True)
-    weights = load_file(checkpoint / "model.safetensors")
-    save_file(
-        {k: w.astype("float16") if w.dtype.kind == "f" else w for k, w in weights.items()},
-        out / "model.safetensors",
-        metadata={"format": "pt"},
-    )
-    for f in checkpoint.iterdir():
-        if f.is_file() and f.name != "model.safetensors":
-            shutil.copy2(f, out / f.name)
-
-
-def pack_redis(out: Path) -> None:
-    """redis-server as this machine has it, the libraries it links (all but the C library's)
-    beside it, and a wrapper named redis-server that runs it with them."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (make setup)")
-    binary = Path(binary).resolve()
-    lib = out / "lib"
-    lib.mkdir(parents=True)
-    shutil.copy2(binary, lib / "redis-server")  # the name decides its mode (not redis-check-rdb)
-    for line in subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout.splitlines():
-        name, _, where = line.strip().partition(" => ")
-        path = where.split(" (")[0].strip()
-        if path.startswith("/") and not name.startswith(SYSTEM_LIBRARIES):
-            shutil.copy2(path, lib / name)
-    wrapper = out / "redis-server"
-    wrapper.write_text(REDIS_WRAPPER)
-    wrapper.chmod(0o755)
 
 
 # -- there ------------------------------------------------------------------------------------
@@ -256,15 +170,13 @@ def summary(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf.voice_gpu_served", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
-    a = sub.add_parser("pack", help=f"write {TARBALL}: the chat model, redis-server, the question (here)")
-    a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-served")
     b = sub.add_parser("run", help="serve the voice path and measure 1 caller against 8 (on the GPU machine)")
-    b.add_argument("--pack", type=Path, required=True, help="a folder `asr_gpu pack` wrote (the recognizer)")
+    b.add_argument("--pack", type=Path, required=True, help="a folder `tools.gpu_pack asr` wrote (the recognizer)")
     b.add_argument(
         "--server",
         type=Path,
         default=paths.BUILD / "gpu-served",
-        help=f"the folder holding {TARBALL} and {asr_gpu_served.TARBALL} (asr_gpu_served pack)",
+        help=f"the folder holding {TARBALL} and {asr_gpu_served.TARBALL} (tools.gpu_pack voice, server)",
     )
     b.add_argument(
         "--out", type=Path, default=paths.BUILD / "bench" / "voice-gpu-served", help="results, summary, logs"
@@ -283,9 +195,6 @@ def main(argv: list[str] | None = None) -> int:
         b, "an asr parameter over the GPU's; SWITCHBOARD_DEVICE also moves the engines (cpu to try it here)"
     )
     args = p.parse_args(argv)
-    if args.step == "pack":
-        pack(args.out)
-        return 0
     settings = asr_gpu_served.parse_settings(p, args.set)
     one, eight = (int(x) for x in args.requests.split(","))
     run(

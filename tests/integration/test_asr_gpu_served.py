@@ -1,5 +1,5 @@
 """``asr_gpu_served`` end to end on this machine: the server packed from this environment's
-nvidia-pytriton, unpacked elsewhere, serving a recognizer from an ``asr_gpu`` pack (tiny.en
+nvidia-pytriton, unpacked elsewhere, serving a recognizer from a ``tools.gpu_pack asr`` pack (tiny.en
 as ``make test`` exports it) with ``runtime: torch`` on the CPU, measured over gRPC: what a GPU
 machine without tritonserver runs, with the GPU's settings swapped for the CPU's."""
 
@@ -12,6 +12,7 @@ import sys
 from perf import asr_gpu, asr_gpu_served, asr_load
 from switchboard import paths
 from tests.integration.speechtools import NEEDS_TINY_EN, TINY
+from tools import gpu_pack
 
 pytestmark = NEEDS_TINY_EN
 CPU = {
@@ -24,10 +25,10 @@ CPU = {
 
 def test_a_packed_server_serves_a_packed_recognizer_and_is_measured(tmp_path):
     pack = tmp_path / "pack"
-    asr_gpu.pack_checkpoint(TINY.checkpoint, pack / "tiny-en")
+    gpu_pack.pack_checkpoint(TINY.checkpoint, pack / "tiny-en")
     asr_load.save_clips(asr_load.question_clips(("en",), 2, 0), pack / "audio" / "en")
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    asr_gpu_served.pack(tmp_path / "server", python, preset=0)
+    gpu_pack.pack_server(tmp_path / "server", python, preset=0)
     before = dict(os.environ)
 
     results = asr_gpu_served.run(

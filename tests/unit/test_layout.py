@@ -35,13 +35,14 @@ ALLOWED = {
     # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike.
     "switchboard.gateway": LEAVES | {"switchboard.client", "switchboard.serving", "switchboard.asr"},
 }
-# folder -> package: what the wheel ships, then the benchmark suite, which runs from the checkout
+# folder -> package: what the wheel ships, then what runs from the checkout: the benchmark suite
+# and the developer tools (tools -> perf -> switchboard, never back)
 PACKAGE_FOLDERS = {
     "switchboard": "switchboard",
     "client": "switchboard.client",
     "export": "switchboard.export",
 }
-FOLDERS = {**PACKAGE_FOLDERS, "perf": "perf"}
+FOLDERS = {**PACKAGE_FOLDERS, "perf": "perf", "tools": "tools"}
 
 
 def _modules():
@@ -76,8 +77,11 @@ def test_imports_point_one_way(module, path):
     for name in _imports(path):
         if name == "triton_python_backend_utils":
             assert layer == "switchboard.triton", f"{module}: only switchboard.triton imports {name}"
+        top = name.split(".")[0]
         if module.startswith("switchboard"):
-            assert name.split(".")[0] != "perf", f"{module} imports {name}: the product does not import the bench suite"
+            assert top not in ("perf", "tools"), f"{module} imports {name}: the product imports only itself"
+        if module.startswith("perf"):
+            assert top != "tools", f"{module} imports {name}: the bench suite does not import tools"
         if layer is None or not name.startswith("switchboard"):
             continue
         target = _layer(name) or name

@@ -2,13 +2,13 @@
 # What a lent GPU machine without tritonserver or redis-server runs (docs/voice.md, "On a GPU"):
 # the asr pool served (python -m perf.asr_gpu_served), voice to first answer token
 # served (perf.voice_gpu_served), then the same recognizers in process
-# (perf.asr_gpu) for comparison. Prepared here:
-#   python -m perf.asr_gpu pack --out build/gpu-pack
-#   python -m perf.asr_gpu_served pack; python -m perf.voice_gpu_served pack
+# (perf.asr_gpu) for comparison. Prepared here (tools/gpu_pack.py):
+#   python -m tools.gpu_pack asr --out build/gpu-pack
+#   python -m tools.gpu_pack server; python -m tools.gpu_pack voice
 #   .whl: this repository's wheel and the cp312 wheels the machine lacks (soundfile, soxr, cffi,
 #   pycparser, tritonclient, python-rapidjson, protobuf, redis)
 # Carried: build/gpu-served, build/gpu-pack/{default,small-source,audio/en,audio/en+zh}, .whl.
-# Run from the repository's root: SERVED_S=270 VOICE_S=150 INPROC_S=100 bash scripts/gpu-served.sh
+# Run from the repository's root: SERVED_S=270 VOICE_S=150 INPROC_S=100 bash tools/gpu-served.sh
 OUT=${OUT:-$PWD/build/bench/gpu-served-run}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
