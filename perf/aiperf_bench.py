@@ -35,6 +35,7 @@ from pathlib import Path
 
 from perf import workload as wl
 from perf.machine import device_info
+from perf.servertools import wait_http
 from switchboard import paths
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
@@ -294,7 +295,7 @@ class Running:
                 cmd, stdout=(run_dir / "gateway.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True
             )
             self.url = f"http://127.0.0.1:{port}"
-            _wait_http(self.url + "/readyz", 60, self.gateway)
+            wait_http(self.url + "/readyz", 60, self.gateway)
         elif system.kind == "vllm":
             from perf.vllm_peer import VllmServer
 
@@ -327,18 +328,6 @@ class Running:
             self.stack.stop()
         if self.peer is not None:
             self.peer.stop()
-
-
-def _wait_http(url: str, timeout: float, proc=None) -> None:
-    from switchboard.ops.process import wait_until
-
-    def ok() -> bool:
-        try:
-            return urllib.request.urlopen(url, timeout=2).status == 200
-        except OSError:
-            return False
-
-    wait_until(ok, timeout, url, proc)
 
 
 def run(args) -> Path:

@@ -297,7 +297,8 @@ class Bench:
         return AsyncCaller(stack.grpc_url)
 
     def start_litserve(self, model: ModelSpec):
-        from perf.asr_peers import HttpAsrClient, wait_ready
+        from perf.asr_peers import HttpAsrClient
+        from perf.peers import wait_ready
         from switchboard.ops.launch import free_port
 
         port = free_port()
@@ -313,7 +314,7 @@ class Bench:
         )
         client = HttpAsrClient(f"127.0.0.1:{port}", timeout_s=600)
         try:
-            wait_ready(client, 300, proc)
+            wait_ready(client, 300, proc, "the LitServe peer")
         except BaseException:
             stop(proc)
             raise

@@ -227,17 +227,6 @@ class HttpAsrClient(HttpChatClient):
         return Reply(json.loads(payload)["text"].strip())
 
 
-def wait_ready(client: HttpAsrClient, timeout: float, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.ready():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the LitServe peer exited with code {proc.returncode}")
-        time.sleep(0.3)
-    raise TimeoutError(f"the LitServe peer on :{client.port} was not ready after {timeout:.0f} s")
-
-
 def serve_litserve(args) -> None:
     import litserve as ls
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from perf.asr_load import ratio
+from perf.markdown import table
 
 GOAL_SCALING = 3.0  # Switchboard at 8 callers against itself at 1 (issue 38; seed 002 reports 3-5x)
 GOAL_SEED001 = 3.0  # short-utterance P99, count batching over length batching
@@ -37,12 +38,6 @@ def _ms(seconds) -> str:
 
 def _x(x) -> str:
     return _f(x, 2, "x")
-
-
-def table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def by_run(throughput: list[dict]) -> dict:

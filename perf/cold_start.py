@@ -32,7 +32,8 @@ from pathlib import Path
 
 import yaml
 
-from perf.loadtools import pss_kib, table, write_summary
+from perf.loadtools import pss_kib
+from perf.markdown import table, write_summary
 from switchboard import paths
 from switchboard.client import ChatClient, Heard
 from switchboard.ops.launch import Ports, Stack, children, free_port, loadable

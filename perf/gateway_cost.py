@@ -19,30 +19,15 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
+from perf.servertools import wait_http
 from switchboard import paths
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.training import corpus
 
 LOCUSTFILE = Path(__file__).with_name("locust_gateway.py")
 CLASSES = {"grpc": "GrpcUser", "http": "GatewayUser"}
-
-
-def _wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{url} did not answer within {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 def run_phase(path: str, args, grpc_url: str, gateway_url: str, questions: list[str], out: Path, tag: str) -> Path:
@@ -220,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "switchboard.gateway", "--port", str(port), "--grpc-url", grpc_url]
             cmd += ["--max-inflight", "100000"]
             gateway = subprocess.Popen(cmd, stdout=open(args.out / "gateway.log", "wb"), stderr=subprocess.STDOUT)
-        _wait_http(f"{gateway_url}/readyz")
+        wait_http(f"{gateway_url}/readyz", 60)
         files: dict[str, list[Path]] = {"grpc": [], "http": []}
         for r in range(args.rounds):
             for path in ("grpc", "http") if r % 2 == 0 else ("http", "grpc"):

@@ -23,11 +23,11 @@ import json
 import logging
 import sys
 import threading
-import time
 from pathlib import Path
 
 from perf.peer_model import PeerModel, json_line
 from switchboard.client import ChatError, ChatStats
+from switchboard.ops.process import wait_until
 from switchboard.serving.prompt import PromptTooLong
 
 log = logging.getLogger("switchboard.peers")
@@ -146,15 +146,10 @@ def stream_lines(r: http.client.HTTPResponse, timeout_s: float):
         yield line
 
 
-def wait_ready(client: HttpChatClient, timeout: float = 120, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.ready():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"peer exited with code {proc.returncode}")
-        time.sleep(0.3)
-    raise TimeoutError(f"peer on :{client.port} not ready after {timeout:.0f} s")
+def wait_ready(client, timeout: float = 120, proc=None, name: str = "peer") -> None:
+    """Until a peer's HTTP client (chat's or speech's: ``ready()``, ``port``) says it is ready;
+    fails as soon as ``proc``, the peer's process, exits."""
+    wait_until(client.ready, timeout, f"{name} on :{client.port}", proc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from perf.loadtools import table, write_summary
+from perf.markdown import table, write_summary
 from switchboard import paths
 from switchboard.ops.launch import free_ports
 
