@@ -48,7 +48,6 @@ import dataclasses
 import json
 import logging
 import math
-import shutil
 import sys
 import threading
 import time
@@ -57,18 +56,10 @@ from pathlib import Path
 import numpy as np
 
 from perf import asr_load
+from perf.gpu_machine import MODELS, checkpoint_of, clips_of
 from perf.stats import percentile
 from switchboard import paths
 
-PACKED = "weights.int8.safetensors"
-SIDE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "preprocessor_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
 # (label, the pool's max_batch, callers, batch workers)
 SETTINGS = (
     ("1 caller", 8, 1, 1),
@@ -76,9 +67,6 @@ SETTINGS = (
     ("8 callers, batches of 1", 1, 8, 1),
     ("8 callers, 2 workers", 8, 8, 2),
 )
-# name -> (languages, tokens each transcript is capped at: random weights never end one)
-MODELS = {"default": (("en", "zh"), None), "tiny-en": (("en",), None), "small-shape": (("en",), 12)}
-CLIPS = 16  # spoken questions per language set
 # --steps suffixes, each turning off one thing the pool does by default (to measure it):
 HOST = "-host"  # the tokens chosen from logits on the host, not on the device
 EAGER = "-eager"  # a fixed window's encoder launched kernel by kernel, not replayed as a CUDA graph
@@ -120,29 +108,6 @@ def set_mode(model, mode: str) -> bool:
     return not mode.endswith(WHOLE)
 
 
-# -- unpacking (tools/gpu_pack.py packs) ------------------------------------------------------
-def unpack_checkpoint(packed: Path, out: Path) -> Path:
-    """The float32 checkpoint of a folder ``tools.gpu_pack.pack_checkpoint`` wrote, in ``out``."""
-    from safetensors.numpy import load_file, save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    arrays = load_file(packed / PACKED)
-    weights = {}
-    for name, a in arrays.items():
-        if name.endswith(".scale"):
-            continue
-        if name.endswith(".q"):
-            base = name[:-2]
-            weights[base] = a.astype(np.float32) * arrays[f"{base}.scale"]
-        else:
-            weights[name] = a.astype(np.float32)
-    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
-    for f in SIDE_FILES:
-        if (packed / f).is_file():
-            shutil.copy2(packed / f, out / f)
-    return out
-
-
 # -- running ----------------------------------------------------------------------------------
 class _Waiter:
     """A sink that the caller's thread waits on."""
@@ -160,39 +125,6 @@ class _Waiter:
     def error(self, error: Exception) -> None:
         self.failure = error
         self.event.set()
-
-
-def checkpoint_of(name: str, pack_dir: Path | None, work: Path) -> Path:
-    """The checkpoint of ``name``: from the pack, or (none) this repository's build outputs."""
-    from switchboard.training import asr_large
-
-    if pack_dir is None:
-        built = {"default": "asr-default-model", "tiny-en": "asr-tiny-en", "small-shape": "asr-large-model"}
-        checkpoint = paths.BUILD / built[name]
-        if name == "small-shape" and not (checkpoint / "model.safetensors").is_file():
-            checkpoint = work / "small-shape"
-        if (checkpoint / "model.safetensors").is_file():
-            return checkpoint
-        if name != "small-shape":
-            raise SystemExit(f"{checkpoint} missing: make model-asr model-asr-tiny-en (or run with --pack)")
-        from perf.asr_served import bundled_tiny_en
-
-        asr_large.build(checkpoint, bundled_tiny_en())
-        return checkpoint
-    if name == "default":
-        return pack_dir / "default"
-    if name == "tiny-en":
-        return unpack_checkpoint(pack_dir / "tiny-en", work / "tiny-en")
-    target = work / "small-shape"
-    if not (target / "model.safetensors").is_file():
-        asr_large.build(target, pack_dir / "small-source")
-    return target
-
-
-def clips_of(langs: tuple[str, ...], pack_dir: Path | None) -> list:
-    if pack_dir is None:
-        return asr_load.question_clips(langs, CLIPS, 0)
-    return asr_load.load_clips(pack_dir / "audio" / "+".join(langs))
 
 
 def capped(model, cap: int | None):

@@ -24,97 +24,32 @@ log under ``--out``/run; ``docs/benchmarks.md`` keeps the figures.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
-import sysconfig
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 from unittest import mock
 
 import numpy as np
 
-from perf import asr_gpu, asr_load
+from perf import asr_load
+from perf.gpu_machine import (
+    MODELS,
+    SERVED_ENV,
+    SERVER_TARBALL,
+    add_settings_argument,
+    asr_repository,
+    checkpoint_of,
+    clips_of,
+    gpu_name,
+    library_path,
+    parse_settings,
+    server_env,
+    unpack_server,
+)
 from switchboard import paths
 from switchboard.ops.install_backend import server_binary
-
-TARBALL = "tritonserver.tar.xz"
-SERVED_ENV = {  # asr/config.pbtxt's parameters for a GPU (docs/configuration-reference.md)
-    "SWITCHBOARD_RUNTIME": "torch",
-    "SWITCHBOARD_DEVICE": "cuda",
-    "SWITCHBOARD_TORCH_DTYPE": "float16",
-    "SWITCHBOARD_TORCH_STEPS": "graphs",
-}
-
-
-def unpack(tarball: Path, work: Path) -> Path:
-    """The server unpacked under ``work`` (once), laid out as ``install_backend`` finds it when
-    ``SWITCHBOARD_TRITONSERVER`` names the folder returned."""
-    root = work / "tritonserver"
-    server = root / "pytriton" / "tritonserver"
-    if not (server / "bin" / "tritonserver").is_file():
-        with tarfile.open(tarball) as tar:
-            safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # from Python 3.11.4
-            tar.extractall(root, **safe)
-    return root
-
-
-def repository(name: str, checkpoint: Path, work: Path, source: Path) -> Path:
-    """A model repository holding ``asr`` alone, its recognizer ``checkpoint`` (served by the
-    torch runtime: asr.json names it, no graphs exported), ``name``'s cap on transcripts."""
-    from tokenizers import Tokenizer
-
-    from perf.asr_served import capped_manifest
-    from switchboard.asr.checkpoint import copy_tokenizer, describe
-    from switchboard.asr.runtime import AsrManifest
-
-    repo = work / "repos" / name
-    version = repo / "asr" / "1"
-    version.mkdir(parents=True, exist_ok=True)
-    (repo / "asr" / "config.pbtxt").write_bytes((source / "asr" / "config.pbtxt").read_bytes())
-    (version / "model.py").write_bytes((source / "asr" / "1" / "model.py").read_bytes())
-    with tempfile.TemporaryDirectory() as tmp:
-        manifest = describe(checkpoint, Tokenizer.from_file(str(copy_tokenizer(checkpoint, Path(tmp)))))
-    manifest = dataclasses.replace(manifest, source=str(checkpoint.resolve()))
-    cap = asr_gpu.MODELS[name][1]
-    if cap is not None:  # as asr_bench installs a random-weight checkpoint
-        manifest = AsrManifest(**capped_manifest(dataclasses.asdict(manifest), cap))
-    manifest.save(version)
-    return repo
-
-
-def server_env(settings: dict[str, str]) -> dict[str, str]:
-    """``settings`` and what the Python backend's stub needs to run this Python's packages:
-    its home and every directory on its path."""
-    env = dict(settings)
-    env["PYTHONHOME"] = sys.base_prefix
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and Path(p).is_dir())
-    return env
-
-
-def library_path() -> str:
-    """LD_LIBRARY_PATH with this Python's library directory first: where the stub finds libpython."""
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    return os.pathsep.join(filter(None, (libdir, os.environ.get("LD_LIBRARY_PATH"))))
-
-
-def add_settings_argument(parser: argparse.ArgumentParser, help: str) -> None:
-    """``--set SWITCHBOARD_KEY=VALUE``, any number of times (``parse_settings`` reads them)."""
-    parser.add_argument("--set", action="append", default=[], metavar="SWITCHBOARD_KEY=VALUE", help=help)
-
-
-def parse_settings(p: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
-    """``SERVED_ENV`` with each ``--set SWITCHBOARD_KEY=VALUE`` over it."""
-    settings = dict(SERVED_ENV)
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.startswith("SWITCHBOARD_"):
-            p.error(f"--set {item!r}: expected SWITCHBOARD_KEY=VALUE")
-        settings[key] = value
-    return settings
 
 
 def measure(url: str, clips: list, callers: int, requests: int) -> dict:
@@ -143,9 +78,16 @@ def run(
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     device = settings.get("SWITCHBOARD_DEVICE", "cuda")
-    results = {"device": device, "gpu": _gpu(device), "requests": requests, "env": settings, "rows": [], "load_s": {}}
+    results = {
+        "device": device,
+        "gpu": gpu_name(device),
+        "requests": requests,
+        "env": settings,
+        "rows": [],
+        "load_s": {},
+    }
     server_at = {  # for this run only (install_backend; the server's environment)
-        "SWITCHBOARD_TRITONSERVER": str(unpack(server / TARBALL, work)),
+        "SWITCHBOARD_TRITONSERVER": str(unpack_server(server / SERVER_TARBALL, work)),
         "LD_LIBRARY_PATH": library_path(),
     }
     with mock.patch.dict(os.environ, server_at):
@@ -156,12 +98,6 @@ def run(
     (out / "summary.md").write_text(summary(results))
     print(summary(results), flush=True)
     return results
-
-
-def _gpu(device: str) -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else "none"
 
 
 def served(
@@ -178,9 +114,9 @@ def served(
     """``name`` served by a tritonserver of its own, measured ``rounds`` times; rows to ``results``."""
     from switchboard.ops.launch import Ports, Stack
 
-    checkpoint = asr_gpu.checkpoint_of(name, pack_dir, work)
-    clips = asr_gpu.clips_of(asr_gpu.MODELS[name][0], pack_dir)
-    repo = repository(name, checkpoint, work, source)
+    checkpoint = checkpoint_of(name, pack_dir, work)
+    clips = clips_of(MODELS[name][0], pack_dir)
+    repo = asr_repository(name, checkpoint, work, source)
     run_dir, backends = out / "run" / name, work / "backends"
     stack = Stack(Ports.free(), repository=repo, run_dir=run_dir, backends=backends, env=server_env(settings))
     try:
@@ -231,10 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="step", required=True)
     b = sub.add_parser("run", help="serve each model and measure 1 caller against 8 (on the GPU machine)")
     b.add_argument("--pack", type=Path, required=True, help="a folder `tools.gpu_pack asr` wrote (checkpoints, clips)")
-    b.add_argument("--server", type=Path, default=paths.BUILD / "gpu-served", help=f"the folder holding {TARBALL}")
+    b.add_argument(
+        "--server", type=Path, default=paths.BUILD / "gpu-served", help=f"the folder holding {SERVER_TARBALL}"
+    )
     b.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu-served")
     b.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"), help="the server, repositories there")
-    b.add_argument("--models", default="default,small-shape", help=f"comma-separated, of {', '.join(asr_gpu.MODELS)}")
+    b.add_argument("--models", default="default,small-shape", help=f"comma-separated, of {', '.join(MODELS)}")
     b.add_argument("--requests", default="160,640", help="requests measured with 1 caller, with 8")
     b.add_argument("--rounds", type=int, default=2, help="1 caller then 8, this many times")
     b.add_argument(
@@ -245,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in models if m not in asr_gpu.MODELS]
+    unknown = [m for m in models if m not in MODELS]
     if unknown:
-        p.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(asr_gpu.MODELS)})")
+        p.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(MODELS)})")
     settings = parse_settings(p, args.set)
     one, eight = (int(x) for x in args.requests.split(","))
     run(args.pack, args.server, args.out, args.work, models, {1: one, 8: eight}, args.rounds, args.source, settings)

@@ -28,38 +28,41 @@ import json
 import os
 import shutil
 import sys
-import tarfile
 import time
 from pathlib import Path
 from unittest import mock
 
-from perf import asr_gpu, asr_gpu_served, asr_load
+from perf import asr_load
+from perf.gpu_machine import (
+    MODELS,
+    SERVED_ENV,
+    SERVER_TARBALL,
+    VOICE_TARBALL,
+    add_settings_argument,
+    asr_repository,
+    checkpoint_of,
+    gpu_name,
+    library_path,
+    parse_settings,
+    server_env,
+    unpack_server,
+    unpack_voice,
+)
 from switchboard import paths
 from switchboard.ops.rollout import with_parameters
 
-TARBALL = "voice.tar.xz"
 CHAT_MODELS = ("chat", "engine_short", "engine_long", "voice_chat")
 POOLS = ("engine_short", "engine_long")
-
-
-# -- there ------------------------------------------------------------------------------------
-def unpack(tarball: Path, work: Path) -> Path:
-    root = work / "voice"
-    if not (root / "redis" / "redis-server").is_file():
-        with tarfile.open(tarball) as tar:
-            safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # from Python 3.11.4
-            tar.extractall(root, **safe)
-    return root
 
 
 def repository(unpacked: Path, recognizer: Path, work: Path, source: Path, settings: dict[str, str], name: str) -> Path:
     """``chat``, the engines and ``voice_chat`` from ``source`` with the packed chat model,
     the engines on the torch runtime (``settings``' device), and ``asr`` from
-    ``asr_gpu_served.repository`` with ``settings`` as its parameters."""
+    ``gpu_machine.asr_repository`` with ``settings`` as its parameters."""
     repo = work / "repos" / "voice"
     if repo.exists():
         shutil.rmtree(repo)
-    asr = asr_gpu_served.repository(name, recognizer, work / "voice-asr", source)
+    asr = asr_repository(name, recognizer, work / "voice-asr", source)
     shutil.copytree(asr / "asr", repo / "asr")
     config = repo / "asr" / "config.pbtxt"
     config.write_text(with_parameters(config.read_text(), parameters(settings), config))
@@ -93,22 +96,22 @@ def run(
     requests: dict,
     rounds: int,
     source: Path,
-    settings: dict[str, str] = asr_gpu_served.SERVED_ENV,
+    settings: dict[str, str] = SERVED_ENV,
 ) -> dict:
     from perf.asr_served import VoiceCaller, voice_row
     from switchboard.ops.launch import Ports, Stack
 
     out.mkdir(parents=True, exist_ok=True)
-    unpacked = unpack(server / TARBALL, work)
+    unpacked = unpack_voice(server / VOICE_TARBALL, work)
     question = asr_load.load_clips(unpacked / "question")
-    checkpoint = asr_gpu.checkpoint_of(recognizer, pack_dir, work)
+    checkpoint = checkpoint_of(recognizer, pack_dir, work)
     repo = repository(unpacked, checkpoint, work, source, settings, recognizer)
     device = settings.get("SWITCHBOARD_DEVICE", "cuda")
-    results = {"device": device, "gpu": asr_gpu_served._gpu(device), "recognizer": recognizer, "env": settings}
+    results = {"device": device, "gpu": gpu_name(device), "recognizer": recognizer, "env": settings}
     results |= {"requests": requests, "rows": []}
     here = {  # for this run only: the packed servers first
-        "SWITCHBOARD_TRITONSERVER": str(asr_gpu_served.unpack(server / asr_gpu_served.TARBALL, work)),
-        "LD_LIBRARY_PATH": asr_gpu_served.library_path(),
+        "SWITCHBOARD_TRITONSERVER": str(unpack_server(server / SERVER_TARBALL, work)),
+        "LD_LIBRARY_PATH": library_path(),
         "PATH": os.pathsep.join((str(unpacked / "redis"), os.environ.get("PATH", ""))),
     }
     with mock.patch.dict(os.environ, here):
@@ -117,7 +120,7 @@ def run(
             repository=repo,
             run_dir=out / "run",
             backends=work / "backends",
-            env=asr_gpu_served.server_env({}),
+            env=server_env({}),
         )
         try:
             started = time.monotonic()
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "--server",
         type=Path,
         default=paths.BUILD / "gpu-served",
-        help=f"the folder holding {TARBALL} and {asr_gpu_served.TARBALL} (tools.gpu_pack voice, server)",
+        help=f"the folder holding {VOICE_TARBALL} and {SERVER_TARBALL} (tools.gpu_pack voice, server)",
     )
     b.add_argument(
         "--out", type=Path, default=paths.BUILD / "bench" / "voice-gpu-served", help="results, summary, logs"
@@ -185,17 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--recognizer",
         default="default",
-        choices=[m for m in asr_gpu.MODELS if m != "small-shape"],
+        choices=[m for m in MODELS if m != "small-shape"],
         help="the pack's recognizer asr serves (the random-weight shape never ends a transcript)",
     )
     b.add_argument("--requests", default="10,32", help="questions asked by 1 caller, by 8")
     b.add_argument("--rounds", type=int, default=2, help="1 caller then 8, this many times")
     b.add_argument("--source", type=Path, default=paths.MODEL_REPOSITORY, help="where the models' configs come from")
-    asr_gpu_served.add_settings_argument(
+    add_settings_argument(
         b, "an asr parameter over the GPU's; SWITCHBOARD_DEVICE also moves the engines (cpu to try it here)"
     )
     args = p.parse_args(argv)
-    settings = asr_gpu_served.parse_settings(p, args.set)
+    settings = parse_settings(p, args.set)
     one, eight = (int(x) for x in args.requests.split(","))
     run(
         args.pack,

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perf import asr_gpu, asr_gpu_served, asr_load, voice_gpu_served
+from perf import asr_load, gpu_machine
 from perf.asr_served import VOICE_QUESTION, bundled_tiny_en
 from switchboard import paths
 from switchboard.artifact.version import write_version_info
@@ -61,8 +61,8 @@ def pack_checkpoint(checkpoint: Path, out: Path, min_size: int = 65_536) -> Path
             packed[f"{name}.q"], packed[f"{name}.scale"] = quantize_rows(w.astype(np.float32))
         else:
             packed[name] = w.astype(np.float16)
-    save_file(packed, out / asr_gpu.PACKED)
-    for f in asr_gpu.SIDE_FILES:
+    save_file(packed, out / gpu_machine.PACKED)
+    for f in gpu_machine.SIDE_FILES:
         if (checkpoint / f).is_file():
             shutil.copy2(checkpoint / f, out / f)
     return out
@@ -83,7 +83,7 @@ def pack_asr(out: Path, clips: int, seed: int) -> None:
     (out / "small-source").mkdir(exist_ok=True)
     for f in ("tokenizer.json", "config.json"):
         shutil.copy2(ct2 / f, out / "small-source" / f)
-    for langs in {m[0] for m in asr_gpu.MODELS.values()}:
+    for langs in {m[0] for m in gpu_machine.MODELS.values()}:
         asr_load.save_clips(asr_load.question_clips(langs, clips, seed), out / "audio" / "+".join(langs))
     asr_load.save_clips(asr_load.mix_clips("en", shorts=12, longs=4, seed=seed), out / "audio" / "seed001")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
@@ -92,8 +92,9 @@ def pack_asr(out: Path, clips: int, seed: int) -> None:
 
 # -- the server: perf.asr_gpu_served --------------------------------------------------------
 def pack_server(out: Path, python: str, preset: int = 9) -> Path:
-    """``asr_gpu_served.TARBALL`` in ``out``: nvidia-pytriton's server, libraries, Python backend and the stub for
-    Python ``python`` (X.Y), laid out as site-packages holds them; ``preset``: xz's, 0-9."""
+    """``gpu_machine.SERVER_TARBALL`` in ``out``: nvidia-pytriton's server, libraries, Python
+    backend and the stub for Python ``python`` (X.Y), laid out as site-packages holds them;
+    ``preset``: xz's, 0-9."""
     root = pytriton_root()
     site = root.parent.parent
     stub = root / "python_backend_stubs" / python
@@ -106,7 +107,7 @@ def pack_server(out: Path, python: str, preset: int = 9) -> Path:
         return None if name == "__pycache__" or name.startswith("libpython") else info
 
     out.mkdir(parents=True, exist_ok=True)
-    target = out / asr_gpu_served.TARBALL
+    target = out / gpu_machine.SERVER_TARBALL
     with tarfile.open(target, "w:xz", preset=preset) as tar:
         for part in (root / "bin", root / "backends", root / "caches", stub, site / "nvidia_pytriton.libs"):
             tar.add(part, arcname=str(part.relative_to(site)), filter=keep)
@@ -125,8 +126,8 @@ LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/lib
 
 
 def pack_voice(out: Path, preset: int = 9) -> Path:
-    """``voice_gpu_served.TARBALL`` in ``out`` from model_repository's installed chat model, this machine's
-    redis-server and the question; ``preset``: xz's, 0-9."""
+    """``gpu_machine.VOICE_TARBALL`` in ``out`` from model_repository's installed chat model,
+    this machine's redis-server and the question; ``preset``: xz's, 0-9."""
     version = paths.MODEL_REPOSITORY / "chat" / "1"
     if not (version / "manifest.json").is_file():
         raise SystemExit(f"{version} holds no chat model: make export first")
@@ -135,7 +136,7 @@ def pack_voice(out: Path, preset: int = 9) -> Path:
     if not (checkpoint / "model.safetensors").is_file():
         raise SystemExit(f"{checkpoint}: the chat model's checkpoint is missing (make model)")
     out.mkdir(parents=True, exist_ok=True)
-    target = out / voice_gpu_served.TARBALL
+    target = out / gpu_machine.VOICE_TARBALL
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         chat = root / "chat"
@@ -202,12 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="pack", required=True)
     a = sub.add_parser("asr", help="the recognizers and clips (after make model-asr model-asr-tiny-en)")
     a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-pack")
-    a.add_argument("--clips", type=int, default=asr_gpu.CLIPS, help="spoken questions per language set")
+    a.add_argument("--clips", type=int, default=gpu_machine.CLIPS, help="spoken questions per language set")
     a.add_argument("--seed", type=int, default=0)
-    s = sub.add_parser("server", help=f"{asr_gpu_served.TARBALL} from this environment's nvidia-pytriton")
+    s = sub.add_parser("server", help=f"{gpu_machine.SERVER_TARBALL} from this environment's nvidia-pytriton")
     s.add_argument("--out", type=Path, default=paths.BUILD / "gpu-served")
     s.add_argument("--python", default="3.12", help="the GPU machine's Python, X.Y (the stub links its libpython)")
-    v = sub.add_parser("voice", help=f"{voice_gpu_served.TARBALL}: the chat model, redis-server, the question")
+    v = sub.add_parser("voice", help=f"{gpu_machine.VOICE_TARBALL}: the chat model, redis-server, the question")
     v.add_argument("--out", type=Path, default=paths.BUILD / "gpu-served")
     args = p.parse_args(argv)
     if args.pack == "asr":

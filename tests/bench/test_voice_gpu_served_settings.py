@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf import asr_gpu_served, voice_gpu_served
+from perf import gpu_machine, voice_gpu_served
 from switchboard import paths
 from switchboard.ops.rollout import RolloutError, with_parameters
 
@@ -13,7 +13,7 @@ ASR_CONFIG = paths.MODEL_REPOSITORY / "asr" / "config.pbtxt"
 
 
 def test_the_gpu_settings_become_asr_parameters_in_its_config():
-    params = voice_gpu_served.parameters(asr_gpu_served.SERVED_ENV)
+    params = voice_gpu_served.parameters(gpu_machine.SERVED_ENV)
     assert params == {"runtime": "torch", "device": "cuda", "torch_dtype": "float16", "torch_steps": "graphs"}
     text = with_parameters(ASR_CONFIG.read_text(), params, ASR_CONFIG)
     for key, value in params.items():

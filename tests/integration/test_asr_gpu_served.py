@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from perf import asr_gpu, asr_gpu_served, asr_load
+from perf import asr_gpu_served, asr_load, gpu_machine
 from switchboard import paths
 from tests.integration.speechtools import NEEDS_TINY_EN, TINY
 from tools import gpu_pack
@@ -58,11 +58,11 @@ def test_a_packed_server_serves_a_packed_recognizer_and_is_measured(tmp_path):
 def test_a_random_weight_model_is_installed_with_its_transcripts_capped(tmp_path):
     """The whisper-small shape never ends a transcript: its asr.json allows the prompt and 12
     tokens, as asr_bench installs it (tiny.en's checkpoint stands in for its geometry here)."""
-    repo = asr_gpu_served.repository("small-shape", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY)
+    repo = gpu_machine.asr_repository("small-shape", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY)
     capped = json.loads((repo / "asr" / "1" / "asr.json").read_text())
     whole = json.loads(
-        (asr_gpu_served.repository("tiny-en", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY) / "asr" / "1"
+        (gpu_machine.asr_repository("tiny-en", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY) / "asr" / "1"
          / "asr.json").read_text()
     )  # fmt: skip
-    assert capped["max_target_positions"] == 2 + asr_gpu.MODELS["small-shape"][1] < whole["max_target_positions"]
+    assert capped["max_target_positions"] == 2 + gpu_machine.MODELS["small-shape"][1] < whole["max_target_positions"]
     assert (repo / "asr" / "config.pbtxt").read_text() == (paths.MODEL_REPOSITORY / "asr" / "config.pbtxt").read_text()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perf import asr_gpu, asr_gpu_served
+from perf import gpu_machine
 from switchboard.ops import install_backend
 from tools import gpu_pack
 
@@ -43,10 +43,10 @@ def test_pack_then_unpack_gives_the_checkpoint_back(tmp_path):
     safetensors_numpy.save_file(weights, ckpt / "model.safetensors")
     (ckpt / "config.json").write_text(json.dumps({"model_type": "whisper"}))
     packed = gpu_pack.pack_checkpoint(ckpt, tmp_path / "packed")
-    stored = safetensors_numpy.load_file(packed / asr_gpu.PACKED)
+    stored = safetensors_numpy.load_file(packed / gpu_machine.PACKED)
     assert stored["big.q"].dtype == np.int8 and stored["small"].dtype == np.float16
-    assert (packed / asr_gpu.PACKED).stat().st_size < (ckpt / "model.safetensors").stat().st_size / 3
-    back = safetensors_numpy.load_file(asr_gpu.unpack_checkpoint(packed, tmp_path / "back") / "model.safetensors")
+    assert (packed / gpu_machine.PACKED).stat().st_size < (ckpt / "model.safetensors").stat().st_size / 3
+    back = safetensors_numpy.load_file(gpu_machine.unpack_checkpoint(packed, tmp_path / "back") / "model.safetensors")
     assert sorted(back) == sorted(weights)
     for name, w in weights.items():
         assert back[name].dtype == np.float32 and back[name].shape == w.shape
@@ -85,7 +85,7 @@ def test_the_pack_holds_the_server_and_one_stub_and_installs_where_unpacked(tmp_
     assert "nvidia_pytriton.libs/libtritonserver-1.so" in names
     assert not any("3.8" in n or "libpython" in n or "__pycache__" in n for n in names)
 
-    unpacked = asr_gpu_served.unpack(tarball, tmp_path / "work")
+    unpacked = gpu_machine.unpack_server(tarball, tmp_path / "work")
     monkeypatch.setenv("SWITCHBOARD_TRITONSERVER", str(unpacked))
     assert install_backend.server_binary().read_text() == "tritonserver"
     assert install_backend.server_library_dir() == unpacked / "nvidia_pytriton.libs"
@@ -101,7 +101,7 @@ def test_a_pack_for_a_python_without_a_stub_is_refused_naming_it(tmp_path, monke
     monkeypatch.setenv("SWITCHBOARD_TRITONSERVER", str(fake_site(tmp_path / "site", "3.12")))
     with pytest.raises(SystemExit, match="no Python backend stub for Python 3.99"):
         gpu_pack.pack_server(tmp_path / "pack", "3.99", preset=0)
-    assert not (tmp_path / "pack" / asr_gpu_served.TARBALL).exists()
+    assert not (tmp_path / "pack" / gpu_machine.SERVER_TARBALL).exists()
 
 
 def test_the_checkpoint_is_carried_in_float16_with_its_side_files(tmp_path):
