@@ -60,7 +60,9 @@ def test_dataset_is_multi_turn_conversations_with_the_system_prompt(tmp_path):
     )
 
 
-def test_command_sends_the_priority_header_as_a_string(tmp_path):
+def test_command_sends_the_priority_header_as_a_string(tmp_path, monkeypatch):
+    # the command names AIPerf's CLI; finding it would install AIPerf (a download) on a fresh clone
+    monkeypatch.setattr(ab, "aiperf_bin", lambda: tmp_path / "aiperf")
     data = tmp_path / "d.jsonl"
     data.write_text('{"turns": []}\n{"turns": []}\n')
     cmd = ab.aiperf_command("http://x:1", data, 8, ab.PRESETS["large"], tmp_path, tmp_path, [ab.PRIORITY_1])
