@@ -106,7 +106,7 @@ chat: setup ## interactive chat with the running server (TEXT="..." for one ques
 lint: setup ## ruff: formatting and lint (pycodestyle, pyflakes, import order, bugbear)
 	@$(VENV)/bin/ruff format --check --quiet . && $(VENV)/bin/ruff check --quiet . && echo "[lint] ruff: formatted, no findings"
 
-test: lint export test-recognizer ## lint, then unit, bench, export, model and integration tests (real tritonserver and redis-server on free ports)
+test: lint export test-recognizer ## lint, then unit, bench, tools, export, model and integration tests (real tritonserver and redis-server on free ports)
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast unit tests
