@@ -147,6 +147,7 @@ def test_sigterm_stops_the_pod_cleanly(pod):
 def test_the_cold_start_tool_measures_a_start(artifacts, tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "perf.cold_start", "--runs", "1", "--out", str(tmp_path)],
+        cwd=paths.ROOT,  # the bench suite runs from the checkout, not the wheel
         capture_output=True,
         text=True,
         timeout=400,
