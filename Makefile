@@ -30,7 +30,7 @@ SETUP_STAMP := $(VENV)/.switchboard-setup
 # MODEL=gemma: the fine-tuned Gemma 3 270M agent (make model-gemma); MODEL=x.gguf: imported first
 MODEL_DIR   := $(if $(filter gemma,$(MODEL)),build/gemma-agent,$(if $(MODEL),$(MODEL),build/default-model))
 
-.PHONY: help setup model model-gemma bench-gemma model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-integration perf bench bench-full chaos soak lock clean
+.PHONY: help setup model model-gemma bench-gemma model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-bench test-integration perf bench bench-full chaos soak lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -106,68 +106,71 @@ chat: setup ## interactive chat with the running server (TEXT="..." for one ques
 lint: setup ## ruff: formatting and lint (pycodestyle, pyflakes, import order, bugbear)
 	@$(VENV)/bin/ruff format --check --quiet . && $(VENV)/bin/ruff check --quiet . && echo "[lint] ruff: formatted, no findings"
 
-test: lint export test-recognizer ## lint, then unit, export, model and integration tests (real tritonserver and redis-server on free ports)
+test: lint export test-recognizer ## lint, then unit, bench, tools, export, model and integration tests (real tritonserver and redis-server on free ports)
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast unit tests
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+test-bench: setup ## only the tests of the benchmark suite and tools/ (tests/bench, tests/tools: no server, no build outputs)
+	@$(PY) -m pytest tests/bench tests/tools $(PYTEST_ARGS)
+
 test-integration: export test-recognizer ## only the integration tests
 	@$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 perf: export ## perf_analyzer against chat with real corpus questions (report in build/perf)
-	@$(PY) -m switchboard.perf.analyzer --out build/perf
+	@$(PY) -m perf analyzer --out build/perf
 
-bench: export ## side-by-side benchmark, quick (~10 min): optimized vs baseline vs LitServe vs HF generate (build/bench/quick)
-	@$(PY) -m switchboard.perf.bench --preset quick $(BENCH_ARGS)
+bench: export ## side-by-side benchmark, quick (~10 min): optimized vs baseline vs LitServe vs HF generate (build/bench/quick); SUITE=name: that suite of `python -m perf --help` instead, with BENCH_ARGS
+	@$(PY) -m perf $(if $(SUITE),$(SUITE),chat --preset quick) $(BENCH_ARGS)
 
 bench-full: export ## the whole sweep: 5 systems incl. INT8, 6 loads x 2 rounds, perf_analyzer concurrency + request-rate (~1 h)
-	@$(PY) -m switchboard.perf.bench --preset full $(BENCH_ARGS)
+	@$(PY) -m perf chat --preset full $(BENCH_ARGS)
 
 bench-large: model-large ## the systems on the 0.5B checkpoint at a saturating load, FP32 and INT8 dynamic, llama.cpp's server F32 and Q8_0 (built on first use), the bare-runtime limit (~30 min, build/bench/large)
 	@$(PY) -m switchboard.export --model build/large-model --out build/artifacts/large-model --precision fp32,int8-dynamic
-	@$(PY) -m switchboard.perf.bench --preset large $(BENCH_ARGS)
+	@$(PY) -m perf chat --preset large $(BENCH_ARGS)
 
 bench-aiperf: model-large ## NVIDIA AIPerf (own venv) against Switchboard's gateway and llama-server on the 0.5B checkpoint: goodput at the SLO, TTFT, ITL (~25 min, build/bench/aiperf-large)
 	@$(PY) -m switchboard.export --model build/large-model --out build/artifacts/large-model --precision fp32,int8-dynamic
-	@$(PY) -m switchboard.perf.aiperf_bench --preset large $(BENCH_ARGS)
+	@$(PY) -m perf aiperf --preset large $(BENCH_ARGS)
 
 bench-gemma: setup ## Gemma 3 270M on the same weights: AIPerf against Switchboard FP32/INT8 and llama-server on the Q4_K_M file and on F32/Q8_0 from the import, concurrency 1 and 8 (~40 min, build/bench/aiperf-gemma)
 	@$(PY) -m switchboard.training.gemma --base-only
 	@$(PY) -m switchboard.export --model build/gguf/gemma-3-270m-q4_k_m.gguf --out build/artifacts/gemma-3-270m-q4_k_m --precision fp32,int8-dynamic --no-gate
-	@$(PY) -m switchboard.perf.aiperf_bench --preset gemma $(BENCH_ARGS)
+	@$(PY) -m perf aiperf --preset gemma $(BENCH_ARGS)
 
 bench-asr: export test-recognizer ## speech side by side on tiny.en: served pool FP32/INT8 vs faster-whisper vs LitServe, seed 001's length-vs-count, voice to first token (~15 min, build/bench/asr)
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''
-	@$(PY) -m switchboard.perf.asr_bench --preset quick --out build/bench/asr $(BENCH_ARGS)
+	@$(PY) -m perf asr --preset quick --out build/bench/asr $(BENCH_ARGS)
 
 BASE_EXPORT := build/artifacts/asr/asr-whisper-base
 bench-asr-base: export model-asr-base ## Whisper base, the served default (and with whole 30 s windows) beside faster-whisper on its own model.bin: audio s/s at 1 and 8 callers (FP32, INT8), a 3 s spoken question to the first answer token (~5 min, build/bench/asr-base)
 	@$(PY) -m switchboard.export.asr --model build/asr-whisper-base --out $(BASE_EXPORT) --precision default --bench-batches ''
-	@$(PY) -m switchboard.perf.asr_bench --preset base --systems switchboard,switchboard-whole,faster-whisper --out build/bench/asr-base $(BENCH_ARGS)
+	@$(PY) -m perf asr --preset base --systems switchboard,switchboard-whole,faster-whisper --out build/bench/asr-base $(BENCH_ARGS)
 
 bench-asr-full: export test-recognizer model-asr model-asr-large ## bench-asr on tiny.en, the embedded default and the whisper-small shape, 2 rounds (~1 h, build/bench/asr-full)
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/asr-tiny-en --precision default --bench-batches ''
 	@$(PY) -m switchboard.export.asr --model build/asr-default-model --out build/artifacts/asr/asr-default-model --precision default --bench-batches ''
 	@$(PY) -m switchboard.export.asr --model build/asr-large-model --out build/artifacts/asr/asr-large-model --precision default --no-gate --bench-batches ''
-	@$(PY) -m switchboard.perf.asr_bench --preset full --out build/bench/asr-full $(BENCH_ARGS)
+	@$(PY) -m perf asr --preset full --out build/bench/asr-full $(BENCH_ARGS)
 
 bench-asr-gpu: model-asr model-asr-tiny-en model-asr-large ## on an NVIDIA GPU with a CUDA build of PyTorch: the asr pool, 1 caller vs 8, PyTorch runtime, vs transformers generate (~3 min, build/bench/asr-gpu)
-	@$(PY) -m switchboard.perf.asr_gpu run --out build/bench/asr-gpu $(BENCH_ARGS)
+	@$(PY) -m perf asr-gpu run --out build/bench/asr-gpu $(BENCH_ARGS)
 
 bench-asr-voices: model-asr-base model-asr-tiny-en ## English WER of Whisper base as served (FP32, INT8), faster-whisper on the same weights and tiny.en, on 40 questions in no file of corpus/, in the plain voice and unseen ones (~15 min, build/bench/asr-voices)
 	@$(PY) -m switchboard.export.asr --model build/asr-whisper-base --out $(BASE_EXPORT) --precision default --bench-batches ''
-	@$(PY) -m switchboard.perf.asr_voices --question-set fresh --windows fitted \
+	@$(PY) -m perf asr-voices --question-set fresh --windows fitted \
 	  --voices en:en-us,en:en-us+f5,en:en-gb-x-gbcwmd+Andrea --out build/bench/asr-voices \
 	  --model base-fp32=$(BASE_EXPORT)@fp32 --model base-int8=$(BASE_EXPORT)@int8-dynamic \
 	  --model faster-whisper-base-int8=faster-whisper:base@int8 --model faster-whisper-base-fp32=faster-whisper:base@float32 \
 	  --model tiny-en=build/asr-tiny-en $(BENCH_ARGS)
 
 chaos: export ## faults, a 5x overload burst and (with a recognizer) an audio burst against a private stack; REPLICAS=2: a replica killed mid-burst too (build/chaos/summary.md)
-	@$(PY) -m switchboard.perf.chaos --out build/chaos --replicas $(REPLICAS)
+	@$(PY) -m perf chaos --out build/chaos --replicas $(REPLICAS)
 
 soak: export ## 10 minutes of multi-turn load: memory flat, sessions expire, no errors (build/soak/summary.md)
-	@$(PY) -m switchboard.perf.soak --out build/soak
+	@$(PY) -m perf soak --out build/soak
 
 lock: ## re-resolve requirements.in into requirements.lock
 	@$(PY) -m pip install -q -r requirements.in && $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock

@@ -42,10 +42,9 @@ def calibration_features(n: int, seed: int = 0) -> list[np.ndarray]:
     """[80, 3000] windows of ``n`` corpus FAQ questions (the training ones: the gate's are held
     out), the voices taking turns."""
     from switchboard.asr.features import log_mel
-    from switchboard.perf.asr_load import questions
-    from switchboard.training import speech
+    from switchboard.training import corpus, speech
 
-    texts = questions("en", seed)[:n]
+    texts = corpus.spoken_questions("en", seed)[:n]
     out = []
     for i, text in enumerate(texts):
         samples = speech.synthesize(text, "en", CALIBRATION_VOICES[i % len(CALIBRATION_VOICES)])

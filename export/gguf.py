@@ -19,7 +19,7 @@ adds is the checks around it and a directory that loads without the GGUF:
   exporter's ``role: content<eos>`` turns for the others.
 
 Token identity with llama.cpp's own tokenizer and top-1 agreement with its logits on the same
-file need llama.cpp built (minutes): ``python -m switchboard.perf.gguf_check``.
+file need llama.cpp built (minutes): ``python -m perf.gguf_check``.
 
 The import is skipped when ``--out`` was made from the same file (by digest) with the same code.
 """

@@ -1,4 +1,4 @@
-"""Every system measured by NVIDIA AIPerf: ``python -m switchboard.perf.aiperf_bench`` (make bench-aiperf).
+"""Every system measured by NVIDIA AIPerf: ``python -m perf.aiperf_bench`` (make bench-aiperf).
 
 A client nobody here wrote, against each system's OpenAI endpoint, with the same workload for
 all: multi-turn customer-service conversations (corpus questions, bilingual, with the real
@@ -8,10 +8,10 @@ alternating at each load, so the ratios hold:
 
   switchboard        Switchboard as committed (FP32), through its gateway
   switchboard-int8   the same with the dynamic INT8 variant
-  llama.cpp          llama.cpp's llama-server on the same checkpoint as GGUF F32 (switchboard.perf.llamacpp)
+  llama.cpp          llama.cpp's llama-server on the same checkpoint as GGUF F32 (perf.llamacpp)
   llama.cpp-q8_0     the same, Q8_0
   llama.cpp-gguf     llama-server on the GGUF file the checkpoint came from, as it is (gemma preset: Q4_K_M)
-  vllm               vLLM's CPU build on the Hugging Face checkpoint, FP32 (switchboard.perf.vllm_peer)
+  vllm               vLLM's CPU build on the Hugging Face checkpoint, FP32 (perf.vllm_peer)
 
 AIPerf runs from its own venv (build/aiperf-venv: its dependencies clash with tritonclient's),
 made on first use. Its own processes share the machine's cores with the system under test, for
@@ -33,9 +33,11 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from perf import workload as wl
+from perf.machine import device_info
+from perf.servertools import wait_http
 from switchboard import paths
 from switchboard.ops.launch import Ports, Stack, free_port
-from switchboard.perf import workload as wl
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
 
 AIPERF = "aiperf==0.13.0"
@@ -293,14 +295,14 @@ class Running:
                 cmd, stdout=(run_dir / "gateway.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True
             )
             self.url = f"http://127.0.0.1:{port}"
-            _wait_http(self.url + "/readyz", 60, self.gateway)
+            wait_http(self.url + "/readyz", 60, self.gateway)
         elif system.kind == "vllm":
-            from switchboard.perf.vllm_peer import VllmServer
+            from perf.vllm_peer import VllmServer
 
             self.peer = VllmServer(preset.checkpoint, free_port(), run_dir / "vllm.log").wait()
             self.url = f"http://127.0.0.1:{self.peer.port}"
         else:
-            from switchboard.perf import llamacpp
+            from perf import llamacpp
 
             if system.precision == "file":
                 if preset.gguf is None:
@@ -328,22 +330,10 @@ class Running:
             self.peer.stop()
 
 
-def _wait_http(url: str, timeout: float, proc=None) -> None:
-    from switchboard.ops.process import wait_until
-
-    def ok() -> bool:
-        try:
-            return urllib.request.urlopen(url, timeout=2).status == 200
-        except OSError:
-            return False
-
-    wait_until(ok, timeout, url, proc)
-
-
 def run(args) -> Path:
+    from perf.llamacpp import Settings
+    from perf.servertools import repository_with
     from switchboard.artifact.manifest import Manifest
-    from switchboard.perf.llamacpp import Settings
-    from switchboard.perf.servertools import repository_with
 
     preset = PRESETS[args.preset]
     systems = args.systems.split(",") if args.systems else list(preset.systems)
@@ -370,10 +360,8 @@ def run(args) -> Path:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "runs": [],
         "priority": [],
-        "command": "python -m switchboard.perf.aiperf_bench " + " ".join(sys.argv[1:]),
+        "command": "python -m perf.aiperf_bench " + " ".join(sys.argv[1:]),
     }
-    from switchboard.perf.bench import device_info
-
     results["device"] = device_info("cpu")
     per_slot = args.conversations_per_slot or preset.conversations_per_slot
     results["workload"]["conversations_per_slot"] = str(per_slot)
@@ -540,7 +528,7 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m switchboard.perf.aiperf_bench",
+        prog="python -m perf.aiperf_bench",
         description=__doc__.split("\n\n")[0],
         epilog="Presets: "
         + "; ".join(f"{k}: {', '.join(v.systems)} at concurrency {v.concurrency}" for k, v in PRESETS.items()),

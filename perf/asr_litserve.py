@@ -1,4 +1,4 @@
-"""The LitServe ASR peer's API (see ``switchboard.perf.asr_peers``): seed 002's Whisper behind
+"""The LitServe ASR peer's API (see ``perf.asr_peers``): seed 002's Whisper behind
 LitServe's request batching, on transformers' ``WhisperForConditionalGeneration``. LitServe
 pickles the API into its worker process, so it lives at module level in a module of its own."""
 
@@ -20,8 +20,8 @@ class WhisperAPI(ls.LitAPI):
         from tokenizers import Tokenizer
         from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
+        from perf.asr_load import multilingual, window_seconds
         from switchboard.asr.checkpoint import hop_length
-        from switchboard.perf.asr_load import multilingual, window_seconds
 
         if self.threads:
             torch.set_num_threads(self.threads)
@@ -38,7 +38,7 @@ class WhisperAPI(ls.LitAPI):
 
     def decode_request(self, request):
         """(samples, language); audio that does not decode fails here, alone, before batching."""
-        from switchboard.perf.asr_load import decode_audio
+        from perf.asr_load import decode_audio
 
         upload = request.get("content") if hasattr(request, "get") else None
         if upload is None or not hasattr(upload, "file"):

@@ -1,4 +1,4 @@
-"""The ASR benchmark's audio, load and arithmetic (``switchboard.perf.asr_bench``).
+"""The ASR benchmark's audio, load and arithmetic (``perf.asr_bench``).
 
 Every system hears the same files: corpus questions spoken by Debian's espeak-ng, encoded as
 16 kHz 16-bit WAV, in one fixed order. A system is a ``call(clip) -> Reply`` (Switchboard's
@@ -31,6 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from perf.stats import percentile
+from switchboard.training import corpus
 
 SAMPLE_RATE = 16_000
 INDEX = "clips.json"
@@ -96,18 +99,6 @@ def fit(samples: np.ndarray, seconds: float, rate: int = SAMPLE_RATE) -> np.ndar
     )
 
 
-def questions(lang: str, seed: int = 0) -> list[str]:
-    """The corpus's FAQ questions in ``lang``, in a seeded order. Those with slots (order
-    numbers, prices) are left out: a recognizer writing "SB 55,179,467" for "SB55779467" is
-    right, and the error rates would say otherwise."""
-    from switchboard.training import corpus as corpus_mod
-
-    rng = random.Random(f"asr-bench:{lang}:{seed}")
-    out = [q for entry in corpus_mod.load().faq if entry.lang == lang for q in entry.questions if "{" not in q]
-    rng.shuffle(out)
-    return out
-
-
 # Voices every model's clips rotate through: the plain voice of each language and two accents
 # or variants, so no system is measured on one voice's quirks.
 VOICES = {"en": ("en-us", "en-gb-x-rp", "en-us+f3"), "zh": ("cmn", "cmn+f3", "cmn+m3")}
@@ -124,7 +115,7 @@ def question_clips(
 ) -> list[Clip]:
     """``count`` spoken questions, the languages taking turns; questions longer than ``max_s``
     are passed over."""
-    pools = {lang: iter(questions(lang, seed)) for lang in langs}
+    pools = {lang: iter(corpus.spoken_questions(lang, seed)) for lang in langs}
     clips: list[Clip] = []
     i = 0
     while len(clips) < count:
@@ -162,7 +153,7 @@ def mix_clips(
     """Seed 001's two lengths: questions that fit in ``short_s``, padded to it; and recordings
     of ``long_s``: questions one after another with ``gap_s`` of silence between them (the
     pauses a long recording is cut at), padded to exactly ``long_s``."""
-    pool = questions(lang, seed)
+    pool = corpus.spoken_questions(lang, seed)
     short, spoken_all = [], []
     for text in pool:
         samples = speak(text, lang, VOICES[lang][len(spoken_all) % len(VOICES[lang])])
@@ -316,11 +307,6 @@ def open_loop(
 
 
 # -- arithmetic -------------------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (NaN for none)."""
-    return float(np.percentile(values, q)) if len(values) else float("nan")
-
-
 def throughput(samples: Sequence[Sample]) -> dict:
     """Audio seconds transcribed per wall second, and the rest of a closed-loop run's figures."""
     ok = [s for s in samples if s.ok]

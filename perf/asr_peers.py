@@ -1,4 +1,4 @@
-"""The ASR benchmark's peers: ``python -m switchboard.perf.asr_peers faster-whisper|litserve``.
+"""The ASR benchmark's peers: ``python -m perf.asr_peers faster-whisper|litserve``.
 
 The same checkpoints, run the ways a team would pick without Switchboard:
 
@@ -45,12 +45,12 @@ import time
 import uuid
 from pathlib import Path
 
+from perf import asr_load
+from perf.asr_load import Clip, Reply
+from perf.peers import HttpChatClient
 from switchboard.asr.checkpoint import hop_length
-from switchboard.perf import asr_load
-from switchboard.perf.asr_load import Clip, Reply
-from switchboard.perf.peers import HttpChatClient
 
-log = logging.getLogger("switchboard.perf.asr_peers")
+log = logging.getLogger("perf.asr_peers")
 CT2_FILES = ("tokenizer.json", "preprocessor_config.json")
 
 
@@ -227,21 +227,10 @@ class HttpAsrClient(HttpChatClient):
         return Reply(json.loads(payload)["text"].strip())
 
 
-def wait_ready(client: HttpAsrClient, timeout: float, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.ready():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the LitServe peer exited with code {proc.returncode}")
-        time.sleep(0.3)
-    raise TimeoutError(f"the LitServe peer on :{client.port} was not ready after {timeout:.0f} s")
-
-
 def serve_litserve(args) -> None:
     import litserve as ls
 
-    from switchboard.perf.asr_litserve import WhisperAPI
+    from perf.asr_litserve import WhisperAPI
 
     api = WhisperAPI(
         args.checkpoint,
@@ -255,7 +244,7 @@ def serve_litserve(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.asr_peers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.asr_peers", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="peer", required=True)
     fw = sub.add_parser("faster-whisper", help="run a job file in process, write the samples")
     fw.add_argument("--job", type=Path, required=True, help="JSON: model, compute_type, num_workers, ...")

@@ -1,6 +1,6 @@
-"""The ASR benchmark's report: ``python -m switchboard.perf.asr_report build/bench/asr``.
+"""The ASR benchmark's report: ``python -m perf.asr_report build/bench/asr``.
 
-Reads ``results.json`` (``switchboard.perf.asr_bench``) and writes ``summary.md``: throughput
+Reads ``results.json`` (``perf.asr_bench``) and writes ``summary.md``: throughput
 per model and system at 1 and 8 callers, the issue's two goals checked against them, the
 faster-whisper settings tried, seed 001's short-utterance latency with length-aware and count
 batching, voice-to-first-answer-token latency, the machine and its load; and
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard.perf.asr_load import ratio
+from perf.asr_load import ratio
+from perf.markdown import table
 
 GOAL_SCALING = 3.0  # Switchboard at 8 callers against itself at 1 (issue 38; seed 002 reports 3-5x)
 GOAL_SEED001 = 3.0  # short-utterance P99, count batching over length batching
@@ -37,12 +38,6 @@ def _ms(seconds) -> str:
 
 def _x(x) -> str:
     return _f(x, 2, "x")
-
-
-def table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def by_run(throughput: list[dict]) -> dict:
@@ -354,11 +349,11 @@ def write_summary(out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.asr_report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.asr_report", description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, nargs="?", default=Path("build/bench/asr"), help="the bench's --out")
     args = p.parse_args(argv)
     if not (args.out / "results.json").is_file():
-        p.error(f"{args.out}: no results.json (run python -m switchboard.perf.asr_bench first)")
+        p.error(f"{args.out}: no results.json (run python -m perf.asr_bench first)")
     print(write_summary(args.out))
     return 0
 

@@ -1,4 +1,4 @@
-"""Which voices a recognizer hears: ``python -m switchboard.perf.asr_voices``.
+"""Which voices a recognizer hears: ``python -m perf.asr_voices``.
 
 The held-out report (``switchboard.training.asr.evaluate``) scores two voices per language: the
 training voice, and one voice training never uses, an unseen accent in an unseen variant. This
@@ -54,7 +54,7 @@ DEFAULT_MODELS = {
     "default": paths.BUILD / "asr-default-model",
     "tiny-en": paths.BUILD / "asr-tiny-en",
 }
-# What a new user might ask, in words no file of corpus/ holds (tests/unit/test_asr_voices.py
+# What a new user might ask, in words no file of corpus/ holds (tests/bench/test_asr_voices.py
 # checks): the trained-from-scratch recognizer never heard them, in training or held out.
 FRESH_QUESTIONS = (
     "Where is my parcel? It has not arrived yet.",
@@ -339,7 +339,7 @@ def summary(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.asr_voices", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.asr_voices", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model",
         action="append",

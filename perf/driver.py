@@ -1,8 +1,8 @@
-"""Session-aware load driver: ``python -m switchboard.perf.driver``.
+"""Session-aware load driver: ``python -m perf.driver``.
 
 perf_analyzer sends independent requests; multi-turn chat needs each turn sent after the
 previous answer, in the same session. This driver replays a workload file (see
-``switchboard.perf.workload``): every session starts at its arrival time on its own thread
+``perf.workload``): every session starts at its arrival time on its own thread
 and sends its turns one after another. Per turn it records time to first token, the gaps
 between streamed deltas, end-to-end latency, tokens generated and reused, route, priority
 and turn number; failures are recorded with their gRPC status (rejections are
@@ -19,10 +19,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from perf.stats import percentile
+from perf.workload import Session, load
 from switchboard.client import ChatClient, ChatError, ChatStats
-from switchboard.perf.workload import Session, load
 
 
 @dataclass
@@ -127,10 +126,6 @@ def drive(
     return records, time.perf_counter() - t0
 
 
-def _pct(xs, q):
-    return float(np.percentile(xs, q)) if xs else float("nan")
-
-
 def summarize(records: list[TurnRecord], wall_s: float, key=None) -> list[dict]:
     """One row per group (all, or by ``key``: priority, route, turn)."""
     groups: dict = {}
@@ -150,14 +145,14 @@ def summarize(records: list[TurnRecord], wall_s: float, key=None) -> list[dict]:
                 "rejected": sum(r.status in REJECTED for r in rs),
                 "requests_per_s": len(ok) / wall_s,
                 "output_tokens_per_s": sum(r.generated for r in ok) / wall_s,
-                "ttft_p50_ms": _pct(ttft, 50),
-                "ttft_p90_ms": _pct(ttft, 90),
-                "ttft_p99_ms": _pct(ttft, 99),
-                "itl_p50_ms": _pct(itl, 50),
-                "itl_p99_ms": _pct(itl, 99),
-                "e2e_p50_ms": _pct(e2e, 50),
-                "e2e_p90_ms": _pct(e2e, 90),
-                "e2e_p99_ms": _pct(e2e, 99),
+                "ttft_p50_ms": percentile(ttft, 50),
+                "ttft_p90_ms": percentile(ttft, 90),
+                "ttft_p99_ms": percentile(ttft, 99),
+                "itl_p50_ms": percentile(itl, 50),
+                "itl_p99_ms": percentile(itl, 99),
+                "e2e_p50_ms": percentile(e2e, 50),
+                "e2e_p90_ms": percentile(e2e, 90),
+                "e2e_p99_ms": percentile(e2e, 99),
                 "reused_tokens": sum(r.reused for r in ok),
                 "prompt_tokens": sum(r.prompt_tokens for r in ok),
             }
@@ -181,7 +176,7 @@ def table(rows: list[dict], title: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.driver", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.driver", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC address")
     p.add_argument("--workload", type=Path, default=Path("build/perf/workload.jsonl"))
     p.add_argument("--out", type=Path, default=Path("build/perf/driver"))

@@ -7,8 +7,8 @@ chats/s and generated tokens/s; then the gateway's cost: the median TTFT differe
 2 ms) and the throughput ratio (bound: at least 95%) at ``--users`` concurrent chats, by default
 the saturating load of ``make perf`` (4 concurrent streaming chats, ``max_new_tokens`` 48).
 
-    python -m switchboard.perf.gateway_cost                 # its own stack on free ports
-    python -m switchboard.perf.gateway_cost --grpc-url 127.0.0.1:8001 --gateway-url http://127.0.0.1:8080
+    python -m perf.gateway_cost                 # its own stack on free ports
+    python -m perf.gateway_cost --grpc-url 127.0.0.1:8001 --gateway-url http://127.0.0.1:8080
 """
 
 from __future__ import annotations
@@ -19,30 +19,15 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
+from perf.servertools import wait_http
 from switchboard import paths
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.training import corpus
 
 LOCUSTFILE = Path(__file__).with_name("locust_gateway.py")
 CLASSES = {"grpc": "GrpcUser", "http": "GatewayUser"}
-
-
-def _wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{url} did not answer within {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 def run_phase(path: str, args, grpc_url: str, gateway_url: str, questions: list[str], out: Path, tag: str) -> Path:
@@ -190,7 +175,7 @@ def report(results: dict, args, extra: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.gateway_cost", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.gateway_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--grpc-url", help="a running stack's gRPC endpoint (default: start one on free ports)")
     p.add_argument("--gateway-url", help="a running gateway in front of it (default: start one on a free port)")
     p.add_argument("--users", type=int, default=4, help="concurrent chats (default 4: make perf's saturating load)")
@@ -220,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "switchboard.gateway", "--port", str(port), "--grpc-url", grpc_url]
             cmd += ["--max-inflight", "100000"]
             gateway = subprocess.Popen(cmd, stdout=open(args.out / "gateway.log", "wb"), stderr=subprocess.STDOUT)
-        _wait_http(f"{gateway_url}/readyz")
+        wait_http(f"{gateway_url}/readyz", 60)
         files: dict[str, list[Path]] = {"grpc": [], "http": []}
         for r in range(args.rounds):
             for path in ("grpc", "http") if r % 2 == 0 else ("http", "grpc"):

@@ -1,4 +1,4 @@
-"""A GGUF import against llama.cpp on the same file: ``python -m switchboard.perf.gguf_check``.
+"""A GGUF import against llama.cpp on the same file: ``python -m perf.gguf_check``.
 
 The import (switchboard/export/gguf.py) rebuilds the tokenizer from the file's vocabulary and
 dequantizes the weights through transformers. llama.cpp is the file's own reader, so it is the
@@ -13,7 +13,7 @@ reference for both:
   quantized weights as stored (Q4_K, Q5_0, ... dot products on 8-bit activations), the import
   with their FP32 dequantization, so agreement is high but not total; it is the figure.
 
-llama.cpp is built on first use (about 10 minutes on 2 cores; ``switchboard.perf.llamacpp``),
+llama.cpp is built on first use (about 10 minutes on 2 cores; ``perf.llamacpp``),
 which is why this is a benchmark-side check and not part of ``make test``.
 """
 
@@ -68,12 +68,12 @@ def top1(server, checkpoint: Path, texts: list[str], bos: int | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from perf import llamacpp
     from switchboard.export import gguf
     from switchboard.ops.launch import free_port
-    from switchboard.perf import llamacpp
     from switchboard.training import corpus
 
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.gguf_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.gguf_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--gguf", type=Path, default=paths.BUILD / "gguf" / "gemma-3-270m-q4_k_m.gguf")
     p.add_argument("--texts", type=int, default=60, help="held-out texts teacher-forced for the logits check")
     p.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "gguf-check.json")

@@ -1,5 +1,5 @@
 """JSON that always parses, and repetition control, on an exported model:
-``python -m switchboard.perf.json_finish [parse|loop|cost]``.
+``python -m perf.json_finish [parse|loop|cost]``.
 
 ``parse``: the json_schema case of issue 66 (an object of two free-text strings, which the small
 default model never closes) for three questions at max_tokens 64 and 200, greedy, through the
@@ -233,7 +233,7 @@ def cost(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.json_finish", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.json_finish", description=__doc__.split("\n\n")[0])
     p.add_argument("mode", nargs="?", choices=("parse", "loop", "cost"), default="parse")
     p.add_argument("--artifacts", type=Path, default=Path("build/artifacts/default"), help="exported model")
     p.add_argument("--max-tokens", type=int, nargs="+", default=[64, 200], help="budgets (parse)")

@@ -1,4 +1,4 @@
-"""KV reuse, measured: ``python -m switchboard.perf.kv [--artifacts DIR] --out build/kv``.
+"""KV reuse, measured: ``python -m perf.kv [--artifacts DIR] --out build/kv``.
 
 The same multi-turn sessions (greedy, so every configuration sees the same conversation)
 against a private stack per configuration:
@@ -182,7 +182,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"# KV reuse ({result['model']})",
         "",
-        f"Run {result['started']}, {result['seconds']:.0f} s: `python -m switchboard.perf.kv {result['args']}`",
+        f"Run {result['started']}, {result['seconds']:.0f} s: `python -m perf.kv {result['args']}`",
         "",
         f"{result['sessions']} sessions x {len(TURNS)} turns, greedy, {result['max_new_tokens']}-token answers; "
         f"KV {kv_token / 1024:.1f} KiB per token. Bytes are Redis's own counters per turn (blocks, the conversation "
@@ -255,7 +255,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.kv", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.kv", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifacts", type=Path, default=None, help="exported model (default: the installed repository's)")
     p.add_argument("--out", type=Path, default=paths.BUILD / "kv")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     repository = paths.MODEL_REPOSITORY
     if args.artifacts is not None:
-        from switchboard.perf.servertools import repository_with
+        from perf.servertools import repository_with
 
         repository = repository_with(args.artifacts, args.out / "repository")
     manifest = Manifest.load(repository / "engine_short" / "1")

@@ -1,4 +1,4 @@
-"""The LitServe peer (see ``switchboard.perf.peers``): LitServe's batched streaming loop around
+"""The LitServe peer (see ``perf.peers``): LitServe's batched streaming loop around
 Hugging Face ``generate``. LitServe pickles the API into its worker process, so it lives at
 module level here."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import litserve as ls
 from fastapi import HTTPException
 
-from switchboard.perf.peer_model import PeerModel, json_line
+from perf.peer_model import PeerModel, json_line
 from switchboard.serving.prompt import PromptTooLong
 
 

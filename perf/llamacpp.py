@@ -1,4 +1,4 @@
-"""llama.cpp's server as a benchmark peer: ``python -m switchboard.perf.llamacpp build|convert|serve``.
+"""llama.cpp's server as a benchmark peer: ``python -m perf.llamacpp build|convert|serve``.
 
 ``llama-server`` is what Ollama and LM Studio wrap: continuous batching over ``--parallel``
 slots, prompt caching per slot, an OpenAI endpoint. It is built here from the llama.cpp source
@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from perf.peer_model import SessionClient
+from perf.peers import post_stream, stream_lines
+from perf.servertools import HttpServerProcess
 from switchboard import paths
-from switchboard.perf.peer_model import SessionClient
-from switchboard.perf.peers import post_stream, stream_lines
-from switchboard.perf.servertools import HttpServerProcess
 
 LLAMA_CPP_PYTHON = "0.3.36"  # its sdist vendors llama.cpp (ggml commit 0c1e570)
 ROOT = paths.BUILD / "llama.cpp"
@@ -276,7 +276,7 @@ def corpus_texts() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.llamacpp", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.llamacpp", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build llama-server and llama-quantize (cached in build/llama.cpp)")
     c = sub.add_parser("convert", help="convert a Hugging Face checkpoint to GGUF (cached)")

@@ -1,5 +1,4 @@
-"""Shared pieces of ``switchboard.perf.chaos`` and ``switchboard.perf.soak``: timed chats, process
-memory, percentiles and markdown tables."""
+"""Shared pieces of ``perf.chaos`` and ``perf.soak``: timed chats and process memory."""
 
 from __future__ import annotations
 
@@ -55,13 +54,6 @@ def _outcome(reply: ChatReply, seconds: float, priority: int) -> Outcome:
     )
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
-
-
 def ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f} ms"
 
@@ -86,15 +78,3 @@ def pss_kib(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def write_summary(path: Path, title: str, body: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# {title}\n\n{body}\n")
-    print(f"\n{body}\n\nwritten to {path}", flush=True)

@@ -1,4 +1,4 @@
-"""Locust users for ``switchboard.perf.gateway_cost`` (run by it as ``locust -f`` in a process of its
+"""Locust users for ``perf.gateway_cost`` (run by it as ``locust -f`` in a process of its
 own: Locust runs on gevent, which must not enter the gateway or a test process).
 
 Two users ask the same corpus questions, streaming, closed loop: ``GatewayUser`` through the

@@ -1,4 +1,4 @@
-"""Does a long prompt freeze the chats already decoding? ``python -m switchboard.perf.long_prompt``.
+"""Does a long prompt freeze the chats already decoding? ``python -m perf.long_prompt``.
 
 For each ``--budgets`` value (the pools' ``prefill_budget``; 0 = whole prompts in one pass) a
 private stack on free ports serves ``--artifacts``; ``--decoders`` streams decode in
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.stats import percentile
 from switchboard import paths
 from switchboard.wire import Pool
 
@@ -93,16 +94,16 @@ def measure(url: str, decoders: int, long: int, long_tokens: int, vocab: int) ->
     alone = [(b - a) * 1000 for ts in times for a, b in zip(ts, ts[1:]) if b < windows[0][0]]
     return {
         "gaps": len(gaps),
-        "itl_p50_ms": float(np.percentile(gaps, 50)) if gaps else float("nan"),
-        "itl_p99_ms": float(np.percentile(gaps, 99)) if gaps else float("nan"),
+        "itl_p50_ms": percentile(gaps, 50),
+        "itl_p99_ms": percentile(gaps, 99),
         "itl_max_ms": float(max(gaps)) if gaps else float("nan"),
-        "itl_alone_p50_ms": float(np.percentile(alone, 50)) if alone else float("nan"),
+        "itl_alone_p50_ms": percentile(alone, 50),
         "long_first_token_ms": float(np.nanmean(firsts)),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.long_prompt", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.long_prompt", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifacts", type=Path, default=paths.ARTIFACTS / "large-model", help="exported model to serve")
     p.add_argument("--budgets", default="0,64", help="prefill_budget values to compare")
     p.add_argument("--decoders", type=int, default=4, help="chats decoding meanwhile")
@@ -110,16 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-tokens", type=int, default=400)
     p.add_argument("--out", type=Path, default=paths.BUILD / "long-prompt")
     args = p.parse_args(argv)
+    from perf.servertools import repository_with
     from switchboard.artifact.manifest import Manifest
     from switchboard.ops.launch import Ports, Stack
-    from switchboard.perf.servertools import repository_with
 
     manifest = Manifest.load(args.artifacts)
     vocab = min(manifest.vocab_size, 4096)
     args.out.mkdir(parents=True, exist_ok=True)
     repository = repository_with(args.artifacts, args.out / "repository")
     result = {
-        "command": "python -m switchboard.perf.long_prompt " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m perf.long_prompt " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": manifest.name,
         "decoders": args.decoders,
         "long": args.long,

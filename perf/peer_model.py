@@ -1,4 +1,4 @@
-"""The model both benchmark peers serve (see ``switchboard.perf.peers``): a Hugging Face checkpoint
+"""The model both benchmark peers serve (see ``perf.peers``): a Hugging Face checkpoint
 in PyTorch with ``chat``'s prompt building and in-process sessions, and the JSON lines they
 answer with. Apart from ``peers`` so that ``litserve_peer``, which ``peers`` hands over to,
 builds on it without importing ``peers`` back."""
@@ -185,7 +185,7 @@ class PromptSessions:
 
 
 class SessionClient:
-    """The load driver's client for a server that keeps no conversations (``switchboard.perf.bench``):
+    """The load driver's client for a server that keeps no conversations (``perf.bench``):
     the events of ``ChatClient.chat`` (str deltas, then one ``ChatStats``), with ``sessions`` building
     each prompt as ``chat`` does. Subclasses stream one answer from their server."""
 

@@ -1,4 +1,4 @@
-"""Benchmark peers: ``python -m switchboard.perf.peers litserve|hf``.
+"""Benchmark peers: ``python -m perf.peers litserve|hf``.
 
 The same model, on the same machine, served the way many teams would without Switchboard:
 
@@ -23,11 +23,11 @@ import json
 import logging
 import sys
 import threading
-import time
 from pathlib import Path
 
+from perf.peer_model import PeerModel, json_line
 from switchboard.client import ChatError, ChatStats
-from switchboard.perf.peer_model import PeerModel, json_line
+from switchboard.ops.process import wait_until
 from switchboard.serving.prompt import PromptTooLong
 
 log = logging.getLogger("switchboard.peers")
@@ -146,19 +146,14 @@ def stream_lines(r: http.client.HTTPResponse, timeout_s: float):
         yield line
 
 
-def wait_ready(client: HttpChatClient, timeout: float = 120, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.ready():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"peer exited with code {proc.returncode}")
-        time.sleep(0.3)
-    raise TimeoutError(f"peer on :{client.port} not ready after {timeout:.0f} s")
+def wait_ready(client, timeout: float = 120, proc=None, name: str = "peer") -> None:
+    """Until a peer's HTTP client (chat's or speech's: ``ready()``, ``port``) says it is ready;
+    fails as soon as ``proc``, the peer's process, exits."""
+    wait_until(client.ready, timeout, f"{name} on :{client.port}", proc)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.peers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.peers", description=__doc__.split("\n\n")[0])
     p.add_argument("peer", choices=PEERS)
     p.add_argument("--checkpoint", type=Path, default=Path("build/default-model"), help="Hugging Face checkpoint")
     p.add_argument(
@@ -178,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer == "hf":
         serve_hf(PeerModel(args.checkpoint, args.artifacts, args.device, args.threads), args.port)
     else:
-        from switchboard.perf.litserve_peer import serve
+        from perf.litserve_peer import serve
 
         serve(args)
     return 0

@@ -1,6 +1,6 @@
-"""Report for a benchmark directory: ``python -m switchboard.perf.report build/bench/quick``.
+"""Report for a benchmark directory: ``python -m perf.report build/bench/quick``.
 
-Reads ``results.json`` and the per-run turn records written by ``switchboard.perf.bench`` and
+Reads ``results.json`` and the per-run turn records written by ``perf.bench`` and
 writes ``report.md`` with the headline ratios, per-load tables, the runtime limit, engine batch
 sizes and padding, perf_analyzer sweeps, and the plots: latency CDFs per priority
 (``cdf.png``), throughput and P99 against load (``load.png``), TTFT by turn number
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard.perf.driver import ABANDONED, REJECTED
+from perf.driver import ABANDONED, REJECTED
+from perf.stats import percentile
 
 COLORS = {
     "optimized": "tab:green",
@@ -30,10 +31,6 @@ COLORS = {
     "llama.cpp-q8_0": "tab:brown",
     "vllm": "tab:pink",
 }
-
-
-def _pct(xs, q):
-    return float(np.percentile(xs, q)) if len(xs) else float("nan")
 
 
 def load_records(out: Path, system: str, load: float) -> list[dict]:
@@ -60,13 +57,13 @@ def aggregate(results: dict, out: Path, system: str, load: float) -> dict:
         "abandoned": sum(r["status"] == ABANDONED for r in recs),
         "requests_per_s": len(ok) / wall,
         "output_tokens_per_s": sum(r["generated"] for r in ok) / wall,
-        "ttft_p50": _pct(ttft, 50),
-        "ttft_p99": _pct(ttft, 99),
-        "vip_ttft_p99": _pct(vip, 99),
-        "e2e_p50": _pct(e2e, 50),
-        "e2e_p99": _pct(e2e, 99),
-        "itl_p50": _pct(itl, 50),
-        "itl_p99": _pct(itl, 99),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "vip_ttft_p99": percentile(vip, 99),
+        "e2e_p50": percentile(e2e, 50),
+        "e2e_p99": percentile(e2e, 99),
+        "itl_p50": percentile(itl, 50),
+        "itl_p99": percentile(itl, 99),
         "fallback": sum(bool(r.get("fallback")) for r in ok),
         "reused_share": sum(r["reused"] for r in ok) / max(1, sum(r["prompt_tokens"] for r in ok)),
     }
@@ -205,7 +202,7 @@ def plots(results: dict, out: Path, engine: dict) -> list[str]:
     for i, s in enumerate(systems):
         recs = [r for r in load_records(out, s, top) if r["ok"] and r["ttft_ms"] is not None]
         turns = sorted({r["turn"] for r in recs})
-        med = [_pct([r["ttft_ms"] for r in recs if r["turn"] == t], 50) for t in turns]
+        med = [percentile([r["ttft_ms"] for r in recs if r["turn"] == t], 50) for t in turns]
         ax.bar(np.array(turns) + (i - (len(systems) - 1) / 2) * width, med, width, color=COLORS.get(s), label=s)
     ax.set_xlabel("turn number in the session")
     ax.set_ylabel("TTFT P50 (ms)")
@@ -274,7 +271,7 @@ def write_report(out: Path) -> Path:
     for load in sorted(loads)[:-1]:
         md += [f"\n## {load:g} sessions/s offered\n", headline(results, out, load)]
     if "optimized" in results["systems"]:
-        from switchboard.perf.driver import TurnRecord, summarize, table
+        from perf.driver import TurnRecord, summarize, table
 
         recs = [TurnRecord(**r) for r in load_records(out, "optimized", top)]
         wall = sum(e["wall_s"] for e in results["runs"] if e["system"] == "optimized" and e["load"] == top)
@@ -290,7 +287,7 @@ def write_report(out: Path) -> Path:
         "histories, right-aligned). Prefill positions wasted: left padding in batched prefill.\n",
     ]
     if results.get("analyzer"):
-        from switchboard.perf.analyzer import markdown
+        from perf.analyzer import markdown
 
         md.append("\n## perf_analyzer (gRPC streaming, every workload turn as a one-off request)\n")
         for name, rows in results["analyzer"].items():
@@ -328,7 +325,7 @@ def limit_md(lim: dict | None, system: str, top: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.report", description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="a benchmark directory (with results.json)")
     args = p.parse_args(argv)
     print(write_report(args.out))

@@ -1,4 +1,4 @@
-"""Served tokens/s against concurrency, next to the bare runtime: ``python -m switchboard.perf.scaling``.
+"""Served tokens/s against concurrency, next to the bare runtime: ``python -m perf.scaling``.
 
 Closed loop: at each concurrency C, C clients send one-off chats (a new session each, one
 question, ``--max-new-tokens`` answers, greedy) back to back for ``--seconds``. Per level:
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.servertools import metric_delta, repository_with, scrape
 from switchboard import paths
 from switchboard.client import ChatClient, ChatStats
-from switchboard.perf.servertools import metric_delta, repository_with, scrape
 
 QUESTIONS = [
     "我的订单什么时候发货？",
@@ -193,9 +193,9 @@ def level(
 
 def stack_memory(stack, artifacts: Path, precision: str) -> dict:
     """PSS of every process of the stack (shared pages counted once in the sum) against the model file."""
+    from perf.loadtools import pss_kib
     from switchboard.artifact.manifest import Manifest
     from switchboard.ops.launch import children
-    from switchboard.perf.loadtools import pss_kib
 
     pids = {"tritonserver": stack.triton.pid, "redis-server": stack.redis.pid, **children(stack.triton.pid)}
     mib = {name: (pss_kib(pid) or 0) / 1024 for name, pid in pids.items()}
@@ -330,7 +330,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.scaling", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifacts", type=Path, default=paths.ARTIFACTS / "large-model", help="exported model to serve")
     p.add_argument("--url", help="a running server's gRPC address instead of a private stack")
     p.add_argument("--metrics-port", type=int, help="with --url: its metrics port (engine counters)")
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
 
     manifest = Manifest.load(args.artifacts)
     result = {
-        "command": "python -m switchboard.perf.scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m perf.scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "model": manifest.name,
         "precision": args.precision,

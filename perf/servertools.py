@@ -1,6 +1,6 @@
 """Shared pieces of the perf tools about the server under test: a model repository with other
-artifacts in place, and Triton's /metrics read as numbers (``switchboard.perf.bench``,
-``scaling``, ``kv``, ``long_prompt`` and the integration tests)."""
+artifacts in place, Triton's /metrics read as numbers (``perf.bench``, ``scaling``, ``kv``,
+``long_prompt`` and the integration tests), and waiting for an HTTP server to answer."""
 
 from __future__ import annotations
 
@@ -9,6 +9,19 @@ import urllib.request
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.ops.process import wait_until
+
+
+def wait_http(url: str, timeout: float, proc=None) -> None:
+    """Until ``url`` answers 200; fails as soon as ``proc`` (the server's process) exits."""
+
+    def ok() -> bool:
+        try:
+            return urllib.request.urlopen(url, timeout=2).status == 200
+        except OSError:
+            return False
+
+    wait_until(ok, timeout, url, proc)
 
 
 def repository_with(artifacts: Path, out: Path) -> Path:

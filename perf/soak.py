@@ -1,4 +1,4 @@
-"""Mixed multi-turn load for a long time: ``python -m switchboard.perf.soak`` (default 10 minutes).
+"""Mixed multi-turn load for a long time: ``python -m perf.soak`` (default 10 minutes).
 
 Starts a private stack (session TTL shortened to ``--ttl-s``) and runs ``--workers`` customers,
 each holding 3-6 turn conversations in English and Chinese (15% priority 1). Every 10 s it
@@ -21,10 +21,12 @@ from pathlib import Path
 
 import redis
 
+from perf.loadtools import ms, rss_kib, timed_chat
+from perf.markdown import table, write_summary
+from perf.stats import nearest_rank
 from switchboard import paths
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, children
-from switchboard.perf.loadtools import ms, percentile, rss_kib, table, timed_chat, write_summary
 from switchboard.serving.session import session_key
 from switchboard.training.corpus import load, sample_questions
 
@@ -76,7 +78,7 @@ def log(msg: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.soak", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration-s", type=float, default=600.0)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--ttl-s", type=int, default=60, help="session TTL during the soak (default 60)")
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 len(outcomes),
                 sum(errors.values()) or 0,
                 sum(o.fallback for o in outcomes),
-                f"{ms(percentile(lat, 50))} / {ms(percentile(lat, 99))}",
+                f"{ms(nearest_rank(lat, 50))} / {ms(nearest_rank(lat, 99))}",
                 dict(sessions),
                 f"{len(old) - lingering}/{len(old)} idle > TTL gone",
             ]

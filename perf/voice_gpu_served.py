@@ -1,21 +1,21 @@
 """Voice to first answer token, served by tritonserver on a GPU machine without one installed:
-``python -m switchboard.perf.voice_gpu_served``.
+``python -m perf.voice_gpu_served``.
 
 The whole voice path of ``asr_bench``'s third part (``voice_chat``: asr, then a ``chat`` turn on
 the engines, sessions in Redis), on a machine that has a GPU and a Python with PyTorch but
-neither tritonserver nor redis-server. The server comes from ``asr_gpu_served``'s pack; this
-module packs the rest (about 10 MB):
+neither tritonserver nor redis-server. ``python -m tools.gpu_pack server`` packs the server and
+``python -m tools.gpu_pack voice`` the rest (about 10 MB):
 
-- ``pack`` (here) writes ``voice.tar.xz``: the chat model's version files (manifest, tokenizer,
+- ``tools.gpu_pack voice`` (here) writes ``voice.tar.xz``: the chat model's version files (manifest, tokenizer,
   template, FAQ; no graph: the torch runtime loads the checkpoint), its Hugging Face
   checkpoint in float16 (what the engine's ``torch:cuda`` runtime loads it as), redis-server
   with the libraries it links beside the C library, and the 3 s question ``asr_bench`` asks;
 - ``run`` (there) unpacks both, writes a repository of ``chat``, ``engine_short``,
   ``engine_long``, ``voice_chat`` and ``asr`` as model_repository ships them, with the engines on
-  ``runtime: torch:<device>`` and the recognizer (from an ``asr_gpu pack`` folder) on the torch
+  ``runtime: torch:<device>`` and the recognizer (from a ``tools.gpu_pack asr`` folder) on the torch
   runtime with ``asr_gpu_served``'s settings, starts redis-server and tritonserver with
   ``launch.Stack`` and measures 1 caller against 8 asking the question over gRPC
-  (``asr_bench.VoiceCaller``): when the transcript came and when the answer's first token did.
+  (``asr_served.VoiceCaller``): when the transcript came and when the answer's first token did.
 
 Writes ``results.json`` and ``summary.md`` to ``--out``, the servers' logs under ``--out``/run;
 ``docs/voice.md`` keeps the figures.
@@ -27,124 +27,42 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 from unittest import mock
 
+from perf import asr_load
+from perf.gpu_machine import (
+    MODELS,
+    SERVED_ENV,
+    SERVER_TARBALL,
+    VOICE_TARBALL,
+    add_settings_argument,
+    asr_repository,
+    checkpoint_of,
+    gpu_name,
+    library_path,
+    parse_settings,
+    server_env,
+    unpack_server,
+    unpack_voice,
+)
 from switchboard import paths
-from switchboard.perf import asr_gpu, asr_gpu_served, asr_load
-from switchboard.repository.versions import with_parameters, write_version_info
+from switchboard.repository.versions import with_parameters
 
-TARBALL = "voice.tar.xz"
 CHAT_MODELS = ("chat", "engine_short", "engine_long", "voice_chat")
 POOLS = ("engine_short", "engine_long")
-# the C library's parts, which the GPU machine has (and must be its own)
-SYSTEM_LIBRARIES = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so")
-REDIS_WRAPPER = """#!/bin/sh
-# redis-server with the libraries packed beside it
-here=$(dirname "$(readlink -f "$0")")
-LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/lib/redis-server" "$@"
-"""
-
-
-# -- here -------------------------------------------------------------------------------------
-def pack(out: Path, preset: int = 9) -> Path:
-    """``TARBALL`` in ``out`` from model_repository's installed chat model, this machine's
-    redis-server and the question; ``preset``: xz's, 0-9."""
-    from switchboard.perf.asr_bench import VOICE_QUESTION
-
-    version = paths.MODEL_REPOSITORY / "chat" / "1"
-    if not (version / "manifest.json").is_file():
-        raise SystemExit(f"{version} holds no chat model: make export first")
-    source = json.loads((version / "manifest.json").read_text())["source"]["path"]
-    checkpoint = (paths.ROOT / source).resolve()
-    if not (checkpoint / "model.safetensors").is_file():
-        raise SystemExit(f"{checkpoint}: the chat model's checkpoint is missing (make model)")
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / TARBALL
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        chat = root / "chat"
-        chat.mkdir()
-        for f in chat_files(version):
-            shutil.copy2(f, chat / f.name)
-        write_version_info(chat, {"precision": "fp32"})  # the full-precision variant: the checkpoint, not a graph
-        half_checkpoint(checkpoint, root / "checkpoint")
-        pack_redis(root / "redis")
-        clip = asr_load.fitted_clip(VOICE_QUESTION, "en", 3.0, "voice-en", "voice")
-        asr_load.save_clips([clip], root / "question")
-        with tarfile.open(target, "w:xz", preset=preset) as tar:
-            for part in sorted(root.iterdir()):
-                tar.add(part, arcname=part.name)
-    print(f"packed {target}: {target.stat().st_size / 2**20:.1f} MiB (chat model {checkpoint.name}, redis-server)")
-    return target
-
-
-def chat_files(version: Path) -> list[Path]:
-    """The chat model's version files the torch runtime needs: manifest, tokenizer, template,
-    FAQ. Not the graphs (it loads the checkpoint) nor the glue (the repository brings its own)."""
-    return sorted(f for f in version.iterdir() if f.is_file() and ".onnx" not in f.name and f.suffix != ".py")
-
-
-def half_checkpoint(checkpoint: Path, out: Path) -> None:
-    """``checkpoint`` with its floating-point weights in float16: on a GPU the engine's torch
-    runtime loads them as float16 anyway, and the copy is half the size to carry."""
-    from safetensors.numpy import load_file, save_file
-
-    out.mkdir(parents=True)
-    weights = load_file(checkpoint / "model.safetensors")
-    save_file(
-        {k: w.astype("float16") if w.dtype.kind == "f" else w for k, w in weights.items()},
-        out / "model.safetensors",
-        metadata={"format": "pt"},
-    )
-    for f in checkpoint.iterdir():
-        if f.is_file() and f.name != "model.safetensors":
-            shutil.copy2(f, out / f.name)
-
-
-def pack_redis(out: Path) -> None:
-    """redis-server as this machine has it, the libraries it links (all but the C library's)
-    beside it, and a wrapper named redis-server that runs it with them."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (make setup)")
-    binary = Path(binary).resolve()
-    lib = out / "lib"
-    lib.mkdir(parents=True)
-    shutil.copy2(binary, lib / "redis-server")  # the name decides its mode (not redis-check-rdb)
-    for line in subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout.splitlines():
-        name, _, where = line.strip().partition(" => ")
-        path = where.split(" (")[0].strip()
-        if path.startswith("/") and not name.startswith(SYSTEM_LIBRARIES):
-            shutil.copy2(path, lib / name)
-    wrapper = out / "redis-server"
-    wrapper.write_text(REDIS_WRAPPER)
-    wrapper.chmod(0o755)
-
-
-# -- there ------------------------------------------------------------------------------------
-def unpack(tarball: Path, work: Path) -> Path:
-    root = work / "voice"
-    if not (root / "redis" / "redis-server").is_file():
-        with tarfile.open(tarball) as tar:
-            safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # from Python 3.11.4
-            tar.extractall(root, **safe)
-    return root
 
 
 def repository(unpacked: Path, recognizer: Path, work: Path, source: Path, settings: dict[str, str], name: str) -> Path:
     """``chat``, the engines and ``voice_chat`` from ``source`` with the packed chat model,
     the engines on the torch runtime (``settings``' device), and ``asr`` from
-    ``asr_gpu_served.repository`` with ``settings`` as its parameters."""
+    ``gpu_machine.asr_repository`` with ``settings`` as its parameters."""
     repo = work / "repos" / "voice"
     if repo.exists():
         shutil.rmtree(repo)
-    asr = asr_gpu_served.repository(name, recognizer, work / "voice-asr", source)
+    asr = asr_repository(name, recognizer, work / "voice-asr", source)
     shutil.copytree(asr / "asr", repo / "asr")
     config = repo / "asr" / "config.pbtxt"
     config.write_text(with_parameters(config.read_text(), parameters(settings), config))
@@ -178,22 +96,22 @@ def run(
     requests: dict,
     rounds: int,
     source: Path,
-    settings: dict[str, str] = asr_gpu_served.SERVED_ENV,
+    settings: dict[str, str] = SERVED_ENV,
 ) -> dict:
+    from perf.asr_served import VoiceCaller, voice_row
     from switchboard.ops.launch import Ports, Stack
-    from switchboard.perf.asr_bench import VoiceCaller, voice_row
 
     out.mkdir(parents=True, exist_ok=True)
-    unpacked = unpack(server / TARBALL, work)
+    unpacked = unpack_voice(server / VOICE_TARBALL, work)
     question = asr_load.load_clips(unpacked / "question")
-    checkpoint = asr_gpu.checkpoint_of(recognizer, pack_dir, work)
+    checkpoint = checkpoint_of(recognizer, pack_dir, work)
     repo = repository(unpacked, checkpoint, work, source, settings, recognizer)
     device = settings.get("SWITCHBOARD_DEVICE", "cuda")
-    results = {"device": device, "gpu": asr_gpu_served._gpu(device), "recognizer": recognizer, "env": settings}
+    results = {"device": device, "gpu": gpu_name(device), "recognizer": recognizer, "env": settings}
     results |= {"requests": requests, "rows": []}
     here = {  # for this run only: the packed servers first
-        "SWITCHBOARD_TRITONSERVER": str(asr_gpu_served.unpack(server / asr_gpu_served.TARBALL, work)),
-        "LD_LIBRARY_PATH": asr_gpu_served.library_path(),
+        "SWITCHBOARD_TRITONSERVER": str(unpack_server(server / SERVER_TARBALL, work)),
+        "LD_LIBRARY_PATH": library_path(),
         "PATH": os.pathsep.join((str(unpacked / "redis"), os.environ.get("PATH", ""))),
     }
     with mock.patch.dict(os.environ, here):
@@ -202,7 +120,7 @@ def run(
             repository=repo,
             run_dir=out / "run",
             backends=work / "backends",
-            env=asr_gpu_served.server_env({}),
+            env=server_env({}),
         )
         try:
             started = time.monotonic()
@@ -253,19 +171,15 @@ def summary(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m switchboard.perf.voice_gpu_served", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m perf.voice_gpu_served", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
-    a = sub.add_parser("pack", help=f"write {TARBALL}: the chat model, redis-server, the question (here)")
-    a.add_argument("--out", type=Path, default=paths.BUILD / "gpu-served")
     b = sub.add_parser("run", help="serve the voice path and measure 1 caller against 8 (on the GPU machine)")
-    b.add_argument("--pack", type=Path, required=True, help="a folder `asr_gpu pack` wrote (the recognizer)")
+    b.add_argument("--pack", type=Path, required=True, help="a folder `tools.gpu_pack asr` wrote (the recognizer)")
     b.add_argument(
         "--server",
         type=Path,
         default=paths.BUILD / "gpu-served",
-        help=f"the folder holding {TARBALL} and {asr_gpu_served.TARBALL} (asr_gpu_served pack)",
+        help=f"the folder holding {VOICE_TARBALL} and {SERVER_TARBALL} (tools.gpu_pack voice, server)",
     )
     b.add_argument(
         "--out", type=Path, default=paths.BUILD / "bench" / "voice-gpu-served", help="results, summary, logs"
@@ -274,20 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--recognizer",
         default="default",
-        choices=[m for m in asr_gpu.MODELS if m != "small-shape"],
+        choices=[m for m in MODELS if m != "small-shape"],
         help="the pack's recognizer asr serves (the random-weight shape never ends a transcript)",
     )
     b.add_argument("--requests", default="10,32", help="questions asked by 1 caller, by 8")
     b.add_argument("--rounds", type=int, default=2, help="1 caller then 8, this many times")
     b.add_argument("--source", type=Path, default=paths.MODEL_REPOSITORY, help="where the models' configs come from")
-    asr_gpu_served.add_settings_argument(
+    add_settings_argument(
         b, "an asr parameter over the GPU's; SWITCHBOARD_DEVICE also moves the engines (cpu to try it here)"
     )
     args = p.parse_args(argv)
-    if args.step == "pack":
-        pack(args.out)
-        return 0
-    settings = asr_gpu_served.parse_settings(p, args.set)
+    settings = parse_settings(p, args.set)
     one, eight = (int(x) for x in args.requests.split(","))
     run(
         args.pack,

@@ -1,4 +1,4 @@
-"""How long after chat the voice channel is ready: ``python -m switchboard.perf.voice_ready``.
+"""How long after chat the voice channel is ready: ``python -m perf.voice_ready``.
 
 Runs ``make serve`` as a user does, on free ports and a private copy of the model repository
 (the checkout's own installed models are left alone), and times, from the moment ``make serve``
@@ -25,9 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+from perf.markdown import table, write_summary
 from switchboard import paths
 from switchboard.ops.launch import free_ports
-from switchboard.perf.loadtools import table, write_summary
 
 POLL_S = 0.5
 RECOGNIZER = "asr-whisper-base"
@@ -115,7 +115,7 @@ def summary(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.voice_ready", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.voice_ready", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "voice-ready", help="where results go")
     p.add_argument("--fresh", action="store_true", help=f"delete build/{RECOGNIZER} and its export first")
     p.add_argument("--timeout-s", type=float, default=1200, help="how long to wait for the voice channel")

@@ -1,4 +1,4 @@
-"""Customer-service traffic as files: ``python -m switchboard.perf.workload``.
+"""Customer-service traffic as files: ``python -m perf.workload``.
 
 A workload is a JSON Lines file of sessions, each with its arrival time, priority class and
 turns (3 to 6 user messages, each sent after the previous answer). Prompts spread from about
@@ -105,7 +105,7 @@ def load(path: Path) -> tuple[WorkloadSpec, list[Session]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.perf.workload", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m perf.workload", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("build/perf/workload.jsonl"))
     for name, default in WorkloadSpec().__dict__.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)

@@ -157,7 +157,7 @@ class Grammars:
 
     def matcher(self, spec: dict, finish: bool = True) -> RowConstraint:
         """A row's constraint; ``finish`` False: one the budget cuts where it ends (as before
-        finishing existed: ``switchboard.perf.json_finish --no-finish`` measures the difference)."""
+        finishing existed: ``perf.json_finish --no-finish`` measures the difference)."""
         grammar, finisher_ = self._compiled(spec)
         m = self._ll.LLMatcher(self.tokenizer, grammar, log_level=0)
         if m.is_error():

@@ -1,11 +1,11 @@
 """Switchboard's Grafana dashboard, generated with grafana-foundation-sdk:
-``python -m switchboard.ops.dashboard write|check|render``.
+``python -m switchboard.ops.dashboard write|check``.
 
 ``write`` renders monitoring/grafana/switchboard.json (``make dashboard``); ``check`` exits 1
 when that file differs from what the code renders (tests/unit/test_dashboard.py does the
-same); ``render`` hands over to ``python -m switchboard.perf.dashboard_run``, which runs a
-private stack under real load with Prometheus scraping it and draws every panel of the
-dashboard from Prometheus' answers with matplotlib (docs/dashboard.png). Every query reads
+same). The benchmark suite's ``python -m perf.dashboard_run`` runs a private stack under
+real load with Prometheus scraping it and draws every panel of the dashboard from
+Prometheus' answers with matplotlib (docs/dashboard.png). Every query reads
 only series the server exports (tests/integration/test_dashboard_queries.py) and a datasource
 variable picks the Prometheus to read, so the file imports into any Grafana.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -424,21 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         ("check", "exit 1 if the JSON differs from what the code renders"),
     ):
         sub.add_parser(action, help=doc).add_argument("--out", type=Path, default=OUT, help=f"default {default}")
-    sub.add_parser(
-        "render",
-        help="a real run under load, every panel drawn from Prometheus (docs/dashboard.png; render --help)",
-        add_help=False,  # its options are switchboard.perf.dashboard_run's
-    )
-    args, rest = p.parse_known_args(argv)
-    if args.action == "render":
-        # A perf tool built on this module's panels: hand the process over to its command
-        # rather than import it, so the ops layer imports nothing from perf (and Ctrl-C still
-        # reaches the run's own cleanup of its stack and Prometheus).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, "-m", "switchboard.perf.dashboard_run", *rest])
-    if rest:
-        p.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = p.parse_args(argv)
     text = render_json()
     if args.action == "check":
         if not args.out.exists() or args.out.read_text() != text:

@@ -6,7 +6,7 @@ in ``<backend-directory>/python/``.
 
 ``SWITCHBOARD_TRITONSERVER`` names another copy of that build: a folder laid out as
 site-packages is (``pytriton/tritonserver`` beside ``nvidia_pytriton.libs``), such as the one
-``python -m switchboard.perf.asr_gpu_served`` unpacks on a machine without the wheel.
+``python -m perf.asr_gpu_served`` unpacks on a machine without the wheel.
 """
 
 from __future__ import annotations

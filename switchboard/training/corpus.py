@@ -290,3 +290,15 @@ def sample_questions(corpus: Corpus, n: int, seed: int = 0, heldout: bool = Fals
         q = rng.choice(e.heldout if heldout else e.questions)
         out.append(fill_slots(sample_slots(rng, e.lang), q))
     return out
+
+
+def spoken_questions(lang: str, seed: int = 0) -> list[str]:
+    """The corpus's FAQ questions in ``lang``, in a seeded order: what the speech benchmark
+    speaks and the recognizer's INT8 calibration hears. Those with slots (order numbers,
+    prices) are left out: a recognizer writing "SB 55,179,467" for "SB55779467" is right, and
+    the error rates would say otherwise."""
+    # The seed's name is the speech benchmark's, where this began: the same order as before.
+    rng = random.Random(f"asr-bench:{lang}:{seed}")
+    out = [q for entry in load().faq if entry.lang == lang for q in entry.questions if "{" not in q]
+    rng.shuffle(out)
+    return out

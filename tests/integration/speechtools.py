@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from switchboard.perf import asr_bench
+from perf import asr_bench
 
 TINY = asr_bench.MODELS["test-tiny-en"]
 NEEDS_TINY_EN = [

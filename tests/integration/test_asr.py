@@ -280,7 +280,7 @@ def test_asr_metrics_count_transcriptions_audio_and_refusals(stack, speech, shor
     request, its audio seconds and one observation to each histogram; a file that is not audio
     counts as invalid; the pending audio gauge exists, and no publisher has failed (the server's
     log)."""
-    from switchboard.perf.servertools import scrape
+    from perf.servertools import scrape
 
     def value(name, **labels):
         return scrape(stack.ports.metrics).get((name, tuple(sorted(labels.items()))), 0.0)

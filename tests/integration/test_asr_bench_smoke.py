@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from switchboard.perf import asr_bench
+from perf import asr_bench
 from tests.integration.speechtools import NEEDS_TINY_EN
 
 pytestmark = NEEDS_TINY_EN

@@ -1,5 +1,5 @@
 """``asr_gpu_served`` end to end on this machine: the server packed from this environment's
-nvidia-pytriton, unpacked elsewhere, serving a recognizer from an ``asr_gpu`` pack (tiny.en
+nvidia-pytriton, unpacked elsewhere, serving a recognizer from a ``tools.gpu_pack asr`` pack (tiny.en
 as ``make test`` exports it) with ``runtime: torch`` on the CPU, measured over gRPC: what a GPU
 machine without tritonserver runs, with the GPU's settings swapped for the CPU's."""
 
@@ -9,9 +9,10 @@ import json
 import os
 import sys
 
+from perf import asr_gpu_served, asr_load, gpu_machine
 from switchboard import paths
-from switchboard.perf import asr_gpu, asr_gpu_served, asr_load
 from tests.integration.speechtools import NEEDS_TINY_EN, TINY
+from tools import gpu_pack
 
 pytestmark = NEEDS_TINY_EN
 CPU = {
@@ -24,10 +25,10 @@ CPU = {
 
 def test_a_packed_server_serves_a_packed_recognizer_and_is_measured(tmp_path):
     pack = tmp_path / "pack"
-    asr_gpu.pack_checkpoint(TINY.checkpoint, pack / "tiny-en")
+    gpu_pack.pack_checkpoint(TINY.checkpoint, pack / "tiny-en")
     asr_load.save_clips(asr_load.question_clips(("en",), 2, 0), pack / "audio" / "en")
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    asr_gpu_served.pack(tmp_path / "server", python, preset=0)
+    gpu_pack.pack_server(tmp_path / "server", python, preset=0)
     before = dict(os.environ)
 
     results = asr_gpu_served.run(
@@ -57,11 +58,11 @@ def test_a_packed_server_serves_a_packed_recognizer_and_is_measured(tmp_path):
 def test_a_random_weight_model_is_installed_with_its_transcripts_capped(tmp_path):
     """The whisper-small shape never ends a transcript: its asr.json allows the prompt and 12
     tokens, as asr_bench installs it (tiny.en's checkpoint stands in for its geometry here)."""
-    repo = asr_gpu_served.repository("small-shape", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY)
+    repo = gpu_machine.asr_repository("small-shape", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY)
     capped = json.loads((repo / "asr" / "1" / "asr.json").read_text())
     whole = json.loads(
-        (asr_gpu_served.repository("tiny-en", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY) / "asr" / "1"
+        (gpu_machine.asr_repository("tiny-en", TINY.checkpoint, tmp_path, paths.MODEL_REPOSITORY) / "asr" / "1"
          / "asr.json").read_text()
     )  # fmt: skip
-    assert capped["max_target_positions"] == 2 + asr_gpu.MODELS["small-shape"][1] < whole["max_target_positions"]
+    assert capped["max_target_positions"] == 2 + gpu_machine.MODELS["small-shape"][1] < whole["max_target_positions"]
     assert (repo / "asr" / "config.pbtxt").read_text() == (paths.MODEL_REPOSITORY / "asr" / "config.pbtxt").read_text()

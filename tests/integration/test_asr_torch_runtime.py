@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from perf import asr_load, asr_served
 from switchboard.asr import segment
 from switchboard.asr.audio import decode
 from switchboard.asr.model import AsrModel
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, children
-from switchboard.perf import asr_bench, asr_load
 from tests.integration.speechtools import NEEDS_TINY_EN, TINY
 from tests.unit.test_asr_service import Sink
 
@@ -42,7 +42,7 @@ def test_the_torch_runtime_transcribes_what_the_exported_graphs_do(steps: str, t
     """auto: the growing cache on the CPU; static: the fixed-size buffers that CUDA graphs replay
     on a GPU (torch_steps graphs), here without the graphs."""
     clips = asr_load.question_clips(("en",), 3, seed=0)
-    repository = asr_bench.asr_repository(TINY.artifacts, tmp_path / "repository")
+    repository = asr_served.asr_repository(TINY.artifacts, tmp_path / "repository")
     env = {
         "SWITCHBOARD_RUNTIME": "torch",
         "SWITCHBOARD_DEVICE": "cpu",
@@ -69,7 +69,7 @@ def test_the_torch_runtime_transcribes_what_the_exported_graphs_do(steps: str, t
 def test_a_setting_from_the_environment_reaches_the_torch_runtime(tmp_path: Path):
     """What makes the test above run the static buffers: SWITCHBOARD_TORCH_STEPS is read (graphs
     on the CPU fails the load, naming why, and the server does not start)."""
-    repository = asr_bench.asr_repository(TINY.artifacts, tmp_path / "repository")
+    repository = asr_served.asr_repository(TINY.artifacts, tmp_path / "repository")
     env = {"SWITCHBOARD_RUNTIME": "torch", "SWITCHBOARD_DEVICE": "cpu", "SWITCHBOARD_TORCH_STEPS": "graphs"}
     stack = Stack(Ports.free(), repository=repository, run_dir=tmp_path / "run", env=env)
     try:

@@ -3,8 +3,8 @@ and the report shows what each configuration really did (the full runs are `make
 
 import json
 
-from switchboard.perf import bench
-from switchboard.perf.report import load_records
+from perf import bench
+from perf.report import load_records
 
 
 def test_bench_smoke(artifacts, tmp_path):

@@ -124,7 +124,7 @@ def test_length_aware_routing(client):
 
 
 def _engine_metric(stack, name: str, pool="engine_short") -> float:
-    from switchboard.perf.servertools import scrape
+    from perf.servertools import scrape
 
     return scrape(stack.ports.metrics).get((name, (("model", pool),)), 0.0)
 
@@ -317,7 +317,7 @@ def test_chat_without_redis_answers_without_reuse(stack, client):
 
 
 def test_kv_block_metrics_count_hits_by_tier_and_misses_by_reason(stack, client):
-    from switchboard.perf.servertools import scrape
+    from perf.servertools import scrape
 
     def kv(name, **labels):
         key = (name, tuple(sorted({"model": "engine_short", **labels}.items())))
@@ -338,7 +338,7 @@ def test_kv_block_metrics_count_hits_by_tier_and_misses_by_reason(stack, client)
 
 
 def test_chat_metrics_count_real_chats_by_outcome_priority_and_route(stack, client, raw):
-    from switchboard.perf.servertools import scrape
+    from perf.servertools import scrape
 
     def value(name, **labels):
         return scrape(stack.ports.metrics).get((name, tuple(sorted(labels.items()))), 0.0)

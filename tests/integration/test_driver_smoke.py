@@ -1,7 +1,7 @@
 """Short smoke of the session-aware driver (the full runs are make bench / bench-full)."""
 
-from switchboard.perf.driver import drive, summarize
-from switchboard.perf.workload import WorkloadSpec, generate
+from perf.driver import drive, summarize
+from perf.workload import WorkloadSpec, generate
 
 
 def test_sessions_replay_turn_after_turn_with_reuse(stack):

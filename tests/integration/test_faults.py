@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import tritonclient.grpc as grpcclient
 
+from perf.servertools import scrape
 from switchboard.client import ChatClient, ChatError
 from switchboard.ops.launch import Ports, Stack, children
-from switchboard.perf.servertools import scrape
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.session import session_key
 from switchboard.wire import ChatStats

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from perf.cold_start import spoken_question
+from perf.servertools import scrape
 from switchboard import paths
 from switchboard.client import ChatClient, ChatError
 from switchboard.ops.launch import Ports, Stack
-from switchboard.perf.cold_start import spoken_question
-from switchboard.perf.servertools import scrape
 
 
 @pytest.fixture(scope="module")

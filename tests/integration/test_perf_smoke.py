@@ -1,6 +1,6 @@
 """perf_analyzer (the 2.51 build from tritonclient) really runs against chat with corpus input data."""
 
-from switchboard.perf.analyzer import llm_metrics, run_perf_analyzer, write_input_data
+from perf.analyzer import llm_metrics, run_perf_analyzer, write_input_data
 
 
 def test_perf_analyzer_streams_corpus_questions_through_chat(stack, tmp_path):

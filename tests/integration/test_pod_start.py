@@ -1,7 +1,7 @@
 """A Switchboard pod's start on this machine: the container's command from deploy/k8s (the
 supervisor with its probe port, Redis elsewhere) on free ports. Not ready until the warm-up chat
 has answered; the series the HPA scales on are on the metrics port; SIGTERM stops it cleanly.
-And `python -m switchboard.perf.cold_start` measures such a start, a spoken question included."""
+And `python -m perf.cold_start` measures such a start, a spoken question included."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ import openai
 import pytest
 import yaml
 
+from perf.cold_start import pod_command, spoken_question
 from switchboard import paths
 from switchboard.asr.wer import error_rate
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.ops.process import alive
 from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH
-from switchboard.perf.cold_start import pod_command, spoken_question
 from tests.integration.gatewaytools import Gateway
 
 
@@ -146,7 +146,8 @@ def test_sigterm_stops_the_pod_cleanly(pod):
 
 def test_the_cold_start_tool_measures_a_start(artifacts, tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "switchboard.perf.cold_start", "--runs", "1", "--out", str(tmp_path)],
+        [sys.executable, "-m", "perf.cold_start", "--runs", "1", "--out", str(tmp_path)],
+        cwd=paths.ROOT,  # the bench suite runs from the checkout, not the wheel
         capture_output=True,
         text=True,
         timeout=400,

@@ -12,10 +12,10 @@ import time
 import pytest
 import redis
 
+from perf.servertools import scrape
 from switchboard.client import ChatClient, ChatError
 from switchboard.ops.balancer import Balancer, Replica
 from switchboard.ops.launch import Ports, Stack, free_ports
-from switchboard.perf.servertools import scrape
 from tests.integration.kvtools import session_blocks
 
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from perf.servertools import scrape
 from switchboard.client import ChatClient
 from switchboard.ops.launch import Ports, Stack
-from switchboard.perf.servertools import scrape
 
 QUESTIONS = ("Where is my order?", "How do I get a refund?", "我的订单什么时候发货？", "Can I change my address?")
 

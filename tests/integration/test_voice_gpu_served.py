@@ -9,29 +9,30 @@ import os
 import subprocess
 import sys
 
+from perf import voice_gpu_served
 from switchboard import paths
-from switchboard.perf import asr_gpu, asr_gpu_served, voice_gpu_served
 from switchboard.repository.versions import read_version_info
 from tests.integration.speechtools import NEEDS_TINY_EN, TINY
 from tests.integration.test_asr_gpu_served import CPU
+from tools import gpu_pack
 
 pytestmark = NEEDS_TINY_EN
 
 
 def test_packed_redis_runs_with_the_libraries_beside_it(tmp_path):
-    voice_gpu_served.pack_redis(tmp_path / "redis")
+    gpu_pack.pack_redis(tmp_path / "redis")
     libs = sorted(p.name for p in (tmp_path / "redis" / "lib").iterdir())
     assert "redis-server" in libs
-    assert not [n for n in libs if n.startswith(voice_gpu_served.SYSTEM_LIBRARIES)]
+    assert not [n for n in libs if n.startswith(gpu_pack.SYSTEM_LIBRARIES)]
     out = subprocess.run([tmp_path / "redis" / "redis-server", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("Redis server v=")
 
 
 def test_voice_chat_is_served_from_the_packs_and_measured(tmp_path):
     pack, server, work = tmp_path / "pack", tmp_path / "server", tmp_path / "work"
-    asr_gpu.pack_checkpoint(TINY.checkpoint, pack / "tiny-en")
-    asr_gpu_served.pack(server, f"{sys.version_info.major}.{sys.version_info.minor}", preset=0)
-    voice_gpu_served.pack(server, preset=0)
+    gpu_pack.pack_checkpoint(TINY.checkpoint, pack / "tiny-en")
+    gpu_pack.pack_server(server, f"{sys.version_info.major}.{sys.version_info.minor}", preset=0)
+    gpu_pack.pack_voice(server, preset=0)
     before = dict(os.environ)
 
     results = voice_gpu_served.run(

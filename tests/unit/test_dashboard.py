@@ -4,8 +4,6 @@ issue 26 asks for, and the PromQL reader finds exactly the metric names a query 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -27,22 +25,6 @@ def test_check_tells_a_stale_file_from_a_fresh_one(tmp_path, capsys):
     out.write_text(out.read_text().replace("histogram_quantile(0.99", "histogram_quantile(0.9"))
     assert dashboard.main(["check", "--out", str(out)]) == 1
     assert "make dashboard" in capsys.readouterr().out
-
-
-def test_render_hands_its_command_line_over_to_dashboard_run():
-    """``render`` execs ``python -m switchboard.perf.dashboard_run`` (the ops layer does not
-    import perf): the options, the help and the exit status are that command's."""
-
-    def run(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "switchboard.ops.dashboard", "render", *args], capture_output=True, text=True
-        )
-
-    shown = run("--help")
-    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m switchboard.perf.dashboard_run")
-    assert "--replot" in shown.stdout
-    wrong = run("--no-such-option")
-    assert wrong.returncode == 2 and "switchboard.perf.dashboard_run: error: unrecognized arguments" in wrong.stderr
 
 
 def _reading(metric: str, *words: str) -> list[str]:
@@ -175,22 +157,3 @@ def test_provisioning_files_name_a_prometheus_datasource_and_the_dashboard_folde
     assert provider["type"] == "file" and provider["options"]["path"]
     [source] = yaml.safe_load((root / "datasources" / "prometheus.yml").read_text())["datasources"]
     assert source["type"] == BOARD["templating"]["list"][0]["query"] == "prometheus"
-
-
-def test_the_picture_has_the_dashboard_rows_and_titles_and_draws_from_series(tmp_path):
-    from switchboard.perf import dashboard_run
-
-    grid = dashboard_run.rows(BOARD)
-    assert [title for title, _ in grid] == [title for title, _ in dashboard.ROWS]
-    assert [[p["title"] for p in panels] for _, panels in grid] == [
-        [s.title for s in specs] for _, specs in dashboard.ROWS
-    ]
-    assert dashboard_run.legend("P99 priority {{priority}}", {"priority": "1"}) == "P99 priority 1"
-    assert dashboard_run.legend("{{ model }} x{{batch_size}}", {"model": "engine_short", "batch_size": "4"}) == (
-        "engine_short x4"
-    )
-    data = {title: [{"name": "a", "t": [0.0, 60.0], "v": [0.0, 0.5]}] for title in EXPRS}
-    data["Pools up"] = []
-    out = tmp_path / "dashboard.png"
-    dashboard_run.draw(BOARD, data, out, "a test", [(30.0, "restart")])
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -30,8 +30,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 PLACEHOLDER = re.compile(r"[<>*{}$]|\.\.\.")
 GENERATED = re.compile(r"model_repository/[^/]+/\d+/(?!model\.py$)")
 NOT_PATHS = {"deploy/switchboard"}  # kubectl's name of the Deployment
-# A command a reader copies: `python -m switchboard.perf.bench`, `.venv/bin/python -m bench ...`.
-MODULE = re.compile(r"python3? -m ((?:switchboard|bench|tools)(?:\.\w+)*)")
+# A command a reader copies: `python -m switchboard.perf.bench`, `.venv/bin/python -m perf.bench`.
+MODULE = re.compile(r"python3? -m ((?:switchboard|perf|tools)(?:\.\w+)*)")
 
 
 def documents() -> list[Path]:

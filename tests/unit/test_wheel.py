@@ -28,13 +28,10 @@ from packaging.requirements import Requirement
 from switchboard.ops.launch import free_ports
 from switchboard.ops.process import port_open, stop_process, wait_until
 from switchboard.paths import ROOT
-from tests.unit.test_layout import FOLDERS
+from tests.unit.test_layout import PACKAGE_FOLDERS
 
 # What the build reads; the checkout's build/ (the project's build outputs) and caches stay behind.
-SOURCES = ["pyproject.toml", "setup.py", "README.md", *FOLDERS]
-# Locust runs on gevent, which patches the process it enters: the locustfile is imported in a
-# process of its own, with the settings gateway_cost gives it.
-OWN_PROCESS = {"switchboard.perf.locust_gateway": {"SWITCHBOARD_QUESTIONS": "[]", "SWITCHBOARD_SAMPLES": os.devnull}}
+SOURCES = ["pyproject.toml", "setup.py", "README.md", *PACKAGE_FOLDERS]
 SERVER_ONLY = {"torch", "onnxruntime", "fastapi"}
 
 
@@ -91,7 +88,7 @@ def _in_fresh(python: Path, code: str, args=(), env=None) -> dict:
 
 def _source_modules() -> set[str]:
     names = set()
-    for folder, package in FOLDERS.items():
+    for folder, package in PACKAGE_FOLDERS.items():
         for path in (ROOT / folder).rglob("*.py"):
             if "__pycache__" not in path.parts:
                 parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
@@ -139,12 +136,10 @@ def test_every_module_imports_from_the_fresh_venv(wheel, fresh, tmp_path):
     (tmp_path / "triton_python_backend_utils.py").write_text(PB_STAND_IN)
     venv = fresh.parent.parent
     modules = sorted(_wheel_modules(wheel))
-    runs = [([m for m in modules if m not in OWN_PROCESS], {})] + [([m], env) for m, env in OWN_PROCESS.items()]
-    for group, settings in runs:
-        result = _in_fresh(fresh, IMPORT_ALL, group, _env(tmp_path, PYTHONPATH=str(tmp_path), **settings))
-        assert result["failed"] == {}
-        assert Path(result["file"]).is_relative_to(venv), f"switchboard came from {result['file']}"
-        assert result["editable"] == [], "the checkout's editable install reached the fresh venv"
+    result = _in_fresh(fresh, IMPORT_ALL, modules, _env(tmp_path, PYTHONPATH=str(tmp_path)))
+    assert result["failed"] == {}
+    assert Path(result["file"]).is_relative_to(venv), f"switchboard came from {result['file']}"
+    assert result["editable"] == [], "the checkout's editable install reached the fresh venv"
 
 
 SDK = """

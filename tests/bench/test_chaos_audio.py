@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
+from perf.chaos import LONG_S, SHORT_S, AudioOutcome, judge_audio, recognizer_missing, spoken_clips
 from switchboard.asr.audio import decode
-from switchboard.perf.chaos import LONG_S, SHORT_S, AudioOutcome, judge_audio, recognizer_missing, spoken_clips
 
 
 def outcome(kind="short", ok=True, seconds=1.0, code=None, said="where is my order", heard="Where is my order?"):

@@ -1,6 +1,6 @@
 """The soak's memory verdict (pure: samples in, rows and pass/fail out)."""
 
-from switchboard.perf.soak import growth_rows
+from perf.soak import growth_rows
 
 
 def samples(values_by_time):

@@ -1,15 +1,13 @@
 """The AIPerf bench's own parts: the dataset it hands AIPerf, how it reads AIPerf's export, the
-report; and the llama-server client's reading of a /completion stream (a stub server: the real
-one is exercised by ``make bench-aiperf`` and ``make bench-large``)."""
+report (the llama-server client, which needs the exported model's tokenizer, is tested in
+tests/model/test_llamacpp_client.py)."""
 
-import http.server
 import json
 import math
-import threading
 
 import pytest
 
-from switchboard.perf import aiperf_bench as ab
+from perf import aiperf_bench as ab
 
 
 def _export(**over):
@@ -62,7 +60,9 @@ def test_dataset_is_multi_turn_conversations_with_the_system_prompt(tmp_path):
     )
 
 
-def test_command_sends_the_priority_header_as_a_string(tmp_path):
+def test_command_sends_the_priority_header_as_a_string(tmp_path, monkeypatch):
+    # the command names AIPerf's CLI; finding it would install AIPerf (a download) on a fresh clone
+    monkeypatch.setattr(ab, "aiperf_bin", lambda: tmp_path / "aiperf")
     data = tmp_path / "d.jsonl"
     data.write_text('{"turns": []}\n{"turns": []}\n')
     cmd = ab.aiperf_command("http://x:1", data, 8, ab.PRESETS["large"], tmp_path, tmp_path, [ab.PRIORITY_1])
@@ -102,54 +102,3 @@ def test_report_has_the_table_ratios_and_the_plot(tmp_path):
     assert "switchboard / llama.cpp output tokens/s **3.00x**" in text
     assert "**0.10x**" in text
     assert (tmp_path / "goodput.png").stat().st_size > 0
-
-
-class _Stream(http.server.BaseHTTPRequestHandler):
-    """llama-server's /completion stream, as it answers with ``return_tokens``."""
-
-    events = []
-    bodies = []
-
-    def do_POST(self):  # noqa: N802 - http.server's name
-        self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        for e in self.events:
-            self.wfile.write(b"data: " + json.dumps(e).encode() + b"\n\n")
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def llama_stub():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-
-
-def test_llama_client_streams_text_and_keeps_the_conversation(llama_stub, artifacts):
-    from switchboard.client import ChatStats
-    from switchboard.perf.llamacpp import LlamaChatClient
-    from switchboard.perf.peer_model import PromptSessions
-
-    sessions = PromptSessions(artifacts)
-    hello = sessions.tokenizer.encode("Hello there")
-    _Stream.events = [
-        {"content": "x", "tokens": hello[:1], "stop": False},
-        {"content": "y", "tokens": hello[1:], "stop": False},
-        {"content": "", "tokens": [], "stop": True, "timings": {"cache_n": 7}},
-    ]
-    client = LlamaChatClient(llama_stub.server_address[1], sessions)
-    events = list(client.chat("Where is my order?", session_id="s1", max_new_tokens=8))
-    assert "".join(e for e in events if isinstance(e, str)) == "Hello there"
-    stats = events[-1]
-    assert isinstance(stats, ChatStats) and stats.reused_tokens == 7 and stats.generated_tokens == len(hello)
-    first = _Stream.bodies[-1]
-    assert first["cache_prompt"] and first["n_predict"] == 8 and first["prompt"][-1] != hello[-1]
-    list(client.chat("And the refund?", session_id="s1", max_new_tokens=8))
-    second = _Stream.bodies[-1]["prompt"]
-    assert second[: len(first["prompt"])] == first["prompt"]  # the next turn extends the last prompt
-    assert sessions.tokenizer.decode(second).count("Hello there") == 1

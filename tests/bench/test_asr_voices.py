@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from switchboard.perf import asr_voices
+from perf import asr_voices
 from switchboard.training import speech
 
 RATE = 16_000

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from switchboard.perf import gateway_cost
-from switchboard.perf.kv import TURNS
-from switchboard.perf.kv import markdown as kv_markdown
-from switchboard.perf.long_prompt import overlapping_gaps
-from switchboard.perf.scaling import _sum_pools
+from perf import gateway_cost
+from perf.kv import TURNS
+from perf.kv import markdown as kv_markdown
+from perf.long_prompt import overlapping_gaps
+from perf.scaling import _sum_pools
 
 
 def test_a_stream_frozen_across_a_prefill_counts_as_one_long_gap():
@@ -58,7 +58,7 @@ def test_the_kv_report_puts_written_bytes_against_the_new_tokens_kv_and_ttft_aga
 def test_the_steady_window_counts_only_the_decode_steps_between_its_two_scrapes(monkeypatch):
     import time
 
-    from switchboard.perf import scaling
+    from perf import scaling
 
     snapshots = iter(
         [

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from switchboard.perf import asr_bench, asr_load, asr_peers, asr_report
-from switchboard.perf.asr_load import Clip, Reply, Sample
+from perf import asr_bench, asr_load, asr_peers, asr_report, asr_served
+from perf.asr_load import Clip, Reply, Sample
+from switchboard.training import corpus
 
 RATE = asr_load.SAMPLE_RATE
 
@@ -47,10 +48,10 @@ def test_wav_bytes_are_16_bit_16_khz_and_clipped():
 
 
 def test_questions_are_seeded_and_leave_out_slots():
-    en = asr_load.questions("en", seed=0)
+    en = corpus.spoken_questions("en", seed=0)
     assert en and all("{" not in q for q in en)
-    assert en == asr_load.questions("en", seed=0) and en != asr_load.questions("en", seed=1)
-    assert asr_load.questions("zh") and set(asr_load.questions("zh")).isdisjoint(en)
+    assert en == corpus.spoken_questions("en", seed=0) and en != corpus.spoken_questions("en", seed=1)
+    assert corpus.spoken_questions("zh") and set(corpus.spoken_questions("zh")).isdisjoint(en)
 
 
 def test_question_clips_take_turns_by_language_and_skip_long_ones():
@@ -219,11 +220,11 @@ MANIFEST = {
 
 
 def test_capped_manifest_leaves_room_for_the_prompt_and_the_cap():
-    assert asr_bench.capped_manifest(MANIFEST, 12)["max_target_positions"] == 14
-    assert asr_bench.capped_manifest(MANIFEST | {"multilingual": True}, 12)["max_target_positions"] == 16
-    assert asr_bench.capped_manifest(MANIFEST | {"max_target_positions": 10}, 12)["max_target_positions"] == 10
+    assert asr_served.capped_manifest(MANIFEST, 12)["max_target_positions"] == 14
+    assert asr_served.capped_manifest(MANIFEST | {"multilingual": True}, 12)["max_target_positions"] == 16
+    assert asr_served.capped_manifest(MANIFEST | {"max_target_positions": 10}, 12)["max_target_positions"] == 10
     with pytest.raises(ValueError, match="at least 1"):
-        asr_bench.capped_manifest(MANIFEST, 0)
+        asr_served.capped_manifest(MANIFEST, 0)
 
 
 def test_asr_repository_holds_asr_alone_and_never_writes_through_to_the_artifacts(tmp_path):
@@ -234,7 +235,7 @@ def test_asr_repository_holds_asr_alone_and_never_writes_through_to_the_artifact
         (artifacts / name).write_bytes(b"x")
     (artifacts / ".inputs").write_text("digest")
 
-    repo = asr_bench.asr_repository(artifacts, tmp_path / "repo", cap_tokens=12)
+    repo = asr_served.asr_repository(artifacts, tmp_path / "repo", cap_tokens=12)
     version = repo / "asr" / "1"
     assert sorted(p.name for p in repo.iterdir()) == ["asr"]
     assert (repo / "asr" / "config.pbtxt").read_text().startswith("#")
@@ -243,9 +244,9 @@ def test_asr_repository_holds_asr_alone_and_never_writes_through_to_the_artifact
     ]  # fmt: skip
     assert json.loads((version / "asr.json").read_text())["max_target_positions"] == 14
     assert json.loads((artifacts / "asr.json").read_text())["max_target_positions"] == 448
-    assert asr_bench.precisions_of(artifacts) == ["fp32"]
+    assert asr_served.precisions_of(artifacts) == ["fp32"]
 
-    voice = asr_bench.voice_repository(repo, tmp_path / "voice")
+    voice = asr_served.voice_repository(repo, tmp_path / "voice")
     assert {"asr", "chat", "engine_short", "engine_long", "voice_chat"} <= {p.name for p in voice.iterdir()}
     assert (voice / "chat").is_symlink() and not (voice / "asr").is_symlink()
     assert json.loads((voice / "asr" / "1" / "asr.json").read_text())["max_target_positions"] == 14
@@ -343,7 +344,7 @@ def run_row(model, system, precision, c, rate, **kw):
 
 RESULTS = {
     "started": "2026-11-25 15:00:00",
-    "command": "python -m switchboard.perf.asr_bench --preset quick",
+    "command": "python -m perf.asr_bench --preset quick",
     "elapsed_s": 300.0,
     "machine": {"cpus": 2, "cpu": "EPYC", "commit": "abc1234", "load_avg_start": [0.5, 1.0, 1.2]},
     "throughput": [

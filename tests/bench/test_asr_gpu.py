@@ -1,46 +1,11 @@
-"""The GPU bench's packing (switchboard/perf/asr_gpu.py): what crosses to the GPU machine."""
+"""The GPU bench in process (perf/asr_gpu.py): its summary, its decoding modes and its options
+(its pack: tests/tools/test_gpu_pack.py)."""
 
-import json
-
-import numpy as np
 import pytest
 
-from switchboard.perf import asr_gpu
+from perf import asr_gpu
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
-
-
-def test_rows_quantize_within_half_a_step_and_zero_rows_survive():
-    w = np.random.default_rng(0).standard_normal((64, 300)).astype(np.float32)
-    w[3] = 0.0
-    q, scale = asr_gpu.quantize_rows(w)
-    assert q.dtype == np.int8 and scale.shape == (64, 1)
-    assert np.abs(q).max() <= 127
-    assert np.all(np.abs(q.astype(np.float32) * scale - w) <= scale / 2 + 1e-7)
-    assert not q[3].any()
-
-
-def test_pack_then_unpack_gives_the_checkpoint_back(tmp_path):
-    rng = np.random.default_rng(1)
-    weights = {
-        "big": rng.standard_normal((512, 256)).astype(np.float32),  # quantized
-        "small": rng.standard_normal((4, 8)).astype(np.float32),  # float16
-        "bias": rng.standard_normal(256).astype(np.float32),  # float16
-    }
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    safetensors_numpy.save_file(weights, ckpt / "model.safetensors")
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "whisper"}))
-    packed = asr_gpu.pack_checkpoint(ckpt, tmp_path / "packed")
-    stored = safetensors_numpy.load_file(packed / asr_gpu.PACKED)
-    assert stored["big.q"].dtype == np.int8 and stored["small"].dtype == np.float16
-    assert (packed / asr_gpu.PACKED).stat().st_size < (ckpt / "model.safetensors").stat().st_size / 3
-    back = safetensors_numpy.load_file(asr_gpu.unpack_checkpoint(packed, tmp_path / "back") / "model.safetensors")
-    assert sorted(back) == sorted(weights)
-    for name, w in weights.items():
-        assert back[name].dtype == np.float32 and back[name].shape == w.shape
-        np.testing.assert_allclose(back[name], w, atol=np.abs(w).max() / 127)
-    assert (tmp_path / "back" / "config.json").read_text() == (ckpt / "config.json").read_text()
 
 
 def test_summary_takes_the_better_of_one_and_two_workers_for_the_ratios():

@@ -1,4 +1,4 @@
-from switchboard.perf.workload import WorkloadSpec, generate, load, save
+from perf.workload import WorkloadSpec, generate, load, save
 
 
 def test_same_seed_same_traffic(tmp_path):

@@ -1,4 +1,4 @@
-from switchboard.perf.servertools import metric_delta
+from perf.servertools import metric_delta
 
 
 def test_metric_delta_per_pool_and_batch_size():

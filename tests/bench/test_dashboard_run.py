@@ -1,0 +1,46 @@
+"""The dashboard's picture, drawn by the bench suite from a real run: its command and how it
+lays out and draws the panels of switchboard.ops.dashboard."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from perf import dashboard_run
+from switchboard.ops import dashboard
+from switchboard.paths import ROOT
+
+BOARD = dashboard.build()
+EXPRS = {p["title"]: [t["expr"] for t in p["targets"]] for p in dashboard.panels(BOARD)}
+
+
+def test_the_picture_is_the_bench_suites_command():
+    """The picture is drawn by ``python -m perf.dashboard_run`` from the checkout (the ops layer
+    does not import the bench suite): its options, help and exit status."""
+
+    def run(*args):
+        cmd = [sys.executable, "-m", "perf.dashboard_run", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+
+    shown = run("--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m perf.dashboard_run")
+    assert "--replot" in shown.stdout
+    wrong = run("--no-such-option")
+    assert wrong.returncode == 2 and "perf.dashboard_run: error: unrecognized arguments" in wrong.stderr
+
+
+def test_the_picture_has_the_dashboard_rows_and_titles_and_draws_from_series(tmp_path):
+    grid = dashboard_run.rows(BOARD)
+    assert [title for title, _ in grid] == [title for title, _ in dashboard.ROWS]
+    assert [[p["title"] for p in panels] for _, panels in grid] == [
+        [s.title for s in specs] for _, specs in dashboard.ROWS
+    ]
+    assert dashboard_run.legend("P99 priority {{priority}}", {"priority": "1"}) == "P99 priority 1"
+    assert dashboard_run.legend("{{ model }} x{{batch_size}}", {"model": "engine_short", "batch_size": "4"}) == (
+        "engine_short x4"
+    )
+    data = {title: [{"name": "a", "t": [0.0, 60.0], "v": [0.0, 0.5]}] for title in EXPRS}
+    data["Pools up"] = []
+    out = tmp_path / "dashboard.png"
+    dashboard_run.draw(BOARD, data, out, "a test", [(30.0, "restart")])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
