@@ -27,8 +27,8 @@ from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import AsrManifest, auto_threads
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
 from switchboard.asr.torch_runtime import DTYPES, STEPS
-from switchboard.engine.stream import CancelWatch, Outbox, ResponseSender
-from switchboard.serving.breaker import LatencyBreaker
+from switchboard.common.breaker import LatencyBreaker
+from switchboard.common.stream import CancelWatch, Outbox, ResponseSender
 from switchboard.triton.asr_metrics import AsrMetricsPublisher
 from switchboard.triton.common import (
     input_array,
@@ -57,7 +57,7 @@ class TritonSink:
     sends them (``deliver``), all of a request's queued deltas in one response, and its cancel
     watch asks whether the client left. Every send and every ``is_cancelled`` is a round trip to
     the server: a send per character per row, made on the decoding loop, had every row of the
-    batch wait on each (switchboard/engine/stream.py; docs/benchmarks.md has the figures).
+    batch wait on each (switchboard/common/stream.py; docs/benchmarks.md has the figures).
     """
 
     def __init__(

@@ -25,11 +25,11 @@ import triton_python_backend_utils as pb_utils
 from switchboard.artifact.grammar import Grammars, parse_spec
 from switchboard.artifact.tokenizer import control_token_ids
 from switchboard.artifact.version import ModelVersion
+from switchboard.common.stream import CancelWatch, ResponseSender, TokenStream
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.loader import RuntimeChoice
 from switchboard.engine.scheduler import Engine, GenerationRequest
 from switchboard.engine.sizing import compute_bound
-from switchboard.engine.stream import CancelWatch, ResponseSender, TokenStream
 from switchboard.kv.model import block_cache
 from switchboard.kv.tiers import BlockCache, Reuse
 from switchboard.triton.common import (
@@ -158,7 +158,7 @@ class TritonPythonModel:
 
     def _setup_responses(self, cfg: EngineConfig) -> None:
         # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
-        # one send per token (switchboard/engine/stream.py says why).
+        # one send per token (switchboard/common/stream.py says why).
         self.stream_interval_s = cfg.stream_interval_ms / 1000
         self.cancel_poll_s = cfg.cancel_poll_ms / 1000
         self.watch = CancelWatch(self.name, self.cancel_poll_s)
