@@ -23,13 +23,12 @@ class TorchDecoder:
 
         from switchboard.engine import heads
         from switchboard.engine.masks import windowed
+        from switchboard.runtime import pytorch
 
-        if device == "cpu":
-            torch.set_num_threads(threads)
         self.torch = torch
         self.manifest = manifest
-        self.device = torch.device(device)
-        self.model_dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        self.device = pytorch.device(device, threads)
+        self.model_dtype = pytorch.dtype("auto", self.device)
         config = AutoConfig.from_pretrained(str(checkpoint))
         differ = mismatches(geometry(config), manifest)
         if differ:  # before the weights are read

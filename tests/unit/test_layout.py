@@ -25,16 +25,19 @@ ALLOWED = {
     "switchboard.artifact": LEAVES,
     # What both channels use and neither owns: detokenizer, breaker, tallies, response streams.
     "switchboard.common": LEAVES,
+    # Which runtime runs a model, and ONNX Runtime's and PyTorch's settings, for both channels.
+    "switchboard.runtime": LEAVES,
     "switchboard.kv": LEAVES | {"switchboard.artifact"},
     "switchboard.serving": LEAVES | {"switchboard.artifact", "switchboard.common"},
-    "switchboard.engine": LEAVES | {"switchboard.artifact", "switchboard.common"},
+    "switchboard.engine": LEAVES | {"switchboard.artifact", "switchboard.common", "switchboard.runtime"},
     # Speech: audio, features, batching and decoding of the recognizer pool (on the engine's
-    # runtime helpers).
-    "switchboard.asr": LEAVES | {"switchboard.artifact", "switchboard.common", "switchboard.engine"},
+    # runtime layer).
+    "switchboard.asr": LEAVES | {"switchboard.artifact", "switchboard.common", "switchboard.runtime"},
     "switchboard.triton": LEAVES
     | {
         "switchboard.artifact",
         "switchboard.common",
+        "switchboard.runtime",
         "switchboard.serving",
         "switchboard.engine",
         "switchboard.kv",
@@ -95,6 +98,7 @@ def test_every_folder_of_the_package_is_a_layer_of_the_layout():
     assert packages == {
         "artifact",
         "common",
+        "runtime",
         "kv",
         "serving",
         "engine",
