@@ -283,11 +283,13 @@ def runtime_limit(repository: Path, precision: str, pools: dict, threads: int = 
     batch at the observed mean rows x width. The limit is the tokens the server produced,
     divided by the time the bare runtime needs for the same steps."""
     from switchboard.artifact.manifest import Manifest
-    from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
+    from switchboard.engine.runtime import OnnxDecoder
+    from switchboard.engine.sizing import MANY_THREADS_FROM_BYTES
+    from switchboard.runtime.onnx import auto_threads, weights_cache
 
     directory = repository / "engine_short" / "1"
     manifest = Manifest.load(directory)
-    threads = threads or auto_threads(manifest.variant(precision).get("bytes", 0))
+    threads = threads or auto_threads(manifest.variant(precision).get("bytes", 0), MANY_THREADS_FROM_BYTES)
     decoder = OnnxDecoder(directory, manifest, precision, threads=threads, weights_cache=weights_cache(""))
     layers, heads, dim = manifest.num_layers, manifest.num_kv_heads, manifest.head_dim
     rng = np.random.default_rng(0)

@@ -220,7 +220,7 @@ class LlamaChatClient(SessionClient):
 
     def chat(self, text: str, session_id: str | None = None, priority: int = 2, max_new_tokens=None, **_ignored):
         from switchboard.client import ChatError
-        from switchboard.serving.detok import IncrementalDetokenizer
+        from switchboard.common.detok import IncrementalDetokenizer
 
         s = self.sessions
         prompt = s.prompt(session_id, text, max_new_tokens or 96)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from switchboard.artifact.manifest import Manifest
 from switchboard.artifact.tokenizer import TextTokenizer
-from switchboard.serving.detok import IncrementalDetokenizer
+from switchboard.common.detok import IncrementalDetokenizer
 from switchboard.serving.prompt import Conversation, Prompt, PromptBuilder
 
 

@@ -215,10 +215,12 @@ def bare(artifacts: Path, precision: str, past: int, batches: tuple[int, ...], s
     growing by one column per step from ``past``, on the pools' threads and shared weights;
     the median step (after three warm-up steps)."""
     from switchboard.artifact.manifest import Manifest
-    from switchboard.engine.runtime import OnnxDecoder, auto_threads, weights_cache
+    from switchboard.engine.runtime import OnnxDecoder
+    from switchboard.engine.sizing import MANY_THREADS_FROM_BYTES
+    from switchboard.runtime.onnx import auto_threads, weights_cache
 
     manifest = Manifest.load(artifacts)
-    threads = auto_threads(manifest.variant(precision).get("bytes", 0))
+    threads = auto_threads(manifest.variant(precision).get("bytes", 0), MANY_THREADS_FROM_BYTES)
     decoder = OnnxDecoder(artifacts, manifest, precision, threads=threads, weights_cache=weights_cache(""))
     shape = (manifest.num_kv_heads, past, manifest.head_dim)
     out = {"threads": threads, "past": past}

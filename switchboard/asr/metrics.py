@@ -4,7 +4,7 @@ Triton's metrics port, as ``chat``'s; the list is in docs/metrics.md."""
 
 from __future__ import annotations
 
-from switchboard.serving.metrics import Tally
+from switchboard.common.tally import Tally
 from switchboard.wire import AsrResult
 
 PREFIX = "switchboard_asr_"

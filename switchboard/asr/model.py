@@ -47,7 +47,7 @@ import numpy as np
 
 from switchboard.asr.features import SAMPLE_RATE, log_mel, pad_batch
 from switchboard.asr.runtime import KV, TOKENIZER, AsrManifest
-from switchboard.serving.detok import IncrementalDetokenizer
+from switchboard.common.detok import IncrementalDetokenizer
 
 EOS, LENGTH, REPETITION, CANCELLED = "eos", "length", "repetition", "cancelled"
 # Added tokens that are markup, not text: <|en|>, <|notimestamps|>, <|0.00|>...

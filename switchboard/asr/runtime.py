@@ -18,7 +18,8 @@ attention mask.
 
 The manifest is the contract with the serving side: what to feed (n_mels, the window), which
 tokens start and end a transcript, which are suppressed, and which precision files exist and
-passed the accuracy gate. This module imports neither torch nor transformers.
+passed the accuracy gate. This module imports neither torch nor transformers; sessions and
+threads are the runtime layer's (switchboard/runtime/onnx.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from switchboard.asr.features import fitted_frames, window_lengths
+from switchboard.runtime import onnx
 
 MANIFEST = "asr.json"
 TOKENIZER = "tokenizer.json"
@@ -170,31 +172,20 @@ def encoder_flops(directory: Path, manifest: AsrManifest) -> float:
     return 2.0 * path.stat().st_size / 4 * manifest.max_source_positions
 
 
-def auto_threads(directory: Path, manifest: AsrManifest, cores: int) -> int:
-    """``threads`` 0: one for a model whose window is little work, else ``cores``."""
-    return cores if encoder_flops(directory, manifest) >= MANY_THREADS_FROM_FLOPS else 1
-
-
 class OnnxWhisper:
     """The encoder and decoder sessions of one precision."""
 
     def __init__(self, directory: Path, manifest: AsrManifest, precision: str = "fp32", threads: int = 0):
         """``threads``: ONNX Runtime's intra-op threads (0: every core this process may use)."""
-        import onnxruntime as ort
-
-        from switchboard.engine.runtime import session_options, usable_cores
-
         self.manifest = manifest
         self.precision = precision
         encoder, decoder = manifest.files(precision)
-        opts = session_options(threads or usable_cores())
-        providers = ["CPUExecutionProvider"]
         paths = [Path(directory) / encoder, Path(directory) / decoder]
         for p in paths:
             if not p.is_file():
                 raise ValueError(f"{p} missing (named by {Path(directory) / MANIFEST} for {precision})")
-        self.encoder = ort.InferenceSession(str(paths[0]), opts, providers=providers)
-        self.decoder = ort.InferenceSession(str(paths[1]), opts, providers=providers)
+        self.encoder = onnx.session(paths[0], threads)
+        self.decoder = onnx.session(paths[1], threads)
         n = manifest.num_layers
         self._cross_names = encoder_outputs(n)
         self._inputs, self._outputs = decoder_io(n)

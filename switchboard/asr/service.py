@@ -19,7 +19,7 @@ audio already held, and, when given, a latency ``breaker`` (seed 001's: "while P
 over 1.5 s, refuse new requests"). The breaker hears how long each short request took, arrival
 to transcript (audio of at most ``short_s``: a recording's length is its own, not a sign of
 overload); open, it refuses new priority-2 requests, so the ones admitted and every priority-1
-caller get the pool back (switchboard/serving/breaker.py: when it closes again).
+caller get the pool back (switchboard/common/breaker.py: when it closes again).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 from switchboard.asr import audio as audio_mod
 from switchboard.asr import segment
 from switchboard.asr.batcher import Item
-from switchboard.serving.breaker import LatencyBreaker
+from switchboard.common.breaker import LatencyBreaker
 from switchboard.wire import AsrError, AsrResult
 
 log = logging.getLogger("switchboard.asr")

@@ -52,9 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from switchboard.asr.runtime import KV, AsrManifest
-
-DTYPES = ("float16", "bfloat16", "float32")
-STEPS = ("auto", "graphs", "static", "growing")
+from switchboard.runtime.choice import STEPS
 
 
 class TorchWhisper:
@@ -78,12 +76,12 @@ class TorchWhisper:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         from switchboard.asr.graphs import modules
+        from switchboard.runtime import pytorch  # torch only where it is chosen
 
         self.manifest = manifest
-        self.device = torch.device(device)
-        name = dtype or ("float16" if self.device.type == "cuda" else "float32")
-        if name not in DTYPES:
-            raise ValueError(f"dtype {name!r}: expected {', '.join(DTYPES)}")
+        self.device = pytorch.device(device)
+        self.dtype = pytorch.dtype(dtype, self.device)
+        self._pytorch = pytorch
         if steps not in STEPS:
             raise ValueError(f"steps {steps!r}: expected {', '.join(STEPS)}")
         if steps == "auto":
@@ -93,7 +91,6 @@ class TorchWhisper:
         if max_batch < 1:
             raise ValueError(f"max_batch {max_batch}: expected at least 1")
         self.steps_mode, self.max_batch = steps, max_batch
-        self.dtype = getattr(torch, name)
         model = model.to(device=self.device, dtype=self.dtype).eval()
         encoder_graph, decoder_graph, static_graph = modules(fused=fused)
         self.encoder, self.decoder = encoder_graph(model).eval(), decoder_graph(model).eval()
@@ -257,21 +254,8 @@ class TorchWhisper:
         return logits
 
     def _capture(self, run, pool=None):
-        """``run`` as a CUDA graph, and what it returned (tensors the graph's replays write):
-        two runs on a side stream first (allocations, autotuning), then the capture, its
-        working memory from ``pool`` (a ``graph_pool_handle``; None: a pool of its own). The
-        caller holds ``_capturing``."""
-        torch = self._torch
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            out = run()
-        return graph, out
+        """``run`` as a CUDA graph (switchboard/runtime/pytorch.py); the caller holds ``_capturing``."""
+        return self._pytorch.capture(run, self.device, pool)
 
 
 class _Buffers:

@@ -6,6 +6,10 @@ prefill on top of a cached prefix, masked columns between its prefix and its new
 Position ids are explicit per row, so masked columns never shift a row's positions, and a
 row's real tokens are simply its unmasked columns. This layout lets sequences join and leave
 between decode steps (iteration-level batching) with one concatenation.
+
+The cache is the runtime's: NumPy arrays (ONNX Runtime), or tensors on the runtime's device
+(``runtime: torch``), which stay there between steps. Only a row's cache handed out
+(``row_cache``: a session's store, a chunked prefill) comes back to the host.
 """
 
 from __future__ import annotations
@@ -14,7 +18,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KV = list[tuple[np.ndarray, np.ndarray]]  # per layer: key, value [B, H, T, D]
+KV = list[tuple[np.ndarray, np.ndarray]]  # per layer: key, value [B, H, T, D] (or torch tensors)
+
+
+def _zeros(like, shape: tuple) -> np.ndarray:
+    """Zeros of ``like``'s dtype, on its device."""
+    return np.zeros(shape, like.dtype) if isinstance(like, np.ndarray) else like.new_zeros(shape)
+
+
+def _concat(a, b):
+    """``a`` and ``b`` one after the other along the rows."""
+    if isinstance(a, np.ndarray):
+        return np.concatenate([a, b])
+    out = a.new_empty((a.shape[0] + b.shape[0], *a.shape[1:]))
+    out[: a.shape[0]], out[a.shape[0] :] = a, b
+    return out
 
 
 @dataclass
@@ -36,7 +54,8 @@ class KVBatch:
 
     def select(self, rows: list[int]) -> "KVBatch":
         idx = np.asarray(rows, dtype=np.int64)
-        out = KVBatch([(k[idx], v[idx]) for k, v in self.kv], self.mask[idx], self.next_pos[idx])
+        at = idx if not self.kv or isinstance(self.kv[0][0], np.ndarray) else list(rows)  # a tensor's index
+        out = KVBatch([(k[at], v[at]) for k, v in self.kv], self.mask[idx], self.next_pos[idx])
         return out.trimmed()
 
     def trimmed(self) -> "KVBatch":
@@ -53,7 +72,7 @@ class KVBatch:
             return self
 
         def pad(a: np.ndarray) -> np.ndarray:
-            out = np.zeros(a.shape[:2] + (width,) + a.shape[3:], a.dtype)
+            out = _zeros(a, tuple(a.shape[:2]) + (width,) + tuple(a.shape[3:]))
             out[:, :, extra:] = a
             return out
 
@@ -67,15 +86,20 @@ class KVBatch:
         width = max(self.width, other.width)
         a, b = self.left_pad(width), other.left_pad(width)
         return KVBatch(
-            [(np.concatenate([ka, kb]), np.concatenate([va, vb])) for (ka, va), (kb, vb) in zip(a.kv, b.kv)],
+            [(_concat(ka, kb), _concat(va, vb)) for (ka, va), (kb, vb) in zip(a.kv, b.kv)],
             np.concatenate([a.mask, b.mask]),
             np.concatenate([a.next_pos, b.next_pos]),
         )
 
-    def row_cache(self, row: int) -> np.ndarray:
-        """[layers, 2, H, T_row, D]: the row's real columns, contiguous, for a session store."""
+    def row_cache(self, row: int, dtype: np.dtype | None = None) -> np.ndarray:
+        """[layers, 2, H, T_row, D] on the host: the row's real columns, contiguous, for a
+        session store; a device's cache comes back as ``dtype`` (None: float32)."""
         cols = np.flatnonzero(self.mask[row])
-        return np.stack([np.stack([k[row][:, cols], v[row][:, cols]]) for k, v in self.kv])
+        if isinstance(self.kv[0][0], np.ndarray):
+            return np.stack([np.stack([k[row][:, cols], v[row][:, cols]]) for k, v in self.kv])
+        at = cols.tolist()
+        cache = np.stack([a[row][:, at].float().cpu().numpy() for kv in self.kv for a in kv])  # a copy per tensor
+        return cache.reshape((len(self.kv), 2) + cache.shape[1:]).astype(dtype or np.float32, copy=False)
 
 
 def prefill_inputs(

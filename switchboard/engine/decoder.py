@@ -1,7 +1,9 @@
 """What the scheduler needs of a model: a forward pass over a batch with its KV cache.
 
 ``OnnxDecoder`` (ONNX Runtime) and ``TorchDecoder`` (PyTorch) implement it; the unit tests of
-the scheduler use a scripted one, so scheduling is tested with no exported model.
+the scheduler use a scripted one, so scheduling is tested with no exported model. The cache a
+decoder returns is its own (NumPy arrays, or tensors on its device) and comes back to it as it
+is; a past it is handed from the host (a stored prefix) is NumPy in ``dtype``.
 """
 
 from __future__ import annotations

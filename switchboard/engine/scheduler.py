@@ -533,7 +533,7 @@ class Engine:
             if seq.prefill_started is None:
                 seq.prefill_started = output.started
             if end < len(seq.request.prompt):
-                seq.request.past, seq.request.reused = output.batch.row_cache(row), end
+                seq.request.past, seq.request.reused = output.batch.row_cache(row, self.decoder.dtype), end
                 more.append(seq)
         if more:
             lane.prefilling.extend(more)
@@ -647,7 +647,7 @@ class Engine:
             if reason is None:
                 keep.append(row)
                 continue
-            cache = lane.batch.row_cache(row) if seq.request.return_cache else None
+            cache = lane.batch.row_cache(row, self.decoder.dtype) if seq.request.return_cache else None
             self._count({"finished_" + reason: 1})
             try:
                 seq.sink.on_finish(

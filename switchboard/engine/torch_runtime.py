@@ -2,8 +2,15 @@
 
 ``runtime: torch:cuda`` in a pool's config runs the engine on an NVIDIA GPU where TensorRT and
 onnxruntime-gpu are absent (FP16 weights on CUDA); ``torch:cpu`` is the same path on the CPU,
-which the tests use to check it against ONNX Runtime. Inputs and outputs are numpy arrays
-laid out exactly like ``OnnxDecoder``'s, so the scheduler and the KV batch layout do not change.
+which the tests use to check it against ONNX Runtime. Inputs and logits are numpy arrays laid
+out exactly like ``OnnxDecoder``'s, so the scheduler does not change.
+
+The KV cache stays on the device between steps, in the model's dtype, as the recognizer's
+does (asr/torch_runtime.py): ``forward`` returns the grown cache as tensors, and the batch
+layout (engine/batch.py) selects, pads and joins rows on the device. Only a past handed in
+from the host (a session's stored prefix, a chunked prefill's) is copied there, and only a
+row's cache handed out (``KVBatch.row_cache``) comes back. Copying every layer's cache to the
+host and back at every step cost two transfers of the whole cache per token.
 """
 
 from __future__ import annotations
@@ -23,13 +30,12 @@ class TorchDecoder:
 
         from switchboard.engine import heads
         from switchboard.engine.masks import windowed
+        from switchboard.runtime import pytorch
 
-        if device == "cpu":
-            torch.set_num_threads(threads)
         self.torch = torch
         self.manifest = manifest
-        self.device = torch.device(device)
-        self.model_dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        self.device = pytorch.device(device, threads)
+        self.model_dtype = pytorch.dtype("auto", self.device)
         config = AutoConfig.from_pretrained(str(checkpoint))
         differ = mismatches(geometry(config), manifest)
         if differ:  # before the weights are read
@@ -41,37 +47,43 @@ class TorchDecoder:
         heads.restrict(self.model, checkpoint)  # the graph's head, where the checkpoint lists one
         self.window = windowed(config)
         self.model.to(self.device).eval()
-        self.dtype = np.dtype(manifest.kv_dtype)  # what the batch layout keeps between steps
+        self.dtype = np.dtype(manifest.kv_dtype)  # of a cache on the host (prefixes in, row_cache out)
 
-    def empty_past(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    def empty_past(self, batch: int) -> list:
         shape = (batch, self.manifest.num_kv_heads, 0, self.manifest.head_dim)
-        return [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in range(self.manifest.num_layers)]
+        zeros = self.torch.zeros
+        return [
+            (
+                zeros(shape, dtype=self.model_dtype, device=self.device),
+                zeros(shape, dtype=self.model_dtype, device=self.device),
+            )
+            for _ in range(self.manifest.num_layers)
+        ]
 
-    def forward(
-        self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray,
-        position_ids: np.ndarray,
-        past: list[tuple[np.ndarray, np.ndarray]],
-    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    def _on_device(self, a, dtype=None):
+        """``a`` on the device: an array from the host copied there, a tensor already there as it is."""
+        if isinstance(a, np.ndarray):
+            return self.torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype)
+        return a
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list):
+        """Logits [B, 1, V] of the last position on the host, and the cache grown by N columns on
+        the device (``past``: arrays from the host or this decoder's tensors)."""
         torch = self.torch
         from transformers import DynamicCache
 
         from switchboard.engine.masks import position_masks
 
-        def dev(a, dtype=None):
-            return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype)
-
         with torch.inference_mode():
             cache = DynamicCache()
             if past and past[0][0].shape[2]:
                 for i, (k, v) in enumerate(past):
-                    cache.update(dev(k, self.model_dtype), dev(v, self.model_dtype), i)
-            mask, positions = dev(attention_mask, torch.long), dev(position_ids, torch.long)
+                    cache.update(self._on_device(k, self.model_dtype), self._on_device(v, self.model_dtype), i)
+            mask, positions = self._on_device(attention_mask, torch.long), self._on_device(position_ids, torch.long)
             if self.window is not None:
                 mask = position_masks(mask, positions, self.window, self.model_dtype)
             out = self.model(
-                input_ids=dev(input_ids, torch.long),
+                input_ids=self._on_device(input_ids, torch.long),
                 attention_mask=mask,
                 position_ids=positions,
                 past_key_values=cache,
@@ -79,11 +91,5 @@ class TorchDecoder:
                 logits_to_keep=1,  # the last position only, as the exported graph
             )
             logits = out.logits.float().cpu().numpy()
-            present = [
-                (
-                    layer.keys.float().cpu().numpy().astype(self.dtype, copy=False),
-                    layer.values.float().cpu().numpy().astype(self.dtype, copy=False),
-                )
-                for layer in out.past_key_values.layers
-            ]
+            present = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         return logits, present

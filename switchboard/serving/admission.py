@@ -82,7 +82,7 @@ class Admission:
     ):
         self.max_inflight, self.max_pending, self.max_wait_s = max_inflight, max_pending, max_wait_s
         self.forecast = forecast
-        self.breaker = breaker  # open: priority 2 is answered from the FAQ at once (serving/breaker.py)
+        self.breaker = breaker  # open: priority 2 is answered from the FAQ at once (switchboard/common/breaker.py)
         # Slots only priority 1 may take: a VIP arriving while every slot is busy would
         # otherwise wait for some chat to finish.
         self.reserved = max(0, min(reserved, max_inflight - 1))

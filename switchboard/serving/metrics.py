@@ -9,9 +9,7 @@ in docs/metrics.md.
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-
+from switchboard.common.tally import Tally
 from switchboard.wire import ChatStats
 
 PREFIX = "switchboard_chat_"
@@ -69,23 +67,6 @@ def _route(stats: ChatStats) -> str:
 
 def version_label(version: int | None) -> str:
     return str(version) if version is not None else "none"
-
-
-class Tally:
-    """Counter increments and histogram observations since the last ``drain``, under a lock: what
-    a model's requests record on their way out, for a publisher thread to copy to the server."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._counts: Counter = Counter()  # (name, labels) -> increment
-        self._observed: list[tuple[str, tuple, float]] = []  # (name, labels, value)
-
-    def drain(self) -> tuple[Counter, list[tuple[str, tuple, float]]]:
-        """(counter increments, histogram observations) since the last call."""
-        with self._lock:
-            counts, observed = self._counts, self._observed
-            self._counts, self._observed = Counter(), []
-        return counts, observed
 
 
 class ChatMetrics(Tally):

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from switchboard.artifact.grammar import GrammarError, Grammars
 from switchboard.artifact.tools import ToolCallParser, ToolFormat
-from switchboard.serving.detok import IncrementalDetokenizer
+from switchboard.common.detok import IncrementalDetokenizer
 from switchboard.serving.engine_client import stub_dead
 from switchboard.serving.fallback import FaqFallback
 from switchboard.serving.pool_health import PoolHealth

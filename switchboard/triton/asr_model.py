@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import re
 import threading
 from pathlib import Path
 
@@ -24,13 +22,14 @@ from switchboard.asr.batcher import audio_budget, length_batcher, make_batcher
 from switchboard.asr.features import SAMPLE_RATE
 from switchboard.asr.metrics import AsrMetrics
 from switchboard.asr.model import AsrModel
-from switchboard.asr.runtime import AsrManifest, auto_threads
+from switchboard.asr.runtime import MANY_THREADS_FROM_FLOPS, AsrManifest, encoder_flops
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
-from switchboard.asr.torch_runtime import DTYPES, STEPS
-from switchboard.engine.stream import CancelWatch, Outbox, ResponseSender
+from switchboard.common.breaker import LatencyBreaker
+from switchboard.common.stream import CancelWatch, Outbox, ResponseSender
 from switchboard.repository.config import AsrConfig
 from switchboard.repository.params import ConfigError
-from switchboard.serving.breaker import LatencyBreaker
+from switchboard.runtime.choice import ONNXRUNTIME, TORCH, RuntimeChoice
+from switchboard.runtime.onnx import auto_threads
 from switchboard.triton.asr_metrics import AsrMetricsPublisher
 from switchboard.triton.common import (
     input_array,
@@ -57,7 +56,7 @@ class TritonSink:
     sends them (``deliver``), all of a request's queued deltas in one response, and its cancel
     watch asks whether the client left. Every send and every ``is_cancelled`` is a round trip to
     the server: a send per character per row, made on the decoding loop, had every row of the
-    batch wait on each (switchboard/engine/stream.py; docs/benchmarks.md has the figures).
+    batch wait on each (switchboard/common/stream.py; docs/benchmarks.md has the figures).
     """
 
     def __init__(
@@ -135,14 +134,14 @@ class TritonPythonModel:
         self.watch = CancelWatch("asr", cfg.cancel_poll_ms / 1000)
         self.sender = ResponseSender("asr", self.watch)
         self.metrics = AsrMetrics()
+        self.runtime = self._runtime(cfg)
         self.model = self._load_model(version, cfg)
-        if cfg.runtime == "torch":  # buffers and CUDA graphs made now, not by the first callers
+        if self.runtime.kind == TORCH:  # buffers and CUDA graphs made now, not by the first callers
             self.model.runtime.warm(cfg.workers)
         self.window_s = self.model.max_seconds if self.model.window_frames is not None else None
         # what a chunk costs the batch budget: the window, fitted to it or whole (None: itself)
         self.padding = self.model.padded_s if self.window_s is not None else None
-        on_gpu = cfg.runtime == "torch" and cfg.device.startswith("cuda")
-        self.budget_s = audio_budget(cfg.batch_audio_s, self.window_s, cfg.max_batch, gpu=on_gpu)
+        self.budget_s = audio_budget(cfg.batch_audio_s, self.window_s, cfg.max_batch, gpu=self.runtime.on_gpu)
         self.service = AsrService(
             self.model,
             self._batcher(cfg),
@@ -163,8 +162,8 @@ class TritonPythonModel:
             "asr ready: %s %s, %s batching (at most %d chunks, %.0f s of audio), %d worker(s), %s",
             self.model.manifest.name,
             cfg.precision
-            if cfg.runtime == "onnx"
-            else f"in PyTorch on {cfg.device} ({self.model.runtime.steps_mode} steps)",
+            if self.runtime.kind == ONNXRUNTIME
+            else f"in PyTorch on {self.runtime.target} ({self.model.runtime.steps_mode} steps)",
             cfg.batching,
             cfg.max_batch,
             self.budget_s,
@@ -174,33 +173,31 @@ class TritonPythonModel:
             else f"windows of {', '.join(f'{w * hop / SAMPLE_RATE:g}' for w in windows)} s",
         )
 
+    @staticmethod
+    def _runtime(cfg: AsrConfig) -> RuntimeChoice:
+        """The config's runtime parameters in the runtime layer's vocabulary (switchboard/runtime/choice.py)."""
+        try:
+            return RuntimeChoice.recognizer(
+                cfg.runtime, cfg.device, cfg.threads, dtype=cfg.torch_dtype, steps=cfg.torch_steps
+            )
+        except ValueError as e:
+            raise ConfigError(f"asr/config.pbtxt: {e}") from None
+
     def _load_model(self, version, cfg: AsrConfig) -> AsrModel:
         if not (version / "asr.json").is_file():
             raise FileNotFoundError(
                 f"asr/config.pbtxt: no recognizer is installed in {version} (`make serve` builds and installs the "
                 "default one; `python -m switchboard.export.asr --install` installs any Whisper checkpoint)"
             )
-        if cfg.runtime == "torch":
-            return self._load_checkpoint(version, cfg)
-        if cfg.runtime != "onnx":
-            raise ConfigError(f"asr/config.pbtxt: parameter 'runtime' = {cfg.runtime!r}: expected onnx or torch")
-        threads = cfg.threads or auto_threads(version, AsrManifest.load(version), len(os.sched_getaffinity(0)))
+        runtime = self._runtime(cfg)
+        if runtime.kind == TORCH:
+            return self._load_checkpoint(version, cfg, runtime)
+        manifest = AsrManifest.load(version)
+        threads = runtime.threads or auto_threads(encoder_flops(version, manifest), MANY_THREADS_FROM_FLOPS)
         return AsrModel.load(version, precision=cfg.precision, threads=threads, fitted_windows=cfg.fitted_windows())
 
-    def _load_checkpoint(self, version, cfg: AsrConfig) -> AsrModel:
-        """runtime torch: the checkpoint the installed graphs came from, on ``device``."""
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.device):
-            raise ConfigError(f"asr/config.pbtxt: parameter 'device' = {cfg.device!r}: expected cpu, cuda or cuda:N")
-        if cfg.torch_dtype not in ("auto", *DTYPES):
-            raise ConfigError(
-                f"asr/config.pbtxt: parameter 'torch_dtype' = {cfg.torch_dtype!r}: expected auto or {', '.join(DTYPES)}"
-            )
-        if cfg.torch_steps not in STEPS:
-            raise ConfigError(
-                f"asr/config.pbtxt: parameter 'torch_steps' = {cfg.torch_steps!r}: expected {', '.join(STEPS)}"
-            )
-        if cfg.torch_steps == "graphs" and not cfg.device.startswith("cuda"):
-            raise ConfigError(f"asr/config.pbtxt: torch_steps graphs needs a CUDA device, not {cfg.device!r}")
+    def _load_checkpoint(self, version, cfg: AsrConfig, runtime: RuntimeChoice) -> AsrModel:
+        """runtime torch: the checkpoint the installed graphs came from, on its device."""
         installed = AsrManifest.load(version)
         source = Path(installed.source)
         checkpoint = source if source.is_absolute() else paths.ROOT / source
@@ -209,13 +206,12 @@ class TritonPythonModel:
                 f"asr/config.pbtxt: runtime torch runs the checkpoint the recognizer was exported from, "
                 f"{checkpoint} (asr.json's source), and it is not there"
             )
-        dtype = None if cfg.torch_dtype == "auto" else cfg.torch_dtype
         model = AsrModel.from_checkpoint(
             checkpoint,
-            device=cfg.device,
-            dtype=dtype,
+            device=runtime.target,
+            dtype=runtime.torch_dtype(),
             fitted_windows=cfg.fitted_windows(),
-            steps=cfg.torch_steps,
+            steps=runtime.steps,
             max_batch=cfg.max_batch,
         )
         # the installed manifest's transcript budget, where it is the smaller (a random-weight

@@ -24,12 +24,12 @@ from switchboard.artifact.grammar import GrammarError, Grammars
 from switchboard.artifact.manifest import MANIFEST
 from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.artifact.tools import ToolFormat, ToolFormatError
+from switchboard.common.breaker import LatencyBreaker
+from switchboard.common.stream import CancelPoll
 from switchboard.engine.sizing import compute_bound
-from switchboard.engine.stream import CancelPoll
 from switchboard.repository.config import ChatConfig, admission_slots, pool_config
 from switchboard.repository.versions import ModelVersion
 from switchboard.serving.admission import Admission
-from switchboard.serving.breaker import LatencyBreaker
 from switchboard.serving.canary import VersionPicker, conversation_key
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.fallback import FaqFallback

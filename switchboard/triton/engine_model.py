@@ -24,15 +24,16 @@ import triton_python_backend_utils as pb_utils
 
 from switchboard.artifact.grammar import Grammars, parse_spec
 from switchboard.artifact.tokenizer import control_token_ids
+from switchboard.common.stream import CancelWatch, ResponseSender, TokenStream
 from switchboard.engine.decoder import Decoder
-from switchboard.engine.loader import RuntimeChoice
+from switchboard.engine.loader import load_decoder, pool_runtime
 from switchboard.engine.scheduler import Engine, GenerationRequest
 from switchboard.engine.sizing import compute_bound
-from switchboard.engine.stream import CancelWatch, ResponseSender, TokenStream
 from switchboard.kv.model import block_cache
 from switchboard.kv.tiers import BlockCache, Reuse
 from switchboard.repository.config import EngineConfig
 from switchboard.repository.versions import ModelVersion
+from switchboard.runtime.choice import RuntimeChoice
 from switchboard.triton.common import (
     input_array,
     load_config,
@@ -88,7 +89,7 @@ class TritonPythonModel:
     def _load_decoder(self, version, cfg: EngineConfig, args) -> tuple[Decoder, RuntimeChoice]:
         """The decoder the pool's ``runtime`` names (switchboard/engine/loader.py)."""
         try:
-            runtime = RuntimeChoice.parse(
+            runtime = pool_runtime(
                 cfg.runtime, cfg.threads, cfg.weights_cache, cfg.checkpoint, self.version.variant.get("bytes", 0)
             )
         except ValueError as e:
@@ -98,7 +99,8 @@ class TritonPythonModel:
             # file fails this load, and the version already serving goes on (switchboard/ops/rollout.py).
             self.version.verify()
         gpu = args["model_instance_device_id"] if args.get("model_instance_kind") == "GPU" else None
-        return runtime.load(version, self.manifest, self.version.precision, gpu, native=_native_decoder), runtime
+        decoder = load_decoder(runtime, version, self.manifest, self.version.precision, gpu, native=_native_decoder)
+        return decoder, runtime
 
     def _block_cache(self, cfg: EngineConfig, version) -> BlockCache:
         """The pool's KV blocks: its own memory first, then Redis shared by every replica."""
@@ -158,7 +160,7 @@ class TritonPythonModel:
 
     def _setup_responses(self, cfg: EngineConfig) -> None:
         # Priority 2 streams its tokens in sends at most stream_interval_ms apart, priority 1
-        # one send per token (switchboard/engine/stream.py says why).
+        # one send per token (switchboard/common/stream.py says why).
         self.stream_interval_s = cfg.stream_interval_ms / 1000
         self.cancel_poll_s = cfg.cancel_poll_ms / 1000
         self.watch = CancelWatch(self.name, self.cancel_poll_s)

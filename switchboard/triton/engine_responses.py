@@ -1,7 +1,7 @@
 """A generation pool's way back to ``chat``: each sequence's responses (token ids as the engine
 makes them, then a final response with stats, then its new KV blocks stored). The engine loop
 only queues (``ResponseSink.on_*``); the pool's sender thread and cancel watch
-(switchboard/engine/stream.py) do everything that talks to Triton, off that loop.
+(switchboard/common/stream.py) do everything that talks to Triton, off that loop.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from switchboard.common.stream import CancelWatch, Outbox, TokenStream
 from switchboard.engine.scheduler import GenerationResult
-from switchboard.engine.stream import CancelWatch, Outbox, TokenStream
 from switchboard.kv.tiers import BlockCache, Reuse
 from switchboard.triton.common import send_error
 from switchboard.wire import EngineStats, FinishReason, Pool

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from switchboard.engine.stream import CancelPoll
+from switchboard.common.stream import CancelPoll
 from switchboard.repository.config import VoiceChatConfig
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.voice import VoiceError, VoiceRequest, VoiceTurn

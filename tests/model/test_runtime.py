@@ -9,7 +9,9 @@ import numpy as np
 
 from switchboard.artifact.manifest import Manifest
 from switchboard.engine.batch import prefill_inputs
-from switchboard.engine.runtime import MANY_THREADS_FROM_BYTES, OnnxDecoder, auto_threads, usable_cores, weights_cache
+from switchboard.engine.runtime import OnnxDecoder
+from switchboard.engine.sizing import MANY_THREADS_FROM_BYTES
+from switchboard.runtime.onnx import auto_threads, usable_cores, weights_cache
 
 
 def _prefill(decoder):
@@ -64,6 +66,8 @@ def test_an_unusable_cache_falls_back_to_a_private_copy(artifacts, tmp_path):
 
 
 def test_thread_and_cache_settings():
-    assert auto_threads(MANY_THREADS_FROM_BYTES) == usable_cores() and auto_threads(30 << 20) == 1
+    many = MANY_THREADS_FROM_BYTES
+    assert auto_threads(many, many) == usable_cores() and auto_threads(30 << 20, many) == 1
+    assert auto_threads(many, many, cores=3) == 3
     assert weights_cache("off") is None and weights_cache("/x").as_posix() == "/x"
     assert weights_cache("").name == "weights"

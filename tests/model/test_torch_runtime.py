@@ -15,6 +15,8 @@ CHECKPOINT = "build/default-model"
 
 
 def test_torch_runtime_matches_onnx_and_drives_the_engine(artifacts):
+    import torch
+
     from tests.conftest import ROOT
 
     manifest = Manifest.load(artifacts)
@@ -32,19 +34,43 @@ def test_torch_runtime_matches_onnx_and_drives_the_engine(artifacts):
     step = np.argmax(a_logits[:, -1], -1)[:, None]
     mask2 = np.concatenate([mask, np.ones((2, 1), np.int64)], 1)
     a2, _ = onnx.forward(step, mask2, pos[:, -1:] + 1, a_present)
-    b2, _ = torch_rt.forward(step, mask2, pos[:, -1:] + 1, b_present)
+    b2, b_grown = torch_rt.forward(step, mask2, pos[:, -1:] + 1, b_present)
     assert np.abs(a2 - b2).max() < 1e-3
+    # the cache stays on the device between steps, in the model's dtype
+    assert isinstance(b_grown[0][0], torch.Tensor) and b_grown[0][0].dtype == torch_rt.model_dtype
 
-    outputs = []
-    for decoder in (onnx, torch_rt):
+    for prefill_budget in (0, 3):  # whole prompts; chunks, each on the cache of those before
+        outputs, caches = [], []
+        for decoder in (onnx, torch_rt):
+            engine = Engine(
+                decoder, max_batch=4, max_waiting=8, stop_ids=set(manifest.eos_token_ids), prefill_budget=prefill_budget
+            )
+            sinks = [Sink() for _ in range(3)]
+            for i, sink in enumerate(sinks):
+                request = GenerationRequest(prompt=list(ids[0, : 4 + i]), max_new_tokens=12, return_cache=True)
+                engine.submit(request, sink)
+            while any(s.result is None for s in sinks):
+                engine.step()
+            outputs.append([s.tokens for s in sinks])
+            caches.append([s.result.cache for s in sinks])
+        assert outputs[0] == outputs[1]
+        for a, b in zip(*caches):  # a session's stored cache comes back to the host, as ONNX's
+            assert b.dtype == a.dtype and b.shape == a.shape and np.abs(a - b).max() < 1e-3
+
+    # a follow-up on a stored prefix (from the host) gives the same tokens as on ONNX Runtime
+    follow = []
+    for decoder, cache in zip((onnx, torch_rt), caches):
         engine = Engine(decoder, max_batch=4, max_waiting=8, stop_ids=set(manifest.eos_token_ids))
-        sinks = [Sink() for _ in range(3)]
-        for i, sink in enumerate(sinks):
-            engine.submit(GenerationRequest(prompt=list(ids[0, : 4 + i]), max_new_tokens=12), sink)
-        while any(s.result is None for s in sinks):
+        prefix = list(ids[0, :4]) + outputs[0][0][:-1]
+        sink = Sink()
+        request = GenerationRequest(
+            prompt=prefix + [int(ids[1, 5])], max_new_tokens=8, reused=len(prefix), past=cache[0]
+        )
+        engine.submit(request, sink)
+        while sink.result is None:
             engine.step()
-        outputs.append([s.tokens for s in sinks])
-    assert outputs[0] == outputs[1]
+        follow.append(sink.tokens)
+    assert follow[0] == follow[1]
 
 
 def test_a_checkpoint_of_another_shape_is_refused_before_its_weights_are_read(artifacts, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 
@@ -247,7 +248,7 @@ def test_threads_0_is_one_for_a_model_whose_window_is_little_work(
     monkeypatch.setattr(
         glue.AsrModel, "load", lambda version, precision, threads, fitted_windows: loaded.append(threads)
     )
-    monkeypatch.setattr(glue.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     model = glue.TritonPythonModel()
     model._load_model(tmp_path, glue.AsrConfig())
     model._load_model(tmp_path, dataclasses.replace(glue.AsrConfig(), threads=2))
@@ -265,7 +266,8 @@ def test_windows_are_fitted_to_the_audio_unless_set_whole(glue):
 
 
 def test_threads_0_uses_every_core_when_the_encoder_cannot_be_sized(tmp_path):
-    from switchboard.asr.runtime import auto_threads
+    from switchboard.asr.runtime import MANY_THREADS_FROM_FLOPS, encoder_flops
+    from switchboard.runtime.onnx import auto_threads
 
     manifest = AsrManifest("m", "src", 80, 3000, 1500, 448, False, {"en": None}, {}, [], [], 1, 1, 4, 8)
-    assert auto_threads(tmp_path, manifest, 4) == 4
+    assert auto_threads(encoder_flops(tmp_path, manifest), MANY_THREADS_FROM_FLOPS, 4) == 4

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from switchboard.engine.batch import KVBatch, prefill_inputs
 
@@ -44,3 +45,28 @@ def test_merge_left_pads_the_narrower_batch_and_select_trims():
     s = m.select([1, 2])
     assert s.width == 2 and s.mask.all()
     assert s.next_pos.tolist() == [2, 2]
+
+
+def test_a_cache_of_device_tensors_is_laid_out_as_the_arrays_are():
+    """``runtime: torch`` keeps the cache on its device: merge, select, trim and a row's cache
+    give the same numbers on tensors as on arrays, and only ``row_cache`` comes to the host."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((rows, 2, width, 3)).astype(np.float32) for rows, width in ((2, 5), (1, 2))]
+    masks = [np.ones((2, 5), np.int64), np.ones((1, 2), np.int64)]
+    masks[0][1, :3] = 0  # a row that joined later
+
+    def layout(make):
+        a, b = (KVBatch([(make(x), make(2 * x))], m, np.full(len(m), 9)) for x, m in zip(arrays, masks))
+        merged = a.merge(b)
+        return merged, merged.select([1, 2])
+
+    (on_host, picked_on_host), (on_device, picked_on_device) = layout(np.asarray), layout(torch.from_numpy)
+    assert isinstance(on_device.kv[0][0], torch.Tensor) and isinstance(picked_on_device.kv[0][1], torch.Tensor)
+    for host, device in ((on_host, on_device), (picked_on_host, picked_on_device)):
+        assert host.width == device.width and (host.mask == device.mask).all()
+        for a, t in zip(host.kv[0], device.kv[0]):
+            assert np.array_equal(a, t.numpy())
+        for row in range(host.size):
+            cache = device.row_cache(row, np.dtype(np.float16))
+            assert cache.dtype == np.float16 and np.array_equal(cache, host.row_cache(row).astype(np.float16))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from switchboard.serving.breaker import LatencyBreaker
+from switchboard.common.breaker import LatencyBreaker
 
 
 class Clock:

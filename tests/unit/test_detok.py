@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from switchboard.serving.detok import IncrementalDetokenizer, incomplete_utf8_tail
+from switchboard.common.detok import IncrementalDetokenizer, incomplete_utf8_tail
 
 
 # A byte-level vocabulary: every id is one byte, so Chinese characters span three ids.

@@ -268,7 +268,7 @@ def _exported_names(monkeypatch) -> set[str]:
             return types.SimpleNamespace(increment=lambda v: None, observe=lambda v: None, set=lambda v: None)
 
     glue = stub_glue(monkeypatch, "switchboard.triton.chat_metrics")
-    monkeypatch.setattr(glue.pb_utils, "MetricFamily", Family, raising=False)
+    monkeypatch.setattr(sys.modules["triton_python_backend_utils"], "MetricFamily", Family, raising=False)
     glue.ChatMetricsPublisher(None, None, None, ("engine_short", "engine_long"), interval=3600)
     asr_glue = stub_glue(monkeypatch, "switchboard.triton.asr_metrics")
     monkeypatch.setattr(sys.modules["triton_python_backend_utils"], "MetricFamily", Family, raising=False)

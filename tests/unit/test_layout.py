@@ -28,16 +28,22 @@ ALLOWED = {
     # The model repository: what each config says and how a model reads it, rendering,
     # installing, versions. Triton-free: export, ops and the Triton glue all use it.
     "switchboard.repository": LEAVES | {"switchboard.artifact"},
+    # What both channels use and neither owns: detokenizer, breaker, tallies, response streams.
+    "switchboard.common": LEAVES,
+    # Which runtime runs a model, and ONNX Runtime's and PyTorch's settings, for both channels.
+    "switchboard.runtime": LEAVES,
     "switchboard.kv": LEAVES | {"switchboard.artifact"},
-    "switchboard.serving": LEAVES | {"switchboard.artifact"},
-    "switchboard.engine": LEAVES | {"switchboard.artifact"},
+    "switchboard.serving": LEAVES | {"switchboard.artifact", "switchboard.common"},
+    "switchboard.engine": LEAVES | {"switchboard.artifact", "switchboard.common", "switchboard.runtime"},
     # Speech: audio, features, batching and decoding of the recognizer pool (on the engine's
-    # runtime helpers and chat's incremental detokenizer).
-    "switchboard.asr": LEAVES | {"switchboard.artifact", "switchboard.engine", "switchboard.serving"},
+    # runtime layer).
+    "switchboard.asr": LEAVES | {"switchboard.artifact", "switchboard.common", "switchboard.runtime"},
     "switchboard.triton": LEAVES
     | {
         "switchboard.artifact",
         "switchboard.repository",
+        "switchboard.common",
+        "switchboard.runtime",
         "switchboard.serving",
         "switchboard.engine",
         "switchboard.kv",

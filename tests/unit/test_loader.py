@@ -9,14 +9,16 @@ import pytest
 
 from switchboard.artifact.geometry import geometry, mismatches
 from switchboard.engine import torch_runtime
-from switchboard.engine.loader import ONNXRUNTIME, TORCH, TRITON, RuntimeChoice
-from switchboard.engine.runtime import MANY_THREADS_FROM_BYTES, usable_cores
+from switchboard.engine.loader import load_decoder, pool_runtime
+from switchboard.engine.sizing import MANY_THREADS_FROM_BYTES
+from switchboard.runtime.choice import ONNXRUNTIME, TORCH, TRITON
+from switchboard.runtime.onnx import usable_cores
 
 MANIFEST = SimpleNamespace(name="tiny")
 
 
 def parse(runtime, threads=0, cache="", checkpoint="", model_bytes=30 << 20):
-    return RuntimeChoice.parse(runtime, threads, cache, checkpoint, model_bytes)
+    return pool_runtime(runtime, threads, cache, checkpoint, model_bytes)
 
 
 def test_onnxruntime_with_automatic_threads_and_the_shared_weights_cache():
@@ -44,10 +46,12 @@ def test_a_wrong_setting_is_named(runtime, checkpoint, message):
 def test_triton_runtime_is_built_by_the_glue_it_is_handed():
     choice = parse("triton:decoder")
     assert (choice.kind, choice.target) == (TRITON, "decoder")
-    built = choice.load("/repo/engine_short/1", MANIFEST, "fp32", native=lambda model, m: ("bls", model, m.name))
+    built = load_decoder(
+        choice, "/repo/engine_short/1", MANIFEST, "fp32", native=lambda model, m: ("bls", model, m.name)
+    )
     assert built == ("bls", "decoder", "tiny")
     with pytest.raises(ValueError, match="only inside Triton"):
-        choice.load("/repo/engine_short/1", MANIFEST, "fp32")
+        load_decoder(choice, "/repo/engine_short/1", MANIFEST, "fp32")
 
 
 @pytest.mark.parametrize(
@@ -59,7 +63,7 @@ def test_torch_runs_on_the_device_named_and_on_a_gpu_instance_its_own(monkeypatc
     monkeypatch.setattr(torch_runtime, "TorchDecoder", lambda *a, **kw: made.append((a, kw)) or "decoder")
     choice = parse(runtime, threads=2, checkpoint="/ckpt")
     assert choice.kind == TORCH
-    assert choice.load("/repo/engine_short/1", MANIFEST, "fp32", gpu=gpu) == "decoder"
+    assert load_decoder(choice, "/repo/engine_short/1", MANIFEST, "fp32", gpu=gpu) == "decoder"
     assert made == [(("/ckpt", MANIFEST, device), {"threads": 2})]
 
 

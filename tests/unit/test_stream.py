@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from switchboard.engine.stream import CancelPoll, Outbox, TokenStream
+from switchboard.common.stream import CancelPoll, Outbox, TokenStream
 
 
 class Clock:
