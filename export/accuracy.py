@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from switchboard.data import corpus as corpus_mod
 from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.export.calibration import CLASSES
 from switchboard.export.parity import onnx_greedy
-from switchboard.training import corpus as corpus_mod
 
 
 @dataclass

@@ -22,7 +22,7 @@ model's INT8 (``export.quantize``, which keeps its LM head FP32), the projection
 here: at batch 1 a decoding step of tiny.en spends 57% of its time reading that 51,864 x 384
 matrix, and the gate measures what it costs (on tiny.en, nothing: see ``AsrGate``). The
 variant ships only when it passes the accuracy gate on held-out speech
-(``switchboard.training.speech.heldout_clips``). When it does not, the encoder is quantized
+(``switchboard.data.speech.heldout_clips``). When it does not, the encoder is quantized
 again with its first layer kept FP32 (``INT8_RUNGS``), and judged again: that layer reads the
 convolutions' output, and it is where tiny.en's INT8 lost its accuracy. Which languages the gate
 judges is the checkpoint's to say too (``gate_languages``: English alone for pretrained Whisper,
@@ -388,7 +388,7 @@ def gate_languages(model_dir: Path, manifest: AsrManifest, asked: str = "") -> t
     else every language of the model with held-out speech. Whisper's converter
     (``switchboard.training.whisper_ct2``) leaves Mandarin out for pretrained Whisper: espeak-ng's
     ``cmn`` voice is not speech a recognizer trained on people knows."""
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     have = [lang for lang in speech.LANGS if lang in manifest.languages]
     info = read_json(model_dir / "switchboard.json")
@@ -412,7 +412,7 @@ def gate_clips(manifest: AsrManifest, per_language: int, languages: list[str] | 
     most ``per_language`` clips each (0: all), spread evenly over the set (both voices, every
     FAQ entry). A model is judged on the clips its input takes whole (its window, or the
     variable-length limit): a longer one would be cut, which serving never does."""
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     clips = []
     for lang in speech.LANGS:
@@ -730,7 +730,7 @@ def _inputs_digest(model_dir: Path, options: list[str]) -> str:
     asr = paths.ROOT / "switchboard" / "asr"
     names = ("runtime.py", "model.py", "features.py", "wer.py", "graphs.py", "checkpoint.py")
     code = [HERE / "asr.py", *(asr / f for f in names)]
-    code.append(paths.ROOT / "switchboard" / "training" / "speech.py")  # the gate's clips
+    code.append(paths.ROOT / "switchboard" / "data" / "speech.py")  # the gate's clips
     h = hashlib.sha256(file_digest(files).encode())
     for f in code:
         h.update(f.read_bytes())

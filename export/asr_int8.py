@@ -42,8 +42,8 @@ def calibration_features(n: int, seed: int = 0) -> list[np.ndarray]:
     """[80, 3000] windows of ``n`` corpus FAQ questions (the training ones: the gate's are held
     out), the voices taking turns."""
     from switchboard.asr.features import log_mel
+    from switchboard.data import speech
     from switchboard.perf.asr_load import questions
-    from switchboard.training import speech
 
     texts = questions("en", seed)[:n]
     out = []

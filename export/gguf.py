@@ -186,7 +186,7 @@ def _drop_tokens_past(directory: Path, vocab_size: int, say) -> None:
 def _check_tokenizer(directory: Path, header: Header, vocab_size: int) -> None:
     """The tokenizer as the engine reads it must encode and decode corpus text."""
     from switchboard.artifact.tokenizer import TextTokenizer
-    from switchboard.training import corpus
+    from switchboard.data import corpus
 
     try:
         tok = TextTokenizer(directory)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from switchboard.training import corpus
+from switchboard.data import corpus
 from switchboard.wire import PRIORITY_PARAMETER
 
 

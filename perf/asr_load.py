@@ -100,7 +100,7 @@ def questions(lang: str, seed: int = 0) -> list[str]:
     """The corpus's FAQ questions in ``lang``, in a seeded order. Those with slots (order
     numbers, prices) are left out: a recognizer writing "SB 55,179,467" for "SB55779467" is
     right, and the error rates would say otherwise."""
-    from switchboard.training import corpus as corpus_mod
+    from switchboard.data import corpus as corpus_mod
 
     rng = random.Random(f"asr-bench:{lang}:{seed}")
     out = [q for entry in corpus_mod.load().faq if entry.lang == lang for q in entry.questions if "{" not in q]
@@ -114,7 +114,7 @@ VOICES = {"en": ("en-us", "en-gb-x-rp", "en-us+f3"), "zh": ("cmn", "cmn+f3", "cm
 
 
 def spoken(text: str, lang: str, voice: str) -> np.ndarray:
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     return speech.synthesize(text, lang, voice)
 

@@ -102,7 +102,7 @@ FRESH_QUESTIONS = (
 
 def relation(voice: str, lang: str) -> str:
     """How ``voice`` (an espeak-ng ``accent+variant``) stands to what training speaks."""
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     if voice == speech.SEEN_VOICES[lang]:
         return "the training voice"
@@ -202,7 +202,7 @@ def spec_problem(spec: Path) -> str | None:
 
 def sentences(lang: str, questions: str, per_language: int) -> list[str]:
     """The texts to speak: the corpus's held-out questions, or ``FRESH_QUESTIONS`` (English)."""
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     if questions == "fresh":
         return list(FRESH_QUESTIONS) if lang == "en" else []
@@ -236,7 +236,7 @@ def recordings(clips: list, seconds: float = 28.0, gap_s: float = 0.6) -> list:
     import numpy as np
 
     from switchboard.asr.features import SAMPLE_RATE
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     gap = np.zeros(int(gap_s * SAMPLE_RATE), np.float32)
     out, parts, texts = [], [], []
@@ -265,7 +265,7 @@ def measure(
     questions: str = "heldout",
 ) -> dict:
     from switchboard.asr import wer
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     rows, labels = [], {}
     for name, spec in models.items():
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = spec_problem(spec)
         if problem:
             p.error(f"--model {name}: {problem}")
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     for lang, names in voices.items():
         for voice in names:

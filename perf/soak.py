@@ -23,10 +23,10 @@ import redis
 
 from switchboard import paths
 from switchboard.client import ChatClient
+from switchboard.data.corpus import load, sample_questions
 from switchboard.ops.launch import Ports, Stack, children
 from switchboard.perf.loadtools import ms, percentile, rss_kib, table, timed_chat, write_summary
 from switchboard.serving.session import session_key
-from switchboard.training.corpus import load, sample_questions
 
 
 def growth_rows(samples: list[tuple[float, dict]], duration_s: float) -> tuple[list[list], bool]:

@@ -16,18 +16,26 @@ import sys
 import time
 from pathlib import Path
 
+from switchboard.data import corpus as corpus_mod
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
-from switchboard.training import corpus as corpus_mod
 
 log = logging.getLogger("switchboard.training")
-# What the model is made from: a change to any of these rebuilds it.
-SOURCES = ("__main__.py", "augment.py", "corpus.py", "tokenizer.py", "train.py")
+PACKAGE = Path(__file__).parents[1]
+# What the model is made from (under switchboard/): a change to any of these rebuilds it.
+# order_demo.py: the tools the conversations offer.
+SOURCES = (
+    "training/__main__.py",
+    "data/augment.py",
+    "data/corpus.py",
+    "training/tokenizer.py",
+    "training/train.py",
+    "serving/order_demo.py",
+)
 
 
 def inputs_digest(cfg, corpus_dir: Path) -> str:
     h = hashlib.sha256()
-    files = sorted(corpus_dir.glob("*.jsonl")) + [Path(__file__).parent / name for name in SOURCES]
-    files.append(Path(__file__).parents[1] / "serving" / "order_demo.py")  # the tools conversations offer
+    files = sorted(corpus_dir.glob("*.jsonl")) + [PACKAGE / name for name in SOURCES]
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -41,8 +49,8 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    from switchboard.data.augment import noisy
     from switchboard.training import tokenizer as tokmod
-    from switchboard.training.augment import noisy
     from switchboard.training.train import encode_conversation, train
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.training import corpus as corpus_mod
+from switchboard.data import corpus as corpus_mod
 from switchboard.training.evaluate import _same, generate, load
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from switchboard.training import corpus as corpus_mod
+from switchboard.data import corpus as corpus_mod
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.data import corpus as corpus_mod
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
-from switchboard.training import corpus as corpus_mod
 
 log = logging.getLogger("switchboard.training.gemma")
 IGNORE = -100
@@ -141,8 +141,8 @@ def json_conversation(rng: random.Random, data: corpus_mod.Corpus, heldout: bool
 
 def conversations(data: corpus_mod.Corpus, cfg: AgentConfig) -> list[list[dict]]:
     """The training conversations, as OpenAI messages (system first), seeded."""
+    from switchboard.data.augment import noisy
     from switchboard.serving import order_demo
-    from switchboard.training.augment import noisy
 
     def rewrite(rng, question: str, lang: str) -> str:
         return noisy(rng, question, lang, cfg.noise_drop) if rng.random() < cfg.question_noise else question

@@ -13,7 +13,7 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from switchboard.training import corpus as corpus_mod
+from switchboard.data import corpus as corpus_mod
 from switchboard.training.evaluate import generate, load
 
 

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from switchboard import paths
-from switchboard.training import speech
+from switchboard.data import speech
 
 # Whisper's 30 s window: pretrained checkpoints only ever saw inputs padded to it.
 WINDOW_FRAMES = 3000

@@ -13,8 +13,9 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from switchboard.artifact.tokenizer import ChatTemplate
 from switchboard.artifact.tools import ToolFormat
+from switchboard.data import corpus
 from switchboard.serving import order_demo
-from switchboard.training import corpus, gemma
+from switchboard.training import gemma
 from tests.export import gguf_writer
 from tests.export.test_gguf import GEMMA_SPECIALS
 

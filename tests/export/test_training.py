@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from switchboard.training import corpus
-from switchboard.training.augment import noisy
+from switchboard.data import corpus
+from switchboard.data.augment import noisy
 from switchboard.training.train import IGNORE, TrainConfig, answer_loss, batches, loss_weights, shared_prefix
 
 

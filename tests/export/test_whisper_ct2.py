@@ -34,7 +34,8 @@ import torch  # noqa: E402
 
 from switchboard.asr.features import log_mel, pad_batch  # noqa: E402
 from switchboard.asr.wer import error_rate  # noqa: E402
-from switchboard.training import speech, whisper_ct2  # noqa: E402
+from switchboard.data import speech  # noqa: E402
+from switchboard.training import whisper_ct2  # noqa: E402
 from switchboard.training.whisper_ct2 import SOURCES, WINDOW_FRAMES  # noqa: E402
 
 QUESTIONS = [

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from switchboard.data import speech
 from switchboard.perf import asr_voices
-from switchboard.training import speech
 
 RATE = 16_000
 

@@ -34,6 +34,8 @@ ALLOWED = {
     "switchboard.client": {"switchboard.wire"},
     # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike.
     "switchboard.gateway": LEAVES | {"switchboard.client", "switchboard.serving", "switchboard.asr"},
+    # What models are made from: the corpus (with the demo tools its conversations offer), its speech.
+    "switchboard.data": LEAVES | {"switchboard.serving"},
 }
 FOLDERS = {
     "switchboard": "switchboard",
@@ -83,7 +85,7 @@ def test_imports_point_one_way(module, path):
 
 def test_every_folder_of_the_package_is_a_layer_of_the_layout():
     packages = {p.name for p in (ROOT / "switchboard").iterdir() if (p / "__init__.py").is_file()}
-    assert packages == {"artifact", "kv", "serving", "engine", "triton", "ops", "training", "gateway", "asr"}
+    assert packages == {"artifact", "kv", "serving", "engine", "triton", "ops", "training", "gateway", "asr", "data"}
 
 
 def _graph() -> dict[str, set[str]]:

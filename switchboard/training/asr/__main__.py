@@ -21,8 +21,8 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.asr.features import SAMPLE_RATE
-from switchboard.training import corpus as corpus_mod
-from switchboard.training import speech
+from switchboard.data import corpus as corpus_mod
+from switchboard.data import speech
 from switchboard.training.asr import data as data_mod
 from switchboard.training.asr.model import ModelConfig
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from switchboard.asr import features as feat
-from switchboard.training import speech
+from switchboard.data import speech
 from switchboard.training.asr import data as data_mod
 
 log = logging.getLogger(__name__)
