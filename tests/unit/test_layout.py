@@ -22,6 +22,8 @@ ALLOWED = {
     "switchboard.nice": set(),
     "switchboard.redis_conn": set(),
     "switchboard.console": {"switchboard.paths"},
+    # Build steps skipped when their inputs are unchanged (training, converters, export).
+    "switchboard.stamp": {"switchboard.console"},
     "switchboard.artifact": LEAVES,
     "switchboard.kv": LEAVES | {"switchboard.artifact"},
     "switchboard.serving": LEAVES | {"switchboard.artifact"},

@@ -23,6 +23,7 @@ from switchboard import paths
 from switchboard.asr.features import SAMPLE_RATE
 from switchboard.data import corpus as corpus_mod
 from switchboard.data import speech
+from switchboard.stamp import Stamp
 from switchboard.training.asr import data as data_mod
 from switchboard.training.asr.model import ModelConfig
 
@@ -262,9 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         p.error("--workers: at least 1")
     with console.step("asr-model", args.log) as out:
-        digest = inputs_digest(cfg, args.corpus)
-        stamp = args.out / ".inputs"
-        if not args.force and stamp.exists() and stamp.read_text().strip() == digest:
+        stamp = Stamp(args.out, inputs_digest(cfg, args.corpus))
+        if not args.force and stamp.current():
             out.line(f"default speech model up to date ({args.out})")
             return 0
         out.line(
@@ -273,16 +273,15 @@ def main(argv: list[str] | None = None) -> int:
             f"detail in {out.log_path or 'the terminal'})"
         )
         args.out.mkdir(parents=True, exist_ok=True)
-        stamp.unlink(missing_ok=True)
-        info = build(
-            args.out,
-            cfg,
-            args.corpus,
-            args.cache,
-            args.workers,
-            bar=lambda total, desc, unit: out.bar(total, desc, unit),
-        )
-        stamp.write_text(digest + "\n")
+        with stamp.building():
+            info = build(
+                args.out,
+                cfg,
+                args.corpus,
+                args.cache,
+                args.workers,
+                bar=lambda total, desc, unit: out.bar(total, desc, unit),
+            )
         out.line(
             f"built {args.out}: {info['parameters'] / 1e6:.1f}M parameters, {info['steps']} steps in "
             f"{info['training_seconds']:.0f} s, {info['build_seconds']:.0f} s in all"
