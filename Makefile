@@ -41,7 +41,7 @@ setup: ## venv, pinned packages, tritonserver + Python backend, perf_analyzer, r
 
 model: setup ## build the embedded default model from corpus/ (cached; MODEL=gemma: make model-gemma; other MODEL: none)
 ifeq ($(MODEL),)
-	@$(PY) -m switchboard.training --out build/default-model
+	@$(PY) -m switchboard.training.chat --out build/default-model
 else ifeq ($(MODEL),gemma)
 	@$(PY) -m switchboard.training.gemma --out build/gemma-agent
 else

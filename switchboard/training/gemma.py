@@ -229,7 +229,7 @@ def prefix_length(examples) -> int:
     opening and the system prompt): computed once per step, not once per row. The token after
     them is predicted from the prefix's last position, which the rows do not compute, so it
     must not be trained on either."""
-    from switchboard.training.train import shared_prefix
+    from switchboard.training.chat.train import shared_prefix
 
     n = shared_prefix(examples)
     while n and any(len(labels) > n and labels[n] != IGNORE for _, labels in examples):

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, Lla
 
 from switchboard import console
 from switchboard.data import corpus
-from switchboard.training.tokenizer import train_tokenizer
+from switchboard.training.chat.tokenizer import train_tokenizer
 
 SMALL = dict(
     hidden_size=64,

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from switchboard.data import corpus
 from switchboard.data.augment import noisy
-from switchboard.training.train import IGNORE, TrainConfig, answer_loss, batches, loss_weights, shared_prefix
+from switchboard.training.chat.train import IGNORE, TrainConfig, answer_loss, batches, loss_weights, shared_prefix
 
 
 def _examples(prefix: list[int], rng: random.Random, n: int = 6) -> list[tuple[list[int], list[int]]]:
@@ -100,7 +100,7 @@ def test_training_conversations_rewrite_questions_before_filling_slots():
 
 
 def test_set_overrides_take_the_settings_type_and_name_what_is_wrong():
-    from switchboard.training.__main__ import _setting
+    from switchboard.training.chat.__main__ import _setting
 
     assert _setting(TrainConfig, "lr=0.003") == ("lr", 0.003)
     assert _setting(TrainConfig, "lead_tokens=5") == ("lead_tokens", 5)

@@ -1,4 +1,4 @@
-"""Build the embedded default model from the corpus: ``python -m switchboard.training``.
+"""Build the embedded default model from the corpus: ``python -m switchboard.training.chat``.
 
 Writes a Hugging Face checkpoint (config, safetensors weights, tokenizer with chat template)
 to the output directory. The build is skipped when a checkpoint made from the same inputs
@@ -20,16 +20,16 @@ from switchboard.data import corpus as corpus_mod
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
 from switchboard.stamp import Stamp
 
-log = logging.getLogger("switchboard.training")
-PACKAGE = Path(__file__).parents[1]
+log = logging.getLogger("switchboard.training.chat")
+PACKAGE = Path(__file__).parents[2]
 # What the model is made from (under switchboard/): a change to any of these rebuilds it.
 # order_demo.py: the tools the conversations offer.
 SOURCES = (
-    "training/__main__.py",
+    "training/chat/__main__.py",
     "data/augment.py",
     "data/corpus.py",
-    "training/tokenizer.py",
-    "training/train.py",
+    "training/chat/tokenizer.py",
+    "training/chat/train.py",
     "serving/order_demo.py",
 )
 
@@ -51,8 +51,8 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     from switchboard.data.augment import noisy
-    from switchboard.training import tokenizer as tokmod
-    from switchboard.training.train import encode_conversation, train
+    from switchboard.training.chat import tokenizer as tokmod
+    from switchboard.training.chat.train import encode_conversation, train
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     t0 = time.time()
@@ -138,9 +138,9 @@ def _setting(config_class, text: str) -> tuple[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     from switchboard import console
-    from switchboard.training.train import TrainConfig
+    from switchboard.training.chat.train import TrainConfig
 
-    p = argparse.ArgumentParser(prog="python -m switchboard.training", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.training.chat", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("build/default-model"), help="checkpoint directory")
     p.add_argument("--corpus", type=Path, default=corpus_mod.CORPUS_DIR, help="corpus directory")
     p.add_argument("--steps", type=int, default=TrainConfig.steps, help="training steps")
