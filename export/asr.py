@@ -387,7 +387,7 @@ def gate_languages(model_dir: Path, manifest: AsrManifest, asked: str = "") -> t
     held-out speech). ``asked``: a comma-separated list (``--gate-languages``); else what the
     checkpoint's switchboard.json says (``gate_languages``, its reasons in ``gate_not_judged``),
     else every language of the model with held-out speech. Whisper's converter
-    (``switchboard.training.whisper_ct2``) leaves Mandarin out for pretrained Whisper: espeak-ng's
+    (``switchboard.checkpoints.whisper_ct2``) leaves Mandarin out for pretrained Whisper: espeak-ng's
     ``cmn`` voice is not speech a recognizer trained on people knows."""
     from switchboard.data import speech
 

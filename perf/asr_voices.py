@@ -14,7 +14,7 @@ espeak-ng, so a voice it cannot follow either is a hard voice, not a deaf model.
 corpus-trained recognizer's training or held-out sets. A recognizer is a Hugging Face checkpoint
 (run in PyTorch, as above), an export directory (``DIR@PRECISION``: the ONNX graphs the pool
 serves, ``fp32`` or ``int8-dynamic``) or ``faster-whisper:SOURCE@COMPUTE`` (faster-whisper on the
-CTranslate2 weights a pinned package carries, ``switchboard.training.whisper_ct2.SOURCES``:
+CTranslate2 weights a pinned package carries, ``switchboard.checkpoints.whisper_ct2.SOURCES``:
 the same weights; greedy, no timestamps, the language given, as the pool decodes).
 
 ``--windows whole,fitted`` measures each recognizer twice: every chunk padded to the model's
@@ -140,7 +140,7 @@ class FasterWhisperHears:
     def __init__(self, source: str, compute_type: str = "int8"):
         from faster_whisper import WhisperModel
 
-        from switchboard.training import whisper_ct2
+        from switchboard.checkpoints import whisper_ct2
 
         src = whisper_ct2.SOURCES[source]
         self.model = WhisperModel(src.name, device="cpu", compute_type=compute_type, files=whisper_ct2.ct2_files(src))
@@ -184,7 +184,7 @@ def load_recognizer(spec: Path, fitted: bool):
 
 def spec_problem(spec: Path) -> str | None:
     """Why ``spec`` names no recognizer (None: it does)."""
-    from switchboard.training import whisper_ct2
+    from switchboard.checkpoints import whisper_ct2
 
     text = str(spec)
     if text.startswith("faster-whisper:"):

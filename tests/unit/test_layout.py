@@ -87,7 +87,19 @@ def test_imports_point_one_way(module, path):
 
 def test_every_folder_of_the_package_is_a_layer_of_the_layout():
     packages = {p.name for p in (ROOT / "switchboard").iterdir() if (p / "__init__.py").is_file()}
-    assert packages == {"artifact", "kv", "serving", "engine", "triton", "ops", "training", "gateway", "asr", "data"}
+    assert packages == {
+        "artifact",
+        "kv",
+        "serving",
+        "engine",
+        "triton",
+        "ops",
+        "training",
+        "gateway",
+        "asr",
+        "data",
+        "checkpoints",
+    }
 
 
 def _graph() -> dict[str, set[str]]:

