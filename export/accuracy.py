@@ -244,7 +244,7 @@ def evaluate(
         )
         progress()
     if answer_accuracy:
-        from switchboard.training.evaluate import answer_accuracy as measure
+        from switchboard.evaluation.answers import answer_accuracy as measure
 
         for v, r in results.items():
             r.answer_accuracy = measure(artifacts, v).heldout

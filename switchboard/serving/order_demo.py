@@ -4,7 +4,7 @@ answers them the same way every time for the same order.
 The default model is trained on conversations that call these tools (corpus/tools.jsonl, whose
 results have the shapes ``call`` returns), the web chat offers them with the "order tools"
 switch and runs the calls here through the gateway, and the tool benchmark
-(``python -m switchboard.perf.tool_eval``) scores how often the model picks the right one.
+(``python -m switchboard.evaluation.tools``) scores how often the model picks the right one.
 """
 
 from __future__ import annotations

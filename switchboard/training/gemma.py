@@ -45,6 +45,7 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.data import corpus as corpus_mod
+from switchboard.data import extraction
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
 from switchboard.stamp import Stamp
 
@@ -80,23 +81,6 @@ AGENT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
 )
-# JSON extraction: the instruction a client puts in the system message with a json_schema
-# response format, and the schema the answers follow.
-JSON_INSTRUCTION = (
-    "Reply with JSON only: order_id (the order number in the message, or an empty string), "
-    "topic, lang and question (the customer's request, rephrased)."
-)
-JSON_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "order_id": {"type": "string"},
-        "topic": {"type": "string"},
-        "lang": {"type": "string", "enum": ["en", "zh"]},
-        "question": {"type": "string"},
-    },
-    "required": ["order_id", "topic", "lang", "question"],
-    "additionalProperties": False,
-}
 
 
 @dataclass(frozen=True)
@@ -122,24 +106,6 @@ class AgentConfig:
 # --- data -----------------------------------------------------------------------------------
 
 
-def json_conversation(rng: random.Random, data: corpus_mod.Corpus, heldout: bool = False) -> tuple[list[dict], dict]:
-    """A customer message with the JSON extraction instruction, and the object to answer."""
-    pairs = [(e, q) for e in data.faq for q in (e.heldout if heldout else e.questions)]
-    if rng.random() < 0.5:  # half name an order (few FAQ questions do): it must be copied, or left empty
-        pairs = [(e, q) for e, q in pairs if "{order_id}" in q]
-    entry, template = rng.choice(pairs)
-    slots = corpus_mod.sample_slots(rng, entry.lang)
-    question = corpus_mod.fill_slots(slots, template)
-    answer = {
-        "order_id": slots["order_id"] if "{order_id}" in template else "",  # only what the message says
-        "topic": entry.topic,
-        "lang": entry.lang,
-        "question": corpus_mod.fill_slots(slots, entry.questions[0]),
-    }
-    system = DEFAULT_SYSTEM_PROMPT + " " + JSON_INSTRUCTION
-    return [{"role": "system", "content": system}, {"role": "user", "content": question}], answer
-
-
 def conversations(data: corpus_mod.Corpus, cfg: AgentConfig) -> list[list[dict]]:
     """The training conversations, as OpenAI messages (system first), seeded."""
     from switchboard.data.augment import noisy
@@ -160,7 +126,7 @@ def conversations(data: corpus_mod.Corpus, cfg: AgentConfig) -> list[list[dict]]
         tools_listed_share=cfg.tools_listed_share,
     ):
         if rng.random() < cfg.json_share:
-            messages, answer = json_conversation(rng, data)
+            messages, answer = extraction.json_conversation(rng, data)
             out.append((messages + [{"role": "assistant", "content": compact(answer)}], None))
             continue
         tools = None
@@ -375,7 +341,8 @@ def base_checkpoint(say=print) -> Path:
 
 def inputs_digest(cfg: AgentConfig, base: Path) -> str:
     h = hashlib.sha256()
-    for f in [*sorted(corpus_mod.CORPUS_DIR.glob("*.jsonl")), Path(__file__), Path(corpus_mod.__file__)]:
+    sources = [Path(__file__), Path(corpus_mod.__file__), Path(extraction.__file__)]
+    for f in [*sorted(corpus_mod.CORPUS_DIR.glob("*.jsonl")), *sources]:
         h.update(f.read_bytes())
     h.update(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
     h.update(DEFAULT_SYSTEM_PROMPT.encode())

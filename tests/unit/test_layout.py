@@ -99,6 +99,7 @@ def test_every_folder_of_the_package_is_a_layer_of_the_layout():
         "asr",
         "data",
         "checkpoints",
+        "evaluation",
     }
 
 

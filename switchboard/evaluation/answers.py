@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     p = argparse.ArgumentParser(
-        prog="python -m switchboard.training.evaluate",
+        prog="python -m switchboard.evaluation.answers",
         description="Answer accuracy of an exported default model: greedy answers to FAQ "
         "questions it was trained on and to held-out paraphrases.",
     )
