@@ -6,6 +6,6 @@
   spoken by espeak-ng (``python -m switchboard.training.asr``);
 - ``gemma``: Gemma 3 270M fine-tuned into the agent (``python -m switchboard.training.gemma``).
 
-What they read is in ``switchboard.data``; a build is skipped when its inputs are unchanged
-(``switchboard.stamp``).
+Their commands change a setting with ``--set KEY=VALUE`` (``settings``). What they read is in
+``switchboard.data``; a build is skipped when its inputs are unchanged (``switchboard.stamp``).
 """

@@ -48,6 +48,7 @@ from switchboard.data import corpus as corpus_mod
 from switchboard.data import extraction
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
 from switchboard.stamp import Stamp
+from switchboard.training.settings import override
 
 log = logging.getLogger("switchboard.training.gemma")
 IGNORE = -100
@@ -435,18 +436,6 @@ def build(base: Path, out: Path, cfg: AgentConfig, say=print, bar=None) -> dict:
     return info
 
 
-def _setting(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    fields = {f.name: f for f in dataclasses.fields(AgentConfig)}
-    if not sep or key not in fields:
-        raise ValueError(f"{text!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
-    kind = type(fields[key].default)
-    try:
-        return key, kind(value)
-    except ValueError:
-        raise ValueError(f"{text!r}: {key} must be {kind.__name__}") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     from switchboard import console
 
@@ -463,11 +452,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="train again even if the inputs did not change")
     p.add_argument("--base-only", action="store_true", help="only assemble and import the base model (no training)")
     args = p.parse_args(argv)
+    cfg = AgentConfig(steps=args.steps)
     try:
-        overrides = dict(_setting(kv) for kv in args.set)
+        for kv in args.set:
+            cfg = override(cfg, kv)
     except ValueError as e:
         p.error(f"--set: {e}")
-    cfg = AgentConfig(**{"steps": args.steps, **overrides})
     with console.step("model-gemma") as out:
         base = base_checkpoint(say=out.line)
         if args.base_only:

@@ -100,13 +100,13 @@ def test_training_conversations_rewrite_questions_before_filling_slots():
 
 
 def test_set_overrides_take_the_settings_type_and_name_what_is_wrong():
-    from switchboard.training.chat.__main__ import _setting
+    from switchboard.training.settings import override
 
-    assert _setting(TrainConfig, "lr=0.003") == ("lr", 0.003)
-    assert _setting(TrainConfig, "lead_tokens=5") == ("lead_tokens", 5)
+    assert override(TrainConfig(), "lr=0.003").lr == 0.003
+    assert override(TrainConfig(), "lead_tokens=5").lead_tokens == 5
     with pytest.raises(ValueError, match="lead_tokens must be int"):
-        _setting(TrainConfig, "lead_tokens=1.5")
+        override(TrainConfig(), "lead_tokens=1.5")
     with pytest.raises(ValueError, match="KEY one of"):
-        _setting(TrainConfig, "learning_rate=1")
+        override(TrainConfig(), "learning_rate=1")
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        _setting(TrainConfig, "lr")
+        override(TrainConfig(), "lr")

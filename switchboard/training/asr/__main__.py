@@ -26,6 +26,7 @@ from switchboard.data import speech
 from switchboard.stamp import Stamp
 from switchboard.training.asr import data as data_mod
 from switchboard.training.asr.model import ModelConfig
+from switchboard.training.settings import override
 
 log = logging.getLogger("switchboard.training.asr")
 HERE = Path(__file__).parent
@@ -209,22 +210,6 @@ def _generation_config(GenerationConfig, ids: dict[str, int], cfg: ModelConfig):
     )
 
 
-def _setting(cfg: BuildConfig, text: str) -> BuildConfig:
-    """``cfg`` with one ``KEY=VALUE`` applied; KEY names a field of the data or model config."""
-    key, sep, value = text.partition("=")
-    for part in ("data", "model"):
-        sub = getattr(cfg, part)
-        fields = {f.name: f for f in dataclasses.fields(sub)}
-        if sep and key in fields and key != "seed":
-            kind = type(fields[key].default)
-            try:
-                return dataclasses.replace(cfg, **{part: dataclasses.replace(sub, **{key: kind(value)})})
-            except ValueError:
-                raise ValueError(f"{text!r}: {key} must be {kind.__name__}") from None
-    names = [f.name for part in (cfg.data, cfg.model) for f in dataclasses.fields(part) if f.name != "seed"]
-    raise ValueError(f"{text!r}: expected KEY=VALUE with KEY one of {', '.join(names)}")
-
-
 def main(argv: list[str] | None = None) -> int:
     from switchboard import console
 
@@ -256,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         for kv in args.set:
-            cfg = _setting(cfg, kv)
+            cfg = override(cfg, kv, parts=("data", "model"), fixed=("seed",))
         check_window(cfg)
     except ValueError as e:
         p.error(f"--set: {e}")

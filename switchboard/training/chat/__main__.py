@@ -19,6 +19,7 @@ from pathlib import Path
 from switchboard.data import corpus as corpus_mod
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
 from switchboard.stamp import Stamp
+from switchboard.training.settings import override
 
 log = logging.getLogger("switchboard.training.chat")
 PACKAGE = Path(__file__).parents[2]
@@ -124,18 +125,6 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
     return info
 
 
-def _setting(config_class, text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    fields = {f.name: f for f in dataclasses.fields(config_class)}
-    if not sep or key not in fields:
-        raise ValueError(f"{text!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
-    kind = type(fields[key].default)
-    try:
-        return key, kind(value)
-    except ValueError:
-        raise ValueError(f"{text!r}: {key} must be {kind.__name__}") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     from switchboard import console
     from switchboard.training.chat.train import TrainConfig
@@ -157,11 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", type=Path, help="where the detail goes (default build/logs/model.log)")
     args = p.parse_args(argv)
 
+    cfg = TrainConfig(steps=args.steps, seed=args.seed)
     try:
-        overrides = dict(_setting(TrainConfig, kv) for kv in args.set)
+        for kv in args.set:
+            cfg = override(cfg, kv)
     except ValueError as e:
         p.error(f"--set: {e}")
-    cfg = TrainConfig(**{"steps": args.steps, "seed": args.seed, **overrides})
     stamp = Stamp(args.out, inputs_digest(cfg, args.corpus))
     with console.step("model", args.log) as out:
         if not args.force and stamp.current():
