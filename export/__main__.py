@@ -19,6 +19,7 @@ from pathlib import Path
 from switchboard import paths
 from switchboard.artifact.tokenizer import FALLBACK_TEMPLATE
 from switchboard.repository.install import CHAT_MODELS, install_chat
+from switchboard.stamp import Stamp
 
 log = logging.getLogger("switchboard.export")
 HERE = Path(__file__).resolve().parent
@@ -453,30 +454,28 @@ def main(argv: list[str] | None = None) -> int:
         str(args.smooth_alpha),
         repr(gate),
     ]
-    digest = _inputs_digest(args.model, options)
-    stamp = args.out / ".inputs"
+    stamp = Stamp(args.out, _inputs_digest(args.model, options))
     with console.step("export", args.log) as out:
-        if args.force or not stamp.exists() or stamp.read_text().strip() != digest:
-            stamp.unlink(missing_ok=True)
+        if args.force or not stamp.current():
             batches = tuple(int(b) for b in args.bench_batches.split(",") if b.strip())
-            run_export(
-                args.model,
-                args.out,
-                precisions,
-                check=not args.no_check,
-                parts=parts,
-                calibration_per_class=args.calibration_per_class,
-                gate=gate,
-                heldout_per_class=args.heldout_per_class,
-                bench_batches=batches,
-                bench_repeats=args.bench_repeats,
-                bench_prompt=args.bench_prompt,
-                required=required,
-                coverage_study=args.coverage_study,
-                smooth_alpha=args.smooth_alpha,
-                console=out,
-            )
-            stamp.write_text(digest + "\n")
+            with stamp.building():
+                run_export(
+                    args.model,
+                    args.out,
+                    precisions,
+                    check=not args.no_check,
+                    parts=parts,
+                    calibration_per_class=args.calibration_per_class,
+                    gate=gate,
+                    heldout_per_class=args.heldout_per_class,
+                    bench_batches=batches,
+                    bench_repeats=args.bench_repeats,
+                    bench_prompt=args.bench_prompt,
+                    required=required,
+                    coverage_study=args.coverage_study,
+                    smooth_alpha=args.smooth_alpha,
+                    console=out,
+                )
         else:
             from switchboard.artifact.manifest import Manifest
 

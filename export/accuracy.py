@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from switchboard.data import corpus as corpus_mod
 from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.export.calibration import CLASSES
 from switchboard.export.parity import onnx_greedy
-from switchboard.training import corpus as corpus_mod
 
 
 @dataclass
@@ -244,7 +244,7 @@ def evaluate(
         )
         progress()
     if answer_accuracy:
-        from switchboard.training.evaluate import answer_accuracy as measure
+        from switchboard.evaluation.answers import answer_accuracy as measure
 
         for v, r in results.items():
             r.answer_accuracy = measure(artifacts, v).heldout

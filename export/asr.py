@@ -22,7 +22,7 @@ model's INT8 (``export.quantize``, which keeps its LM head FP32), the projection
 here: at batch 1 a decoding step of tiny.en spends 57% of its time reading that 51,864 x 384
 matrix, and the gate measures what it costs (on tiny.en, nothing: see ``AsrGate``). The
 variant ships only when it passes the accuracy gate on held-out speech
-(``switchboard.training.speech.heldout_clips``). When it does not, the encoder is quantized
+(``switchboard.data.speech.heldout_clips``). When it does not, the encoder is quantized
 again with its first layer kept FP32 (``INT8_RUNGS``), and judged again: that layer reads the
 convolutions' output, and it is where tiny.en's INT8 lost its accuracy. Which languages the gate
 judges is the checkpoint's to say too (``gate_languages``: English alone for pretrained Whisper,
@@ -48,6 +48,7 @@ from switchboard.asr.checkpoint import copy_tokenizer, describe, read_json
 from switchboard.asr.graphs import modules as graph_modules
 from switchboard.asr.runtime import AsrManifest, decoder_io, encoder_outputs
 from switchboard.repository.install import install_asr
+from switchboard.stamp import Stamp
 
 log = logging.getLogger("switchboard.export.asr")
 HERE = Path(__file__).resolve().parent
@@ -385,9 +386,9 @@ def gate_languages(model_dir: Path, manifest: AsrManifest, asked: str = "") -> t
     held-out speech). ``asked``: a comma-separated list (``--gate-languages``); else what the
     checkpoint's switchboard.json says (``gate_languages``, its reasons in ``gate_not_judged``),
     else every language of the model with held-out speech. Whisper's converter
-    (``switchboard.training.whisper_ct2``) leaves Mandarin out for pretrained Whisper: espeak-ng's
+    (``switchboard.checkpoints.whisper_ct2``) leaves Mandarin out for pretrained Whisper: espeak-ng's
     ``cmn`` voice is not speech a recognizer trained on people knows."""
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     have = [lang for lang in speech.LANGS if lang in manifest.languages]
     info = read_json(model_dir / "switchboard.json")
@@ -411,7 +412,7 @@ def gate_clips(manifest: AsrManifest, per_language: int, languages: list[str] | 
     most ``per_language`` clips each (0: all), spread evenly over the set (both voices, every
     FAQ entry). A model is judged on the clips its input takes whole (its window, or the
     variable-length limit): a longer one would be cut, which serving never does."""
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     clips = []
     for lang in speech.LANGS:
@@ -698,7 +699,7 @@ def _inputs_digest(model_dir: Path, options: list[str]) -> str:
     asr = paths.ROOT / "switchboard" / "asr"
     names = ("runtime.py", "model.py", "features.py", "wer.py", "graphs.py", "checkpoint.py")
     code = [HERE / "asr.py", *(asr / f for f in names)]
-    code.append(paths.ROOT / "switchboard" / "training" / "speech.py")  # the gate's clips
+    code.append(paths.ROOT / "switchboard" / "data" / "speech.py")  # the gate's clips
     h = hashlib.sha256(file_digest(files).encode())
     for f in code:
         h.update(f.read_bytes())
@@ -751,28 +752,26 @@ def main(argv: list[str] | None = None) -> int:
     options = [*precisions, "required:" + ",".join(sorted(required)), repr(gate), str(args.gate_clips)]
     options.append(args.gate_languages)
     options += [str(not args.no_check), args.bench_batches]
-    digest = _inputs_digest(args.model, options)
-    stamp = args.out / ".inputs"
+    stamp = Stamp(args.out, _inputs_digest(args.model, options))
     with console.step("export-asr", args.log) as out:
-        if args.force or not stamp.is_file() or stamp.read_text().strip() != digest:
-            stamp.unlink(missing_ok=True)
+        if args.force or not stamp.current():
             try:
-                run_export(
-                    args.model,
-                    args.out,
-                    precisions,
-                    required,
-                    gate,
-                    args.gate_clips,
-                    not args.no_check,
-                    batches,
-                    args.threads,
-                    out,
-                    args.gate_languages,
-                )
+                with stamp.building():
+                    run_export(
+                        args.model,
+                        args.out,
+                        precisions,
+                        required,
+                        gate,
+                        args.gate_clips,
+                        not args.no_check,
+                        batches,
+                        args.threads,
+                        out,
+                        args.gate_languages,
+                    )
             except ValueError as e:  # a checkpoint that is not what the exporter needs
                 raise SystemExit(str(e)) from None
-            stamp.write_text(digest + "\n")
         else:
             m = AsrManifest.load(args.out)
             left = "".join(f"; {v} left out ({'; '.join(r)})" for v, r in m.left_out.items())

@@ -42,7 +42,7 @@ def calibration_features(n: int, seed: int = 0) -> list[np.ndarray]:
     """[80, 3000] windows of ``n`` corpus FAQ questions (the training ones: the gate's are held
     out), the voices taking turns."""
     from switchboard.asr.features import log_mel
-    from switchboard.training import corpus, speech
+    from switchboard.data import corpus, speech
 
     texts = corpus.spoken_questions("en", seed)[:n]
     out = []

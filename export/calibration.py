@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from switchboard.training import corpus as corpus_mod
+from switchboard.data import corpus as corpus_mod
 
 CLASSES = ("plain", "codes", "prices", "phones", "mixed", "long")
 _SLOTS = {"codes": ("{sku}", "{order_id}", "{tracking}"), "prices": ("{price}",), "phones": ("{phone}",)}

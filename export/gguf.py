@@ -37,6 +37,7 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.artifact.tokenizer import FALLBACK_TEMPLATE
+from switchboard.stamp import Stamp
 
 # GGUF's general.architecture -> the transformers model_type the exporter serves.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}
@@ -186,7 +187,7 @@ def _drop_tokens_past(directory: Path, vocab_size: int, say) -> None:
 def _check_tokenizer(directory: Path, header: Header, vocab_size: int) -> None:
     """The tokenizer as the engine reads it must encode and decode corpus text."""
     from switchboard.artifact.tokenizer import TextTokenizer
-    from switchboard.training import corpus
+    from switchboard.data import corpus
 
     try:
         tok = TextTokenizer(directory)
@@ -288,14 +289,13 @@ def ensure(path: Path, out: Path | None = None, say=print) -> Path:
     unless it was made from the same file with the same code."""
     read_header(path)  # a file that cannot be imported is named before anything else
     out = Path(out) if out is not None else imported_dir(path)
-    stamp = out / STAMP
-    want = json.dumps({"gguf_sha256": file_digest(path), "code": code_digest()})
-    if stamp.is_file() and stamp.read_text() == want:
+    stamp = Stamp(out, json.dumps({"gguf_sha256": file_digest(path), "code": code_digest()}), STAMP)
+    if stamp.current():
         say(f"{out} is up to date (imported from {path.name})")
         return out
-    info = convert(Path(path), out, say=say)
+    with stamp.building():
+        info = convert(Path(path), out, say=say)
     say(f"{out}: {info['parameters'] / 1e6:.1f}M parameters, FP32, imported in {info['seconds']:.0f} s")
-    stamp.write_text(want)
     return out
 
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from perf.stats import percentile
-from switchboard.training import corpus
+from switchboard.data import corpus
 from switchboard.wire import PRIORITY_PARAMETER
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from perf.stats import percentile
-from switchboard.training import corpus
+from switchboard.data import corpus
 
 SAMPLE_RATE = 16_000
 INDEX = "clips.json"
@@ -105,7 +105,7 @@ VOICES = {"en": ("en-us", "en-gb-x-rp", "en-us+f3"), "zh": ("cmn", "cmn+f3", "cm
 
 
 def spoken(text: str, lang: str, voice: str) -> np.ndarray:
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     return speech.synthesize(text, lang, voice)
 

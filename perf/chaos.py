@@ -51,10 +51,10 @@ from switchboard import paths
 from switchboard.asr.audio import decode, encode_wav
 from switchboard.asr.wer import error_rate
 from switchboard.client import AsyncChatClient, ChatClient, ChatError
+from switchboard.data.corpus import load, sample_questions
 from switchboard.ops.balancer import Balancer, Replica
 from switchboard.ops.launch import Ports, Stack, children, free_port, free_ports
 from switchboard.ops.supervisor import Supervisor, probe, with_reloads
-from switchboard.training.corpus import load, sample_questions
 
 
 def log(msg: str) -> None:

@@ -89,7 +89,7 @@ def spoken_question(repository: Path, n: int) -> tuple[bytes, str] | None:
         return None
     from switchboard.asr.audio import encode_wav
     from switchboard.asr.runtime import AsrManifest
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     languages = AsrManifest.load(repository / "asr" / "1").languages
     lang = "en" if "en" in languages else next(iter(languages))
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=300.0, help="how long one start may take (default 300)")
     p.add_argument("--out", type=Path, default=paths.BUILD / "cold-start", help="summary.md and summary.json here")
     args = p.parse_args(argv)
-    from switchboard.training.corpus import load, sample_questions
+    from switchboard.data.corpus import load, sample_questions
 
     questions = sample_questions(load(), args.runs, seed=7)
     spoken = [spoken_question(args.repository, i) for i in range(args.runs)]

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from perf.servertools import wait_http
 from switchboard import paths
+from switchboard.data import corpus
 from switchboard.ops.launch import Ports, Stack, free_port
-from switchboard.training import corpus
 
 LOCUSTFILE = Path(__file__).with_name("locust_gateway.py")
 CLASSES = {"grpc": "GrpcUser", "http": "GatewayUser"}

@@ -69,9 +69,9 @@ def top1(server, checkpoint: Path, texts: list[str], bos: int | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from perf import llamacpp
+    from switchboard.data import corpus
     from switchboard.export import gguf
     from switchboard.ops.launch import free_port
-    from switchboard.training import corpus
 
     p = argparse.ArgumentParser(prog="python -m perf.gguf_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--gguf", type=Path, default=paths.BUILD / "gguf" / "gemma-3-270m-q4_k_m.gguf")

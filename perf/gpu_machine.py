@@ -69,7 +69,7 @@ def unpack_checkpoint(packed: Path, out: Path) -> Path:
 
 def checkpoint_of(name: str, pack_dir: Path | None, work: Path) -> Path:
     """The checkpoint of ``name``: from the pack, or (none) this repository's build outputs."""
-    from switchboard.training import asr_large
+    from switchboard.checkpoints import asr_large
 
     if pack_dir is None:
         built = {"default": "asr-default-model", "tiny-en": "asr-tiny-en", "small-shape": "asr-large-model"}

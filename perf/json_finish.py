@@ -38,7 +38,7 @@ LOOPING = "订单" * 100  # a question the default model answers at length, in l
 
 
 def _engine(artifacts: Path):
-    from switchboard.training.evaluate import load
+    from switchboard.evaluation.answers import load
 
     manifest, tok, engine = load(artifacts)
     engine.stop_ids = frozenset(manifest.eos_token_ids)

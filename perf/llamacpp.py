@@ -267,7 +267,7 @@ def tokenize_check(server: LlamaServer, artifacts: Path, texts: list[str]) -> tu
 
 
 def corpus_texts() -> list[str]:
-    from switchboard.training import corpus
+    from switchboard.data import corpus
 
     texts = []
     for entry in corpus.load().faq:

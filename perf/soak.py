@@ -26,9 +26,9 @@ from perf.markdown import table, write_summary
 from perf.stats import nearest_rank
 from switchboard import paths
 from switchboard.client import ChatClient
+from switchboard.data.corpus import load, sample_questions
 from switchboard.ops.launch import Ports, Stack, children
 from switchboard.serving.session import session_key
-from switchboard.training.corpus import load, sample_questions
 
 
 def growth_rows(samples: list[tuple[float, dict]], duration_s: float) -> tuple[list[list], bool]:

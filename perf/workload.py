@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from switchboard.training import corpus as corpus_mod
+from switchboard.data import corpus as corpus_mod
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ STATE = "voice.json"
 # The recognizers this repository builds, by the folder they are built in: the stage's name
 # and the command (each skips its work when its inputs did not change).
 BUILDERS = {
-    "asr-whisper-base": ("converting Whisper base", ["switchboard.training.whisper_ct2", "--source", "base"]),
-    "asr-tiny-en": ("converting Whisper tiny.en", ["switchboard.training.whisper_ct2", "--source", "tiny.en"]),
+    "asr-whisper-base": ("converting Whisper base", ["switchboard.checkpoints.whisper_ct2", "--source", "base"]),
+    "asr-tiny-en": ("converting Whisper tiny.en", ["switchboard.checkpoints.whisper_ct2", "--source", "tiny.en"]),
     "asr-default-model": ("training the small recognizer on corpus/", ["switchboard.training.asr"]),
 }
 

@@ -44,8 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.data import corpus as corpus_mod
+from switchboard.data import extraction
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
-from switchboard.training import corpus as corpus_mod
+from switchboard.stamp import Stamp
+from switchboard.training.settings import override
 
 log = logging.getLogger("switchboard.training.gemma")
 IGNORE = -100
@@ -79,23 +82,6 @@ AGENT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
 )
-# JSON extraction: the instruction a client puts in the system message with a json_schema
-# response format, and the schema the answers follow.
-JSON_INSTRUCTION = (
-    "Reply with JSON only: order_id (the order number in the message, or an empty string), "
-    "topic, lang and question (the customer's request, rephrased)."
-)
-JSON_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "order_id": {"type": "string"},
-        "topic": {"type": "string"},
-        "lang": {"type": "string", "enum": ["en", "zh"]},
-        "question": {"type": "string"},
-    },
-    "required": ["order_id", "topic", "lang", "question"],
-    "additionalProperties": False,
-}
 
 
 @dataclass(frozen=True)
@@ -121,28 +107,10 @@ class AgentConfig:
 # --- data -----------------------------------------------------------------------------------
 
 
-def json_conversation(rng: random.Random, data: corpus_mod.Corpus, heldout: bool = False) -> tuple[list[dict], dict]:
-    """A customer message with the JSON extraction instruction, and the object to answer."""
-    pairs = [(e, q) for e in data.faq for q in (e.heldout if heldout else e.questions)]
-    if rng.random() < 0.5:  # half name an order (few FAQ questions do): it must be copied, or left empty
-        pairs = [(e, q) for e, q in pairs if "{order_id}" in q]
-    entry, template = rng.choice(pairs)
-    slots = corpus_mod.sample_slots(rng, entry.lang)
-    question = corpus_mod.fill_slots(slots, template)
-    answer = {
-        "order_id": slots["order_id"] if "{order_id}" in template else "",  # only what the message says
-        "topic": entry.topic,
-        "lang": entry.lang,
-        "question": corpus_mod.fill_slots(slots, entry.questions[0]),
-    }
-    system = DEFAULT_SYSTEM_PROMPT + " " + JSON_INSTRUCTION
-    return [{"role": "system", "content": system}, {"role": "user", "content": question}], answer
-
-
 def conversations(data: corpus_mod.Corpus, cfg: AgentConfig) -> list[list[dict]]:
     """The training conversations, as OpenAI messages (system first), seeded."""
+    from switchboard.data.augment import noisy
     from switchboard.serving import order_demo
-    from switchboard.training.augment import noisy
 
     def rewrite(rng, question: str, lang: str) -> str:
         return noisy(rng, question, lang, cfg.noise_drop) if rng.random() < cfg.question_noise else question
@@ -159,7 +127,7 @@ def conversations(data: corpus_mod.Corpus, cfg: AgentConfig) -> list[list[dict]]
         tools_listed_share=cfg.tools_listed_share,
     ):
         if rng.random() < cfg.json_share:
-            messages, answer = json_conversation(rng, data)
+            messages, answer = extraction.json_conversation(rng, data)
             out.append((messages + [{"role": "assistant", "content": compact(answer)}], None))
             continue
         tools = None
@@ -228,7 +196,7 @@ def prefix_length(examples) -> int:
     opening and the system prompt): computed once per step, not once per row. The token after
     them is predicted from the prefix's last position, which the rows do not compute, so it
     must not be trained on either."""
-    from switchboard.training.train import shared_prefix
+    from switchboard.training.chat.train import shared_prefix
 
     n = shared_prefix(examples)
     while n and any(len(labels) > n and labels[n] != IGNORE for _, labels in examples):
@@ -374,7 +342,8 @@ def base_checkpoint(say=print) -> Path:
 
 def inputs_digest(cfg: AgentConfig, base: Path) -> str:
     h = hashlib.sha256()
-    for f in [*sorted(corpus_mod.CORPUS_DIR.glob("*.jsonl")), Path(__file__), Path(corpus_mod.__file__)]:
+    sources = [Path(__file__), Path(corpus_mod.__file__), Path(extraction.__file__)]
+    for f in [*sorted(corpus_mod.CORPUS_DIR.glob("*.jsonl")), *sources]:
         h.update(f.read_bytes())
     h.update(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
     h.update(DEFAULT_SYSTEM_PROMPT.encode())
@@ -467,18 +436,6 @@ def build(base: Path, out: Path, cfg: AgentConfig, say=print, bar=None) -> dict:
     return info
 
 
-def _setting(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    fields = {f.name: f for f in dataclasses.fields(AgentConfig)}
-    if not sep or key not in fields:
-        raise ValueError(f"{text!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
-    kind = type(fields[key].default)
-    try:
-        return key, kind(value)
-    except ValueError:
-        raise ValueError(f"{text!r}: {key} must be {kind.__name__}") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     from switchboard import console
 
@@ -495,26 +452,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="train again even if the inputs did not change")
     p.add_argument("--base-only", action="store_true", help="only assemble and import the base model (no training)")
     args = p.parse_args(argv)
+    cfg = AgentConfig(steps=args.steps)
     try:
-        overrides = dict(_setting(kv) for kv in args.set)
+        for kv in args.set:
+            cfg = override(cfg, kv)
     except ValueError as e:
         p.error(f"--set: {e}")
-    cfg = AgentConfig(**{"steps": args.steps, **overrides})
     with console.step("model-gemma") as out:
         base = base_checkpoint(say=out.line)
         if args.base_only:
             return 0
-        digest = inputs_digest(cfg, base)
-        stamp = args.out / ".inputs"
-        if not args.force and stamp.is_file() and stamp.read_text().strip() == digest:
+        stamp = Stamp(args.out, inputs_digest(cfg, base))
+        if not args.force and stamp.current():
             out.line(f"{args.out} is up to date")
             return 0
         out.line(
             f"fine-tuning Gemma 3 270M into the agent ({cfg.steps} steps; about 25 minutes on 2 cores; "
             f"detail in {out.log_path or 'the terminal'})"
         )
-        info = build(base, args.out, cfg, say=out.line, bar=lambda total: out.bar(total, "training", "step"))
-        stamp.write_text(digest + "\n")
+        with stamp.building():
+            info = build(base, args.out, cfg, say=out.line, bar=lambda total: out.bar(total, "training", "step"))
         out.line(
             f"built {args.out}: loss {info['final_loss']:.3f}, {info['tokens_per_second']:.0f} tokens/s, "
             f"{info['build_seconds'] / 60:.1f} min"

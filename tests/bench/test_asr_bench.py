@@ -18,7 +18,7 @@ import soundfile as sf
 
 from perf import asr_bench, asr_load, asr_peers, asr_report, asr_served
 from perf.asr_load import Clip, Reply, Sample
-from switchboard.training import corpus
+from switchboard.data import corpus
 
 RATE = asr_load.SAMPLE_RATE
 

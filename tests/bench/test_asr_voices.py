@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from perf import asr_voices
-from switchboard.training import speech
+from switchboard.data import speech
 
 RATE = 16_000
 

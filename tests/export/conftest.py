@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from switchboard import console
-from switchboard.training import corpus
-from switchboard.training.tokenizer import train_tokenizer
+from switchboard.data import corpus
+from switchboard.training.chat.tokenizer import train_tokenizer
 
 SMALL = dict(
     hidden_size=64,

@@ -313,7 +313,7 @@ def test_not_a_whisper_checkpoint_is_a_clear_error(tmp_path):
 def test_tiny_en_transcribes_speech_as_transformers_does(tmp_path):
     """Real Whisper tiny.en, exported: batched transcripts of espeak-ng questions equal
     transformers' greedy ``generate`` on the same features."""
-    from switchboard.training import speech
+    from switchboard.data import speech
 
     out = tmp_path / "tiny-en"
     m = export(TINY_EN, out, "--precision", "fp32", "--bench-batches", "")

@@ -12,7 +12,7 @@ import torch
 from transformers import WhisperForConditionalGeneration, WhisperTokenizer
 
 from switchboard.asr import features as feat
-from switchboard.training import speech
+from switchboard.data import speech
 from switchboard.training.asr import data as data_mod
 from switchboard.training.asr import model as model_mod
 from switchboard.training.asr.__main__ import REPORT, main
@@ -104,7 +104,7 @@ def test_packing_joins_two_utterances_of_a_language_that_fit_the_window():
 
 
 def test_utterances_walk_the_sentences_and_mix_voices():
-    from switchboard.training import corpus as corpus_mod
+    from switchboard.data import corpus as corpus_mod
 
     corpus = corpus_mod.load(corpus_mod.CORPUS_DIR)
     cfg = data_mod.DataConfig(utterances=400, salad=0.5, home=0.0, plain=0.5)
@@ -119,7 +119,7 @@ def test_utterances_walk_the_sentences_and_mix_voices():
 
 
 def test_a_home_share_is_spoken_in_the_heldout_sets_training_voice():
-    from switchboard.training import corpus as corpus_mod
+    from switchboard.data import corpus as corpus_mod
 
     corpus = corpus_mod.load(corpus_mod.CORPUS_DIR)
     items = data_mod.utterances(corpus, data_mod.DataConfig(utterances=400, home=0.5))

@@ -13,8 +13,9 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from switchboard.artifact.tokenizer import ChatTemplate
 from switchboard.artifact.tools import ToolFormat
+from switchboard.data import corpus, extraction
 from switchboard.serving import order_demo
-from switchboard.training import corpus, gemma
+from switchboard.training import gemma
 from tests.export import gguf_writer
 from tests.export.test_gguf import GEMMA_SPECIALS
 
@@ -101,8 +102,8 @@ def test_json_extraction_names_the_order_only_when_the_message_does():
 
     rng = random.Random(0)
     for _ in range(200):
-        messages, answer = gemma.json_conversation(rng, corpus.load())
-        assert gemma.JSON_INSTRUCTION in messages[0]["content"]
+        messages, answer = extraction.json_conversation(rng, corpus.load())
+        assert extraction.JSON_INSTRUCTION in messages[0]["content"]
         assert (answer["order_id"] != "") == (answer["order_id"] in messages[1]["content"] and answer["order_id"] != "")
-        assert set(answer) == set(gemma.JSON_SCHEMA["properties"])
+        assert set(answer) == set(extraction.JSON_SCHEMA["properties"])
         json.dumps(answer)

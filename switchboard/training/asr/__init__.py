@@ -1,7 +1,7 @@
 """The embedded default speech recognizer, trained from the repository alone.
 
 ``python -m switchboard.training.asr --out build/asr-default-model`` speaks the corpus with
-espeak-ng (``switchboard.training.speech``), trains a tiny Whisper-architecture model on it and
+espeak-ng (``switchboard.data.speech``), trains a tiny Whisper-architecture model on it and
 writes a Hugging Face Whisper directory that the export and serving code load like any other
 Whisper checkpoint, plus ``asr_report.json`` with its error rates on held-out questions.
 

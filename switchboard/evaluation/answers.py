@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from switchboard.training import corpus as corpus_mod
+from switchboard.data import corpus as corpus_mod
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     p = argparse.ArgumentParser(
-        prog="python -m switchboard.training.evaluate",
+        prog="python -m switchboard.evaluation.answers",
         description="Answer accuracy of an exported default model: greedy answers to FAQ "
         "questions it was trained on and to held-out paraphrases.",
     )

@@ -1,4 +1,4 @@
-"""A Qwen2.5-0.5B-shaped checkpoint with random weights: ``python -m switchboard.training.large``.
+"""A Qwen2.5-0.5B-shaped checkpoint with random weights: ``python -m switchboard.checkpoints.large``.
 
 494M parameters in Qwen2.5-0.5B's geometry (24 layers, hidden 896, 14 query and 2 KV heads,
 a 151,936-token vocabulary, tied embeddings), random weights and the default model's tokenizer,
@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.stamp import cached_step
 
 GEOMETRY = dict(
     vocab_size=151936,
@@ -79,7 +80,7 @@ def build(out: Path, tokenizer_from: Path, seed: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.training.large", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.checkpoints.large", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=paths.BUILD / "large-model", help="checkpoint directory to write")
     p.add_argument(
         "--tokenizer-from",
@@ -91,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (args.tokenizer_from / "tokenizer.json").exists():
         p.error(f"--tokenizer-from {args.tokenizer_from}: no tokenizer.json (run `make model` first)")
-    stamp = args.out / ".built"
-    want = json.dumps(
+    # No code in the key: the settings say what the checkpoint is (the key of the first version).
+    key = json.dumps(
         {
             "geometry": GEOMETRY,
             "seed": args.seed,
@@ -101,15 +102,12 @@ def main(argv: list[str] | None = None) -> int:
             "unknown_ids": "zeroed",
         }
     )
-    if stamp.exists() and stamp.read_text() == want:
-        print(f"[model-large] {args.out} is up to date")
-        return 0
-    from switchboard import console
 
-    with console.step("model-large") as out:
+    def run(out) -> None:
         n = build(args.out, args.tokenizer_from, args.seed)
         out.line(f"{args.out}: Qwen2.5-0.5B-shaped, {n / 1e6:.0f}M parameters, random weights, default tokenizer")
-    stamp.write_text(want)
+
+    cached_step(args.out, key, "model-large", run)
     return 0
 
 

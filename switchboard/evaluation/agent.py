@@ -1,14 +1,14 @@
-"""Exported models side by side as agents: ``python -m switchboard.training.agent_eval A [B ...]``.
+"""Exported models side by side as agents: ``python -m switchboard.evaluation.agent A [B ...]``.
 
 On the same held-out sets, greedy, through the engine and the grammars chat uses:
 
 - **FAQ**: every held-out paraphrase in corpus/heldout.jsonl; right when the answer starts as
-  the FAQ entry's (``evaluate._same``: the first 24 characters);
+  the FAQ entry's (``answers._same``: the first 24 characters);
 - **order numbers copied**: held-out questions that name an order, whose FAQ answer restates
   it: the exact number in the answer;
-- **tools** (``tool_eval``): the right tool with ``tool_choice`` auto and required, the order
+- **tools** (``switchboard.evaluation.tools``): the right tool with ``tool_choice`` auto and required, the order
   number in its arguments exactly, and in the answer to the tool's result;
-- **JSON**: a json_schema answer (``gemma.JSON_SCHEMA``, the instruction in the system
+- **JSON**: a json_schema answer (``extraction.JSON_SCHEMA``, the instruction in the system
   message) at ``max_tokens`` 64 and 200: parses, the order number exactly, the right topic.
 
 Writes a table (markdown) and the cases (JSON) to ``--out``.
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 from switchboard import paths
-from switchboard.training import corpus as corpus_mod
-from switchboard.training.evaluate import _same, generate, load
+from switchboard.data import corpus as corpus_mod
+from switchboard.evaluation.answers import _same, generate, load
 
 
 def faq(artifacts: Path, seed: int = 0) -> dict:
@@ -56,7 +56,7 @@ def faq(artifacts: Path, seed: int = 0) -> dict:
 
 
 def tools(artifacts: Path, seed: int = 0) -> dict:
-    from switchboard.training.tool_eval import summary, tool_accuracy
+    from switchboard.evaluation.tools import summary, tool_accuracy
 
     cases = tool_accuracy(artifacts, "fp32", seed)
     table = summary(cases)["all"]
@@ -84,7 +84,7 @@ def tools(artifacts: Path, seed: int = 0) -> dict:
 
 def json_answers(artifacts: Path, n: int = 40, seed: int = 0) -> dict:
     from switchboard.artifact.grammar import Grammars
-    from switchboard.training.gemma import JSON_SCHEMA, json_conversation
+    from switchboard.data.extraction import JSON_SCHEMA, json_conversation
 
     manifest, tok, engine = load(artifacts)
     grammars = Grammars(artifacts / "tokenizer.json", manifest.vocab_size, manifest.end_of_turn_id)
@@ -139,7 +139,7 @@ def table(results: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m switchboard.training.agent_eval", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m switchboard.evaluation.agent", description=__doc__.split("\n\n")[0])
     p.add_argument("artifacts", type=Path, nargs="+", help="exported model directories (build/artifacts/...)")
     p.add_argument("--only", choices=("faq", "tools", "json"), action="append", help="run only these parts")
     p.add_argument("--out", type=Path, default=paths.BUILD / "bench" / "agent-eval")
