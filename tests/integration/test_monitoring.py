@@ -65,3 +65,35 @@ def test_prometheus_sends_its_alerts_to_alertmanager(monitor):
         assert time.monotonic() < deadline, "Prometheus found no Alertmanager"
         time.sleep(0.5)
     assert str(monitor.alertmanager_port) in active[0]["url"]
+
+
+def test_an_alert_reaches_the_webhook_receiver_through_alertmanager(monitor):
+    """An alert posted to Alertmanager's API is routed, grouped (group_wait 10 s) and sent to
+    the receiver the stack runs, which keeps it in alerts.jsonl."""
+    import json
+    import urllib.request
+
+    alert = [
+        {
+            "labels": {"alertname": "SwitchboardReceiverCheck", "severity": "info"},
+            "annotations": {"summary": "sent by the integration tests"},
+        }
+    ]
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{monitor.alertmanager_port}/api/v2/alerts",
+        data=json.dumps(alert).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        assert r.status == 200
+    log = monitor.run_dir / "alert-receiver.log"
+    deadline = time.monotonic() + 90
+    while True:
+        kept = monitor.alerts_file.read_text() if monitor.alerts_file.exists() else ""
+        got = [json.loads(line) for line in kept.splitlines() if "SwitchboardReceiverCheck" in line]
+        if got and "firing SwitchboardReceiverCheck" in log.read_text():
+            break
+        assert time.monotonic() < deadline, "the receiver got no notification from Alertmanager within 90 s"
+        time.sleep(1)
+    [sent] = [a for a in got[0]["alerts"] if a["labels"]["alertname"] == "SwitchboardReceiverCheck"]
+    assert sent["status"] == "firing" and got[0]["receiver"] == "switchboard"
