@@ -13,8 +13,9 @@ from switchboard.ops.monitor import Monitor
 
 @pytest.fixture(scope="module")
 def monitor(stack, tmp_path_factory):
-    prometheus, alertmanager = free_ports(2)
-    m = Monitor([f"127.0.0.1:{stack.ports.metrics}"], tmp_path_factory.mktemp("monitor"), prometheus, alertmanager, 1.0)
+    prometheus, alertmanager, receiver = free_ports(3)
+    run_dir = tmp_path_factory.mktemp("monitor")
+    m = Monitor([f"127.0.0.1:{stack.ports.metrics}"], run_dir, prometheus, alertmanager, 1.0, receiver)
     m.start()
     yield m
     m.stop()
