@@ -141,7 +141,8 @@ def _speech_request(url: str, model: str, timeout_s: float, version: str | None 
     """A second of silence to ``asr`` or ``voice_chat``: any answer of the model's own (an empty
     transcript; voice_chat's UNAVAILABLE while asr is not loaded) shows its stub alive."""
     from switchboard.asr.audio import encode_wav
-    from switchboard.serving.engine_client import EngineClient, EngineStreamError, build_request, stub_dead
+    from switchboard.codec import build_request
+    from switchboard.serving.engine_client import EngineClient, EngineStreamError, stub_dead
     from switchboard.wire import Asr, untag
 
     request = build_request(

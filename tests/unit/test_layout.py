@@ -10,6 +10,7 @@ from switchboard.paths import ROOT
 
 LEAVES = {
     "switchboard.wire",
+    "switchboard.codec",
     "switchboard.paths",
     "switchboard.nice",
     "switchboard.console",
@@ -18,6 +19,7 @@ LEAVES = {
 # layer -> the switchboard modules or packages it may import (besides its own)
 ALLOWED = {
     "switchboard.wire": set(),
+    "switchboard.codec": set(),  # Triton's gRPC messages, for the SDK and chat's streams to its pools
     "switchboard.paths": set(),
     "switchboard.nice": set(),
     "switchboard.redis_conn": set(),
@@ -31,7 +33,7 @@ ALLOWED = {
     "switchboard.asr": LEAVES | {"switchboard.artifact", "switchboard.engine", "switchboard.serving"},
     "switchboard.triton": LEAVES
     | {"switchboard.artifact", "switchboard.serving", "switchboard.engine", "switchboard.kv", "switchboard.asr"},
-    "switchboard.client": {"switchboard.wire"},
+    "switchboard.client": {"switchboard.wire", "switchboard.codec"},
     # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike.
     "switchboard.gateway": LEAVES | {"switchboard.client", "switchboard.serving", "switchboard.asr"},
 }
