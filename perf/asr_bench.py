@@ -807,7 +807,7 @@ class VoiceCaller(AsyncCaller):
         return self._wait(self._turn(clip))
 
     async def _turn(self, clip: Clip) -> Reply:
-        from switchboard.client.sdk import Heard
+        from switchboard.client import Heard
 
         t0 = time.monotonic()
         extra: dict = {"heard_s": None, "first_token_s": None}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from switchboard.client.sdk import ChatError, Heard
+from switchboard.client import ChatError, Heard
 from switchboard.gateway.checks import authenticate, priority_of, refuse_foreign_origin, state_of, wants_stats
 from switchboard.gateway.errors import (
     APIError,

@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from switchboard.client import ChatRequest, VoiceRequest
 from switchboard.gateway.audio import next_heard
 from switchboard.gateway.checks import (
     authenticate,
@@ -58,27 +59,30 @@ async def chat_completions(request: Request):
     if not slots.take():
         raise overloaded(429, f"too many chats in flight (limit {slots.limit}), retry later", config.retry_after_s)
     completion = Completion(call.model)
-    ask = (call.max_tokens, call.temperature, call.top_p, call.seed)
-    penalties = dict(presence_penalty=call.presence_penalty, frequency_penalty=call.frequency_penalty)
+    turn = dict(
+        priority=priority,
+        max_new_tokens=call.max_tokens,
+        temperature=call.temperature,
+        top_p=call.top_p,
+        seed=call.seed,
+        history=call.history,
+        presence_penalty=call.presence_penalty,
+        frequency_penalty=call.frequency_penalty,
+    )
     if call.audio is None:
         events = state.client.stream(
-            None if call.tool_results else call.text,  # a turn of tool results has no new text
-            None,
-            priority,
-            *ask,
-            history=call.history,
-            response_format=call.response_format,
-            logprobs=call.logprobs,
-            tools=call.tools,
-            tool_choice=call.tool_choice,
-            tool_results=call.tool_results,
-            **penalties,
+            ChatRequest(
+                None if call.tool_results else call.text,  # a turn of tool results has no new text
+                response_format=call.response_format,
+                logprobs=call.logprobs,
+                tools=call.tools,
+                tool_choice=call.tool_choice,
+                tool_results=call.tool_results,
+                **turn,
+            )
         )
     else:
-        language = call.audio.language
-        events = state.client.voice_stream(
-            call.audio.data, None, priority, *ask, language=language, history=call.history, **penalties
-        )
+        events = state.client.voice_stream(VoiceRequest(call.audio.data, language=call.audio.language, **turn))
     released = False
 
     async def release():

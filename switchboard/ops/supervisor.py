@@ -94,7 +94,7 @@ def _pool_request(
     ("Stub process ... is not healthy"), so the probe fails then, not at its deadline."""
     import tritonclient.grpc as grpcclient
 
-    from switchboard.client.sdk import close_stream, error_of
+    from switchboard.client.sync import close_stream, error_of
     from switchboard.wire import channel_args
 
     got: queue.Queue = queue.Queue()
