@@ -39,7 +39,8 @@ from switchboard.gateway.errors import (
     overloaded,
     speech_not_ready,
 )
-from switchboard.gateway.mapping import check_language, sse
+from switchboard.gateway.openai_request import check_language
+from switchboard.gateway.openai_response import sse
 from switchboard.gateway.state import GatewayState
 from switchboard.gateway.streaming import ChatStreamResponse, ClientGone, or_gone
 from switchboard.gateway.uploads import Upload, boundary_of, read_form

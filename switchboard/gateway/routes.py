@@ -6,7 +6,7 @@ A chat whose last message is audio (``input_audio``) goes to ``voice_chat`` inst
 what it heard is awaited first (silence is 400 ``no_speech``; a refused file 400 or 413; a
 recognizer not loaded yet 503: ``audio.speech_error``), then the answer as any chat's.
 
-A chat request is checked (content type, key, size, fields: ``mapping``) before any chat starts;
+A chat request is checked (content type, key, size, fields: ``openai_request``) before any chat starts;
 ``chat``'s first answer is awaited before the HTTP status is sent, so a refusal gets its status
 (400, 503...) even when streaming. A client that leaves cancels its chat: the gRPC stream is
 cancelled, and ``chat`` stops the generation at its next check (``cancel_poll_ms``).
@@ -32,7 +32,8 @@ from switchboard.gateway.checks import (
     wants_stats,
 )
 from switchboard.gateway.errors import APIError, overloaded
-from switchboard.gateway.mapping import Completion, parse_body, parse_request
+from switchboard.gateway.openai_request import parse_body, parse_request
+from switchboard.gateway.openai_response import Completion
 from switchboard.gateway.state import GatewayConfig, GatewayState
 from switchboard.gateway.streaming import ChatStreamResponse, ClientGone, collect, next_event, or_gone, sse_stream
 from switchboard.serving import order_demo
