@@ -50,7 +50,8 @@ from switchboard.asr.wer import error_rate
 from switchboard.client import AsyncChatClient, ChatClient, ChatError
 from switchboard.ops.balancer import Balancer, Replica
 from switchboard.ops.launch import Ports, Stack, children, free_port, free_ports
-from switchboard.ops.supervisor import Supervisor, probe, with_reloads
+from switchboard.ops.probes import probe
+from switchboard.ops.supervisor import Supervisor, with_reloads
 from switchboard.perf.loadtools import ms, percentile, table, timed_chat, timed_chat_async, write_summary
 from switchboard.training.corpus import load, sample_questions
 

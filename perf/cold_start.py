@@ -34,8 +34,8 @@ import yaml
 
 from switchboard import paths
 from switchboard.client import ChatClient, Heard
+from switchboard.ops.health_server import READINESS_PATH
 from switchboard.ops.launch import Ports, Stack, children, free_port, loadable
-from switchboard.ops.supervisor import READINESS_PATH
 from switchboard.perf.loadtools import pss_kib, table, write_summary
 
 POLL_S = 0.05
