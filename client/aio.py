@@ -23,10 +23,9 @@ from switchboard.client.events import (
     collect_transcript,
     collect_voice,
     error_code,
-    first_values,
 )
 from switchboard.client.request import Call, ChatRequest, VoiceRequest, transcribe_call
-from switchboard.codec import decode_response
+from switchboard.codec import first_elements
 from switchboard.wire import AsrResult, ChatStats, channel_args
 
 STREAM_END_S = 5.0  # a stream half-closed after its answer is cancelled if Triton has not ended it by then
@@ -240,7 +239,7 @@ def message_outputs(message: service_pb2.ModelStreamInferResponse) -> dict[str, 
     if message.error_message:
         code, text = error_code(message.error_message)
         raise ChatError(text, code)
-    return first_values(decode_response(message.infer_response))
+    return first_elements(message.infer_response)
 
 
 def response_events(message: service_pb2.ModelStreamInferResponse) -> tuple[str, ChatStats | None, bool]:

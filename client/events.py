@@ -181,8 +181,3 @@ def voice_decoder(outputs: dict[str, bytes]) -> tuple[list, bool]:
     if "transcript" in stats:
         return [Heard.from_dict(stats), *events], False
     return [*events, ChatStats.from_dict(stats)], True
-
-
-def first_values(tensors: dict) -> dict[str, bytes]:
-    """Each output's one element (the models answer [1, 1] BYTES tensors): what decoders read."""
-    return {name: array.reshape(-1)[0] if array.size else b"" for name, array in tensors.items()}

@@ -24,10 +24,9 @@ from switchboard.client.events import (
     collect_transcript,
     collect_voice,
     error_code,
-    first_values,
 )
 from switchboard.client.request import Call, ChatRequest, VoiceRequest, request_id, transcribe_call
-from switchboard.codec import decode_response
+from switchboard.codec import first_elements
 from switchboard.wire import AsrResult, ChatStats, channel_args, untag
 
 RETRIES_BEFORE_ANSWER = 1
@@ -54,7 +53,7 @@ def transport_unavailable(error) -> bool:
 
 def result_outputs(result) -> dict[str, bytes]:
     """The outputs of one tritonclient ``InferResult``, as the decoders read them."""
-    return first_values(decode_response(result.get_response()))
+    return first_elements(result.get_response())
 
 
 def parse_response(result, error) -> tuple[str, ChatStats | None]:

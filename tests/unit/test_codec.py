@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from switchboard.codec import build_request, decode_response
+from switchboard.codec import build_request, decode_response, first_elements
 
 
 def _echo(request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInferResponse:
@@ -65,3 +65,16 @@ def test_the_request_id_and_version_are_set_when_given():
     request = build_request("asr", {}, [], version=3, request_id="42-7")
     assert (request.id, request.model_version) == ("42-7", "3")
     assert (build_request("asr", {}, []).id, build_request("asr", {}, []).model_version) == ("", "")
+
+
+def test_bytes_tensors_of_any_length_and_first_elements():
+    words = np.asarray([[b"", "订单".encode(), b"x" * 300]], np.object_)
+    request = build_request("m", {"text": words, "ids": np.asarray([[7, 8]], np.int32)}, [])
+    response = _echo(request).infer_response
+    out = decode_response(response)
+    assert out["text"].shape == (1, 3) and out["text"].tolist() == words.tolist()
+    assert first_elements(response) == {"text": b"", "ids": 7}
+    empty = service_pb2.ModelInferResponse()
+    empty.outputs.add(name="text", datatype="BYTES", shape=(1, 0))
+    empty.raw_output_contents.append(b"")
+    assert first_elements(empty) == {"text": b""} and decode_response(empty)["text"].shape == (1, 0)
