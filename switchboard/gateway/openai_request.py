@@ -22,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from switchboard.client import ChatRequest, VoiceRequest
 from switchboard.gateway.errors import APIError, bad_request
 from switchboard.serving.request import Limits, RequestError, check_text
 from switchboard.wire import MAX_TOP_LOGPROBS
@@ -117,6 +118,30 @@ class CompletionCall:
     tool_choice: str | dict | None = None
     # the tool messages that end the conversation ({"tool_call_id", "content"}): this turn's input
     tool_results: list[dict] | None = None
+
+    def chat_request(self, priority: int) -> ChatRequest | VoiceRequest:
+        """The SDK's request for this call: a voice turn when the last message is audio."""
+        turn = dict(
+            priority=priority,
+            max_new_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            history=self.history,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
+        if self.audio is not None:
+            return VoiceRequest(self.audio.data, language=self.audio.language, **turn)
+        return ChatRequest(
+            None if self.tool_results else self.text,  # a turn of tool results has no new text
+            response_format=self.response_format,
+            logprobs=self.logprobs,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            tool_results=self.tool_results,
+            **turn,
+        )
 
 
 def _is_number(v) -> bool:

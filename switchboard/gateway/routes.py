@@ -21,7 +21,6 @@ from fastapi import Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from switchboard.client import ChatRequest, VoiceRequest
 from switchboard.gateway.audio import next_heard
 from switchboard.gateway.checks import (
     authenticate,
@@ -60,30 +59,8 @@ async def chat_completions(request: Request):
     if not slots.take():
         raise overloaded(429, f"too many chats in flight (limit {slots.limit}), retry later", config.retry_after_s)
     completion = Completion(call.model)
-    turn = dict(
-        priority=priority,
-        max_new_tokens=call.max_tokens,
-        temperature=call.temperature,
-        top_p=call.top_p,
-        seed=call.seed,
-        history=call.history,
-        presence_penalty=call.presence_penalty,
-        frequency_penalty=call.frequency_penalty,
-    )
-    if call.audio is None:
-        events = state.client.stream(
-            ChatRequest(
-                None if call.tool_results else call.text,  # a turn of tool results has no new text
-                response_format=call.response_format,
-                logprobs=call.logprobs,
-                tools=call.tools,
-                tool_choice=call.tool_choice,
-                tool_results=call.tool_results,
-                **turn,
-            )
-        )
-    else:
-        events = state.client.voice_stream(VoiceRequest(call.audio.data, language=call.audio.language, **turn))
+    turn = call.chat_request(priority)
+    events = state.client.voice_stream(turn) if call.audio is not None else state.client.stream(turn)
     released = False
 
     async def release():

@@ -3,8 +3,11 @@ functions, no server."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
+from switchboard.client import ChatRequest, VoiceRequest
 from switchboard.gateway.errors import APIError, from_chat_error
 from switchboard.gateway.openai_request import parse_body, parse_messages, parse_request
 
@@ -263,3 +266,15 @@ def test_bad_tool_requests_name_the_field(kw, param, needle):
     with pytest.raises(APIError) as e:
         req(**kw)
     assert e.value.status == 400 and e.value.param == param and needle in e.value.message, e.value.body()
+
+
+def test_a_call_becomes_the_sdks_chat_or_voice_request():
+    chat = req(max_tokens=9, temperature=0.5, seed=3, presence_penalty=1.0).chat_request(1)
+    assert isinstance(chat, ChatRequest) and (chat.text, chat.priority, chat.max_new_tokens) == ("hi", 1, 9)
+    assert (chat.temperature, chat.seed, chat.presence_penalty, chat.session_id) == (0.5, 3, 1.0, None)
+    result = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+    results = req(messages=[{"role": "user", "content": "where?"}, CALLED, result], tools=[TOOL]).chat_request(2)
+    assert results.text is None and results.tool_results and results.tools == [TOOL]
+    audio = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF").decode(), "format": "wav"}}
+    voice = req(messages=[{"role": "user", "content": [audio]}]).chat_request(2)
+    assert isinstance(voice, VoiceRequest) and voice.audio == b"RIFF" and voice.language is None
