@@ -137,12 +137,16 @@ class Monitor:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        # Its port opens before its storage is: until /-/ready, queries answer 503.
-        wait_until(lambda: http_ok(f"{self.url}/-/ready"), 30, "prometheus", self.procs["prometheus"])
-        if am:
-            wait_until(lambda: port_open(self.alertmanager_port), 30, "alertmanager", self.procs["alertmanager"])
-            ready = f"http://{receiver}/-/ready"
-            wait_until(lambda: http_ok(ready), 30, "alert receiver", self.procs["alert-receiver"])
+        try:
+            # Its port opens before its storage is: until /-/ready, queries answer 503.
+            wait_until(lambda: http_ok(f"{self.url}/-/ready"), 30, "prometheus", self.procs["prometheus"])
+            if am:
+                wait_until(lambda: port_open(self.alertmanager_port), 30, "alertmanager", self.procs["alertmanager"])
+                ready = f"http://{receiver}/-/ready"
+                wait_until(lambda: http_ok(ready), 30, "alert receiver", self.procs["alert-receiver"])
+        except BaseException:  # one did not start (a port taken): stop the others, no pid files are written
+            self.stop()
+            raise
         return self
 
     def query(self, expr: str) -> list[dict]:

@@ -98,3 +98,26 @@ def test_an_alert_reaches_the_webhook_receiver_through_alertmanager(monitor):
         time.sleep(1)
     [sent] = [a for a in got[0]["alerts"] if a["labels"]["alertname"] == "SwitchboardReceiverCheck"]
     assert sent["status"] == "firing" and got[0]["receiver"] == "switchboard"
+
+
+def test_a_monitor_that_cannot_start_its_receiver_stops_what_it_started(tmp_path):
+    """The receiver's port taken: the start fails naming it, and Prometheus and Alertmanager,
+    already running, are stopped rather than left behind without pid files."""
+    import socket
+
+    import pytest
+
+    prometheus, alertmanager = free_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        m = Monitor(["127.0.0.1:1"], tmp_path, prometheus, alertmanager, 1.0, taken.getsockname()[1])
+        started, stop = [], m.stop
+
+        def stop_and_record():
+            started.extend(m.procs.values())
+            stop()
+
+        m.stop = stop_and_record
+        with pytest.raises(RuntimeError, match="alert receiver exited"):
+            m.start()
+    assert len(started) == 3 and all(p.poll() is not None for p in started) and m.procs == {}
