@@ -85,7 +85,7 @@ stop: ## stop what `make serve` (and `make monitor`) started
 	@$(PY) -m switchboard.ops.monitor down >/dev/null
 	@$(PY) -m switchboard.ops.launch down
 
-monitor: setup ## Prometheus (:9090, monitoring/alerts.yml) and Alertmanager (:9093) against `make serve`
+monitor: setup ## Prometheus (:9090, monitoring/alerts.yml), Alertmanager (:9093) and its webhook receiver (:9095, build/run/monitor/alerts.jsonl) against `make serve`
 	@$(PY) -m switchboard.ops.monitor up
 
 dashboard: setup ## regenerate the Grafana dashboard monitoring/grafana/switchboard.json from switchboard/ops/dashboard.py

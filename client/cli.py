@@ -17,7 +17,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from switchboard.client.sdk import ChatClient, ChatError, ChatStats, Heard, TokenLogprobs
+from switchboard.client import ChatClient, ChatError, ChatStats, Heard, TokenLogprobs
 
 
 def _stats_line(stats: ChatStats) -> str:

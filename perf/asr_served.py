@@ -169,7 +169,7 @@ class VoiceCaller(AsyncCaller):
         return self._wait(self._turn(clip))
 
     async def _turn(self, clip: Clip) -> Reply:
-        from switchboard.client.sdk import Heard
+        from switchboard.client import Heard
 
         t0 = time.monotonic()
         extra: dict = {"heard_s": None, "first_token_s": None}

@@ -54,7 +54,8 @@ from switchboard.client import AsyncChatClient, ChatClient, ChatError
 from switchboard.data.corpus import load, sample_questions
 from switchboard.ops.balancer import Balancer, Replica
 from switchboard.ops.launch import Ports, Stack, children, free_port, free_ports
-from switchboard.ops.supervisor import Supervisor, probe, with_reloads
+from switchboard.ops.probes import probe
+from switchboard.ops.supervisor import Supervisor, with_reloads
 
 
 def log(msg: str) -> None:

@@ -36,8 +36,8 @@ from perf.loadtools import pss_kib
 from perf.markdown import table, write_summary
 from switchboard import paths
 from switchboard.client import ChatClient, Heard
+from switchboard.ops.health_server import READINESS_PATH
 from switchboard.ops.launch import Ports, Stack, children, free_port, loadable
-from switchboard.ops.supervisor import READINESS_PATH
 
 POLL_S = 0.05
 

@@ -227,7 +227,7 @@ def _callers(args: argparse.Namespace, stack: Stack, start: float, counts: Count
     """Speech beside the chats, so the Speech row has series: a spoken question every
     ``--speech-every-s`` (one in five priority 1, one in ten not audio: a refusal), one at a time."""
     from perf.asr_load import question_clips
-    from switchboard.client.sdk import ChatError
+    from switchboard.client import ChatError
 
     clips = question_clips(["en"], 12, seed=args.seed)
     client = ChatClient(stack.grpc_url, timeout_s=60)

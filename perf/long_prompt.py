@@ -30,7 +30,7 @@ def stream(url: str, ids: list[int], max_new_tokens: int, times: list[float], do
     """One generation on ``engine_short``; appends the arrival time of every token response."""
     import tritonclient.grpc as grpcclient
 
-    from switchboard.client.sdk import close_stream
+    from switchboard.client.sync import close_stream
 
     client = grpcclient.InferenceServerClient(url)
     inputs = [

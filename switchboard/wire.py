@@ -1,6 +1,6 @@
 """The wire contract between Switchboard's server and its clients (the SDK, perf tools, the
 ``chat`` model calling its pools): what both sides must agree on, in one place. The SDK imports
-only this module from the server side.
+only this module and switchboard.codec (the messages themselves) from the server side.
 
 Priorities. ``1`` (live/VIP) or ``2`` (default), sent as Triton's request priority (which
 orders the model's queue) and as the request parameter ``chat_priority``, which the pipeline

@@ -3,7 +3,8 @@
 ``audio`` (transcriptions, and the voice channel's errors), ``checks`` (what every route checks
 first), ``uploads`` (multipart bodies, in memory, with limits), ``streaming`` (an answer, whole
 or as server-sent events), ``server`` (uvicorn's protocol: HTTP/1.0 answers close-delimited),
-``mapping`` (OpenAI's request and responses to and from a chat), ``keys`` (API keys and their
+``openai_request`` (OpenAI's request checked, as one chat call), ``openai_response``
+(chat's answer as OpenAI's responses and chunks), ``keys`` (API keys and their
 priority tiers), ``errors`` (OpenAI's error shape), ``state`` (what the handlers share),
 ``static/`` (the web page, its microphone). docs/gateway.md says how to use it."""
 

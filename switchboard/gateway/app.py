@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from switchboard.client.sdk import AsyncChatClient
+from switchboard.client import AsyncChatClient
 from switchboard.gateway import audio, routes
 from switchboard.gateway.checks import PRIORITY_HEADER, STATS_HEADER
 from switchboard.gateway.errors import APIError

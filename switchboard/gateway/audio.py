@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from switchboard.client.sdk import ChatError, Heard
+from switchboard.client import ChatError, Heard
 from switchboard.gateway.checks import authenticate, priority_of, refuse_foreign_origin, state_of, wants_stats
 from switchboard.gateway.errors import (
     APIError,
@@ -39,7 +39,8 @@ from switchboard.gateway.errors import (
     overloaded,
     speech_not_ready,
 )
-from switchboard.gateway.mapping import check_language, sse
+from switchboard.gateway.openai_request import check_language
+from switchboard.gateway.openai_response import sse
 from switchboard.gateway.state import GatewayState
 from switchboard.gateway.streaming import ChatStreamResponse, ClientGone, or_gone
 from switchboard.gateway.uploads import Upload, boundary_of, read_form

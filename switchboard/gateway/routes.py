@@ -6,7 +6,7 @@ A chat whose last message is audio (``input_audio``) goes to ``voice_chat`` inst
 what it heard is awaited first (silence is 400 ``no_speech``; a refused file 400 or 413; a
 recognizer not loaded yet 503: ``audio.speech_error``), then the answer as any chat's.
 
-A chat request is checked (content type, key, size, fields: ``mapping``) before any chat starts;
+A chat request is checked (content type, key, size, fields: ``openai_request``) before any chat starts;
 ``chat``'s first answer is awaited before the HTTP status is sent, so a refusal gets its status
 (400, 503...) even when streaming. A client that leaves cancels its chat: the gRPC stream is
 cancelled, and ``chat`` stops the generation at its next check (``cancel_poll_ms``).
@@ -31,7 +31,8 @@ from switchboard.gateway.checks import (
     wants_stats,
 )
 from switchboard.gateway.errors import APIError, overloaded
-from switchboard.gateway.mapping import Completion, parse_body, parse_request
+from switchboard.gateway.openai_request import parse_body, parse_request
+from switchboard.gateway.openai_response import Completion
 from switchboard.gateway.state import GatewayConfig, GatewayState
 from switchboard.gateway.streaming import ChatStreamResponse, ClientGone, collect, next_event, or_gone, sse_stream
 from switchboard.serving import order_demo
@@ -58,27 +59,8 @@ async def chat_completions(request: Request):
     if not slots.take():
         raise overloaded(429, f"too many chats in flight (limit {slots.limit}), retry later", config.retry_after_s)
     completion = Completion(call.model)
-    ask = (call.max_tokens, call.temperature, call.top_p, call.seed)
-    penalties = dict(presence_penalty=call.presence_penalty, frequency_penalty=call.frequency_penalty)
-    if call.audio is None:
-        events = state.client.stream(
-            None if call.tool_results else call.text,  # a turn of tool results has no new text
-            None,
-            priority,
-            *ask,
-            history=call.history,
-            response_format=call.response_format,
-            logprobs=call.logprobs,
-            tools=call.tools,
-            tool_choice=call.tool_choice,
-            tool_results=call.tool_results,
-            **penalties,
-        )
-    else:
-        language = call.audio.language
-        events = state.client.voice_stream(
-            call.audio.data, None, priority, *ask, language=language, history=call.history, **penalties
-        )
+    turn = call.chat_request(priority)
+    events = state.client.voice_stream(turn) if call.audio is not None else state.client.stream(turn)
     released = False
 
     async def release():

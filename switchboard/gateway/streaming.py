@@ -10,9 +10,10 @@ import contextlib
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from switchboard.client.sdk import ChatError, TokenLogprobs, ToolCallDeltas
+from switchboard.client import ChatError, TokenLogprobs, ToolCallDeltas
 from switchboard.gateway.errors import APIError, from_chat_error
-from switchboard.gateway.mapping import Completion, CompletionCall, StopScanner, finish_reason, sse
+from switchboard.gateway.openai_request import CompletionCall
+from switchboard.gateway.openai_response import Completion, StopScanner, finish_reason, sse
 from switchboard.wire import ChatStats
 
 

@@ -3,8 +3,9 @@
 
 ``up`` writes a Prometheus configuration that scrapes the server's metrics port (every
 replica's with ``make serve REPLICAS=N``) every 5 s and evaluates monitoring/alerts.yml, and
-starts Prometheus (:9090) and Alertmanager (:9093) in the background with their data under the
-run directory; ``down`` stops them. ``Monitor`` does the same on free ports for the tests.
+starts Prometheus (:9090), Alertmanager (:9093) and the webhook receiver Alertmanager sends to
+(:9095, ``switchboard.ops.alert_receiver``) in the background with their data under the run
+directory; ``down`` stops them. ``Monitor`` does the same on free ports for the tests.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 from switchboard import paths
 from switchboard.ops.process import http_ok, kill_pid, pid_file, port_open, stop_process, wait_until
 
 MONITORING = paths.ROOT / "monitoring"
+PROCESSES = ("prometheus", "alertmanager", "alert-receiver")
 
 
 def binary(name: str) -> str:
@@ -53,8 +57,21 @@ def prometheus_config(targets: list[str], alertmanager: str | None, interval_s: 
     return "\n".join(lines) + "\n"
 
 
+def alertmanager_config(receiver_url: str) -> str:
+    """monitoring/alertmanager.yml with its webhook pointed at ``receiver_url``: the checked-in
+    file names the default port, the tests run the receiver on a free one."""
+    config = yaml.safe_load((MONITORING / "alertmanager.yml").read_text())
+    [receiver] = [r for r in config["receivers"] if r["name"] == config["route"]["receiver"]]
+    [webhook] = receiver["webhook_configs"]
+    webhook["url"] = receiver_url
+    return "# Rendered by switchboard.ops.monitor from monitoring/alertmanager.yml.\n" + yaml.safe_dump(
+        config, sort_keys=False
+    )
+
+
 class Monitor:
-    """Prometheus (and Alertmanager unless ``alertmanager_port`` is None) scraping ``targets``."""
+    """Prometheus (and Alertmanager with its webhook receiver unless ``alertmanager_port`` is
+    None) scraping ``targets``. The receiver appends what it gets to ``alerts_file``."""
 
     def __init__(
         self,
@@ -63,10 +80,16 @@ class Monitor:
         prometheus_port: int = 9090,
         alertmanager_port: int | None = 9093,
         interval_s: float = 5.0,
+        receiver_port: int = 9095,
     ):
         self.targets, self.run_dir, self.interval_s = targets, run_dir, interval_s
         self.prometheus_port, self.alertmanager_port = prometheus_port, alertmanager_port
+        self.receiver_port = receiver_port
         self.procs: dict[str, subprocess.Popen] = {}
+
+    @property
+    def alerts_file(self) -> Path:
+        return self.run_dir / "alerts.jsonl"
 
     @property
     def url(self) -> str:
@@ -89,9 +112,19 @@ class Monitor:
             ]
         }
         if am:
+            receiver = f"127.0.0.1:{self.receiver_port}"
+            am_config = self.run_dir / "alertmanager.yml"
+            am_config.write_text(alertmanager_config(f"http://{receiver}/alerts"))
+            commands["alert-receiver"] = [
+                sys.executable,
+                "-m",
+                "switchboard.ops.alert_receiver",
+                f"--port={self.receiver_port}",
+                f"--out={self.alerts_file}",
+            ]
             commands["alertmanager"] = [
                 binary("prometheus-alertmanager"),
-                f"--config.file={MONITORING / 'alertmanager.yml'}",
+                f"--config.file={am_config}",
                 f"--storage.path={self.run_dir / 'alertmanager-data'}",
                 f"--web.listen-address={am}",
                 "--cluster.listen-address=",
@@ -104,10 +137,16 @@ class Monitor:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        # Its port opens before its storage is: until /-/ready, queries answer 503.
-        wait_until(lambda: http_ok(f"{self.url}/-/ready"), 30, "prometheus", self.procs["prometheus"])
-        if am:
-            wait_until(lambda: port_open(self.alertmanager_port), 30, "alertmanager", self.procs["alertmanager"])
+        try:
+            # Its port opens before its storage is: until /-/ready, queries answer 503.
+            wait_until(lambda: http_ok(f"{self.url}/-/ready"), 30, "prometheus", self.procs["prometheus"])
+            if am:
+                wait_until(lambda: port_open(self.alertmanager_port), 30, "alertmanager", self.procs["alertmanager"])
+                ready = f"http://{receiver}/-/ready"
+                wait_until(lambda: http_ok(ready), 30, "alert receiver", self.procs["alert-receiver"])
+        except BaseException:  # one did not start (a port taken): stop the others, no pid files are written
+            self.stop()
+            raise
         return self
 
     def query(self, expr: str) -> list[dict]:
@@ -139,22 +178,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     p.add_argument("--prometheus-port", type=int, default=int(os.environ.get("PROMETHEUS_PORT", 9090)))
     p.add_argument("--alertmanager-port", type=int, default=int(os.environ.get("ALERTMANAGER_PORT", 9093)))
+    p.add_argument("--receiver-port", type=int, default=int(os.environ.get("ALERT_RECEIVER_PORT", 9095)))
     p.add_argument("--run-dir", type=Path, default=paths.RUN)
     args = p.parse_args(argv)
     run = args.run_dir / "monitor"
     if args.action == "down":
-        stopped = [n for n in ("prometheus", "alertmanager") if kill_pid(pid_file(run, n), timeout=30)]
+        stopped = [n for n in PROCESSES if kill_pid(pid_file(run, n), timeout=30)]
         print("stopped: " + (", ".join(stopped) if stopped else "no monitoring was running"))
         return 0
     if pid_file(run, "prometheus").exists():
         print("monitoring already up (make stop first)")
         return 1
-    monitor = Monitor(targets(args), run, args.prometheus_port, args.alertmanager_port).start()
+    monitor = Monitor(
+        targets(args), run, args.prometheus_port, args.alertmanager_port, receiver_port=args.receiver_port
+    ).start()
     for name, proc in monitor.procs.items():
         pid_file(run, name).write_text(str(proc.pid))
     print(
         f"[monitor] Prometheus http://127.0.0.1:{args.prometheus_port} scraping {', '.join(monitor.targets)} "
-        f"with monitoring/alerts.yml; Alertmanager http://127.0.0.1:{args.alertmanager_port}; logs in {run}/"
+        f"with monitoring/alerts.yml; Alertmanager http://127.0.0.1:{args.alertmanager_port} sending to "
+        f"http://127.0.0.1:{args.receiver_port} (kept in {monitor.alerts_file}); logs in {run}/"
     )
     return 0
 

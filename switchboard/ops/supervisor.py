@@ -14,6 +14,9 @@ sent at once. The supervisor calls itself ready only once it has answered and no
 failed since; with ``--probe-port`` it serves that on ``READINESS_PATH`` and its own health on
 ``LIVENESS_PATH`` for an orchestrator (deploy/k8s, docs/kubernetes.md).
 
+Here the loop and its decisions (``Supervisor``) and the command line; the probes are
+``probes``, the crash line ``crash_log``, the two HTTP paths ``health_server``.
+
 ``python -m switchboard.ops.launch up`` runs the stack under this supervisor in the background;
 ``python -m switchboard.ops.supervisor --help`` runs it in the foreground.
 """
@@ -21,12 +24,9 @@ failed since; with ``--probe-port`` it serves that on ``READINESS_PATH`` and its
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import logging
 import os
-import queue
-import re
 import signal
 import sys
 import threading
@@ -35,178 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
+from switchboard.ops.crash_log import CrashLog
+from switchboard.ops.health_server import LIVENESS_PATH, READINESS_PATH, ProbeServer
+from switchboard.ops.probes import WARM_UP_TOKENS, model_of, probe, probe_model
 
 log = logging.getLogger("switchboard.ops.supervisor")
-
-POOLS = ("engine_short", "engine_long")
-CHAT = "chat"
-SPEECH = ("asr", "voice_chat")  # loaded once a recognizer is built: watched, not probed each round
-PROBE_TEXT = "Where is my order?"
-WARM_UP_TOKENS = 8  # past the first token: the warm-up runs decode steps too
-LIVENESS_PATH = "/livez"
-READINESS_PATH = "/readyz"
-# What tritonserver writes as it crashes (src/triton_signal.cc's ErrorSignalHandler, SIGABRT or
-# SIGSEGV) before it symbolizes a stack trace, which can take minutes before the process ends.
-FATAL_SIGNAL = re.compile(rb"Signal \((6|11)\) received\.")
-
-
-class CrashLog:
-    """tritonserver's log, read for the line it writes as it crashes: a server that aborted
-    (2.51's race when a stub is killed) answers nothing yet runs on while it writes its stack
-    trace, so a reload sent to it waits out its whole timeout."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset, self.tail = path, 0, b""
-
-    def mark(self) -> None:
-        """Only what the log gets from now on counts (call as a server starts)."""
-        try:
-            self.offset = self.path.stat().st_size
-        except OSError:
-            self.offset = 0
-        self.tail = b""
-
-    def crashed(self) -> str | None:
-        """The crash line, once the log has one since ``mark``; None otherwise."""
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                new = f.read()
-        except OSError:
-            return None
-        self.offset += len(new)
-        text = self.tail + new
-        self.tail = text[-64:]  # a line split across two reads
-        found = FATAL_SIGNAL.search(text)
-        if found is None:
-            return None
-        self.tail = text[found.end() :][-64:]  # reported once
-        return f"tritonserver crashed ({found.group().decode()} in {self.path.name})"
-
-
-def _pool_request(
-    url: str, model: str, timeout_s: float, ping_every_s: float = 1.0, version: str | None = None
-) -> str | None:
-    """One token from an engine pool over a stream; the failure, or None. While the token has
-    not come, the pool is pinged every ``ping_every_s`` on the same stream: a request sent as
-    the stub died can go unanswered for good, and the ping sent after it is refused at once
-    ("Stub process ... is not healthy"), so the probe fails then, not at its deadline."""
-    import tritonclient.grpc as grpcclient
-
-    from switchboard.client.sdk import close_stream, error_of
-    from switchboard.wire import channel_args
-
-    got: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(url, channel_args=channel_args(private=True))
-    ids = grpcclient.InferInput("input_ids", [1, 3], "INT32")
-    ids.set_data_from_numpy(np.asarray([[1, 2, 3]], np.int32))
-    limit = grpcclient.InferInput("max_new_tokens", [1, 1], "INT32")
-    limit.set_data_from_numpy(np.asarray([[1]], np.int32))
-    finished = pinged = False  # finished: nothing left open on the stream, it may close cleanly
-    try:
-        client.start_stream(callback=lambda result, error: got.put((result, error)))
-        client.async_stream_infer(model, [ids, limit], model_version=version or "", request_id="token")
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                result, error = got.get(timeout=max(0.0, min(left, ping_every_s)))
-            except queue.Empty:
-                if left <= ping_every_s:
-                    return f"{model}: no answer within {timeout_s:.0f} s"
-                client.async_stream_infer(
-                    model, [ids], model_version=version or "", request_id="ping", parameters={"ping": True}, priority=1
-                )
-                pinged = True
-                continue
-            if error is not None:  # the token's or a ping's: either fails the probe
-                finished = not pinged  # else the token's request may still be open
-                return f"{model}: {error_of(error)[1]}"
-            if result.get_response().id == "ping":
-                continue  # alive: the token may still come
-            if result.as_numpy("stats") is not None:
-                finished = not pinged  # a ping may still be open
-                return None
-    except Exception as e:  # the server is gone or refused the stream
-        return f"{model}: {e}"
-    finally:
-        try:
-            close_stream(client, cancel=not finished)
-        except Exception:
-            pass
-
-
-def _speech_request(url: str, model: str, timeout_s: float, version: str | None = None) -> str | None:
-    """A second of silence to ``asr`` or ``voice_chat``: any answer of the model's own (an empty
-    transcript; voice_chat's UNAVAILABLE while asr is not loaded) shows its stub alive."""
-    from switchboard.asr.audio import encode_wav
-    from switchboard.serving.engine_client import EngineClient, EngineStreamError, build_request, stub_dead
-    from switchboard.wire import Asr, untag
-
-    request = build_request(
-        model,
-        {Asr.AUDIO: np.asarray([[encode_wav(np.zeros(16_000, np.float32))]], np.object_)},
-        ["result" if model == "asr" else "stats"],
-        priority=1,
-        version=int(version or 0),
-    )
-    client = EngineClient(url)
-    try:
-        for _ in client.stream(request, timeout_s):
-            return None
-        return f"{model}: no answer"
-    except EngineStreamError as e:
-        status, message = untag(str(e))
-        return f"{model}: {message}" if status is None or stub_dead(message) else None
-    finally:
-        client.close()
-
-
-def probe(url: str, timeout_s: float = 20.0, max_new_tokens: int = 1) -> str | None:
-    """One token from each pool, then a priority-1 chat of one token; the first failure or None,
-    headed by the model that failed (``model_of``). Pools first: once Triton has seen a stub
-    die, the pool refuses at once ("not healthy"), where a chat routed to it can still wait out
-    chat's bound on the pool. (A request sent in the first moments after the kill can still get
-    no answer at all: it costs the whole deadline.)"""
-    for model in (*POOLS, CHAT):
-        failure = probe_model(url, model, timeout_s, max_new_tokens)
-        if failure is not None:
-            return failure
-    return None
-
-
-def probe_model(
-    url: str, model: str, timeout_s: float = 20.0, max_new_tokens: int = 1, version: str | None = None
-) -> str | None:
-    """One model's probe: a pool's token (``version``: that version's, else Triton's choice), or
-    ``chat``'s priority-1 chat. An FAQ answer because a pool failed counts as a failure of chat;
-    one because of load does not."""
-    if model in SPEECH:
-        return _speech_request(url, model, timeout_s, version)
-    if model != CHAT:
-        return _pool_request(url, model, timeout_s, version=version)
-    from switchboard.client import ChatClient, ChatError
-
-    try:
-        reply = ChatClient(url, timeout_s=timeout_s, private_connection=True).chat(
-            PROBE_TEXT, stream=False, priority=1, max_new_tokens=max_new_tokens
-        )
-    except ChatError as e:
-        if e.code == "UNAVAILABLE" and str(e).startswith("overloaded"):
-            return None  # serving, but shedding load: restarting would make it worse
-        return f"chat: {e}" + (f" ({e.code})" if e.code else "")
-    except Exception as e:
-        return f"chat: {e}"
-    if reply.stats.fallback and reply.stats.raw.get("fallback_reason") == "engine_error":
-        return "chat: answered from the FAQ because a pool failed"
-    return None
-
-
-def model_of(failure: str) -> str | None:
-    """The model a probe's failure names, or None (the server itself)."""
-    head = failure.split(":", 1)[0]
-    return head if head in (*POOLS, CHAT, *SPEECH) else None
 
 
 @dataclass
@@ -461,38 +294,6 @@ def with_crash_log(supervisor: Supervisor) -> Supervisor:
     supervisor.crash_log = CrashLog(supervisor.stack.triton_log)
     supervisor.crash_log.mark()
     return supervisor
-
-
-class ProbeServer:
-    """``LIVENESS_PATH`` and ``READINESS_PATH`` over HTTP on a thread of their own: 200 when
-    ``why_not_live`` / ``why_not_ready`` give None, else 503; the body is the reason as JSON."""
-
-    def __init__(self, address: str, port: int, why_not_live: Callable, why_not_ready: Callable):
-        checks = {LIVENESS_PATH: why_not_live, READINESS_PATH: why_not_ready}
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                check = checks.get(self.path.split("?")[0])
-                reason = check() if check else "not found"
-                body = json.dumps({"ok": reason is None, "reason": reason}).encode()
-                self.send_response(404 if check is None else 200 if reason is None else 503)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):  # kubelet asks every few seconds: not worth a line
-                pass
-
-        self.server = http.server.ThreadingHTTPServer((address, port), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, name="probe-server", daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def parser() -> argparse.ArgumentParser:

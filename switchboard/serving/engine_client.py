@@ -8,7 +8,8 @@ under `make soak` it froze the chat stub (docs/architecture.md; docs/reliability
 
 A gRPC stream has none of those locks, reaches the pool through Triton's own queue (request
 priority and timeout apply as for any client), and ``cancel()`` cancels the pool's request,
-which BLS in 2.51 cannot. Imports no Triton module: unit-tested on its own.
+which BLS in 2.51 cannot. Imports no Triton module: unit-tested on its own. The messages are
+switchboard.codec's, which the SDK speaks too.
 """
 
 from __future__ import annotations
@@ -18,81 +19,20 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
+from switchboard.codec import build_request, decode_response
 from switchboard.wire import Pool, channel_args
-
-# Keys Triton's gRPC frontend reads itself rather than passing to the model.
-RESERVED = frozenset(
-    {
-        "priority",
-        "timeout",
-        "sequence_id",
-        "sequence_start",
-        "sequence_end",
-        "binary_data_output",
-        "triton_enable_empty_final_response",
-    }
-)
 
 
 class EngineStreamError(RuntimeError):
     """The pool answered with an error, or the stream broke."""
 
 
-def build_request(
-    model: str,
-    inputs: dict[str, np.ndarray],
-    outputs: list[str],
-    parameters: dict | None = None,
-    priority: int = 0,
-    timeout_us: int = 0,
-    version: int = 0,
-) -> service_pb2.ModelInferRequest:
-    """A request to ``model`` (``version``: that version; 0: the one Triton's policy picks)."""
-    request = service_pb2.ModelInferRequest(model_name=model, model_version=str(version) if version else "")
-    for name, value in (parameters or {}).items():
-        if name in RESERVED:
-            raise ValueError(f"parameter {name!r} is read by Triton itself; pass it as an argument")
-        param = request.parameters[name]
-        if isinstance(value, bool):
-            param.bool_param = value
-        elif isinstance(value, int):
-            param.int64_param = value
-        elif isinstance(value, float):
-            param.double_param = value
-        elif isinstance(value, str):
-            param.string_param = value
-        else:
-            raise TypeError(f"parameter {name!r}: {type(value).__name__} is not bool, int, float or str")
-    if priority:
-        request.parameters["priority"].uint64_param = priority
-    if timeout_us:
-        request.parameters["timeout"].int64_param = timeout_us
-    for name, array in inputs.items():
-        request.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype), shape=array.shape)
-        if array.dtype == np.object_:
-            request.raw_input_contents.append(serialize_byte_tensor(array).item())
-        else:
-            request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
-    for name in outputs:
-        request.outputs.add(name=name)
-    return request
-
-
 def parse_response(message: service_pb2.ModelStreamInferResponse) -> dict[str, np.ndarray]:
     """The outputs of one streamed response, by name; raises ``EngineStreamError`` for an error."""
     if message.error_message:
         raise EngineStreamError(message.error_message)
-    response = message.infer_response
-    out = {}
-    for meta, raw in zip(response.outputs, response.raw_output_contents):
-        shape = tuple(meta.shape)
-        if meta.datatype == "BYTES":
-            out[meta.name] = deserialize_bytes_tensor(raw).reshape(shape)
-        else:
-            out[meta.name] = np.frombuffer(raw, dtype=triton_to_np_dtype(meta.datatype)).reshape(shape)
-    return out
+    return decode_response(message.infer_response)
 
 
 @dataclass

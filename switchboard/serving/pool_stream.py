@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from switchboard.serving.engine_client import EngineClient, EngineStream, build_request
+from switchboard.codec import build_request
+from switchboard.serving.engine_client import EngineClient, EngineStream
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.wire import PRIORITY_PARAMETER, EngineStats, Pool, untag
 

@@ -17,7 +17,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from switchboard.serving.engine_client import EngineClient, EngineStreamError, build_request
+from switchboard.codec import build_request
+from switchboard.serving.engine_client import EngineClient, EngineStreamError
 from switchboard.wire import PRIORITY_PARAMETER, Asr, AsrResult, Chat, ChatStats, untag
 
 # gRPC status names (what untag gives) back to Triton's error code names.

@@ -11,7 +11,7 @@ import redis
 import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatClient
-from switchboard.client.sdk import close_stream
+from switchboard.client.sync import close_stream
 from switchboard.ops.launch import Ports, Stack
 from tests.integration.gatewaytools import STANDARD_KEY, Gateway
 

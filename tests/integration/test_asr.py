@@ -28,8 +28,8 @@ import tritonclient.grpc as grpcclient
 from switchboard import paths
 from switchboard.asr.audio import decode, encode_wav
 from switchboard.asr.wer import normalize
-from switchboard.client import ChatClient
-from switchboard.client.sdk import ChatError, Heard, close_stream
+from switchboard.client import ChatClient, ChatError, Heard
+from switchboard.client.sync import close_stream
 from switchboard.wire import PRIORITY_PARAMETER, Asr, AsrResult, ChatStats
 
 pytestmark = [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from switchboard.client.sdk import error_of
+from switchboard.client.sync import error_of
 from switchboard.serving.session import session_key
 
 

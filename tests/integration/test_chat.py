@@ -12,7 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from switchboard.client import ChatError, ChatStats
-from switchboard.client.sdk import error_of
+from switchboard.client.sync import error_of
 from switchboard.serving.session import session_key
 from tests.integration.kvtools import pool_generate
 

@@ -23,9 +23,9 @@ from perf.cold_start import pod_command, spoken_question
 from switchboard import paths
 from switchboard.asr.wer import error_rate
 from switchboard.client import ChatClient
+from switchboard.ops.health_server import LIVENESS_PATH, READINESS_PATH
 from switchboard.ops.launch import Ports, Stack, free_port
 from switchboard.ops.process import alive
-from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH
 from tests.integration.gatewaytools import Gateway
 
 

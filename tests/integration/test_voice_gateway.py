@@ -33,7 +33,7 @@ import soxr
 
 from switchboard import paths
 from switchboard.asr.wer import error_rate
-from switchboard.client.sdk import AsyncChatClient, ChatClient, ChatError, Heard
+from switchboard.client import AsyncChatClient, ChatClient, ChatError, Heard
 from switchboard.ops.launch import Ports, Stack, operator_key
 from switchboard.ops.model_control import load_model
 from tests.audiotools import encode_av, flac_of_unknown_length

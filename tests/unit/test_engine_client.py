@@ -6,13 +6,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from switchboard.serving.engine_client import (
-    EngineClient,
-    EngineStream,
-    EngineStreamError,
-    build_request,
-    parse_response,
-)
+from switchboard.codec import build_request
+from switchboard.serving.engine_client import EngineClient, EngineStream, EngineStreamError, parse_response
 
 
 def _echo(request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInferResponse:
@@ -22,50 +17,6 @@ def _echo(request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInfe
         message.infer_response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         message.infer_response.raw_output_contents.append(raw)
     return message
-
-
-def test_tensors_survive_the_round_trip():
-    kv = np.arange(2 * 3 * 2 * 4 * 5, dtype=np.float32).reshape(1, 2, 3, 2, 4, 5)
-    inputs = {
-        "input_ids": np.asarray([[5, 7, 11]], np.int32),
-        "past_kv": kv,
-        "stats": np.asarray([['{"reason": "stop"}'.encode()]], np.object_),
-    }
-    request = build_request("engine_short", inputs, ["token_ids", "kv", "stats"])
-    assert request.model_name == "engine_short"
-    assert [o.name for o in request.outputs] == ["token_ids", "kv", "stats"]
-    out = parse_response(_echo(request))
-    assert out["input_ids"].dtype == np.int32 and out["input_ids"].tolist() == [[5, 7, 11]]
-    assert out["past_kv"].shape == kv.shape and np.array_equal(out["past_kv"], kv)
-    assert out["stats"].reshape(-1)[0] == b'{"reason": "stop"}'
-
-
-def test_parameters_priority_and_timeout():
-    request = build_request(
-        "engine_long",
-        {},
-        [],
-        {"chat_priority": 1, "return_kv": True, "fingerprint": "ab", "top": 0.5},
-        priority=1,
-        timeout_us=10_000_000,
-    )
-    p = request.parameters
-    assert p["chat_priority"].int64_param == 1 and p["return_kv"].bool_param is True
-    assert p["fingerprint"].string_param == "ab" and p["top"].double_param == 0.5
-    # Triton's own queue reads these two.
-    assert p["priority"].uint64_param == 1 and p["timeout"].int64_param == 10_000_000
-    assert "priority" not in build_request("m", {}, []).parameters
-
-
-@pytest.mark.parametrize("name", ["priority", "timeout", "sequence_id"])
-def test_keys_triton_reads_itself_are_refused_as_model_parameters(name):
-    with pytest.raises(ValueError, match=name):
-        build_request("m", {}, [], {name: 1})
-
-
-def test_unsupported_parameter_type():
-    with pytest.raises(TypeError, match="seed"):
-        build_request("m", {}, [], {"seed": [1]})
 
 
 def test_an_error_response_raises():

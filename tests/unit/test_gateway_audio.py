@@ -21,7 +21,7 @@ import openai
 import pytest
 import uvicorn
 
-from switchboard.client.sdk import ChatError, Heard
+from switchboard.client import ChatError, Heard
 from switchboard.gateway.app import GatewayConfig, create_app
 from switchboard.gateway.server import HTTP_PROTOCOL
 from switchboard.gateway.uploads import read_form
@@ -87,10 +87,11 @@ class FakeServer:
             yield " my order?"
         yield AsrResult(text=HEARD, language="en", duration=1.6, segments=SEGMENTS, asr_ms=41.0, queue_ms=2.0)
 
-    def voice_stream(self, audio, session_id=None, priority=2, *ask, language=None, history=None, **penalties):
-        self.calls.append(("voice_chat", audio, language, priority, ask, history))
-        self.penalties = penalties
-        return self._track(self._voice(audio))
+    def voice_stream(self, request):
+        ask = (request.max_new_tokens, request.temperature, request.top_p, request.seed)
+        self.calls.append(("voice_chat", request.audio, request.language, request.priority, ask, request.history))
+        self.penalties = {"presence_penalty": request.presence_penalty, "frequency_penalty": request.frequency_penalty}
+        return self._track(self._voice(request.audio))
 
     async def _voice(self, audio):
         self._refusal(audio)
@@ -103,8 +104,8 @@ class FakeServer:
             yield delta
         yield ChatStats(prompt_tokens=12, generated_tokens=5, asr=heard.to_dict())
 
-    def stream(self, text, session_id=None, priority=2, *args, history=None, **extra):
-        self.calls.append(("chat", text, priority))
+    def stream(self, request):
+        self.calls.append(("chat", request.text, request.priority))
         return self._track(self._chat())
 
     async def _chat(self):

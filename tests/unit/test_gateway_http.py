@@ -14,7 +14,7 @@ import time
 import pytest
 import uvicorn
 
-from switchboard.client.sdk import ToolCallDeltas
+from switchboard.client import ToolCallDeltas
 from switchboard.gateway.app import ROUTES, GatewayConfig, create_app
 from switchboard.gateway.server import HTTP_PROTOCOL
 from switchboard.wire import ChatStats, FinishReason
@@ -29,10 +29,10 @@ class FakeChat:
     def __init__(self):
         self.chats = 0
 
-    def stream(self, text, session_id=None, priority=2, *args, history=None, **extra):
+    def stream(self, request):
         self.chats += 1
-        self.extra = extra
-        return self._calls() if extra.get("tools") else self._events()
+        self.request = request
+        return self._calls() if request.tools else self._events()
 
     async def _calls(self):  # with tools: one call, its arguments in two deltas
         yield ToolCallDeltas(
@@ -265,7 +265,7 @@ def test_the_demo_order_service(gateway):
 
 def test_penalties_reach_the_chat(gateway, chat):
     status, _, _ = post(gateway, "application/json", {**CHAT, "presence_penalty": 1.5, "frequency_penalty": 0})
-    assert status == 200 and (chat.extra["presence_penalty"], chat.extra["frequency_penalty"]) == (1.5, 0.0)
+    assert status == 200 and (chat.request.presence_penalty, chat.request.frequency_penalty) == (1.5, 0.0)
     status, _, body = post(gateway, "application/json", {**CHAT, "presence_penalty": 2.5})
     error = json.loads(body)["error"]
     assert status == 400 and error["param"] == "presence_penalty" and "outside [-2, 2]" in error["message"]

@@ -21,7 +21,8 @@ from switchboard.asr.metrics import PREFIX as ASR_PREFIX
 from switchboard.asr.metrics import AsrMetrics
 from switchboard.ops import launch
 from switchboard.ops.balancer import Replica, haproxy_config
-from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH, parser
+from switchboard.ops.health_server import LIVENESS_PATH, READINESS_PATH
+from switchboard.ops.supervisor import parser
 from switchboard.serving.metrics import METRICS, PREFIX
 from switchboard.wire import SESSION_HEADER
 

@@ -10,6 +10,7 @@ from switchboard.paths import ROOT
 
 LEAVES = {
     "switchboard.wire",
+    "switchboard.codec",
     "switchboard.paths",
     "switchboard.nice",
     "switchboard.console",
@@ -21,6 +22,7 @@ LEAVES = {
 # the client and the gateway; then the tools that build and run it: training, export, ops.
 ALLOWED = {
     "switchboard.wire": set(),
+    "switchboard.codec": set(),  # Triton's gRPC messages, for the SDK and chat's streams to its pools
     "switchboard.paths": set(),
     "switchboard.nice": set(),
     "switchboard.redis_conn": set(),
@@ -52,7 +54,7 @@ ALLOWED = {
         "switchboard.kv",
         "switchboard.asr",
     },
-    "switchboard.client": {"switchboard.wire"},
+    "switchboard.client": {"switchboard.wire", "switchboard.codec"},
     # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike.
     "switchboard.gateway": LEAVES | {"switchboard.client", "switchboard.serving", "switchboard.asr"},
     # What models are made from: the corpus (with the demo tools its conversations offer), its speech.

@@ -17,16 +17,9 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor
 
-from switchboard.client.sdk import (
-    AsyncChatClient,
-    ChatClient,
-    ChatError,
-    Heard,
-    VoiceReply,
-    asr_decoder,
-    audio_inputs,
-    voice_decoder,
-)
+from switchboard.client import AsyncChatClient, ChatClient, ChatError, Heard, VoiceReply
+from switchboard.client.events import asr_decoder, voice_decoder
+from switchboard.client.request import audio_inputs
 from switchboard.wire import PRIORITY_PARAMETER, Asr, AsrResult, ChatStats
 
 HEARD = {"transcript": "Where is my order?", "language": "en", "asr_ms": 40.0, "audio_s": 1.5}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from switchboard.client.sdk import ChatError, error_of, parse_response
+from switchboard.client import ChatError
+from switchboard.client.sync import error_of, parse_response
 
 
 @pytest.mark.parametrize(
@@ -30,7 +31,7 @@ def test_the_models_tag_names_the_code_and_an_untagged_unknown_error_has_none():
 
 
 def test_only_a_call_that_failed_on_its_way_is_worth_sending_to_another_replica():
-    from switchboard.client.sdk import transport_unavailable
+    from switchboard.client.sync import transport_unavailable
 
     assert transport_unavailable(InferenceServerException("Socket closed", status="StatusCode.UNAVAILABLE"))
     # the server answered: overloaded is its word, not a lost connection
@@ -41,7 +42,7 @@ def test_only_a_call_that_failed_on_its_way_is_worth_sending_to_another_replica(
 
 
 def test_a_session_travels_as_the_header_the_balancer_hashes():
-    from switchboard.client.sdk import session_headers
+    from switchboard.client.request import session_headers
     from switchboard.wire import SESSION_HEADER
 
     assert session_headers(None) is None

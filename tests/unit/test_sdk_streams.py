@@ -15,17 +15,21 @@ from tritonclient.grpc import _utils as triton_utils
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor
 
-from switchboard.client.sdk import AsyncChatClient, ChatError, request_message, response_events, stream_request
+from switchboard.client import AsyncChatClient, ChatClient, ChatError, ChatRequest
+from switchboard.client.aio import response_events
+from switchboard.client.sync import stream_kwargs
 from switchboard.wire import SESSION_HEADER, Chat, ChatStats
 
 
 def test_the_request_is_the_one_tritonclient_would_send():
-    args = ("chat", "你好, where is my order?", None, 1, 32, 0.7, 0.9, 5)
+    args = dict(priority=1, max_new_tokens=32, temperature=0.7, top_p=0.9, seed=5)
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     penalties = {"presence_penalty": 0.5, "frequency_penalty": -1.25}
     for session_id, hist, extra in ((None, history, {}), ("s-1", None, penalties)):
-        ours = request_message(*args[:2], session_id, *args[3:], history=hist, **extra)
-        kw = stream_request(*args[:2], session_id, *args[3:], history=hist, **extra)
+        call = ChatRequest("你好, where is my order?", session_id=session_id, history=hist, **args, **extra).call(
+            "chat"
+        )
+        ours, kw = call.message(), stream_kwargs(call)
         names = {i.name for i in ours.inputs}
         assert (Chat.PRESENCE_PENALTY in names) == bool(extra) and (Chat.FREQUENCY_PENALTY in names) == bool(extra)
         theirs = triton_utils._get_inference_request(
@@ -46,8 +50,11 @@ def test_the_request_is_the_one_tritonclient_would_send():
 
 def test_a_value_that_does_not_fit_its_tensor_is_invalid_argument():
     with pytest.raises(ChatError) as e:
-        request_message("chat", "hi", None, 2, 1 << 40, None, None, None)
+        ChatRequest("hi", max_new_tokens=1 << 40).call("chat").message()
     assert e.value.code == "INVALID_ARGUMENT" and "max_new_tokens" in str(e.value)
+    with pytest.raises(ChatError) as e:  # the synchronous transport alike, before it connects
+        list(ChatClient("127.0.0.1:1", timeout_s=1).chat("hi", temperature=1e40))
+    assert e.value.code == "INVALID_ARGUMENT" and "temperature" in str(e.value)
 
 
 def bytes_output(name: str, value: bytes) -> tuple:
@@ -309,3 +316,15 @@ def test_a_chat_is_sent_at_most_twice():
 def test_a_stream_that_broke_after_the_first_answer_is_an_error_not_a_second_answer():
     error, streams = _dropped(0, "cut")
     assert isinstance(error, ChatError) and error.code == "CANCELLED" and len(streams) == 1
+
+
+def test_a_request_is_the_text_and_its_options_or_a_request_with_some_replaced():
+    base = ChatRequest("hi", session_id="s-1", max_new_tokens=8)
+    assert ChatRequest.of("hi", session_id="s-1", max_new_tokens=8) == base
+    assert ChatRequest.of(base) is base
+    assert ChatRequest.of(base, priority=1) == ChatRequest("hi", session_id="s-1", max_new_tokens=8, priority=1)
+    with pytest.raises(TypeError):
+        ChatRequest.of("hi", max_tokens=8)  # not a field: refused as a signature would
+    call = base.call("chat")
+    assert call.headers is not None and call.pooled and call.outputs == (Chat.TEXT_OUTPUT, Chat.STATS)
+    assert ChatRequest("hi", logprobs=2, tools=[{}]).outputs()[-2:] == (Chat.LOGPROBS_OUTPUT, Chat.TOOL_CALLS)

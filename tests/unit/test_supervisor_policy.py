@@ -9,8 +9,10 @@ import urllib.request
 
 import pytest
 
+from switchboard.ops.crash_log import CrashLog
+from switchboard.ops.health_server import LIVENESS_PATH, READINESS_PATH, ProbeServer
 from switchboard.ops.launch import free_port
-from switchboard.ops.supervisor import LIVENESS_PATH, READINESS_PATH, CrashLog, ProbeServer, Supervisor
+from switchboard.ops.supervisor import Supervisor
 
 
 class FakeProc:

@@ -1,11 +1,10 @@
-"""OpenAI Chat Completions onto ``chat``: the request checked and turned into one chat call
-(the last user message as ``text``, everything before it as ``history``), and ``chat``'s
-answer and stats turned into OpenAI's responses and stream chunks. Pure functions and
-dataclasses: no HTTP, no gRPC.
+"""OpenAI Chat Completions requests, checked and turned into one chat call
+(``CompletionCall``: the last user message as ``text``, everything before it as ``history``).
+Refusals are OpenAI's errors (``APIError``, 400 with the parameter's name). Pure functions and
+dataclasses: no HTTP, no gRPC; the answer's side is ``openai_response``.
 
 A last user message of audio (OpenAI's ``input_audio`` content part: base64 and a format) makes
-the call a voice chat (``voice_chat``: the audio transcribed, the transcript answered); the
-transcript comes back under ``switchboard.asr`` (``Completion``).
+the call a voice chat (``voice_chat``: the audio transcribed, the transcript answered).
 
 Stateless like OpenAI's API: the client sends the whole conversation every time. ``chat``
 builds the prompt from it with the model's chat template; the pools find the KV of its longest
@@ -21,13 +20,12 @@ import binascii
 import json
 import math
 import re
-import time
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from switchboard.client import ChatRequest, VoiceRequest
 from switchboard.gateway.errors import APIError, bad_request
 from switchboard.serving.request import Limits, RequestError, check_text
-from switchboard.wire import MAX_TOP_LOGPROBS, ChatStats, FinishReason
+from switchboard.wire import MAX_TOP_LOGPROBS
 
 LIMITS = Limits()  # chat's own limits on each message (its defaults; chat checks again)
 MAX_MESSAGES = 257  # chat keeps a history of at most 256 messages, plus the new one
@@ -120,6 +118,30 @@ class CompletionCall:
     tool_choice: str | dict | None = None
     # the tool messages that end the conversation ({"tool_call_id", "content"}): this turn's input
     tool_results: list[dict] | None = None
+
+    def chat_request(self, priority: int) -> ChatRequest | VoiceRequest:
+        """The SDK's request for this call: a voice turn when the last message is audio."""
+        turn = dict(
+            priority=priority,
+            max_new_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            history=self.history,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
+        if self.audio is not None:
+            return VoiceRequest(self.audio.data, language=self.audio.language, **turn)
+        return ChatRequest(
+            None if self.tool_results else self.text,  # a turn of tool results has no new text
+            response_format=self.response_format,
+            logprobs=self.logprobs,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            tool_results=self.tool_results,
+            **turn,
+        )
 
 
 def _is_number(v) -> bool:
@@ -529,181 +551,3 @@ def _response_format(value) -> dict | None:
     if "strict" in spec and not isinstance(spec["strict"], bool):
         raise bad_request("response_format.json_schema.strict: expected true or false", "response_format")
     return {"type": "json_schema", "schema": schema}
-
-
-class StopScanner:
-    """Cuts streamed text at the first of the stop sequences. Holds back the last
-    ``longest - 1`` characters, which could be the start of one, until the next delta."""
-
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.pending = ""
-        self.stopped = False
-
-    def feed(self, delta: str) -> str:
-        """The text that can go out now; after a stop sequence, nothing more."""
-        if self.stopped:
-            return ""
-        if not self.stops:
-            return delta
-        self.pending += delta
-        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            out, self.pending, self.stopped = self.pending[:cut], "", True
-            return out
-        if self.hold == 0:
-            out, self.pending = self.pending, ""
-            return out
-        out, self.pending = self.pending[: -self.hold], self.pending[-self.hold :]
-        return out
-
-    def flush(self) -> str:
-        out, self.pending = ("" if self.stopped else self.pending), ""
-        return out
-
-
-def finish_reason(stats: ChatStats | None, stopped: bool) -> str:
-    if stopped:
-        return "stop"
-    if stats is not None and stats.finish_reason == FinishReason.LENGTH:
-        return "length"
-    if stats is not None and stats.finish_reason == FinishReason.TOOL_CALLS:
-        return "tool_calls"
-    return "stop"  # a stop token, or the FAQ's whole answer (stats.fallback)
-
-
-def usage(stats: ChatStats | None) -> dict:
-    prompt, completion, cached = (
-        (stats.prompt_tokens, stats.generated_tokens, stats.reused_tokens) if stats else (0, 0, 0)
-    )
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-# The stats a client may see with X-Switchboard-Stats (the web page's "stats"): what the answer
-# cost and where it came from, no internals beyond that.
-PUBLIC_STATS = (
-    "prompt_tokens",
-    "reused_tokens",
-    "generated_tokens",
-    "ttft_ms",
-    "total_ms",
-    "route",
-    "fallback",
-    "fallback_reason",
-    "cache_miss",
-    "dropped_turns",
-    "finish_reason",
-    "priority",
-    "asr",  # a voice chat's: transcript, language, asr_ms, audio_s
-)
-
-
-def public_stats(stats: ChatStats | None) -> dict:
-    d = stats.to_dict() if stats else {}
-    return {k: d[k] for k in PUBLIC_STATS if k in d}
-
-
-@dataclass
-class Completion:
-    """The ids and times one response's chunks share."""
-
-    model: str
-    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def response(
-        self,
-        text: str,
-        stats: ChatStats | None,
-        stopped: bool,
-        with_stats: bool,
-        heard: dict | None = None,
-        scored: list[dict] | None = None,
-        tool_calls: list[dict] | None = None,
-    ) -> dict:
-        """The whole answer (with ``tool_calls``, its content is null when it wrote no text);
-        ``heard`` (a voice chat's transcript, language, asr_ms, audio_s) under ``switchboard.asr``
-        whether or not the stats were asked for: it is what the caller said."""
-        out = {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": None if tool_calls and not text.strip() else text,
-                        "refusal": None,
-                        **({"tool_calls": tool_calls} if tool_calls else {}),
-                    },
-                    "finish_reason": finish_reason(stats, stopped),
-                    "logprobs": None if scored is None else {"content": scored, "refusal": None},
-                }
-            ],
-            "usage": usage(stats),
-            "system_fingerprint": None,
-        }
-        if with_stats:
-            out["switchboard"] = public_stats(stats)
-        if heard is not None:
-            out.setdefault("switchboard", {})["asr"] = heard
-        return out
-
-    def chunk(
-        self,
-        delta: dict,
-        finish: str | None = None,
-        include_usage: bool = False,
-        heard: dict | None = None,
-        scored: list[dict] | None = None,
-    ) -> dict:
-        """One chunk of the stream; the first of a voice chat's carries ``switchboard.asr``
-        (``heard``), so a client shows what was heard before the answer."""
-        out = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": delta,
-                    "finish_reason": finish,
-                    "logprobs": {"content": scored, "refusal": None} if scored else None,
-                }
-            ],
-            "system_fingerprint": None,
-        }
-        if include_usage:
-            out["usage"] = None  # OpenAI: null on every chunk but the last, which has no choices
-        if heard is not None:
-            out["switchboard"] = {"asr": heard}
-        return out
-
-    def usage_chunk(self, stats: ChatStats | None, with_stats: bool) -> dict:
-        out = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": usage(stats),
-            "system_fingerprint": None,
-        }
-        if with_stats:
-            out["switchboard"] = public_stats(stats)
-        return out
-
-
-def sse(data: dict | str) -> bytes:
-    """One server-sent event."""
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {text}\n\n".encode()

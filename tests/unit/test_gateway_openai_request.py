@@ -1,15 +1,15 @@
-"""OpenAI's request onto one chat call, chat's refusals onto OpenAI's errors, stop sequences,
-and the response shapes: pure functions, no server."""
+"""OpenAI's request onto one chat call, and chat's refusals onto OpenAI's errors: pure
+functions, no server."""
 
 from __future__ import annotations
 
-import json
+import base64
 
 import pytest
 
+from switchboard.client import ChatRequest, VoiceRequest
 from switchboard.gateway.errors import APIError, from_chat_error
-from switchboard.gateway.mapping import Completion, StopScanner, parse_body, parse_messages, parse_request, usage
-from switchboard.wire import ChatStats, FinishReason
+from switchboard.gateway.openai_request import parse_body, parse_messages, parse_request
 
 
 def req(**kw):
@@ -209,42 +209,6 @@ def test_context_overflow_has_openais_code():
     assert from_chat_error("INVALID_ARGUMENT", "text is too long: x", 1).code == "context_length_exceeded"
 
 
-@pytest.mark.parametrize(
-    "stops, deltas, out, stopped",
-    [
-        ((), ["ab", "cd"], "abcd", False),
-        (("cd",), ["ab", "c", "de"], "ab", True),
-        (("END",), ["xxE", "N", "Dyy"], "xx", True),
-        (("END",), ["xxE", "Nope"], "xxENope", False),
-        (("a", "bc"), ["xb", "ca"], "x", True),
-        (("。",), ["您好", "。再见"], "您好", True),
-    ],
-)
-def test_stop_sequences_cut_the_text_across_deltas(stops, deltas, out, stopped):
-    s = StopScanner(stops)
-    text = "".join(s.feed(d) for d in deltas) + s.flush()
-    assert (text, s.stopped) == (out, stopped)
-
-
-def test_usage_counts_cached_tokens_and_the_shapes():
-    stats = ChatStats(prompt_tokens=70, reused_tokens=64, generated_tokens=9, finish_reason=FinishReason.LENGTH)
-    assert usage(stats) == {
-        "prompt_tokens": 70,
-        "completion_tokens": 9,
-        "total_tokens": 79,
-        "prompt_tokens_details": {"cached_tokens": 64},
-    }
-    c = Completion("m")
-    r = c.response("hi", stats, False, with_stats=True)
-    assert r["choices"][0]["finish_reason"] == "length" and r["switchboard"]["reused_tokens"] == 64
-    assert "engine_queue_ms" not in r["switchboard"]  # internals stay in
-    assert c.response("hi", stats, True, with_stats=False)["choices"][0]["finish_reason"] == "stop"
-    assert "switchboard" not in c.response("hi", stats, False, with_stats=False)
-    chunk = c.chunk({"content": "x"}, include_usage=True)
-    assert chunk["usage"] is None and chunk["id"] == r["id"] and json.dumps(chunk)
-    assert c.usage_chunk(stats, False)["choices"] == []
-
-
 TOOL = {"type": "function", "function": {"name": "get_order_status", "parameters": {"type": "object"}}}
 CALLED = {
     "role": "assistant",
@@ -302,3 +266,15 @@ def test_bad_tool_requests_name_the_field(kw, param, needle):
     with pytest.raises(APIError) as e:
         req(**kw)
     assert e.value.status == 400 and e.value.param == param and needle in e.value.message, e.value.body()
+
+
+def test_a_call_becomes_the_sdks_chat_or_voice_request():
+    chat = req(max_tokens=9, temperature=0.5, seed=3, presence_penalty=1.0).chat_request(1)
+    assert isinstance(chat, ChatRequest) and (chat.text, chat.priority, chat.max_new_tokens) == ("hi", 1, 9)
+    assert (chat.temperature, chat.seed, chat.presence_penalty, chat.session_id) == (0.5, 3, 1.0, None)
+    result = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+    results = req(messages=[{"role": "user", "content": "where?"}, CALLED, result], tools=[TOOL]).chat_request(2)
+    assert results.text is None and results.tool_results and results.tools == [TOOL]
+    audio = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF").decode(), "format": "wav"}}
+    voice = req(messages=[{"role": "user", "content": [audio]}]).chat_request(2)
+    assert isinstance(voice, VoiceRequest) and voice.audio == b"RIFF" and voice.language is None
