@@ -177,7 +177,7 @@ class ChatConfig(_RedisConfig):
     pool_retry_after_s: float = setting(
         30.0,
         "a pool whose stub process died is routed around this long (Triton 2.51 never restarts the stub: "
-        "the supervisor restarts the server)",
+        "the supervisor reloads that model)",
         0.1,
         3600.0,
     )
