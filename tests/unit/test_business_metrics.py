@@ -5,13 +5,19 @@ per conversation."""
 from __future__ import annotations
 
 import json
+import sys
+import types
 
 import numpy as np
 import pytest
 
-from switchboard.serving.metrics import ChatMetrics, called_tools, starts_conversation, tool_label
+from switchboard.serving.metrics import STAGES, TOOLS, ChatMetrics, called_tools, starts_conversation, tool_label
+from switchboard.serving.voice import METRICS as VOICE_METRICS
+from switchboard.serving.voice import PREFIX as VOICE_PREFIX
 from switchboard.serving.voice import VoiceMetrics, VoiceRequest
 from switchboard.wire import Chat, ChatStats, SessionStatus
+from tests.unit.pb_stub import forget, stub_glue
+from tests.unit.test_engine_metrics import Family, value
 
 ASKED = ({"role": "user", "content": "Where is my order?"},)
 ANSWERED = (*ASKED, {"role": "assistant", "content": "Which order?"})
@@ -91,3 +97,48 @@ def test_voice_turns_and_the_conversations_they_start():
     m.answered(_voice(**{Chat.HISTORY: json.dumps(list(ANSWERED))}), ChatStats())  # stateless, a later turn
     counts, _ = m.drain()
     assert counts == {("turns_total", ()): 5, ("conversations_total", ()): 2}
+
+
+@pytest.fixture
+def publishing(monkeypatch):
+    module = stub_glue(monkeypatch, "switchboard.triton.chat_metrics")
+    monkeypatch.setattr(sys.modules["triton_python_backend_utils"], "MetricFamily", Family, raising=False)
+    Family.made = {}
+    yield module
+    forget("switchboard.triton.chat_metrics")
+
+
+class _Admission:
+    def snapshot(self):
+        return dict.fromkeys(("shed_timeout", "shed_full", "shed_forecast", "shed_breaker", "waiting", "running"), 0)
+
+
+def test_the_business_series_exist_at_zero_and_publish_what_was_counted(publishing):
+    from switchboard.triton.tally_metrics import TallyPublisher
+
+    chat, voice = ChatMetrics(), VoiceMetrics()
+    health = types.SimpleNamespace(up=lambda pool: True)
+    publishers = [
+        publishing.ChatMetricsPublisher(chat, _Admission(), health, ("engine_short",), (1,), interval=3600),
+        TallyPublisher(voice, VOICE_PREFIX, VOICE_METRICS, lambda f, label: (), name="voice", log=None, interval=3600),
+    ]
+    try:
+        assert value("switchboard_chat_conversations_total") == 0
+        assert value("switchboard_chat_handovers_total") == 0
+        for tool in TOOLS:
+            assert value("switchboard_chat_tool_calls_total", tool=tool) == 0
+        for stage in STAGES:
+            assert value("switchboard_chat_abandoned_total", stage=stage) == 0
+        assert value("switchboard_voice_turns_total") == value("switchboard_voice_conversations_total") == 0
+        chat.chat(ChatStats(route="short"), ["transfer_to_human"], first_turn=True)
+        chat.abandoned("answering", 1)
+        voice.answered(_voice(), ChatStats())
+        for p in publishers:
+            p.publish()
+        assert value("switchboard_chat_conversations_total") == value("switchboard_chat_handovers_total") == 1
+        assert value("switchboard_chat_tool_calls_total", tool="transfer_to_human") == 1
+        assert value("switchboard_chat_abandoned_total", stage="answering") == 1
+        assert value("switchboard_voice_turns_total") == value("switchboard_voice_conversations_total") == 1
+    finally:
+        for p in publishers:
+            p.close()
