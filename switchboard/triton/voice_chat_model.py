@@ -2,7 +2,8 @@
 
 Each request runs on a thread of its own (``VoiceTurn``, switchboard/serving/voice.py: ``asr``
 then ``chat`` over this server's gRPC); at most ``max_inflight`` at once, the rest wait in
-Triton's queue under the model's queue policy.
+Triton's queue under the model's queue policy. Answered voice turns are counted
+(``VoiceMetrics``: ``switchboard_voice_*``, docs/metrics.md) and published once a second.
 """
 
 from __future__ import annotations
