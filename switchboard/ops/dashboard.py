@@ -313,6 +313,76 @@ SPEECH = (
         (Query("sum(switchboard_asr_pending_audio_seconds)", "audio held"),),
     ),
 )
+_CONVERSATIONS = _sum_rate("switchboard_chat_conversations_total")
+_HANDOVERS = _sum_rate("switchboard_chat_handovers_total")
+_ANSWERS = 'switchboard_chat_requests_total{outcome=~"generated|fallback"}'
+BUSINESS = (
+    PanelSpec(
+        "Conversations and hand-overs",
+        "Conversations started (a first turn answered), handed over to a person (an answer that called "
+        "transfer_to_human), and the difference: resolved without a hand-over. Per second.",
+        "suffix: conv/s",
+        (
+            Query(_CONVERSATIONS, "started"),
+            Query(_HANDOVERS, "handed over"),
+            Query(f"clamp_min({_CONVERSATIONS} - {_HANDOVERS}, 0)", "resolved without a hand-over"),
+        ),
+    ),
+    PanelSpec(
+        "Resolved without a hand-over, transfer-to-human rate",
+        "Hand-overs to a person over conversations started (the transfer-to-human rate), and its complement: "
+        "the share of conversations resolved without one.",
+        "percentunit",
+        (
+            Query(_share(f"clamp_min({_CONVERSATIONS} - {_HANDOVERS}, 0)", _CONVERSATIONS), "resolved"),
+            Query(_share(_HANDOVERS, _CONVERSATIONS), "transferred to a person"),
+        ),
+        max=1,
+    ),
+    PanelSpec(
+        "Tool calls by tool",
+        "Tool calls in answers per second: the demo's order tools by name, any other tool as other.",
+        "suffix: calls/s",
+        (_per_second("switchboard_chat_tool_calls_total", "tool", "{{tool}}"),),
+        stacked=True,
+    ),
+    PanelSpec(
+        "FAQ-answered share",
+        "Answers from the FAQ fallback over all answers (generated and FAQ). SwitchboardFallbackShareHigh "
+        "fires on FAQ answers over all chats above 5% (5 min) for 5 min.",
+        "percentunit",
+        (
+            Query(
+                _share(
+                    _sum_rate('switchboard_chat_requests_total{outcome="fallback"}'),
+                    _sum_rate(_ANSWERS),
+                ),
+                "FAQ-answered share",
+            ),
+        ),
+        max=1,
+        threshold=0.05,
+    ),
+    PanelSpec(
+        "Abandoned chats",
+        "Chats the client left before their final response, per second, by stage: waiting (for a generation "
+        "slot) or answering (after it got one: in a pool's queue, prefill or mid-answer).",
+        "suffix: chats/s",
+        (_per_second("switchboard_chat_abandoned_total", "stage", "{{stage}}"),),
+        stacked=True,
+    ),
+    PanelSpec(
+        "Voice turns per conversation",
+        "Answered voice turns over voice conversations started, in the window.",
+        "short",
+        (
+            Query(
+                _share(_sum_rate("switchboard_voice_turns_total"), _sum_rate("switchboard_voice_conversations_total")),
+                "turns per conversation",
+            ),
+        ),
+    ),
+)
 ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Latency by priority", LATENCY),
     ("Throughput", THROUGHPUT),
@@ -321,6 +391,7 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Fallbacks and admission", FALLBACKS),
     ("Speech", SPEECH),
     ("Health", HEALTH),
+    ("Business", BUSINESS),
 )
 
 
@@ -364,7 +435,7 @@ def build() -> dict:
     board = (
         gd.Dashboard("Switchboard")
         .uid(UID)
-        .description("Chat latency by priority, throughput, engine batching, KV cache, fallbacks, health")
+        .description("Chat latency by priority, throughput, engine batching, KV cache, fallbacks, health, business")
         .tags(["switchboard", "triton"])
         .editable()
         .tooltip(DashboardCursorSync.CROSSHAIR)

@@ -9,8 +9,11 @@ in docs/metrics.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from switchboard.common.tally import Tally
-from switchboard.wire import ChatStats
+from switchboard.serving.order_demo import NAMES as DEMO_TOOLS
+from switchboard.wire import ChatStats, SessionStatus
 
 PREFIX = "switchboard_chat_"
 # Seconds. The seeds' alert thresholds (800 ms time to first token, 1.5 s) are bucket bounds.
@@ -58,7 +61,61 @@ METRICS = {
         None,
     ),
     "generated_tokens_total": ("counter", "tokens generated for answered chats", ("priority",), None),
+    # Business metrics (docs/metrics.md, "Business"): conversations, hand-overs, abandoned chats.
+    "conversations_total": (
+        "counter",
+        "conversations started: answers (generated or FAQ) to a conversation's first turn (a new or expired "
+        "session, a history with no assistant message, a one-off chat)",
+        (),
+        None,
+    ),
+    "tool_calls_total": (
+        "counter",
+        "tool calls in answers, by tool (the demo's tools by name, any other tool as other)",
+        ("tool",),
+        None,
+    ),
+    "handovers_total": (
+        "counter",
+        "answers that handed the conversation over to a person (called transfer_to_human), at most one an answer",
+        (),
+        None,
+    ),
+    "abandoned_total": (
+        "counter",
+        "chats the client left before their final response, by stage (waiting: before the answer started, "
+        "answering: mid-answer)",
+        ("stage",),
+        None,
+    ),
 }
+HANDOVER_TOOL = "transfer_to_human"
+TOOLS = (*DEMO_TOOLS, "other")  # the tool label's values: tools are the client's, their names unbounded
+STAGES = ("waiting", "answering")
+
+
+def tool_label(name: str) -> str:
+    """The ``tool`` label of a call of ``name``: the demo's tools by name, any other as ``other``."""
+    return name if name in DEMO_TOOLS else "other"
+
+
+def called_tools(deltas: Iterable[dict]) -> list[str]:
+    """The names of the calls that begin in a response's tool-call ``deltas`` (OpenAI's
+    streaming shape: a call's first delta names its function, later ones add arguments)."""
+    return [d["function"]["name"] for d in deltas if d.get("function", {}).get("name")]
+
+
+def starts_conversation(session_id: str | None, history: Sequence[dict] | None, session: SessionStatus) -> bool:
+    """Whether a chat is its conversation's first turn: a stateless chat whose ``history`` has no
+    assistant message, a session chat whose session was not found (new, or expired: a customer
+    coming back after the TTL starts a new conversation), a one-off chat (neither). A session
+    chat whose session could not be read (unavailable, rejected, or an FAQ answer given before
+    reading it: skipped) is not counted: whether it was the first turn is unknown."""
+    if history is not None:
+        return not any(m.get("role") == "assistant" for m in history)
+    if session_id is None:
+        return True
+    return session == SessionStatus.MISS
 
 
 def _route(stats: ChatStats) -> str:
@@ -72,8 +129,9 @@ def version_label(version: int | None) -> str:
 class ChatMetrics(Tally):
     """What finished chats add up to since the last ``drain``."""
 
-    def chat(self, stats: ChatStats) -> None:
-        """A chat's final response was sent with ``stats``."""
+    def chat(self, stats: ChatStats, tools: Sequence[str] = (), first_turn: bool = False) -> None:
+        """A chat's final response was sent with ``stats``; ``tools``: the names of the calls in
+        its answer; ``first_turn``: it started a conversation (``starts_conversation``)."""
         version = ("version", version_label(stats.model_version))
         where = (("priority", str(stats.priority)), ("route", _route(stats)), version)
         with self._lock:
@@ -93,9 +151,22 @@ class ChatMetrics(Tally):
             if stats.ttft_ms is not None and stats.total_ms is not None and stats.generated_tokens > 1:
                 gap = (stats.total_ms - stats.ttft_ms) / 1000 / (stats.generated_tokens - 1)
                 self._observed.append(("inter_token_seconds", where[:2], gap))
+            if first_turn:
+                self._counts["conversations_total", ()] += 1
+            for name in tools:
+                self._counts["tool_calls_total", (("tool", tool_label(name)),)] += 1
+            if HANDOVER_TOOL in tools:
+                self._counts["handovers_total", ()] += 1
 
     def failed(self, outcome: str, version: int | None = None) -> None:
         """A chat that ended with an error: ``invalid``, ``unavailable``, ``cancelled`` or
         ``error``; ``version``: the model version it was routed to (None: not yet routed)."""
         with self._lock:
             self._counts["requests_total", (("outcome", outcome), ("version", version_label(version)))] += 1
+
+    def abandoned(self, stage: str, version: int | None = None) -> None:
+        """The client left before the final response (``stage``: waiting or answering): a
+        ``cancelled`` chat, and an abandoned one."""
+        with self._lock:
+            self._counts["requests_total", (("outcome", "cancelled"), ("version", version_label(version)))] += 1
+            self._counts["abandoned_total", (("stage", stage),)] += 1

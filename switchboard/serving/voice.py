@@ -12,14 +12,29 @@ overloaded chat is chat's UNAVAILABLE. Imports no Triton module.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
 
 from switchboard.codec import build_request
+from switchboard.common.tally import Tally
 from switchboard.serving.engine_client import EngineClient, EngineStreamError
+from switchboard.serving.metrics import starts_conversation
 from switchboard.wire import PRIORITY_PARAMETER, Asr, AsrResult, Chat, ChatStats, untag
+
+PREFIX = "switchboard_voice_"
+# name -> (kind, help, label names, buckets), as ChatMetrics' (switchboard/serving/metrics.py)
+METRICS = {
+    "turns_total": ("counter", "voice turns answered: a caller's audio transcribed and answered by chat", (), None),
+    "conversations_total": (
+        "counter",
+        "voice conversations started: answered voice turns that were their conversation's first turn",
+        (),
+        None,
+    ),
+}
 
 # gRPC status names (what untag gives) back to Triton's error code names.
 TRITON_CODES = {
@@ -66,10 +81,49 @@ def _failure(error: EngineStreamError, unavailable_hint: str) -> VoiceError:
     return VoiceError(TRITON_CODES.get(status, "INTERNAL"), message)
 
 
+class VoiceMetrics(Tally):
+    """What answered voice turns add up to since the last ``drain``: turns per conversation is
+    ``turns_total`` over ``conversations_total`` (docs/metrics.md)."""
+
+    def answered(self, request: VoiceRequest, stats: ChatStats) -> None:
+        """chat answered ``request``'s transcript with ``stats``."""
+        session_id, history = _conversation(request.chat_inputs)
+        with self._lock:
+            self._counts["turns_total", ()] += 1
+            if starts_conversation(session_id, history, stats.session):
+                self._counts["conversations_total", ()] += 1
+
+
+def _conversation(chat_inputs: dict) -> tuple[str | None, list | None]:
+    """The session id and the history of a voice request's chat inputs (each None when not
+    given; chat checked both before it answered)."""
+
+    def one(name: str):
+        value = chat_inputs.get(name)
+        return None if value is None or value.size == 0 else value.reshape(-1)[0]
+
+    session_id, history = one(Chat.SESSION_ID), one(Chat.HISTORY)
+    if history is not None:
+        try:
+            history = json.loads(history)
+        except ValueError:
+            history = None
+        history = [m for m in history if isinstance(m, dict)] if isinstance(history, list) else []
+    return (session_id.decode("utf-8", "replace") if session_id is not None else None), history
+
+
 class VoiceTurn:
-    def __init__(self, client: EngineClient, asr_model: str = "asr", chat_model: str = "chat", asr_timeout_s=60.0):
+    def __init__(
+        self,
+        client: EngineClient,
+        asr_model: str = "asr",
+        chat_model: str = "chat",
+        asr_timeout_s=60.0,
+        metrics: VoiceMetrics | None = None,
+    ):
         self.client, self.asr_model, self.chat_model = client, asr_model, chat_model
         self.asr_timeout_s = asr_timeout_s
+        self.metrics = metrics
 
     def run(self, request: VoiceRequest, sink: VoiceSink, cancelled: Callable[[], bool]) -> None:
         result = self.transcribe(request, cancelled)
@@ -133,6 +187,8 @@ class VoiceTurn:
                 if blob is not None and blob.reshape(-1)[0]:
                     stats = ChatStats.from_json(blob.reshape(-1)[0])
                     stats.asr = result.voice()
+                    if self.metrics is not None:
+                        self.metrics.answered(request, stats)
                     final = delta, stats.to_json()
                     break
                 if delta:

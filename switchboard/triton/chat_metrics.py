@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from switchboard.serving.admission import Admission
-from switchboard.serving.metrics import METRICS, PREFIX, ChatMetrics
+from switchboard.serving.metrics import METRICS, PREFIX, STAGES, TOOLS, ChatMetrics
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.triton.tally_metrics import TallyPublisher
 from switchboard.wire import CacheMiss, FallbackReason, Route, SessionStatus
@@ -26,6 +26,8 @@ _KNOWN = {
     "outcome": ("generated", "fallback", "invalid", "unavailable", "cancelled", "error"),
     "reason": None,  # per family below
     "status": tuple(s.value for s in SessionStatus),
+    "tool": TOOLS,
+    "stage": STAGES,
 }
 _REASONS = {
     "fallbacks_total": tuple(r.value for r in FallbackReason),

@@ -34,7 +34,7 @@ from switchboard.serving.canary import VersionPicker, conversation_key
 from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.fallback import FaqFallback
 from switchboard.serving.gate import PriorityGate, send_rank
-from switchboard.serving.metrics import ChatMetrics
+from switchboard.serving.metrics import ChatMetrics, called_tools, starts_conversation
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import EngineError, PoolStreams
 from switchboard.serving.prompt import PromptBuilder
@@ -73,6 +73,7 @@ class TritonSink:
     def __init__(self, sender, gate: PriorityGate, finished):
         self.sender, self.gate, self.finished = sender, gate, finished
         self._scored: list[dict] = []  # logprobs for the next response
+        self._tools: list[str] = []  # the names of the answer's calls, for the metrics
 
     def logprobs(self, entries: list[dict], priority: int) -> None:
         self._scored += entries
@@ -90,6 +91,7 @@ class TritonSink:
             self.sender.send(pb_utils.InferenceResponse(output_tensors=[out, *self._logprobs_output()]))
 
     def tool_calls(self, deltas: list[dict], priority: int) -> None:
+        self._tools += called_tools(deltas)
         blob = json.dumps(deltas, ensure_ascii=False).encode("utf-8")
         out = [
             pb_utils.Tensor(Chat.TEXT_OUTPUT, np.asarray([[b""]], np.object_)),
@@ -108,7 +110,7 @@ class TritonSink:
         ]
         with self.gate(send_rank(priority, final=True)):
             self.sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
-        self.finished(stats)
+        self.finished(stats, self._tools)
 
 
 class TritonPythonModel:
@@ -282,7 +284,7 @@ class TritonPythonModel:
             held = self._wait_for_room(request) if chat.priority > 1 else None
             if held == "cancelled":
                 send_error(sender, "cancelled by the client", "CANCELLED")
-                self.metrics.failed("cancelled")
+                self.metrics.abandoned("waiting")
                 continue
             if held == "timeout":
                 send_error(sender, "chat is overloaded; try again later", "UNAVAILABLE")
@@ -306,11 +308,13 @@ class TritonPythonModel:
 
     def _serve(self, job: _Job) -> None:
         request, sender = job.request, job.sender
+        if request.is_cancelled():
+            send_error(sender, "cancelled by the client", "CANCELLED")
+            self.metrics.abandoned("waiting", job.version)
+            return
         try:
-            if request.is_cancelled():
-                raise Cancelled()
             cancelled = CancelPoll(request.is_cancelled, self.cancel_poll_s)
-            self.turns[job.version].run(job.chat, TritonSink(sender, self.gate, self._finished), cancelled, job.t0)
+            self.turns[job.version].run(job.chat, self._sink(job), cancelled, job.t0)
         except RequestError as e:
             send_error(sender, str(e), "INVALID_ARG")
             self.metrics.failed("invalid", job.version)
@@ -319,7 +323,7 @@ class TritonPythonModel:
             self.metrics.failed("unavailable", job.version)
         except Cancelled:
             send_error(sender, "cancelled by the client", "CANCELLED")
-            self.metrics.failed("cancelled", job.version)
+            self.metrics.abandoned("answering", job.version)
         except Exception:
             log.exception("chat failed")
             send_error(sender, "internal error")
@@ -332,13 +336,15 @@ class TritonPythonModel:
             send_error(job.sender, f"overloaded ({reason}); try again later", "UNAVAILABLE")
             self.metrics.failed("unavailable", job.version)
         else:
-            sink = TritonSink(job.sender, self.gate, self._finished)
             turn = self.turns[job.version]
-            turn.answer_from_faq(job.chat, sink, job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
+            turn.answer_from_faq(job.chat, self._sink(job), job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
 
-    def _finished(self, stats: ChatStats) -> None:
+    def _sink(self, job: _Job) -> TritonSink:
+        return TritonSink(job.sender, self.gate, lambda stats, tools: self._finished(job.chat, stats, tools))
+
+    def _finished(self, chat: ChatRequest, stats: ChatStats, tools: list[str]) -> None:
         """A chat's final response went out: count it; a generated answer's wait feeds the breaker."""
-        self.metrics.chat(stats)
+        self.metrics.chat(stats, tools, starts_conversation(chat.session_id, chat.history, stats.session))
         if self.breaker is not None and not stats.fallback and stats.ttft_ms is not None:
             self.breaker.observe(stats.ttft_ms / 1000)
 

@@ -2,7 +2,8 @@
 
 Each request runs on a thread of its own (``VoiceTurn``, switchboard/serving/voice.py: ``asr``
 then ``chat`` over this server's gRPC); at most ``max_inflight`` at once, the rest wait in
-Triton's queue under the model's queue policy.
+Triton's queue under the model's queue policy. Answered voice turns are counted
+(``VoiceMetrics``: ``switchboard_voice_*``, docs/metrics.md) and published once a second.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import triton_python_backend_utils as pb_utils
 from switchboard.common.stream import CancelPoll
 from switchboard.repository.config import VoiceChatConfig
 from switchboard.serving.engine_client import EngineClient
-from switchboard.serving.voice import VoiceError, VoiceRequest, VoiceTurn
+from switchboard.serving.voice import METRICS, PREFIX, VoiceError, VoiceMetrics, VoiceRequest, VoiceTurn
 from switchboard.triton.common import (
     input_array,
     load_config,
@@ -27,6 +28,7 @@ from switchboard.triton.common import (
     require_decoupled,
     send_error,
 )
+from switchboard.triton.tally_metrics import TallyPublisher
 from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Pool, VoiceChat
 
 log = logging.getLogger("switchboard.voice_chat")
@@ -74,7 +76,9 @@ class TritonPythonModel:
         one_blas_thread()
         cfg = VoiceChatConfig.load(config, "voice_chat/config.pbtxt")
         self.client = EngineClient(cfg.engine_url)
-        self.turn = VoiceTurn(self.client, cfg.asr_model, cfg.chat_model, cfg.asr_timeout_s)
+        self.metrics = VoiceMetrics()
+        self.turn = VoiceTurn(self.client, cfg.asr_model, cfg.chat_model, cfg.asr_timeout_s, self.metrics)
+        self.publisher = TallyPublisher(self.metrics, PREFIX, METRICS, lambda family, label: (), name="voice", log=log)
         self.slots = threading.BoundedSemaphore(cfg.max_inflight)
         self.pool = ThreadPoolExecutor(cfg.max_inflight, thread_name_prefix="voice")
 
@@ -114,4 +118,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.publisher.close()
         self.client.close()

@@ -157,3 +157,44 @@ def test_a_shed_chat_gets_the_faq_or_unavailable_without_one(glue):
     request = Request("hi")
     _model(glue, Turn(), faq=False)._shed(glue._Job(request, request.sender, CHAT, 0.0, 1), "queue_full")
     assert _error(request.sender).code == "UNAVAILABLE"
+
+
+class ToolTurn:
+    """Answers with a call of each of ``tools`` (OpenAI's deltas: the name, then arguments)."""
+
+    def __init__(self, *tools):
+        self.tools = tools
+
+    def run(self, chat, sink, cancelled, t0):
+        for i, name in enumerate(self.tools):
+            sink.tool_calls([{"index": i, "id": f"call_{i}", "function": {"name": name, "arguments": ""}}], 2)
+            sink.tool_calls([{"index": i, "function": {"arguments": '{"reason": "complaint"}'}}], 2)
+        sink.final(ChatStats(generated_tokens=9, route="short", session="miss"), "", chat.priority)
+
+
+def _business(model) -> dict:
+    counts, _ = model.metrics.drain()
+    names = ("conversations_total", "tool_calls_total", "handovers_total", "abandoned_total")
+    return {(name, labels): n for (name, labels), n in counts.items() if name in names}
+
+
+def test_an_answer_that_calls_transfer_to_human_counts_a_hand_over_and_its_calls(glue):
+    model = _model(glue, ToolTurn("transfer_to_human", "lookup_weather"))
+    model.execute([Request("I want to complain, get me someone")])
+    assert _business(model) == {
+        ("conversations_total", ()): 1,  # a one-off chat: a conversation of its own
+        ("tool_calls_total", (("tool", "transfer_to_human"),)): 1,
+        ("tool_calls_total", (("tool", "other"),)): 1,  # the client's own tools: one label value
+        ("handovers_total", ()): 1,
+    }
+
+
+def test_a_client_gone_before_its_turn_ran_is_abandoned_waiting_after_answering(glue):
+    model = _model(glue, Turn())
+    model.execute([Request("hi", cancelled=True)])
+    assert _business(model) == {("abandoned_total", (("stage", "waiting"),)): 1}
+    model = _model(glue, Turn(Cancelled()))
+    model.execute([Request("hi")])
+    counts, _ = model.metrics.drain()
+    assert counts["abandoned_total", (("stage", "answering"),)] == 1
+    assert counts["requests_total", (("outcome", "cancelled"), ("version", "1"))] == 1

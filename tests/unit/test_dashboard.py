@@ -64,6 +64,12 @@ def test_latency_percentiles_by_priority(histogram):
         ("running", "switchboard_chat_admission_running", ()),
         ("pools up", "switchboard_chat_pool_up", ()),
         ("restarts", "switchboard_chat_requests_total", ("resets(",)),
+        ("conversations started", "switchboard_chat_conversations_total", ()),
+        ("hand-overs", "switchboard_chat_handovers_total", ()),
+        ("tool calls by tool", "switchboard_chat_tool_calls_total", ("by (tool)",)),
+        ("FAQ-answered share", "switchboard_chat_requests_total", ('outcome="fallback"', "generated|fallback")),
+        ("abandoned chats", "switchboard_chat_abandoned_total", ("by (stage)",)),
+        ("voice turns per conversation", "switchboard_voice_conversations_total", ()),
     ],
 )
 def test_the_panels_cover_the_issue(topic, metric, words):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from switchboard.serving.engine_client import EngineStreamError
-from switchboard.serving.voice import VoiceError, VoiceRequest, VoiceTurn
+from switchboard.serving.voice import VoiceError, VoiceMetrics, VoiceRequest, VoiceTurn
 from switchboard.wire import Asr, AsrResult, Chat, ChatStats
 
 
@@ -92,6 +92,15 @@ def test_the_transcript_then_the_answer_and_both_streams_read_to_their_end():
     # the transcript is read whole: asr is asked for no deltas
     assert client.requests[0].parameters[Asr.DELTAS].bool_param is False
     assert Asr.DELTAS not in client.requests[1].parameters
+
+
+def test_an_answered_turn_is_counted_a_silent_one_is_not():
+    metrics = VoiceMetrics()
+    VoiceTurn(FakeClient(asr_stream(), chat_stream("Hi")), metrics=metrics).run(request(), Sink(), lambda: False)
+    silent = AsrResult(text="", language="en", duration=1.0, asr_ms=3.0)
+    VoiceTurn(FakeClient(asr_stream(silent)), metrics=metrics).run(request(), Sink(), lambda: False)
+    counts, _ = metrics.drain()
+    assert counts == {("turns_total", ()): 1, ("conversations_total", ()): 1}  # no session: a one-off
 
 
 def test_silence_ends_the_turn_without_a_chat():
