@@ -35,7 +35,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import random
 import shutil
 import sys
@@ -48,6 +47,8 @@ from switchboard.data import corpus as corpus_mod
 from switchboard.data import extraction
 from switchboard.serving.prompt import DEFAULT_SYSTEM_PROMPT
 from switchboard.stamp import Stamp
+from switchboard.training import schedule
+from switchboard.training.schedule import adamw, warmup_cosine
 from switchboard.training.settings import override
 
 log = logging.getLogger("switchboard.training.gemma")
@@ -280,19 +281,7 @@ def train(model, head, slot_of, examples, cfg: AgentConfig, pad_id: int, bar=Non
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return cfg.lr * (step + 1) / cfg.warmup
-        t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+    opt = adamw(params, cfg.lr, weight_decay=0.01)
 
     model.train()
     losses: list[float] = []
@@ -302,7 +291,7 @@ def train(model, head, slot_of, examples, cfg: AgentConfig, pad_id: int, bar=Non
     for step in range(cfg.steps):
         x, y, mask = next(data)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = warmup_cosine(step, cfg.lr, cfg.warmup, cfg.steps, floor=0.1)
         loss, plain = step_loss(model, head, slot_of, prefix, x, y, mask, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -342,7 +331,7 @@ def base_checkpoint(say=print) -> Path:
 
 def inputs_digest(cfg: AgentConfig, base: Path) -> str:
     h = hashlib.sha256()
-    sources = [Path(__file__), Path(corpus_mod.__file__), Path(extraction.__file__)]
+    sources = [Path(__file__), Path(schedule.__file__), Path(corpus_mod.__file__), Path(extraction.__file__)]
     for f in [*sorted(corpus_mod.CORPUS_DIR.glob("*.jsonl")), *sources]:
         h.update(f.read_bytes())
     h.update(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())

@@ -31,6 +31,7 @@ SOURCES = (
     "data/corpus.py",
     "training/chat/tokenizer.py",
     "training/chat/train.py",
+    "training/schedule.py",
     "serving/order_demo.py",
 )
 

@@ -14,11 +14,12 @@ them is the sum over rows, exactly as if each row had computed them itself.
 from __future__ import annotations
 
 import logging
-import math
 import random
 from dataclasses import dataclass
 
 import torch
+
+from switchboard.training.schedule import adamw, warmup_cosine
 
 log = logging.getLogger(__name__)
 IGNORE = -100
@@ -159,19 +160,7 @@ def answer_loss(
 def train(model, examples, cfg: TrainConfig, pad_id: int, bar=None) -> list[float]:
     """Train in place; returns the loss of every step. ``bar``: a tqdm-like progress bar."""
     torch.manual_seed(cfg.seed)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return cfg.lr * (step + 1) / cfg.warmup
-        t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+    opt = adamw(model.parameters(), cfg.lr, weight_decay=0.05)
 
     model.train()
     losses: list[float] = []
@@ -181,7 +170,7 @@ def train(model, examples, cfg: TrainConfig, pad_id: int, bar=None) -> list[floa
     for step in range(cfg.steps):
         x, y, mask, weight = next(data)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = warmup_cosine(step, cfg.lr, cfg.warmup, cfg.steps, floor=0.05)
         loss, plain = answer_loss(model, prefix, x, mask, y, weight if cfg.lead_weight != 1.0 else None)
         opt.zero_grad(set_to_none=True)
         loss.backward()
