@@ -43,6 +43,25 @@ def _params(items: list[tuple[str, str, str]]) -> str:
     )
 
 
+# The speech models' queue: two priority levels (1 = live/VIP never waits behind 2), requests
+# taken at once (no delay to fill a batch), refused when it is full or after 30 s; one instance.
+PRIORITY_QUEUE = """dynamic_batching {
+  max_queue_delay_microseconds: 0
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy {
+    timeout_action: REJECT
+    default_timeout_microseconds: 30000000
+    allow_timeout_override: true
+    max_queue_size: 256
+  }
+}
+
+instance_group [ { kind: KIND_CPU count: 1 } ]
+
+"""
+
+
 def chat_config() -> str:
     return """# Public entry model: streaming (decoupled) customer-service chat.
 # Orchestrates prompt building, the Redis session lookup, length-aware routing to a pool,
@@ -89,7 +108,8 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 
 
 def asr_config() -> str:
-    return """# The speech recognizer: an exported Whisper (encoder + decoder with a KV cache, ONNX Runtime
+    return (
+        """# The speech recognizer: an exported Whisper (encoder + decoder with a KV cache, ONNX Runtime
 # in-process), batched by audio length (switchboard/asr/service.py, switchboard/triton/asr_model.py).
 # Loaded once its artifacts are installed (`make serve` builds the default recognizer in the
 # background, then loads this model and voice_chat; until then both answer UNAVAILABLE).
@@ -111,25 +131,15 @@ output [
 
 # Priority 1 = live/VIP, 2 = default, as for chat (the request parameter chat_priority carries it
 # to the model's batcher, which never makes priority 1 wait behind priority 2).
-dynamic_batching {
-  max_queue_delay_microseconds: 0
-  priority_levels: 2
-  default_priority_level: 2
-  default_queue_policy {
-    timeout_action: REJECT
-    default_timeout_microseconds: 30000000
-    allow_timeout_override: true
-    max_queue_size: 256
-  }
-}
-
-instance_group [ { kind: KIND_CPU count: 1 } ]
-
-""" + _params(AsrConfig().parameters())
+"""
+        + PRIORITY_QUEUE
+        + _params(AsrConfig().parameters())
+    )
 
 
 def voice_chat_config() -> str:
-    return """# Voice in, the chat's answer out: the audio through asr, the transcript through chat (with the
+    return (
+        """# Voice in, the chat's answer out: the audio through asr, the transcript through chat (with the
 # session's history and priority), both over this server's gRPC (switchboard/triton/voice_chat_model.py).
 name: "voice_chat"
 backend: "python"
@@ -152,21 +162,10 @@ output [
   { name: "stats" data_type: TYPE_STRING dims: [ 1 ] }
 ]
 
-dynamic_batching {
-  max_queue_delay_microseconds: 0
-  priority_levels: 2
-  default_priority_level: 2
-  default_queue_policy {
-    timeout_action: REJECT
-    default_timeout_microseconds: 30000000
-    allow_timeout_override: true
-    max_queue_size: 256
-  }
-}
-
-instance_group [ { kind: KIND_CPU count: 1 } ]
-
-""" + _params(VoiceChatConfig().parameters())
+"""
+        + PRIORITY_QUEUE
+        + _params(VoiceChatConfig().parameters())
+    )
 
 
 def engine_config(pool: Pool, runtime: str) -> str:
