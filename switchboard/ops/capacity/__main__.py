@@ -1,0 +1,217 @@
+"""``python -m switchboard.ops.capacity check|plan|serve|simulate``: capacity before the burst.
+
+- ``check CALENDAR``: validate a promotion calendar and list when each promotion asks.
+- ``plan``: the desired replicas at a time (now), and why; ``--local`` compares it with what
+  ``make serve REPLICAS=n`` runs and prints the command that would get there (a dry run: the
+  local stack's replicas and HAProxy are fixed at start-up).
+- ``serve``: the exporter the HPA's External metric reads (switchboard_capacity_desired_replicas).
+- ``simulate``: a Double-11-shaped day, reactive HPA alone against calendar (+ forecast) + HPA:
+  a markdown table and a plot (``make capacity-sim``; docs/capacity.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from switchboard import paths
+from switchboard.ops.capacity import calendar as cal
+from switchboard.ops.capacity.exporter import Exporter, Planner, PrometheusHistory
+from switchboard.ops.capacity.forecast import SeriesHistory
+from switchboard.ops.capacity.plan import PER_REPLICA_CHATS_S, Sizing
+from switchboard.ops.process import pid_file
+
+PORT = 9400
+
+
+def _time(text: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not an ISO date-time: {text!r}") from e
+    if t.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"give a UTC offset: {text}+08:00 or {text}Z")
+    return t
+
+
+def _positive(kind):
+    def read(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"> 0 is required, not {text}")
+        return value
+
+    return read
+
+
+def _sizing_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--per-replica",
+        type=_positive(float),
+        default=PER_REPLICA_CHATS_S,
+        help=f"chats/s one replica generates (default {PER_REPLICA_CHATS_S:g}: make chaos's 5x burst, one replica)",
+    )
+    p.add_argument("--headroom", type=float, default=1.25, help="size for the forecast rate times this (default 1.25)")
+    p.add_argument("--floor", type=int, default=2, help="fewest replicas (default 2: hpa.yaml's minReplicas)")
+    p.add_argument("--ceiling", type=int, default=12, help="most replicas (default 12: hpa.yaml's maxReplicas)")
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=60.0,
+        help="seconds from asking for a pod to its readiness: HPA sync, scrape, start-up (default 60)",
+    )
+
+
+def _planner_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calendar", type=Path, required=True, help="the promotion calendar (TOML)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--prometheus", help="Prometheus' URL: the chat rate history for the forecast")
+    source.add_argument("--series", type=Path, help="a recorded per-minute series (CSV minute,chats_per_s) instead")
+    p.add_argument(
+        "--baseline-chats-per-s",
+        type=float,
+        default=None,
+        help="what a promotion's multiplier multiplies when there is no history (default: none)",
+    )
+    _sizing_arguments(p)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m switchboard.ops.capacity", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="validate a promotion calendar")
+    check.add_argument("calendar", type=Path)
+    check.add_argument("--warmup-s", type=float, default=60.0, help="as for plan (default 60)")
+    one = sub.add_parser("plan", help="the desired replicas at a time, and why")
+    _planner_arguments(one)
+    one.add_argument("--at", type=_time, default=None, help="ISO date-time with offset (default: now)")
+    one.add_argument(
+        "--local",
+        action="store_true",
+        help="compare with the replicas `make serve` runs (build/run) and print the command (dry run)",
+    )
+    one.add_argument("--run-dir", type=Path, default=paths.RUN)
+    serve = sub.add_parser("serve", help="serve the plan as Prometheus gauges for the HPA")
+    _planner_arguments(serve)
+    serve.add_argument("--port", type=int, default=PORT, help=f"HTTP port of /metrics and /healthz (default {PORT})")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--refresh-s", type=float, default=15.0, help="seconds a computed plan is served (default 15)")
+    sim = sub.add_parser("simulate", help="the Double-11 day: a table and a plot")
+    sim.add_argument("--calendar", type=Path, default=paths.ROOT / "deploy" / "capacity" / "double-11.toml")
+    sim.add_argument("--hpa", type=Path, default=paths.K8S / "hpa.yaml", help="the HPA manifest (its limits, behavior)")
+    sim.add_argument("--out", type=Path, default=paths.BUILD / "capacity")
+    sim.add_argument(
+        "--pod-start-s", type=float, default=40.0, help="a new pod's time to ready (default 40: seed 000's cold start)"
+    )
+    sim.add_argument("--per-replica", type=_positive(float), default=PER_REPLICA_CHATS_S)
+    sim.add_argument("--headroom", type=float, default=1.25)
+    sim.add_argument("--growth", type=float, default=1.3, help="this week's traffic over last week's (default 1.3)")
+    return p
+
+
+def _planner(args: argparse.Namespace) -> Planner:
+    calendar = cal.load(args.calendar)
+    sizing = Sizing(args.per_replica, args.headroom, args.floor, args.ceiling, args.warmup_s)
+    history = None
+    if args.prometheus:
+        history = PrometheusHistory(args.prometheus)
+    elif args.series:
+        at = getattr(args, "at", None)
+        history = SeriesHistory.load(args.series, lambda: at or datetime.now(timezone.utc))
+    return Planner(calendar, sizing, history, args.baseline_chats_per_s)
+
+
+def _check(args: argparse.Namespace) -> int:
+    calendar = cal.load(args.calendar)
+    warmup = timedelta(seconds=args.warmup_s)
+    print(f"{args.calendar}: {len(calendar.promotions)} promotions")
+    for p in calendar.promotions:
+        asks = f"x{p.multiplier:g} the baseline" if p.multiplier is not None else f"{p.replicas} replicas"
+        print(
+            f"- {p.name}: {p.start.isoformat()} to {p.end.isoformat()}, {asks}; asks from "
+            f"{p.asks_from(warmup).isoformat()} (lead {p.lead.total_seconds() / 60:g} min, warm-up {args.warmup_s:g} s)"
+        )
+    return 0
+
+
+def _local_replicas(run: Path) -> int | None:
+    """What `make serve` runs now: replicas.json's count, 1 for a single server, None if nothing."""
+    if (run / "replicas.json").exists():
+        return len(json.loads((run / "replicas.json").read_text()))
+    return 1 if pid_file(run, "supervisor").exists() else None
+
+
+def _plan(args: argparse.Namespace) -> int:
+    planner = _planner(args)
+    t = args.at or datetime.now(timezone.utc)
+    p = planner.at(t)
+    print(f"{t.isoformat()}: {p.reason()}; promotions asking: {', '.join(p.promotions) or 'none'}")
+    if p.forecast is not None:
+        print(f"forecast: {p.forecast.rate:.1f} chats/s ({p.forecast.source}, trend x{p.forecast.trend:.2f})")
+    if args.local:
+        now = _local_replicas(args.run_dir)
+        if now is None:
+            print(f"local: `make serve` is not running ({args.run_dir}); would start: make serve REPLICAS={p.desired}")
+        elif now == p.desired:
+            print(f"local: `make serve` runs {now} replicas, as planned")
+        else:
+            # launch.py starts the replicas and HAProxy's server list once; adding one live is not built
+            print(
+                f"local: would scale `make serve` from {now} to {p.desired} replicas (dry run): "
+                f"make stop && make serve REPLICAS={p.desired}"
+            )
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    exporter = Exporter(_planner(args), args.port, args.host, args.refresh_s).start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    logging.getLogger("switchboard.capacity").info(
+        "serving the capacity plan on http://%s:%d/metrics (%s)", args.host, exporter.port, args.calendar
+    )
+    exporter.metrics()  # a bad history or calendar shows at start, not at the first scrape
+    stop.wait()
+    exporter.stop()
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from switchboard.ops.capacity import simulate
+    from switchboard.ops.capacity.hpa import Spec
+
+    calendar = cal.load(args.calendar)
+    spec = Spec.from_manifest(yaml.safe_load(args.hpa.read_text()))
+    settings = simulate.Settings(per_replica=args.per_replica, pod_start_s=args.pod_start_s, headroom=args.headroom)
+    result = simulate.compare(calendar, spec, settings, simulate.recorded_day(growth=args.growth))
+    text = simulate.table(result["summaries"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.md").write_text(text)
+    result["day"].write_csv(args.out / "series.csv")
+    simulate.plot(result["traces"], calendar, args.per_replica, args.out / "double-11.png")
+    print(text)
+    print(f"written: {args.out / 'table.md'}, {args.out / 'double-11.png'}, {args.out / 'series.csv'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return {"check": _check, "plan": _plan, "serve": _serve, "simulate": _simulate}[args.command](args)
+    except (cal.CalendarError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
