@@ -293,12 +293,18 @@ def test_the_adapters_series_are_metrics_the_server_exports(monkeypatch):
         assert {"namespace", "pod"} == set(rule["resources"]["overrides"]), "per pod, for a Pods metric"
 
 
+def _adapter_external_rules() -> list[dict]:
+    config = _docs(ADAPTER)[0]["data"]["config.yaml"]
+    return yaml.safe_load(config)["externalRules"]
+
+
 def test_the_hpa_scales_on_metrics_the_adapter_exposes():
-    exposed = {rule["name"]["as"] for rule in _adapter_rules()}
     spec = _objects("HorizontalPodAutoscaler")["switchboard"]["spec"]
-    names = [m["pods"]["metric"]["name"] for m in spec["metrics"]]
-    assert names and all(m["type"] == "Pods" for m in spec["metrics"])
-    assert set(names) <= exposed, set(names) - exposed
+    assert {m["type"] for m in spec["metrics"]} == {"Pods", "External"}
+    for kind, rules in (("Pods", _adapter_rules()), ("External", _adapter_external_rules())):
+        exposed = {rule["name"]["as"] for rule in rules}
+        names = [m[kind.lower()]["metric"]["name"] for m in spec["metrics"] if m["type"] == kind]
+        assert names and set(names) <= exposed, set(names) - exposed
     assert spec["minReplicas"] >= 2 and spec["maxReplicas"] > spec["minReplicas"]
     up, down = spec["behavior"]["scaleUp"], spec["behavior"]["scaleDown"]
     assert up["stabilizationWindowSeconds"] == 0 and down["stabilizationWindowSeconds"] >= 180
@@ -307,7 +313,7 @@ def test_the_hpa_scales_on_metrics_the_adapter_exposes():
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (make setup installs it)")
 def test_the_adapters_queries_are_valid_promql(tmp_path):
     rules = []
-    for i, rule in enumerate(_adapter_rules()):
+    for i, rule in enumerate(_adapter_rules() + _adapter_external_rules()):
         series = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", rule["seriesQuery"]).group(0)
         expr = (
             rule["metricsQuery"]
@@ -374,3 +380,71 @@ def test_the_image_is_built_by_make_targets_that_exist():
     assert {"setup", "export", "export-asr", "model-asr-tiny-en"} <= used, used
     assert used <= targets, used - targets
     assert re.search(r"^ARG ASR=default$", dockerfile, re.M), "the embedded recognizer unless asked"
+
+
+# The capacity planner (capacity.yaml; docs/capacity.md)
+
+
+def _capacity_args():
+    from switchboard.ops.capacity.__main__ import parser as capacity_parser
+
+    container = _container("switchboard-capacity")
+    assert container["command"] == ["/app/.venv/bin/python", "-m", "switchboard.ops.capacity"]
+    return capacity_parser().parse_args(container["args"])  # argparse exits on a wrong option
+
+
+def test_the_capacity_planner_runs_with_its_real_options_and_the_hpas_limits():
+    args, hpa = _capacity_args(), _objects("HorizontalPodAutoscaler")["switchboard"]["spec"]
+    assert args.command == "serve" and args.prometheus
+    assert (args.floor, args.ceiling) == (hpa["minReplicas"], hpa["maxReplicas"])
+    container = _container("switchboard-capacity")
+    assert _ports(container) == {"metrics": args.port}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+
+
+def test_the_planners_calendar_is_the_mounted_configmap_and_the_example():
+    from switchboard.ops.capacity import calendar
+
+    args = _capacity_args()
+    pod = _objects("Deployment")["switchboard-capacity"]["spec"]["template"]["spec"]
+    [mount] = pod["containers"][0]["volumeMounts"]
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    config_map = _objects("ConfigMap")[volume["configMap"]["name"]]
+    assert args.calendar.parent.as_posix() == mount["mountPath"]
+    text = config_map["data"][args.calendar.name]
+    assert calendar.parse(text, "capacity.yaml").promotions
+    assert text == (paths.ROOT / "deploy" / "capacity" / "double-11.toml").read_text()
+
+
+def test_the_hpas_external_metric_is_the_planners_gauge_read_as_a_count():
+    from switchboard.ops.capacity.calendar import Calendar
+    from switchboard.ops.capacity.exporter import DESIRED, exposition
+    from switchboard.ops.capacity.plan import Plan
+    from switchboard.ops.promql import exported_names
+
+    [external] = [
+        m["external"]
+        for m in _objects("HorizontalPodAutoscaler")["switchboard"]["spec"]["metrics"]
+        if m["type"] == "External"
+    ]
+    assert external["metric"]["name"] == DESIRED
+    assert external["target"] == {"type": "AverageValue", "averageValue": "1"}, "desired = the gauge's value"
+    [rule] = _adapter_external_rules()
+    series = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", rule["seriesQuery"]).group(0)
+    assert series in exported_names(exposition(Plan(3, {"floor": 3}), Calendar(), True))
+    assert set(rule["resources"]["overrides"]) == {"namespace"}, "the HPA's namespace, not a pod"
+
+
+def test_prometheus_scrapes_the_planner_in_a_job_of_its_own():
+    args = _capacity_args()
+    jobs = {j["job_name"]: j for j in yaml.safe_load(SCRAPE.read_text())["scrape_configs"]}
+    job = jobs["switchboard-capacity"]
+    keep = {tuple(r["source_labels"]): r["regex"] for r in job["relabel_configs"] if r.get("action") == "keep"}
+    labels = _objects("Deployment")["switchboard-capacity"]["spec"]["template"]["metadata"]["labels"]
+    assert keep[("__meta_kubernetes_pod_label_app_kubernetes_io_name",)] == labels["app.kubernetes.io/name"]
+    assert _ports(_container("switchboard-capacity"))[keep[("__meta_kubernetes_pod_container_port_name",)]] == args.port
+    assert "prometheus.io/scrape" not in _objects("Deployment")["switchboard-capacity"]["spec"]["template"][
+        "metadata"
+    ].get("annotations", {}), "not in the servers' job"
+    assert {"namespace", "pod"} <= {r.get("target_label") for r in job["relabel_configs"]}
