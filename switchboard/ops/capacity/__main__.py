@@ -28,6 +28,7 @@ from switchboard.ops.capacity.plan import PER_REPLICA_CHATS_S, Sizing
 from switchboard.ops.process import pid_file
 
 PORT = 9400
+WARMUP_S = Sizing.warmup_s
 
 
 def _time(text: str) -> datetime:
@@ -63,8 +64,9 @@ def _sizing_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup-s",
         type=float,
-        default=60.0,
-        help="seconds from asking for a pod to its readiness: HPA sync, scrape, start-up (default 60)",
+        default=WARMUP_S,
+        help="seconds from asking for a pod to its readiness: a scrape, two HPA syncs, the pod's start "
+        f"(default {WARMUP_S:g})",
     )
 
 
@@ -87,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate a promotion calendar")
     check.add_argument("calendar", type=Path)
-    check.add_argument("--warmup-s", type=float, default=60.0, help="as for plan (default 60)")
+    check.add_argument("--warmup-s", type=float, default=WARMUP_S, help=f"as for plan (default {WARMUP_S:g})")
     one = sub.add_parser("plan", help="the desired replicas at a time, and why")
     _planner_arguments(one)
     one.add_argument("--at", type=_time, default=None, help="ISO date-time with offset (default: now)")

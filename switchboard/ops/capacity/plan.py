@@ -26,8 +26,9 @@ class Sizing:
     headroom: float = 1.25
     floor: int = 2  # deploy/k8s/hpa.yaml's minReplicas
     ceiling: int = 12  # and maxReplicas
-    # From asked for to ready: the HPA's 15 s sync, a scrape, the pod's start (seed 000: 40 s)
-    warmup_s: float = 60.0
+    # From asked for to ready: a scrape of the gauge, two HPA syncs of 15 s (hpa.yaml takes the
+    # floor to the ceiling in two steps), the pod's start (seed 000: 40 s)
+    warmup_s: float = 90.0
 
     def __post_init__(self):
         if not self.per_replica > 0:

@@ -133,8 +133,9 @@ class Settings:
 class Simulation:
     def __init__(self, day: Day, spec: Spec, settings: Settings, calendar: Calendar | None):
         self.day, self.spec, self.s, self.calendar = day, spec, settings, calendar
-        # asked for to ready: the pod's start, an HPA sync and a scrape of the gauge at worst
-        warmup = settings.pod_start_s + SYNC_S + STEP_S
+        # asked for to ready, at worst: a scrape of the gauge, two HPA syncs (hpa.yaml's policies
+        # take the floor to the ceiling in two steps: 2 -> 6 -> 12) and the pod's start
+        warmup = settings.pod_start_s + 2 * SYNC_S + STEP_S
         self.sizing = Sizing(settings.per_replica, settings.headroom, spec.min_replicas, spec.max_replicas, warmup)
         self.now = day.start
         rates = {day.start + timedelta(minutes=k): r for k, r in enumerate(day.rates)}
@@ -300,7 +301,9 @@ def plot(traces: dict[str, Trace], calendar: Calendar, per_replica: float, path:
         ax.plot(xs, [any_trace.demand[i] for i in idx], color="black", lw=1, label="chats/s arriving")
         for name, tr in traces.items():
             c = colors.get(name)
-            ax.plot(xs, [tr.ready[i] * per_replica for i in idx], color=c, lw=1.5, label=f"{name}: ready capacity")
+            style = "--" if name == "calendar + HPA" else "-"
+            ready = [tr.ready[i] * per_replica for i in idx]
+            ax.plot(xs, ready, color=c, ls=style, lw=1.5, label=f"{name}: ready capacity")
             ax.fill_between(xs, 0, [tr.faq[i] for i in idx], color=c, alpha=0.25, label=f"{name}: FAQ answers/s")
         for p in calendar.promotions:
             if a <= p.start < b:
