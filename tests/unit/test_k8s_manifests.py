@@ -448,3 +448,12 @@ def test_prometheus_scrapes_the_planner_in_a_job_of_its_own():
         "metadata"
     ].get("annotations", {}), "not in the servers' job"
     assert {"namespace", "pod"} <= {r.get("target_label") for r in job["relabel_configs"]}
+
+
+def test_the_planners_forecast_reads_series_the_server_exports(monkeypatch):
+    from switchboard.ops.capacity.exporter import DEMAND_QUERY
+    from switchboard.ops.promql import metric_names
+
+    exported = _exported_names(monkeypatch)
+    assert metric_names(DEMAND_QUERY) == ["switchboard_chat_requests_total"]
+    assert PREFIX + "requests_total" in exported, "every chat that arrived, FAQ answers included"
