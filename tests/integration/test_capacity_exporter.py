@@ -103,3 +103,14 @@ def test_the_planner_logs_its_plan_and_the_missing_history(planner, prometheus):
     assert proc.poll() is None and "Traceback" not in text
     assert f"plan: {REPLICAS} replicas (floor 2, calendar {REPLICAS}); promotions asking: now" in text
     assert "traffic history unavailable" in text
+
+
+def test_a_history_that_cannot_be_read_is_a_history_error(prometheus, planner):
+    from switchboard.ops.capacity.exporter import HistoryError
+
+    now = datetime.now(timezone.utc)
+    with pytest.raises(HistoryError, match="400|bad_data|parse"):
+        PrometheusHistory(prometheus.url, query="sum(").rates(now - timedelta(minutes=2), 2)
+    port, _, _ = planner
+    with pytest.raises(HistoryError, match="Expecting value"):  # a 200 that is no JSON: the planner's /metrics
+        PrometheusHistory(f"http://127.0.0.1:{port}/metrics#").rates(now - timedelta(minutes=2), 2)

@@ -426,3 +426,57 @@ def test_the_planner_over_a_recorded_series_plans_the_sale_ahead(tmp_path):
     p = Planner(cal.load(EXAMPLE), Sizing(), history).at(at)
     assert p.promotions == ("flash sale",) and p.desired == 12
     assert p.forecast.source == "last-week x trend" and math.isclose(p.forecast.trend, 1.3, abs_tol=0.05)
+
+
+class _CountingHistory:
+    def __init__(self, fail: Exception | None = None):
+        self.calls, self.fail = 0, fail
+
+    def rates(self, start, minutes):
+        self.calls += 1
+        if self.fail:
+            raise self.fail
+        return [None] * minutes
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_the_exporter_serves_the_plan_once_per_refresh_and_its_health():
+    from switchboard.ops.capacity.exporter import Exporter
+
+    history = _CountingHistory()
+    planner = Planner(cal.parse(GOOD), Sizing(warmup_s=0), history)
+    exporter = Exporter(planner, 0, "127.0.0.1", refresh_s=3600, clock=lambda: datetime(2026, 11, 11, 3, tzinfo=TZ))
+    exporter.start()
+    try:
+        status, body = _get(exporter.port, "/metrics")
+        assert status == 200 and _families(body)[DESIRED].samples[0].value == 2
+        calls = history.calls
+        assert _get(exporter.port, "/metrics")[1] == body and history.calls == calls, "cached for refresh_s"
+        assert _get(exporter.port, "/healthz") == (200, "ok\n")
+        assert _get(exporter.port, "/nothing")[0] == 404
+    finally:
+        exporter.stop()
+
+
+def test_a_plan_that_fails_is_a_500_and_the_exporter_goes_on(caplog):
+    from switchboard.ops.capacity.exporter import Exporter
+
+    planner = Planner(cal.parse(GOOD), Sizing(warmup_s=0), _CountingHistory(fail=KeyError("data")))
+    exporter = Exporter(planner, 0, "127.0.0.1", clock=lambda: datetime(2026, 11, 11, 3, tzinfo=TZ)).start()
+    try:
+        status, body = _get(exporter.port, "/metrics")
+        assert status == 500 and "the plan failed" in body and "KeyError" not in body
+        assert "the plan failed" in caplog.text
+        assert _get(exporter.port, "/healthz")[0] == 200
+    finally:
+        exporter.stop()

@@ -56,11 +56,14 @@ class PrometheusHistory:
         if body.get("status") != "success":
             raise HistoryError(f"{self.url}: {body.get('error', body)}")
         out: list[float | None] = [None] * minutes
-        for series in body["data"]["result"][:1]:
-            for ts, value in series["values"]:
-                i = round((float(ts) - first) / 60)
-                if 0 <= i < minutes and value not in ("NaN", "+Inf", "-Inf"):
-                    out[i] = float(value)
+        try:
+            for series in body["data"]["result"][:1]:
+                for ts, value in series["values"]:
+                    i = round((float(ts) - first) / 60)
+                    if 0 <= i < minutes and value not in ("NaN", "+Inf", "-Inf"):
+                        out[i] = float(value)
+        except (KeyError, TypeError, ValueError) as e:
+            raise HistoryError(f"{self.url}: not a range query's answer ({e!r})") from e
         return out
 
 
@@ -142,7 +145,12 @@ class Exporter:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server's name)
                 if self.path == "/metrics":
-                    body, kind = exporter.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"
+                    try:
+                        body, kind = exporter.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"
+                    except Exception:  # a scrape gets a 500 (the HPA holds), the log the traceback
+                        log.exception("the plan failed")
+                        self.send_error(500, "the plan failed: see the planner's log")
+                        return
                 elif self.path == "/healthz":
                     body, kind = b"ok\n", "text/plain"
                 else:

@@ -34,7 +34,7 @@ from pathlib import Path
 from switchboard.ops.capacity import forecast as fc
 from switchboard.ops.capacity.calendar import Calendar
 from switchboard.ops.capacity.hpa import SYNC_S, Hpa, Spec, external_average_replicas, pods_metric_replicas
-from switchboard.ops.capacity.plan import Sizing, plan
+from switchboard.ops.capacity.plan import PER_REPLICA_CHATS_S, Sizing, plan
 
 TZ = timezone(timedelta(hours=8))
 DAY = datetime(2026, 11, 11, tzinfo=TZ)
@@ -120,7 +120,7 @@ class Trace:
 
 @dataclass(frozen=True)
 class Settings:
-    per_replica: float = 58.0  # plan.PER_REPLICA_CHATS_S
+    per_replica: float = PER_REPLICA_CHATS_S
     pod_start_s: float = 40.0  # seed 000's cold start; ours, the server alone: 3.7 s (docs/kubernetes.md)
     target: float = 1.0
     saturation: float = 2.0
