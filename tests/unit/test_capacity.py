@@ -480,3 +480,33 @@ def test_a_plan_that_fails_is_a_500_and_the_exporter_goes_on(caplog):
         assert _get(exporter.port, "/healthz")[0] == 200
     finally:
         exporter.stop()
+
+
+def test_a_recorded_day_replays_from_its_csv(tmp_path):
+    day = simulate.recorded_day()
+    path = tmp_path / "series.csv"
+    day.write_csv(path)
+    assert simulate.Day.from_csv(path) == day
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ("", "no rows"),
+        ("2026-11-11T20:00:00+08:00,x\n", "line 2: minute,chats_per_s expected"),
+        ("2026-11-11T20:00:00,1\n", "line 2: .* has no UTC offset"),
+        ("2026-11-11T20:00:00+08:00,1\n2026-11-11T20:02:00+08:00,1\n", "line 3: .* does not follow"),
+        ("2026-11-11T20:00:00+08:00,-1\n", "line 2: a rate >= 0"),
+    ],
+)
+def test_a_bad_recorded_series_names_its_line(tmp_path, rows, message):
+    path = tmp_path / "series.csv"
+    path.write_text("minute,chats_per_s\n" + rows)
+    with pytest.raises(ValueError, match=message):
+        simulate.Day.from_csv(path)
+
+
+def test_a_series_too_short_for_the_calendars_day_is_refused():
+    short = simulate.Day(simulate.DAY - timedelta(days=1), (1.0,) * 60)
+    with pytest.raises(ValueError, match="simulating 2026-11-11 needs 2026-11-03T21:30:00"):
+        simulate.compare(cal.load(EXAMPLE), _hpa_spec(), simulate.Settings(), short)

@@ -65,3 +65,10 @@ def test_plan_local_says_what_make_serve_would_run(tmp_path, capsys, series, rep
     out = capsys.readouterr().out
     assert "12 replicas (floor 2, forecast 3, calendar 15); promotions asking: flash sale" in out
     assert says in out
+
+
+def test_simulate_refuses_a_series_that_does_not_cover_the_day(tmp_path, capsys):
+    series = tmp_path / "short.csv"
+    series.write_text("minute,chats_per_s\n2026-11-11T20:00:00+08:00,10\n")
+    assert main(["simulate", "--series", str(series), "--out", str(tmp_path / "out")]) == 2
+    assert "error: the series covers 2026-11-11T20:00:00+08:00" in capsys.readouterr().err

@@ -114,6 +114,13 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--per-replica", type=_positive(float), default=PER_REPLICA_CHATS_S)
     sim.add_argument("--headroom", type=float, default=1.25)
     sim.add_argument("--growth", type=float, default=1.3, help="this week's traffic over last week's (default 1.3)")
+    sim.add_argument(
+        "--series",
+        type=Path,
+        default=None,
+        help="replay a recorded per-minute series (CSV minute,chats_per_s; 8 days up to the end of the "
+        "calendar's first promotion's day) instead of the generated Double-11 day",
+    )
     return p
 
 
@@ -195,7 +202,8 @@ def _simulate(args: argparse.Namespace) -> int:
     calendar = cal.load(args.calendar)
     spec = Spec.from_manifest(yaml.safe_load(args.hpa.read_text()))
     settings = simulate.Settings(per_replica=args.per_replica, pod_start_s=args.pod_start_s, headroom=args.headroom)
-    result = simulate.compare(calendar, spec, settings, simulate.recorded_day(growth=args.growth))
+    day = simulate.Day.from_csv(args.series) if args.series else simulate.recorded_day(growth=args.growth)
+    result = simulate.compare(calendar, spec, settings, day)
     text = simulate.table(result["summaries"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(text)

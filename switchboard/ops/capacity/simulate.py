@@ -72,6 +72,35 @@ class Day:
     start: datetime
     rates: tuple[float, ...]
 
+    @classmethod
+    def from_csv(cls, path: Path) -> Day:
+        """A recorded series (``minute,chats_per_s``, one row a minute, in order, no gaps), such as
+        a past promotion's export from Prometheus, to replay instead of the generated day."""
+        import csv
+
+        minutes, rates = [], []
+        with open(path, newline="") as f:
+            for n, row in enumerate(csv.DictReader(f), start=2):
+                try:
+                    t, r = datetime.fromisoformat(row["minute"]), float(row["chats_per_s"])
+                except (KeyError, TypeError, ValueError) as e:
+                    raise ValueError(f"{path}: line {n}: minute,chats_per_s expected ({e})") from e
+                if t.tzinfo is None:
+                    raise ValueError(f"{path}: line {n}: {row['minute']} has no UTC offset")
+                if minutes and t - minutes[-1] != timedelta(minutes=1):
+                    raise ValueError(f"{path}: line {n}: {t.isoformat()} does not follow the previous minute")
+                if not r >= 0:
+                    raise ValueError(f"{path}: line {n}: a rate >= 0 is required, not {r}")
+                minutes.append(t)
+                rates.append(r)
+        if not minutes:
+            raise ValueError(f"{path}: no rows")
+        return cls(minutes[0], tuple(rates))
+
+    @property
+    def end(self) -> datetime:
+        return self.start + timedelta(minutes=len(self.rates))
+
     def write_csv(self, path: Path) -> None:
         """``minute,chats_per_s``: what ``forecast.SeriesHistory.load`` reads."""
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -290,7 +319,8 @@ def plot(traces: dict[str, Trace], calendar: Calendar, per_replica: float, path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    windows = [(DAY - timedelta(hours=1), DAY + timedelta(days=1), "Nov. 11, the whole day")]
+    day = report_day(calendar)
+    windows = [(day - timedelta(hours=1), day + timedelta(days=1), f"{day:%b. %d}, the whole day")]
     windows += [(p.start - timedelta(minutes=20), p.start + timedelta(minutes=40), p.name) for p in calendar.promotions]
     fig, axes = plt.subplots(len(windows), 1, figsize=(11, 3.6 * len(windows)))
     colors = {"reactive HPA": "tab:red", "calendar + HPA": "tab:orange", "calendar + forecast + HPA": "tab:blue"}
@@ -319,10 +349,26 @@ def plot(traces: dict[str, Trace], calendar: Calendar, per_replica: float, path:
     plt.close(fig)
 
 
+def report_day(calendar: Calendar) -> datetime:
+    """Midnight of the day of the calendar's first promotion, in its own offset (the generated
+    day's Nov. 11 for an empty calendar)."""
+    if not calendar.promotions:
+        return DAY
+    first = calendar.promotions[0].start
+    return first.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
 def compare(calendar: Calendar, spec: Spec, settings: Settings, day: Day | None = None) -> dict:
-    """Both policies over Nov. 11 (from 22:00 the eve, so the HPA has settled): traces and summaries."""
+    """The three policies over the calendar's first promotion's day (from 22:00 the eve, so the
+    HPA has settled): traces and summaries. The history must reach a week and a half hour back."""
     day = day or recorded_day()
-    start, a, b = DAY - timedelta(hours=2), DAY, DAY + timedelta(days=1)
+    a = report_day(calendar)
+    start, b = a - timedelta(hours=2), a + timedelta(days=1)
+    if day.start > start - fc.WEEK - timedelta(minutes=fc.WINDOW_MIN) or day.end < b:
+        raise ValueError(
+            f"the series covers {day.start.isoformat()} to {day.end.isoformat()}: simulating "
+            f"{a:%Y-%m-%d} needs {(start - fc.WEEK - timedelta(minutes=fc.WINDOW_MIN)).isoformat()} to {b.isoformat()}"
+        )
     calendar_only = dataclasses.replace(settings, use_forecast=False)
     traces = {
         "reactive HPA": Simulation(day, spec, settings, None).run(start, b),
