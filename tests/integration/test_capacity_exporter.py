@@ -114,3 +114,18 @@ def test_a_history_that_cannot_be_read_is_a_history_error(prometheus, planner):
     port, _, _ = planner
     with pytest.raises(HistoryError, match="Expecting value"):  # a 200 that is no JSON: the planner's /metrics
         PrometheusHistory(f"http://127.0.0.1:{port}/metrics#").rates(now - timedelta(minutes=2), 2)
+
+
+def test_record_writes_a_series_simulate_can_replay(prometheus, tmp_path):
+    from switchboard.ops.capacity.__main__ import main
+    from switchboard.ops.capacity.simulate import Day
+
+    _eventually(prometheus, DESIRED)
+    start = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=2)
+    out = tmp_path / "series.csv"
+    argv = ["record", f"--prometheus={prometheus.url}", f"--query=max({DESIRED})", f"--out={out}"]
+    assert main([*argv, f"--start={start.isoformat()}", f"--end={(start + timedelta(minutes=3)).isoformat()}"]) == 0
+    day = Day.from_csv(out)
+    assert day.start == start and len(day.rates) == 3
+    assert day.rates[-1] == REPLICAS, "the last minute's sample"
+    assert set(day.rates) <= {0.0, REPLICAS}, "minutes before Prometheus started: 0"

@@ -15,7 +15,7 @@ from switchboard.ops.capacity.simulate import recorded_day
 EXAMPLE = paths.ROOT / "deploy" / "capacity" / "double-11.toml"
 
 
-@pytest.mark.parametrize("command", [[], ["check"], ["plan"], ["serve"], ["simulate"]])
+@pytest.mark.parametrize("command", [[], ["check"], ["plan"], ["serve"], ["record"], ["simulate"]])
 def test_every_command_has_help(command):
     out = subprocess.run(
         [sys.executable, "-m", "switchboard.ops.capacity", *command, "--help"], capture_output=True, text=True
@@ -72,3 +72,17 @@ def test_simulate_refuses_a_series_that_does_not_cover_the_day(tmp_path, capsys)
     series.write_text("minute,chats_per_s\n2026-11-11T20:00:00+08:00,10\n")
     assert main(["simulate", "--series", str(series), "--out", str(tmp_path / "out")]) == 2
     assert "error: the series covers 2026-11-11T20:00:00+08:00" in capsys.readouterr().err
+
+
+def test_record_refuses_an_end_before_its_start(tmp_path, capsys):
+    argv = ["record", "--prometheus=http://127.0.0.1:1", f"--out={tmp_path / 's.csv'}"]
+    assert main([*argv, "--start=2026-11-11T20:00:00Z", "--end=2026-11-11T19:00:00Z"]) == 2
+    assert "is not after --start" in capsys.readouterr().err
+
+
+def test_record_without_prometheus_exits_2_naming_it(tmp_path, capsys):
+    from switchboard.ops.launch import free_port
+
+    argv = ["record", f"--prometheus=http://127.0.0.1:{free_port()}", f"--out={tmp_path / 's.csv'}"]
+    assert main([*argv, "--start=2026-11-11T20:00:00Z", "--end=2026-11-11T20:05:00Z"]) == 2
+    assert "error: http://127.0.0.1:" in capsys.readouterr().err and not (tmp_path / "s.csv").exists()

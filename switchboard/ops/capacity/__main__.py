@@ -1,10 +1,11 @@
-"""``python -m switchboard.ops.capacity check|plan|serve|simulate``: capacity before the burst.
+"""``python -m switchboard.ops.capacity check|plan|serve|record|simulate``: capacity before the burst.
 
 - ``check CALENDAR``: validate a promotion calendar and list when each promotion asks.
 - ``plan``: the desired replicas at a time (now), and why; ``--local`` compares it with what
   ``make serve REPLICAS=n`` runs and prints the command that would get there (a dry run: the
   local stack's replicas and HAProxy are fixed at start-up).
 - ``serve``: the exporter the HPA's External metric reads (switchboard_capacity_desired_replicas).
+- ``record``: the chat rate from Prometheus as a per-minute CSV, for ``simulate --series``.
 - ``simulate``: a Double-11-shaped day, reactive HPA alone against calendar (+ forecast) + HPA:
   a markdown table and a plot (``make capacity-sim``; docs/capacity.md).
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from switchboard import paths
 from switchboard.ops.capacity import calendar as cal
-from switchboard.ops.capacity.exporter import Exporter, Planner, PrometheusHistory
+from switchboard.ops.capacity.exporter import DEMAND_QUERY, Exporter, HistoryError, Planner, PrometheusHistory
 from switchboard.ops.capacity.forecast import SeriesHistory
 from switchboard.ops.capacity.plan import PER_REPLICA_CHATS_S, Sizing
 from switchboard.ops.process import pid_file
@@ -104,6 +105,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=PORT, help=f"HTTP port of /metrics and /healthz (default {PORT})")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     serve.add_argument("--refresh-s", type=float, default=15.0, help="seconds a computed plan is served (default 15)")
+    rec = sub.add_parser("record", help="export the chat rate from Prometheus as a series simulate --series replays")
+    rec.add_argument("--prometheus", required=True, help="Prometheus' URL")
+    rec.add_argument("--start", type=_time, required=True, help="first minute, ISO date-time with offset")
+    rec.add_argument("--end", type=_time, required=True, help="end (excluded), ISO date-time with offset")
+    rec.add_argument("--query", default=DEMAND_QUERY, help=f"the rate's PromQL (default {DEMAND_QUERY})")
+    rec.add_argument("--out", type=Path, required=True, help="the CSV to write (minute,chats_per_s)")
     sim = sub.add_parser("simulate", help="the Double-11 day: a table and a plot")
     sim.add_argument("--calendar", type=Path, default=paths.ROOT / "deploy" / "capacity" / "double-11.toml")
     sim.add_argument("--hpa", type=Path, default=paths.K8S / "hpa.yaml", help="the HPA manifest (its limits, behavior)")
@@ -193,6 +200,29 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record(args: argparse.Namespace) -> int:
+    """One range query a day (Prometheus answers at most 11,000 points a query); a minute
+    without a sample takes the previous minute's rate (0 before the first), and is counted."""
+    if args.end <= args.start:
+        raise ValueError(f"--end {args.end.isoformat()} is not after --start {args.start.isoformat()}")
+    history = PrometheusHistory(args.prometheus, args.query)
+    start = args.start.replace(second=0, microsecond=0)
+    minutes = int((args.end - start).total_seconds() // 60)
+    rates: list[float | None] = []
+    for first in range(0, minutes, 1440):
+        rates += history.rates(start + timedelta(minutes=first), min(1440, minutes - first))
+    filled, last, rows = 0, 0.0, []
+    for k, r in enumerate(rates):
+        if r is None:
+            filled, r = filled + 1, last
+        last = r
+        rows.append(f"{(start + timedelta(minutes=k)).isoformat()},{r:.6g}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("minute,chats_per_s\n" + "".join(row + "\n" for row in rows))
+    print(f"{args.out}: {len(rows)} minutes from {start.isoformat()}; {filled} without a sample took the previous rate")
+    return 0
+
+
 def _simulate(args: argparse.Namespace) -> int:
     import yaml
 
@@ -217,8 +247,9 @@ def _simulate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"check": _check, "plan": _plan, "serve": _serve, "simulate": _simulate}[args.command](args)
-    except (cal.CalendarError, ValueError, OSError) as e:
+        commands = {"check": _check, "plan": _plan, "serve": _serve, "record": _record, "simulate": _simulate}
+        return commands[args.command](args)
+    except (cal.CalendarError, HistoryError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
