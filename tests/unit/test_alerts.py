@@ -27,7 +27,7 @@ def test_every_alert_passes_its_unit_tests():
         for line in (MONITORING / "alerts.yml").read_text().splitlines()
         if "- alert:" in line
     ]
-    assert len(alerts) == 8 and all(a in tested for a in alerts)
+    assert len(alerts) == 9 and all(a in tested for a in alerts)
 
 
 def test_the_rendered_prometheus_configuration_is_valid(tmp_path):
