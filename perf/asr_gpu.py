@@ -115,16 +115,19 @@ class _Waiter:
     def __init__(self):
         self.event, self.result, self.failure = threading.Event(), None, None
 
-    def delta(self, text: str) -> None:
+    def emit(self, text: str) -> None:
         pass
 
-    def done(self, result) -> None:
+    def finish(self, result) -> None:
         self.result = result
         self.event.set()
 
-    def error(self, error: Exception) -> None:
+    def fail(self, error: Exception) -> None:
         self.failure = error
         self.event.set()
+
+    def cancelled(self) -> bool:
+        return False
 
 
 def capped(model, cap: int | None):

@@ -38,6 +38,7 @@ from switchboard.asr import audio as audio_mod
 from switchboard.asr import segment
 from switchboard.asr.batcher import Item
 from switchboard.common.breaker import LatencyBreaker
+from switchboard.common.loop import Loop, Sink, Worker
 from switchboard.wire import AsrError, AsrResult
 
 log = logging.getLogger("switchboard.asr")
@@ -67,19 +68,16 @@ class AsrRequestError(ValueError):
         self.code = code
 
 
-class Sink(Protocol):
-    def delta(self, text: str) -> None: ...
-    def done(self, result: AsrResult) -> None: ...
-    def error(self, error: Exception) -> None: ...
-
-
 @dataclass
 class AsrJob:
+    """One request. Its ``Sink`` (switchboard/common/loop.py) hears ``emit(text)`` as the
+    transcript grows, then ``finish(AsrResult)`` or ``fail(error)``; ``cancelled()``, asked
+    between decoding steps, ends its rows."""
+
     audio: bytes
     sink: Sink
     language: str | None = None
     priority: int = 2
-    cancelled: Callable[[], bool] = lambda: False
 
 
 @dataclass
@@ -140,16 +138,12 @@ class AsrService:
         self.model, self.batcher, self.clock = model, batcher, clock
         self.max_audio_s, self.chunk_s, self.max_pending_s = max_audio_s, chunk_s, max_pending_s
         self.breaker, self.short_s, self.join = breaker, short_s, join
-        self._cond = threading.Condition()
-        self._pending_s = 0.0  # audio seconds decoded and waiting or running
-        self._closed = False
+        self._pending_s = 0.0  # audio seconds decoded and waiting or running (under the loop's lock)
         self._prep = ThreadPoolExecutor(prep_workers, thread_name_prefix="asr-prep")
-        self._workers = [
-            threading.Thread(target=self._work, name=f"asr-batch-{i}", daemon=True) for i in range(workers)
-        ]
-        for t in self._workers:
-            t.start()
         self.batches = 0  # batches run (for tests and metrics)
+        # the batcher is every worker's policy: what runs next and when (switchboard/common/loop.py)
+        self.loop = Loop(self, [Worker(f"asr-batch-{i}", batcher) for i in range(workers)], clock)
+        self.loop.start()
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, job: AsrJob) -> None:
@@ -161,7 +155,7 @@ class AsrService:
     def _prepare(self, state: _Transcription) -> None:
         if state.job.priority > 1 and self.breaker is not None and self.breaker.is_open():
             p99 = self.breaker.p99() or 0.0
-            state.job.sink.error(
+            state.job.sink.fail(
                 AsrRequestError(
                     "shed_breaker",
                     f"the speech recognizer is over its latency bound (P99 {p99:.1f} s of recent questions); "
@@ -176,41 +170,44 @@ class AsrService:
             ranges = segment.split(decoded.samples, max_s=self.chunk_s, rate=SAMPLE_RATE)
             chunks = [self._chunk(decoded.samples, a, b) for a, b in ranges]
             if all(chunk.done for chunk in chunks):  # silence only
-                state.job.sink.done(
+                state.job.sink.finish(
                     AsrResult("", state.job.language, decoded.seconds, [], self._ms(state), 0.0, None, 0)
                 )
                 return
             state.chunks = chunks
         except audio_mod.AudioError as e:
-            state.job.sink.error(AsrRequestError(e.code, str(e)))
+            state.job.sink.fail(AsrRequestError(e.code, str(e)))
             return
         except AsrRequestError as e:
-            state.job.sink.error(e)
+            state.job.sink.fail(e)
             return
         except Exception as e:  # a bug, not the caller's file: logged here, INTERNAL to the client
             log.exception("preparing audio failed")
-            state.job.sink.error(e)
+            state.job.sink.fail(e)
             return
-        with self._cond:
-            if self._pending_s + state.seconds > self.max_pending_s and self._pending_s > 0:
-                state.job.sink.error(AsrRequestError("unavailable", "the speech recognizer is full; try again later"))
-                return
-            self._pending_s += state.seconds
-            failure = None
-            try:
-                # chunks of silence are done already: past leading ones, the first spoken one streams live
-                while state.chunks[state.emitted].done:
-                    state.emitted += 1
-                for i, chunk in enumerate(state.chunks):
-                    if not chunk.done:
-                        seconds = (chunk.end - chunk.start) / SAMPLE_RATE
-                        self.batcher.add(Item((state, i), seconds, state.job.priority, state.arrival, state.seconds))
-            except Exception as e:  # a bug: this request fails (its queued chunks are skipped), never hangs
-                log.exception("queueing audio failed")
-                failure = e
-            self._cond.notify_all()
-        if failure is not None:
+        failure = self.loop.submit(lambda: self._queue(state))
+        if isinstance(failure, AsrRequestError):  # refused: it holds nothing
+            state.job.sink.fail(failure)
+        elif failure is not None:
             self._fail(state, failure)
+
+    def _queue(self, state: _Transcription) -> Exception | None:
+        """Queue the request's spoken chunks (under the loop's lock); the error it fails with, if any."""
+        if self._pending_s + state.seconds > self.max_pending_s and self._pending_s > 0:
+            return AsrRequestError("unavailable", "the speech recognizer is full; try again later")
+        self._pending_s += state.seconds
+        try:
+            # chunks of silence are done already: past leading ones, the first spoken one streams live
+            while state.chunks[state.emitted].done:
+                state.emitted += 1
+            for i, chunk in enumerate(state.chunks):
+                if not chunk.done:
+                    seconds = (chunk.end - chunk.start) / SAMPLE_RATE
+                    self.batcher.add(Item((state, i), seconds, state.job.priority, state.arrival, state.seconds))
+        except Exception as e:  # a bug: this request fails (its queued chunks are skipped), never hangs
+            log.exception("queueing audio failed")
+            return e
+        return None
 
     def _chunk(self, samples: np.ndarray, start: int, end: int) -> _Chunk:
         """A chunk to transcribe, or one already done (empty) when it is all silence: a long
@@ -227,44 +224,32 @@ class AsrService:
             known = ", ".join(self.model.languages)
             raise AsrRequestError(AsrError.BAD_LANGUAGE, f"language {language!r}: this recognizer knows {known}")
 
-    # -- batches ---------------------------------------------------------------------------
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                items = []
-                while not self._closed:
-                    items = self.batcher.take(self.clock())
-                    if items:
-                        break
-                    due = self.batcher.next_due(self.clock())
-                    self._cond.wait(None if due is None else max(0.0, due - self.clock()) + 1e-4)
-                if self._closed:
-                    return
-            self._run(items)
-
-    def _run(self, items: list[Item]) -> None:
+    # -- batches: the loop's step (switchboard/common/loop.py) ---------------------------------
+    def step(self, items: list[Item]) -> None:
+        """One batch the batcher gave, transcribed (chunks queued meanwhile join it)."""
         now = self.clock()
         for item in items:
             state, _ = item.key
             if state.started is None:
                 state.started, state.batch_size = now, len(items)
-        try:
-            self._transcribe(items)
-            self.batches += 1
-        except Exception:
-            if len(items) == 1:
-                log.exception("transcribing failed")
-                self._fail(items[0].key[0], RuntimeError("transcribing failed"))
-                return
-            log.warning("a batch of %d failed; running its items one by one", len(items))
-            for item in items:
-                state, i = item.key
-                with state.lock:
-                    chunk = state.chunks[i]
-                    if chunk.done:  # ended before the batch failed: delivered already
-                        continue
-                    chunk.text = ""  # decoded again from the start; what went out is not repeated
-                self._run([item])
+        self._transcribe(items)
+        self.batches += 1
+
+    def failed(self, items: list[Item], error: Exception) -> None:
+        """A batch that raised (the ones that joined it included) runs again one item at a time,
+        so one bad item fails alone; an item that fails alone fails its request."""
+        if len(items) == 1:
+            self._fail(items[0].key[0], RuntimeError("transcribing failed"))
+            return
+        log.warning("a batch of %d failed; running its items one by one", len(items))
+        for item in items:
+            state, i = item.key
+            with state.lock:
+                chunk = state.chunks[i]
+                if chunk.done:  # ended before the batch failed: delivered already
+                    continue
+                chunk.text = ""  # decoded again from the start; what went out is not repeated
+            self.loop.run([item])
 
     def _transcribe(self, items: list[Item]) -> None:
         rows = [item.key for item in items]
@@ -277,7 +262,7 @@ class AsrService:
             self._delta(*live[row], text)
 
         def cancelled(row: int) -> bool:
-            return live[row][0].job.cancelled()
+            return live[row][0].job.sink.cancelled()
 
         ended = [0]
 
@@ -291,8 +276,7 @@ class AsrService:
             that fails runs them again one by one."""
             running = len(live) - ended[0]
             room = min(room, self.batcher.max_batch - running)
-            with self._cond:
-                joined = [] if self._closed or room < 1 else self.batcher.join(self.clock(), room)
+            joined = self.loop.join(lambda: self.batcher.join(self.clock(), room))
             now, out = self.clock(), []
             for item in joined:
                 items.append(item)
@@ -333,7 +317,7 @@ class AsrService:
             new = _gap(state.said, new) + new
         if new:
             state.said = new[-1]
-            state.job.sink.delta(new)
+            state.job.sink.emit(new)
 
     def _chunk_done(self, state: _Transcription, i: int, result) -> None:
         with state.lock:
@@ -353,7 +337,7 @@ class AsrService:
             result = self._result(state)
             if self.breaker is not None and state.seconds <= self.short_s:
                 self.breaker.observe(result.asr_ms / 1000)
-            state.job.sink.done(result)
+            state.job.sink.finish(result)
 
     def _result(self, state: _Transcription) -> AsrResult:
         segments, start_text = [], ""
@@ -385,10 +369,10 @@ class AsrService:
                 return
             state.failed = True
         self._release(state)
-        state.job.sink.error(error)
+        state.job.sink.fail(error)
 
     def _release(self, state: _Transcription) -> None:
-        with self._cond:
+        with self.loop.cond:
             self._pending_s = max(0.0, self._pending_s - state.seconds)
 
     def _ms(self, state: _Transcription) -> float:
@@ -396,13 +380,9 @@ class AsrService:
 
     @property
     def pending_s(self) -> float:
-        with self._cond:
+        with self.loop.cond:
             return self._pending_s
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        for t in self._workers:
-            t.join(timeout=5)
+        self.loop.close()
         self._prep.shutdown(wait=False, cancel_futures=True)

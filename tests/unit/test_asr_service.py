@@ -77,16 +77,19 @@ class Sink:
         self.deltas, self.result, self.failure = [], None, None
         self.finished = threading.Event()
 
-    def delta(self, text):
+    def emit(self, text):
         self.deltas.append(text)
 
-    def done(self, result):
+    def finish(self, result):
         self.result = result
         self.finished.set()
 
-    def error(self, error):
+    def fail(self, error):
         self.failure = error
         self.finished.set()
+
+    def cancelled(self):
+        return False
 
 
 @pytest.fixture
