@@ -154,13 +154,20 @@ class _Worker:
 
     def __init__(self, batcher):
         self.batcher, self.batch = batcher, None
-        self.alone: deque[Item] = deque()  # only its own thread touches it (step, then take)
+        self.alone: deque[Item] = deque()  # its own thread touches it (step, take), or close once it stopped
 
     def take(self, now: float) -> _Batch | None:
-        if self.batch is not None and not self.batch.done:
+        if self.under_way() is not None:
             return self.batch
-        items = [self.alone.popleft()] if self.alone else self.batcher.take(now)
+        items = self.batcher.take(now)
         self.batch = _Batch(items, self) if items else None
+        return self.batch
+
+    def under_way(self) -> _Batch | None:
+        """The batch this worker began, else the next item of a failed batch, alone; None: it
+        has nothing of its own to finish."""
+        if self.batch is None or self.batch.done:
+            self.batch = _Batch([self.alone.popleft()], self) if self.alone else None
         return self.batch
 
     def next_due(self, now: float) -> float | None:
@@ -440,5 +447,10 @@ class AsrService:
             return self._pending_s
 
     def close(self) -> None:
-        self.loop.close()
+        """Take no more batches; the ones under way are decoded to their end (here, once the
+        workers stopped), as a batch always was."""
+        if self.loop.close():
+            for worker in self.loop.workers:
+                while (batch := worker.policy.under_way()) is not None:
+                    self.loop.run(batch)
         self._prep.shutdown(wait=False, cancel_futures=True)

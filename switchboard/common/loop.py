@@ -97,14 +97,17 @@ class Loop(Generic[W]):
         for t in self._threads:
             t.start()
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the workers after the step each is in, and join them; what is queued stays queued."""
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop the workers after the step each is in, and join them (``timeout`` each); what is
+        queued stays queued. Whether every worker stopped."""
         with self.cond:
             self._closed = True
             self.cond.notify_all()
         for t in self._threads:
             t.join(timeout)
+        stopped = not any(t.is_alive() for t in self._threads)
         self._threads = []
+        return stopped
 
     # -- any thread ---------------------------------------------------------------------------
     def submit(self, add: Callable[[], T]) -> T:

@@ -476,3 +476,24 @@ def test_a_request_whose_caller_left_ends_before_the_next_decoding_step(service_
     assert stays.finished.wait(10) and leaves.finished.wait(10)
     assert stays.failure is None and leaves.failure is None
     assert model.batches == [[pytest.approx(1.6), pytest.approx(2.4)]] and model.steps == 1
+
+
+def test_closing_the_pool_decodes_the_batch_under_way_to_its_end(service_for):
+    running, release = threading.Event(), threading.Event()
+
+    class Slow(FakeRecognizer):
+        def stepping(self, decoding):
+            running.set()
+            assert release.wait(10)
+
+    service = service_for(Slow(), wait_s=2.0)  # both queued before a batch runs: two steps
+    first, second = Sink(), Sink()
+    service.submit(AsrJob(audio=speech(1.0), sink=first))
+    service.submit(AsrJob(audio=speech(1.8), sink=second))
+    assert running.wait(10)  # its first step under way
+    closing = threading.Thread(target=service.close)
+    closing.start()
+    release.set()
+    closing.join(10)
+    assert not closing.is_alive() and first.finished.is_set() and second.finished.is_set()
+    assert first.failure is None and second.failure is None and service.batches == 1
