@@ -143,7 +143,7 @@ class Loop(Generic[W]):
         try:
             self.step.step(work)
         except Exception as e:  # a failed pass fails its rows, not the loop
-            log.exception("a step failed")
+            log.exception("%s: a step failed", threading.current_thread().name)
             self.step.failed(work, e)
 
     # -- the workers ------------------------------------------------------------------------

@@ -5,10 +5,13 @@ sequences while there is room and prefills them together on top of their cached 
 else runs one decode step for the lane's rows. Finished rows leave between steps. Nothing here
 knows Triton: results go to a ``Sink``.
 
-What goes first, which lane a priority uses, whether a row is free and when priority 2 holds
-back are the policy's (switchboard/engine/policy.py): the engine asks it under its lock, passing
-counts, and keeps the mechanics (queues, lock, threads, decoder calls, KV). One shared lane, or
-priority 1 in a lane of its own whose iterations come first (``preempt_steps``).
+The queue's lock, the worker threads and their wait for work are the batching loop's
+(switchboard/common/loop.py), which the speech pool runs too: the engine is the loop's step (one
+iteration of a lane), ``_Turns`` a thread's policy (which lane next, and when). What goes first,
+which lane a priority uses, whether a row is free and when priority 2 holds back are the engine's
+policy's (switchboard/engine/policy.py): the engine asks it under the loop's lock, passing
+counts, and keeps its lanes, the decoder calls and the KV. One shared lane, or priority 1 in a
+lane of its own whose iterations come first (``preempt_steps``).
 
 An iteration is decided (``schedule``: which lane, which sequences join), run (``run``: the
 decoder's one forward pass, behind the small ``Decoder`` protocol) and applied
