@@ -10,11 +10,12 @@ The mechanics are written once here; what differs per model is two small objects
   worker never takes rows another is handing out. ``close`` stops the workers and joins them.
 - A ``Policy``, one per worker (workers may share one), asked under the lock: the work to run
   now, taken from its queue (``take``), else when to ask again (``next_due``: None until
-  notified). Chat's priority lanes (switchboard/engine/scheduler.py over engine/policy.py) and
-  speech's length buckets (switchboard/asr/batcher.py) are the two.
+  notified). Chat's priority lanes (switchboard/engine/scheduler.py's ``_Turns`` over
+  engine/policy.py) and speech's length buckets (switchboard/asr/batcher.py, behind
+  switchboard/asr/service.py's ``_Worker``, which first finishes the batch it began).
 - A ``Step``: what one pass does for the work's rows (``step``) and how a pass that raised is
-  answered (``failed``): the engine's iteration (plan, decoder pass, apply) and the recognizer
-  service's batch.
+  answered (``failed``): the engine's iteration of a lane (plan, decoder pass, apply) and one
+  decoding step of a speech batch (switchboard/asr/model.py's ``Decoding``).
 
 Every row streams to a ``Sink``: ``emit`` its output as it comes, ``finish`` its result,
 ``fail`` with an error, and ``cancelled``, asked between steps, ends it early. The Triton glue's
