@@ -360,7 +360,8 @@ class AsrService:
             decoding, batch.decoding = batch.decoding, None
             decoding.close()
         if ran:
-            self.batches += 1
+            with self.loop.cond:  # workers end batches at once
+                self.batches += 1
 
     def _delta(self, state: _Transcription, i: int, text: str) -> None:
         with state.lock:
