@@ -85,10 +85,6 @@ class Loop(Generic[W]):
         self._closed = False
         self._threads: list[threading.Thread] = []
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def start(self) -> None:
         self._closed = False
         self._threads = [
