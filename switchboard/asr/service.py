@@ -157,11 +157,11 @@ class _Worker:
         self.alone: deque[Item] = deque()  # its own thread touches it (step, take), or close once it stopped
 
     def take(self, now: float) -> _Batch | None:
-        if self.under_way() is not None:
-            return self.batch
-        items = self.batcher.take(now)
-        self.batch = _Batch(items, self) if items else None
-        return self.batch
+        batch = self.under_way()
+        if batch is None:
+            items = self.batcher.take(now)
+            self.batch = batch = _Batch(items, self) if items else None
+        return batch
 
     def under_way(self) -> _Batch | None:
         """The batch this worker began, else the next item of a failed batch, alone; None: it
