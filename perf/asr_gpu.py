@@ -115,16 +115,19 @@ class _Waiter:
     def __init__(self):
         self.event, self.result, self.failure = threading.Event(), None, None
 
-    def delta(self, text: str) -> None:
+    def emit(self, text: str) -> None:
         pass
 
-    def done(self, result) -> None:
+    def finish(self, result) -> None:
         self.result = result
         self.event.set()
 
-    def error(self, error: Exception) -> None:
+    def fail(self, error: Exception) -> None:
         self.failure = error
         self.event.set()
+
+    def cancelled(self) -> bool:
+        return False
 
 
 def capped(model, cap: int | None):
@@ -147,27 +150,26 @@ def measure(
     model, clips: list, max_batch: int, callers: int, workers: int, requests: int, warmup: int, join: bool = True
 ) -> dict:
     """One closed-loop run of a fresh pool over ``model``; ``busy``: the share of the measured
-    time a batch was running (near 1 with one worker: the batches are the limit, not the
+    time a batch's step was running (near 1 with one worker: the batches are the limit, not the
     audio's preparation or the callers)."""
     service = pool(model, max_batch, workers, join)
     spans: list[tuple[float, float]] = []
-    transcribe = model.transcribe
+    step = service.step  # one step of a batch (switchboard/common/loop.py's Step)
 
-    def timed(*args, **kwargs):
+    def timed(batch) -> None:
         started = time.monotonic()
         try:
-            return transcribe(*args, **kwargs)
+            step(batch)
         finally:
             spans.append((started, time.monotonic()))
 
-    model.transcribe = timed
+    service.step = timed
     sizes: list[int] = []
     call = caller(service, sizes)
     try:
         samples = asr_load.closed_loop(call, clips, callers, requests, warmup)
     finally:
         service.close()
-        del model.transcribe  # the class's again
     row = asr_load.throughput(samples)
     row["mean_batch"] = float(np.mean(sizes[-requests:])) if sizes else float("nan")
     first, last = min(x.sent for x in samples), max(x.done for x in samples)

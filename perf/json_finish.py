@@ -57,13 +57,13 @@ def _run(engine, requests) -> list[tuple[list[int], str]]:
         def __init__(self):
             self.tokens, self.reason = [], None
 
-        def on_tokens(self, ids):
+        def emit(self, ids, logprobs=None):
             self.tokens += ids
 
-        def on_finish(self, result):
+        def finish(self, result):
             self.reason = str(result.reason)
 
-        def on_error(self, error):
+        def fail(self, error):
             raise error
 
         def cancelled(self):

@@ -3,7 +3,9 @@
 ``AsrModel.transcribe`` pads a batch of features (``features.pad_batch``), runs the encoder
 once, then decodes every row in lockstep with the KV cache: one decoder call per token for the
 whole batch. Rows start from prompts of one length, so they stay aligned and the decoder needs
-no attention mask. What Whisper's own greedy decoding does, done here too:
+no attention mask. ``AsrModel.start`` gives the same decoding a step at a time (``Decoding``):
+what the speech service's batching loop runs (switchboard/asr/service.py). What Whisper's own
+greedy decoding does, done here too:
 
 - ``suppress_tokens`` are never produced, ``begin_suppress_tokens`` (a blank, end of text) not
   as the first token: the same logits processors as transformers' ``WhisperForConditionalGeneration.generate``;
@@ -263,24 +265,56 @@ class AsrModel:
         has room, gives up to ``room`` more (features, language) pairs: they join as rows
         ``len(features)``, ``+ 1``, ... (in the order given; the callbacks and the returned list
         count them so), a row that ended leaving its place to a waiting one rather than the
-        batch running on half empty. ValueError names the input that is wrong."""
+        batch running on half empty. ValueError names the input that is wrong.
+
+        The whole batch on the calling thread; the speech service's loop runs the same
+        ``Decoding`` (``start``) a step at a time (switchboard/asr/service.py)."""
+        self._check_request(features, languages, max_new_tokens)
+        if not features:
+            return []
+        decoding = Decoding(self, features, languages, max_new_tokens, on_delta)
+
+        def report() -> None:
+            for row in decoding.ended():
+                if on_done is not None:
+                    on_done(row.index, row.transcript())
+
+        try:
+            report()
+            while decoding.live:
+                if cancelled is not None:
+                    decoding.cancel([r.index for r in decoding.live if cancelled(r.index)])
+                    report()
+                    if not decoding.live:
+                        break
+                decoding.step()
+                report()
+                if more is not None and decoding.room() > 0:
+                    decoding.join(more(decoding.room()))
+                    report()
+        finally:
+            decoding.close()
+        return decoding.transcripts()
+
+    def start(
+        self,
+        features: list[np.ndarray],
+        languages: list[str | None],
+        on_delta: Callable[[int, str], None] | None = None,
+        max_new_tokens: int | None = None,
+    ) -> Decoding:
+        """The batch's ``Decoding``, encoded and ready for its first step (``transcribe`` says
+        what the arguments are); the caller steps it and closes it."""
+        self._check_request(features, languages, max_new_tokens)
+        if not features:
+            raise ValueError("no features: a batch has a row at least")
+        return Decoding(self, features, languages, max_new_tokens, on_delta)
+
+    def _check_request(self, features: list, languages: list, max_new_tokens: int | None) -> None:
         if len(features) != len(languages):
             raise ValueError(f"{len(features)} feature arrays but {len(languages)} languages")
         if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens {max_new_tokens}: expected at least 1")
-        if not features:
-            return []
-        codes = [self._language(i, lang) for i, lang in enumerate(languages)]
-        batch = self._batch(features)
-        rows = [_Row(i, code, IncrementalDetokenizer(self._decode)) for i, code in enumerate(codes)]
-        steps = self._steps(self.runtime.encode(batch), len(rows))
-        if more is not None and getattr(steps, "join", None) is None:
-            more = None  # this runtime's batches cannot take rows while they decode
-        try:
-            self._decode_rows(rows, steps, max_new_tokens, on_delta, cancelled, on_done, more)
-        finally:
-            steps.close()
-        return [r.transcript() for r in rows]
 
     def _steps(self, cross: KV, batch: int) -> Steps:
         """The runtime's own decoding state for this batch if it keeps one (``TorchWhisper``'s
@@ -288,76 +322,6 @@ class AsrModel:
         start = getattr(self.runtime, "steps", None)
         own = start(cross, batch) if start is not None else None
         return own if own is not None else GrowingCache(self.runtime, cross, batch)
-
-    def _decode_rows(self, rows: list[_Row], steps: Steps, max_new_tokens, on_delta, cancelled, on_done, more) -> None:
-        prompt = self._prompt(rows, steps)
-        limit = self.manifest.max_target_positions - self.manifest.prompt_length
-        budget = min(max_new_tokens or limit, limit)
-        live = list(rows)
-
-        def report(ended: list[_Row]) -> None:
-            if on_done is not None:
-                for row in ended:
-                    on_done(row.index, row.transcript())
-
-        if budget < 1:
-            for row in live:
-                row.finish_reason = LENGTH
-            report(live)
-            live = []
-        step = 0
-        while live:
-            if cancelled is not None:
-                for row in live:
-                    if cancelled(row.index):
-                        row.finish_reason = CANCELLED
-                report([r for r in live if r.finish_reason is not None])
-                live = self._keep(live, steps)
-                if not live:
-                    break
-            # The first step feeds the prompt, every later one the token each row chose last; a
-            # row that joined feeds its prompt a token a step, its choices unread until the last.
-            ids = np.asarray([r.pending[:1] or r.tokens[-1:] or prompt[r.index] for r in live], np.int64)
-            first = list(range(len(live))) if step == 0 else [j for j, r in enumerate(live) if len(r.pending) == 1]
-            for row, token in zip(live, self._next_tokens(steps, ids, first)):
-                if row.pending:
-                    row.pending.pop(0)
-                    if row.pending:
-                        continue
-                self._advance(row, int(token), budget, on_delta)
-            report([r for r in live if r.finish_reason is not None])
-            live = self._keep(live, steps)
-            step += 1
-            if more is not None and steps.room() > 0:
-                joined = self._join(rows, steps, more, budget, on_delta)
-                report([r for r in joined if r.finish_reason is not None])
-                live = self._keep(live + joined, steps)
-
-    def _join(self, rows: list[_Row], steps: Steps, more, budget: int, on_delta) -> list[_Row]:
-        """The rows ``more`` gives, encoded and placed in the running batch (appended to
-        ``rows``); [] when none waits. Their prompts then go in with the batch's steps, a token
-        a step (a CUDA graph's step, not a prompt of its own launched kernel by kernel); a row
-        whose language is to be detected has it detected, its prompt fed and its first token
-        chosen here, on its rows alone."""
-        new = more(steps.room())
-        if not new:
-            return []
-        base = len(rows)
-        codes = [self._language(base + j, lang) for j, (_, lang) in enumerate(new)]
-        batch = self._batch([f for f, _ in new], base)
-        joined = [_Row(base + j, code, IncrementalDetokenizer(self._decode)) for j, code in enumerate(codes)]
-        rows += joined
-        first = steps.join(self.runtime.encode(batch))
-        if all(r.language is not None or not self.multilingual for r in joined):
-            m = self.manifest
-            for row in joined:
-                row.pending = list(m.prompt(m.languages[row.language] if m.multilingual else None))
-            return joined
-        own = steps.rows(first, len(joined))
-        ids = np.asarray(self._prompt(joined, own), np.int64)
-        for row, token in zip(joined, self._next_tokens(own, ids, list(range(len(joined))))):
-            self._advance(row, int(token), budget, on_delta)
-        return joined
 
     def _language(self, i: int, lang: str | None) -> str | None:
         if lang is None:
@@ -444,6 +408,107 @@ class AsrModel:
         if len(keep) < len(live):
             steps.keep(keep)
         return [live[j] for j in keep]
+
+
+class Decoding:
+    """One batch decoded a step at a time, its rows in lockstep: made by ``AsrModel.start`` (the
+    encoder's pass, language detection), then ``step`` (one decoder call for the rows still
+    ``live``) and between steps ``cancel`` (rows whose caller left end) and ``join`` (rows
+    taking the places of ended ones, where the runtime allows: ``room``). Rows that ended come
+    out of ``ended``, once each; ``close`` frees the runtime's state."""
+
+    def __init__(self, model: AsrModel, features, languages, max_new_tokens: int | None, on_delta):
+        self.model, self.on_delta = model, on_delta
+        codes = [model._language(i, lang) for i, lang in enumerate(languages)]
+        batch = model._batch(features)
+        self.rows = [_Row(i, code, IncrementalDetokenizer(model._decode)) for i, code in enumerate(codes)]
+        self.steps = model._steps(model.runtime.encode(batch), len(self.rows))
+        try:
+            self._prompt = model._prompt(self.rows, self.steps)
+        except BaseException:
+            self.steps.close()
+            raise
+        limit = model.manifest.max_target_positions - model.manifest.prompt_length
+        self.budget = min(max_new_tokens or limit, limit)
+        self.live = list(self.rows)
+        self._ended: list[_Row] = []
+        self._stepped = False
+        if self.budget < 1:
+            for row in self.live:
+                row.finish_reason = LENGTH
+            self._retire()
+
+    def ended(self) -> list[_Row]:
+        """The rows that ended since the last call (``index``, ``transcript()``)."""
+        out, self._ended = self._ended, []
+        return out
+
+    def transcripts(self) -> list[Transcript]:
+        return [r.transcript() for r in self.rows]
+
+    def cancel(self, indices: list[int]) -> None:
+        """Rows ``indices`` (of ``rows``) end, cancelled, before the next step."""
+        if not indices:
+            return
+        wanted = set(indices)
+        for row in self.live:
+            if row.index in wanted:
+                row.finish_reason = CANCELLED
+        self._retire()
+
+    def step(self) -> None:
+        """One decoder call: a token for every live row. The first step feeds the prompt, every
+        later one the token each row chose last; a row that joined feeds its prompt a token a
+        step, its choices unread until the last."""
+        live, first_step, self._stepped = self.live, not self._stepped, True
+        ids = np.asarray([r.pending[:1] or r.tokens[-1:] or self._prompt[r.index] for r in live], np.int64)
+        first = list(range(len(live))) if first_step else [j for j, r in enumerate(live) if len(r.pending) == 1]
+        for row, token in zip(live, self.model._next_tokens(self.steps, ids, first)):
+            if row.pending:
+                row.pending.pop(0)
+                if row.pending:
+                    continue
+            self.model._advance(row, int(token), self.budget, self.on_delta)
+        self._retire()
+
+    def room(self) -> int:
+        """How many rows may join now: the places of ended rows in a runtime's fixed-size batch
+        (``TorchWhisper``); 0 for one whose batches cannot take rows while they decode."""
+        return self.steps.room() if getattr(self.steps, "join", None) is not None else 0
+
+    def join(self, new: list[tuple[np.ndarray, str | None]]) -> None:
+        """``new`` (features, language) pairs, at most ``room()``, encoded and placed in the
+        running batch as rows ``len(rows)``, ``+ 1``, ... Their prompts then go in with the
+        batch's steps, a token a step (a CUDA graph's step, not a prompt of its own launched
+        kernel by kernel); a row whose language is to be detected has it detected, its prompt
+        fed and its first token chosen here, on its rows alone."""
+        if not new:
+            return
+        model, base = self.model, len(self.rows)
+        codes = [model._language(base + j, lang) for j, (_, lang) in enumerate(new)]
+        batch = model._batch([f for f, _ in new], base)
+        joined = [_Row(base + j, code, IncrementalDetokenizer(model._decode)) for j, code in enumerate(codes)]
+        self.rows += joined
+        first = self.steps.join(model.runtime.encode(batch))
+        self.live = self.live + joined
+        if all(r.language is not None or not model.multilingual for r in joined):
+            m = model.manifest
+            for row in joined:
+                row.pending = list(m.prompt(m.languages[row.language] if m.multilingual else None))
+            return
+        own = self.steps.rows(first, len(joined))
+        ids = np.asarray(model._prompt(joined, own), np.int64)
+        for row, token in zip(joined, model._next_tokens(own, ids, list(range(len(joined))))):
+            model._advance(row, int(token), self.budget, self.on_delta)
+        self._retire()
+
+    def close(self) -> None:
+        self.steps.close()
+
+    def _retire(self) -> None:
+        """Rows that finished leave the live rows (and the runtime's state) for ``ended``."""
+        self._ended += [r for r in self.live if r.finish_reason is not None]
+        self.live = self.model._keep(self.live, self.steps)
 
 
 def greedy(logits: np.ndarray, banned: np.ndarray) -> np.ndarray:

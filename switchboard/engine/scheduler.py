@@ -5,10 +5,13 @@ sequences while there is room and prefills them together on top of their cached 
 else runs one decode step for the lane's rows. Finished rows leave between steps. Nothing here
 knows Triton: results go to a ``Sink``.
 
-What goes first, which lane a priority uses, whether a row is free and when priority 2 holds
-back are the policy's (switchboard/engine/policy.py): the engine asks it under its lock, passing
-counts, and keeps the mechanics (queues, lock, threads, decoder calls, KV). One shared lane, or
-priority 1 in a lane of its own whose iterations come first (``preempt_steps``).
+The queue's lock, the worker threads and their wait for work are the batching loop's
+(switchboard/common/loop.py), which the speech pool runs too: the engine is the loop's step (one
+iteration of a lane), ``_Turns`` a thread's policy (which lane next, and when). What goes first,
+which lane a priority uses, whether a row is free and when priority 2 holds back are the engine's
+policy's (switchboard/engine/policy.py): the engine asks it under the loop's lock, passing
+counts, and keeps its lanes, the decoder calls and the KV. One shared lane, or priority 1 in a
+lane of its own whose iterations come first (``preempt_steps``).
 
 An iteration is decided (``schedule``: which lane, which sequences join), run (``run``: the
 decoder's one forward pass, behind the small ``Decoder`` protocol) and applied
@@ -53,11 +56,11 @@ from typing import Protocol
 
 import numpy as np
 
+from switchboard.common.loop import Loop, Sink, Worker
 from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.policy import NORMAL, URGENT, Policy, make_policy
 from switchboard.engine.sampling import Counts, penalize, sample
-from switchboard.nice import lower_this_thread
 from switchboard.wire import MAX_TOP_LOGPROBS, FinishReason
 
 log = logging.getLogger(__name__)
@@ -75,7 +78,7 @@ class GenerationRequest:
     seed: int | None = None
     return_cache: bool = False
     constraint: Constraint | None = None  # what the answer must match (artifact/grammar.py); None: free
-    # -1: none; 0-5: each token's log-probability and that many of the likeliest alternatives (Sink.on_logprobs)
+    # -1: none; 0-5: each token's log-probability and that many of the likeliest alternatives (Sink.emit)
     logprobs: int = -1
     # OpenAI's repetition control, -2 to 2, over the tokens this row generated (sampling.penalize)
     presence_penalty: float = 0.0
@@ -107,14 +110,10 @@ class GenerationResult:
     engine_ms: float = 0.0  # from submission to the last token
 
 
-class Sink(Protocol):
-    def on_tokens(self, ids: list[int]) -> None: ...
-    # Only for a request with ``logprobs`` >= 0, just before ``on_tokens`` of the same tokens:
-    # (the token's log-probability, [(id, log-probability), ...] of the likeliest alternatives).
-    def on_logprobs(self, entries: list[tuple[float, list[tuple[int, float]]]]) -> None: ...
-    def on_finish(self, result: GenerationResult) -> None: ...
-    def on_error(self, error: Exception) -> None: ...
-    def cancelled(self) -> bool: ...
+# A sequence's ``Sink`` (switchboard/common/loop.py) hears ``emit(ids, logprobs)``, each token
+# as it is chosen (``logprobs``: None, or for a request with ``logprobs`` >= 0 one entry a token:
+# its log-probability and [(id, log-probability), ...] of the likeliest alternatives), then
+# ``finish(GenerationResult)`` or ``fail(error)``.
 
 
 @dataclass
@@ -238,7 +237,6 @@ class Engine:
         self.context_window = m.context_window
         self._shape = (m.num_layers, m.num_kv_heads, m.head_dim)
         self._order = itertools.count()
-        self._cv = threading.Condition()  # guards the lanes' waiting heaps and _rows
         self.lane_threads = 2 if self.policy.priority_lane and lane_threads >= 2 else 1
         self.normal_nice = max(0, min(normal_nice, 19))
         self.prefill_budget = max(0, prefill_budget)  # prompt positions per prefill pass (0: whole prompts)
@@ -246,8 +244,8 @@ class Engine:
         self._urgent, self._normal = _Lane(URGENT), _Lane(NORMAL)  # priority 1's own (PriorityLane); the rest
         self._rows = 0  # sequences admitted and not yet retired, both lanes
         self._urgent_streak = 0  # priority-1 iterations in a row
-        self._stop = False
-        self._threads: list[threading.Thread] = []
+        # the loop's lock guards the lanes' waiting heaps and _rows
+        self.loop = Loop(self, self._workers(), clock=time.perf_counter)
         self._stats_lock = threading.Lock()
         self.stats = Counter({k: 0 for k in STAT_KEYS})
         self.batch_sizes: Counter = Counter()  # decode batch size -> steps
@@ -273,16 +271,16 @@ class Engine:
                 raise ValueError(f"past KV shape {None if req.past is None else req.past.shape} != {want}")
 
     def has_room(self) -> bool:
-        with self._cv:
+        with self.loop.cond:
             return self._queued() < self.max_waiting
 
     def wait_for_room(self, timeout: float) -> bool:
-        with self._cv:
-            return self._cv.wait_for(lambda: self._queued() < self.max_waiting or self._stop, timeout)
+        return self.loop.wait_for(lambda: self._queued() < self.max_waiting, timeout)
 
     def submit(self, req: GenerationRequest, sink: Sink) -> None:
         self.validate(req)
-        with self._cv:
+
+        def add() -> None:
             order = next(self._order)
             rank = self.policy.rank(req.priority, order)
             seq = _Sequence(req, sink, time.perf_counter(), np.random.default_rng(req.seed), order, rank)
@@ -291,17 +289,18 @@ class Engine:
             if req.presence_penalty or req.frequency_penalty:
                 seq.counts = Counts()
             heapq.heappush(self._lane(req.priority).waiting, (rank, order, seq))
-            self._cv.notify_all()
+
+        self.loop.submit(add)
 
     def waiting(self) -> int:
-        with self._cv:
+        with self.loop.cond:
             return self._queued()
 
     def snapshot(self) -> tuple[dict, dict, int, int]:
         """Counters, decode steps per batch size, waiting and running sequences (any thread)."""
         with self._stats_lock:
             stats, sizes = dict(self.stats), dict(self.batch_sizes)
-        with self._cv:
+        with self.loop.cond:
             return stats, sizes, self._queued(), self.running()
 
     def running(self) -> int:
@@ -335,99 +334,75 @@ class Engine:
             if decode_size:
                 self.batch_sizes[decode_size] += 1
 
-    # -- the loop --------------------------------------------------------------------------
+    # -- the loop (switchboard/common/loop.py): this engine is its step --------------------------
+    def _workers(self) -> list[Worker]:
+        if self.lane_threads == 2:
+            return [
+                Worker(f"switchboard-engine-{URGENT}", _Turns(self, URGENT)),
+                Worker(f"switchboard-engine-{NORMAL}", _Turns(self, NORMAL), self.normal_nice),
+            ]
+        return [Worker("switchboard-engine", _Turns(self, None))]
+
     def start(self) -> None:
-        plan = [(self._urgent, 0), (self._normal, self.normal_nice)] if self.lane_threads == 2 else [(None, 0)]
-        self._threads = [
-            threading.Thread(
-                target=self._loop,
-                args=(lane, nice),
-                daemon=True,
-                name="switchboard-engine" + (f"-{lane.name}" if lane else ""),
-            )
-            for lane, nice in plan
-        ]
-        for t in self._threads:
-            t.start()
+        self.loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
-        for t in self._threads:
-            t.join(timeout)
+        self.loop.close(timeout)
         for lane in (self._urgent, self._normal):
             for seq in lane.running + lane.prefilling + [s for _, _, s in lane.waiting]:
-                seq.sink.on_error(RuntimeError("engine stopped"))
+                seq.sink.fail(RuntimeError("engine stopped"))
         self._urgent, self._normal, self._rows = _Lane(URGENT), _Lane(NORMAL), 0
 
-    def _loop(self, lane: _Lane | None, nice: int) -> None:
-        """Iterations on ``lane``, or on both lanes in turn (``_turn``) when None."""
-        lower_this_thread(nice, "priority 2's lane")
-        lanes = [lane] if lane else [self._urgent, self._normal]
-        while True:
-            with self._cv:
-                if not self._wait_for_work(lanes):
-                    return
-            try:
-                self.step(lane)
-            except Exception as e:  # a runtime failure fails the batch, not the engine
-                log.exception("generation step failed")
-                for x in lanes:
-                    self._fail(x.running, e)
-                    x.running, x.batch = [], None
-            if lane is self._normal:
-                self._normal_stepped = time.perf_counter()
+    def _lanes(self, name: str | None) -> list[_Lane]:
+        """The lanes a thread serves: the one named, or both (one thread taking turns)."""
+        if name is None:
+            return [self._urgent, self._normal]
+        return [self._urgent if name == URGENT else self._normal]
 
-    def _wait_for_work(self, lanes: list[_Lane]) -> bool:
-        """Wait (under _cv) until one of ``lanes`` has work it may do now; False once stopped."""
-        held_since = None
-        while not self._stop:
-            if not any(self._ready(x) for x in lanes):
-                self._cv.wait()
-                continue
-            hold = self._hold_back(lanes)
-            if hold <= 0:
-                break
-            held_since = held_since or time.perf_counter()
-            self._cv.wait(hold)
-        if held_since is not None:
-            self._count({"held_back_s": time.perf_counter() - held_since})
-        return not self._stop
+    def failed(self, lane: _Lane, error: Exception) -> None:
+        """A step raised (a runtime failure): it fails the running rows of the lanes its thread
+        serves, not the engine."""
+        for x in [lane] if self.lane_threads == 2 else self._lanes(None):
+            self._fail(x.running, error)
+            x.running, x.batch = [], None
 
-    def _hold_back(self, lanes: list[_Lane]) -> float:
-        """Seconds priority 2's own lane thread should still wait for priority 1 (under _cv),
+    def _hold_back(self, lanes: list[_Lane], now: float) -> float:
+        """Seconds priority 2's own lane thread should still wait for priority 1 (under the lock),
         0 or less to go (the policy's ``hold_back``); a thread that runs both never waits."""
         if lanes != [self._normal]:
             return 0.0
         urgent = self._urgent
         busy = bool(urgent.running or urgent.prefilling or urgent.waiting)
-        return self.policy.hold_back(len(self._normal.waiting), busy, self._normal_stepped, time.perf_counter())
+        return self.policy.hold_back(len(self._normal.waiting), busy, self._normal_stepped, now)
 
     def _fail(self, seqs: list[_Sequence], error: Exception) -> None:
         """Answer ``seqs`` with ``error`` and free their rows."""
         for seq in seqs:
-            seq.sink.on_error(error)
+            seq.sink.fail(error)
         self._free_rows(len(seqs))
 
     def _free_rows(self, n: int) -> None:
-        with self._cv:
+        with self.loop.cond:
             self._rows -= n
-            self._cv.notify_all()  # rows free for the other lane
+        self.loop.notify()  # rows free for the other lane
 
     # -- one iteration: plan it, run the decoder, apply its output ----------------------------
     def step(self, lane: _Lane | None = None) -> None:
         """One iteration on one lane (``_turn``'s when None): admit, then a prefill pass or a decode step."""
         t0 = time.perf_counter()
-        plan = self.schedule(lane)
         try:
-            output = self.run(plan)
-        except Exception as e:
-            if plan.chunks:  # in no lane's lists during the pass: nobody else would answer them
-                self._fail([seq for seq, _ in plan.chunks], e)
-            raise
-        self.update_from_output(plan, output)
-        self._count({"busy_s": time.perf_counter() - t0})
+            plan = self.schedule(lane)
+            try:
+                output = self.run(plan)
+            except Exception as e:
+                if plan.chunks:  # in no lane's lists during the pass: nobody else would answer them
+                    self._fail([seq for seq, _ in plan.chunks], e)
+                raise
+            self.update_from_output(plan, output)
+            self._count({"busy_s": time.perf_counter() - t0})
+        finally:
+            if lane is self._normal:
+                self._normal_stepped = time.perf_counter()
 
     def schedule(self, lane: _Lane | None = None) -> StepPlan:
         """Decide the iteration: which lane, which waiting sequences take rows on it, and whether
@@ -554,7 +529,7 @@ class Engine:
         """The lane this iteration works on, when one thread runs both (the policy's ``turn``)."""
         if not self.policy.priority_lane:
             return self._normal
-        with self._cv:
+        with self.loop.cond:
             urgent = self._ready(self._urgent)
             normal = bool(self._normal.running or self._normal.prefilling or self._normal.waiting)
         lane, self._urgent_streak = self.policy.turn(urgent, normal, self._urgent_streak)
@@ -562,13 +537,15 @@ class Engine:
 
     def _admit(self, lane: _Lane) -> list[_Sequence]:
         """Waiting sequences that take a row on ``lane`` now; they join its ``prefilling``."""
-        with self._cv:
+
+        def pick() -> list[_Sequence]:
             out: list[_Sequence] = []
             while lane.waiting and self._has_row(lane, len(out)):
                 out.append(heapq.heappop(lane.waiting)[2])
                 self._rows += 1
-            if out:
-                self._cv.notify_all()  # room in the waiting queue
+            return out
+
+        out = self.loop.join(pick)
         now = time.perf_counter()
         for seq in out:
             seq.queue_ms = (now - seq.arrival) * 1000
@@ -579,7 +556,7 @@ class Engine:
     def _drop_cancelled(self, seq: _Sequence) -> bool:
         if seq.sink.cancelled():
             self._free_rows(1)
-            seq.sink.on_finish(GenerationResult([], FinishReason.CANCELLED, None, seq.queue_ms, 0.0, 0))
+            seq.sink.finish(GenerationResult([], FinishReason.CANCELLED, None, seq.queue_ms, 0.0, 0))
             return True
         return False
 
@@ -617,9 +594,7 @@ class Engine:
             if seq.counts is not None:
                 seq.counts.add(token)
             try:
-                if r.logprobs >= 0:
-                    seq.sink.on_logprobs([token_logprobs(logits, token, r.logprobs)])
-                seq.sink.on_tokens([token])
+                seq.sink.emit([token], [token_logprobs(logits, token, r.logprobs)] if r.logprobs >= 0 else None)
             except Exception:  # a broken client must not stop the batch
                 log.exception("sink failed; dropping the sequence")
                 seq.broken = True
@@ -650,7 +625,7 @@ class Engine:
             cache = lane.batch.row_cache(row, self.decoder.dtype) if seq.request.return_cache else None
             self._count({"finished_" + reason: 1})
             try:
-                seq.sink.on_finish(
+                seq.sink.finish(
                     GenerationResult(
                         seq.tokens,
                         reason,
@@ -668,3 +643,32 @@ class Engine:
             lane.running = [lane.running[i] for i in keep]
             lane.batch = lane.batch.select(keep) if keep else None
             self._free_rows(freed)  # after the update: a held-back priority 2 sees priority 1 done
+
+
+class _Turns:
+    """The loop's policy for one engine thread: the lane its next iteration works on, once a lane
+    it serves (``name``'s, or both: None) has work it may do now and priority 2's own lane is not
+    held back for priority 1 (the engine's policy decides both: switchboard/engine/policy.py)."""
+
+    def __init__(self, engine: Engine, name: str | None):
+        self.engine, self.name = engine, name
+        self._due: float | None = None
+        self._held_since: float | None = None
+
+    def take(self, now: float) -> _Lane | None:
+        e, self._due = self.engine, None
+        lanes = e._lanes(self.name)
+        if not any(e._ready(x) for x in lanes):
+            return None
+        hold = e._hold_back(lanes, now)
+        if hold > 0:
+            self._held_since = self._held_since or now
+            self._due = now + hold
+            return None
+        if self._held_since is not None:
+            e._count({"held_back_s": now - self._held_since})
+            self._held_since = None
+        return lanes[0] if self.name is not None else e._turn()
+
+    def next_due(self, now: float) -> float | None:
+        return self._due

@@ -49,13 +49,13 @@ def generate(engine, requests) -> list[list[int]]:
         def __init__(self):
             self.tokens, self.done = [], False
 
-        def on_tokens(self, ids):
+        def emit(self, ids, logprobs=None):
             self.tokens += ids
 
-        def on_finish(self, result):
+        def finish(self, result):
             self.done = True
 
-        def on_error(self, error):
+        def fail(self, error):
             raise error
 
         def cancelled(self):

@@ -74,14 +74,14 @@ class TritonSink:
             self.watch.add(self)
         return self.cancel_seen or self.broken
 
-    def delta(self, text: str) -> None:
+    def emit(self, text: str) -> None:
         if self.deltas:
             self.outbox.put(self, self.priority, [text])
 
-    def done(self, result: AsrResult) -> None:
+    def finish(self, result: AsrResult) -> None:
         self.outbox.put(self, self.priority, (), result, end=True)
 
-    def error(self, error: Exception) -> None:
+    def fail(self, error: Exception) -> None:
         self.outbox.put(self, self.priority, (), error, end=True)
 
     def deliver(self, texts: list[str], final, end: bool) -> None:
@@ -257,7 +257,7 @@ class TritonPythonModel:
             params = request_parameters(request)
             priority, deltas = _priority(params), params.get(Asr.DELTAS, True) is not False
             sink = TritonSink(request, priority, self.sender.outbox, self.watch, self.metrics, deltas)
-            job = AsrJob(audio.reshape(-1)[0], sink, _language(request), priority, sink.cancelled)
+            job = AsrJob(audio.reshape(-1)[0], sink, _language(request), priority)
             self.service.submit(job)
         return None
 

@@ -49,10 +49,6 @@ class ResponseSink:
             self.watch.add(self)
         return self.broken or self.cancel_seen
 
-    def on_logprobs(self, entries: list) -> None:
-        with self._logprobs_lock:
-            self._logprobs.extend(entries)
-
     def _logprobs_of(self, n: int) -> list[pb_utils.Tensor]:
         """The output with the next ``n`` tokens' logprobs, if asked for."""
         with self._logprobs_lock:
@@ -62,15 +58,18 @@ class ResponseSink:
         blob = json.dumps([[round(lp, 5), [[i, round(x, 5)] for i, x in top]] for lp, top in entries])
         return [pb_utils.Tensor(Pool.LOGPROBS, np.asarray([[blob.encode()]], np.object_))]
 
-    def on_tokens(self, ids: list[int]) -> None:
+    def emit(self, ids: list[int], logprobs: list | None = None) -> None:
+        if logprobs:
+            with self._logprobs_lock:
+                self._logprobs.extend(logprobs)
         ids = self.stream.add(ids)
         if ids:
             self.outbox.put(self, self.priority, ids)
 
-    def on_finish(self, result: GenerationResult) -> None:
+    def finish(self, result: GenerationResult) -> None:
         self.outbox.put(self, self.priority, self.stream.rest(), result, end=True)
 
-    def on_error(self, error: Exception) -> None:
+    def fail(self, error: Exception) -> None:
         self.outbox.put(self, self.priority, (), error, end=True)
 
     def deliver(self, ids: list[int], final, end: bool) -> None:

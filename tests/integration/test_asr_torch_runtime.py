@@ -99,12 +99,12 @@ def test_a_question_queued_while_a_batch_decodes_joins_that_batch():
             super().__init__()
             self.hold, self.speaking = hold, threading.Event()
 
-        def delta(self, text):
+        def emit(self, text):
             self.speaking.set()
             if self.hold is not None:
                 assert self.hold.wait(30), "the second question never reached the queue"
                 self.hold = None
-            super().delta(text)
+            super().emit(text)
 
     try:
         alone = Sink()

@@ -157,8 +157,8 @@ class RowWatch(Sink):
         super().__init__()
         self.e, self.rows = e, rows
 
-    def on_tokens(self, ids):
-        super().on_tokens(ids)
+    def emit(self, ids, logprobs=None):
+        super().emit(ids, logprobs)
         self.rows.append(self.e.running())
 
 

@@ -51,16 +51,20 @@ class Scripted:
         assert past[0][0].shape[0] == cross[0][1].shape[0] == b, "caches sliced with the rows"
         self.calls.append((rows, input_ids.tolist()))
         length = past[0][0].shape[2] + s
-        logits = np.tile(-0.01 * np.arange(V, dtype=np.float32), (b, 1))  # a slight preference for low ids
-        for j, r in enumerate(rows):
+        grown = np.zeros((b, 1, length, 1), np.float32)
+        return self.logits(rows, [length] * b), [(grown, grown)]
+
+    def logits(self, rows: list[int], lengths: list[int]) -> np.ndarray:
+        """What rows ``rows`` say next, having fed ``lengths`` tokens."""
+        logits = np.tile(-0.01 * np.arange(V, dtype=np.float32), (len(rows), 1))  # a slight preference for low ids
+        for j, (r, length) in enumerate(zip(rows, lengths)):
             n = length - self.manifest.prompt_length
             if n < 0:  # the start token alone: language detection
                 logits[j, self.spoken[r]] += 10
             else:
                 script = self.scripts[r]
                 logits[j, script[n] if n < len(script) else EOS] += 10
-        grown = np.zeros((b, 1, length, 1), np.float32)
-        return logits, [(grown, grown)]
+        return logits
 
 
 def manifest(multilingual=True, window=None, max_target=40, suppress=(), begin=(EOS,)) -> AsrManifest:
@@ -386,3 +390,82 @@ def test_a_bad_hop_in_the_preprocessor_config_is_named(tmp_path, bad):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"hop_length": bad}))
     with pytest.raises(ValueError, match="preprocessor_config.json: hop_length"):
         checkpoint.hop_length(tmp_path)
+
+
+class Seats:
+    """Decoding state with a fixed number of seats that rows may join while it decodes
+    (``TorchWhisper``'s buffers, by hand): each seat holds a row and how many tokens it fed."""
+
+    def __init__(self, runtime: Scripted, cross, size: int):
+        self.runtime, self.size = runtime, size
+        self.ids, self.fed = [], []
+        self.join(cross)
+
+    def step(self, input_ids):
+        return self._step(range(len(self.ids)), input_ids)
+
+    def _step(self, seats, input_ids):
+        seats = list(seats)
+        assert len(seats) == input_ids.shape[0]
+        self.runtime.calls.append(([self.ids[k] for k in seats], input_ids.tolist()))
+        for k in seats:
+            self.fed[k] += input_ids.shape[1]
+        return self.runtime.logits([self.ids[k] for k in seats], [self.fed[k] for k in seats])
+
+    def keep(self, rows):
+        self.ids, self.fed = [self.ids[i] for i in rows], [self.fed[i] for i in rows]
+
+    def room(self):
+        return self.size - len(self.ids)
+
+    def join(self, cross) -> int:
+        first, new = len(self.ids), [int(r) for r in cross[0][0][:, 0, 0, 0]]
+        assert len(new) <= self.room(), "more rows than seats"
+        self.ids, self.fed = self.ids + new, self.fed + [0] * len(new)
+        return first
+
+    def rows(self, first, count):
+        seats = self
+
+        class Own:
+            def step(self, input_ids):
+                return seats._step(range(first, first + count), input_ids)
+
+        return Own()
+
+    def close(self):
+        pass
+
+
+class Seated(Scripted):
+    def __init__(self, *args, seats: int = 2, **kw):
+        super().__init__(*args, **kw)
+        self.seats = seats
+
+    def steps(self, cross, batch):
+        return Seats(self, cross, self.seats)
+
+
+@pytest.mark.parametrize("multilingual", [False, True])
+def test_a_row_joins_where_one_ended_and_says_what_it_says_alone(multilingual):
+    """In-flight batching: row 2 waits until row 1 leaves its seat, then feeds its prompt a token
+    a step beside row 0 (a multilingual row without a language detects it on its own first)."""
+    scripts, spoken = [[0, 1, 2, 7], [3], [5, 6, 2]], [EN, EN, ZH]
+    m = manifest(multilingual=multilingual)
+    runtime = Seated(m, scripts, spoken, seats=2)
+    asr = AsrModel(runtime, m, Bytes())
+    deltas, on_delta = collect()
+    asked, ended = [], []
+
+    def more(room):
+        asked.append(room)
+        return [(feats(3)[2], None)] if len(asked) == 1 else []
+
+    got = asr.transcribe(feats(2), ["en", "en"], on_delta=on_delta, on_done=lambda i, t: ended.append(i), more=more)
+    alone = [AsrModel(Scripted(m, scripts, spoken), m, Bytes()).transcribe([f], [None])[0] for f in feats(3)]
+    assert [t.tokens for t in got] == [t.tokens for t in alone] == scripts
+    assert [t.text for t in got] == [t.text for t in alone] and got[2].text == "好!"
+    assert got[2].language == ("zh" if multilingual else "en")
+    assert ["".join(deltas[i]) for i in range(3)] == [t.text for t in got]
+    assert asked[0] == 1 and ended == [1, 0, 2], "row 1's seat taken; row 0 ends before row 2"
+    assert max(len(rows) for rows, _ in runtime.calls) == 2, "never more rows than seats"

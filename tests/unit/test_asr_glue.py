@@ -133,12 +133,12 @@ def test_deltas_queued_while_a_send_is_slow_leave_in_one_response_before_the_fin
     first, second = Sender(gate), Sender()
     metrics = AsrMetrics()
     sink = glue.TritonSink(Request(first), 2, sender_thread.outbox, watch, metrics)
-    sink.delta(" Where")  # the sender thread takes it and waits in send...
+    sink.emit(" Where")  # the sender thread takes it and waits in send...
     assert first.entered.wait(10)
     for text in (" is", " my", " order?"):  # ...while the worker goes on queueing
-        sink.delta(text)
+        sink.emit(text)
     result = AsrResult(" Where is my order?".strip(), "en", 2.0, [], 10.0, 1.0, 1, 1)
-    sink.done(result)
+    sink.finish(result)
     gate.set()
     final = _final(first)
     assert _texts(first) == [" Where", " is my order?"]
@@ -162,8 +162,8 @@ def test_a_request_that_asked_for_the_result_alone_gets_one_response(way_back):
     sender = Sender()
     sink = glue.TritonSink(Request(sender), 2, sender_thread.outbox, watch, AsrMetrics(), deltas=False)
     for text in (" Where", " is", " my order?"):
-        sink.delta(text)
-    sink.done(AsrResult("Where is my order?", "en", 2.0, [], 10.0, 1.0, 1, 1))
+        sink.emit(text)
+    sink.finish(AsrResult("Where is my order?", "en", 2.0, [], 10.0, 1.0, 1, 1))
     final = _final(sender)
     assert [r for r, _ in sender.sent] == [final] and not _texts(sender)
     assert json.loads(final.outputs["result"][0][0])["text"] == "Where is my order?"
@@ -179,7 +179,7 @@ def test_a_cancelled_request_ends_cancelled_and_is_no_longer_asked_after_its_end
     while not sink.cancelled():
         assert time.monotonic() < deadline
         time.sleep(0.002)
-    sink.done(AsrResult("", "en", 1.0, [], 1.0, 0.0, 1, 1))
+    sink.finish(AsrResult("", "en", 1.0, [], 1.0, 0.0, 1, 1))
     final = _final(request.sender)
     assert final.error.code == "CANCELLED"
     assert sink.final_sent and sink not in watch._live
@@ -203,7 +203,7 @@ def test_errors_end_the_stream_with_their_code_and_are_counted(way_back, error, 
     }[error]
     request = Request(Sender())
     metrics = AsrMetrics()
-    glue.TritonSink(request, 2, sender_thread.outbox, watch, metrics).error(failure)
+    glue.TritonSink(request, 2, sender_thread.outbox, watch, metrics).fail(failure)
     final = _final(request.sender)
     assert final.error.code == code and message in final.error.message
     assert metrics.drain() == ({("requests_total", (("outcome", outcome),)): 1}, [])

@@ -38,7 +38,8 @@ class Transcript:
 
 class FakeRecognizer:
     """Transcribes a chunk as its length in tenths of a second, streamed word by word; a chunk
-    of exactly ``poison_s`` seconds makes the whole batch raise."""
+    of exactly ``poison_s`` seconds makes its batch's steps raise. ``batches``: each batch's
+    rows' seconds (the rows that joined it included)."""
 
     languages = ["en", "zh"]
     multilingual = True
@@ -50,26 +51,83 @@ class FakeRecognizer:
     def features(self, samples):
         return np.full((1, 1), len(samples) / RATE, np.float32)
 
-    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None):
-        seconds = [float(f[0, 0]) for f in features]
+    def start(self, features, languages, on_delta=None):
+        decoding = FakeDecoding(self, on_delta)
         with self.lock:
-            self.batches.append(seconds)
-        if self.poison_s is not None and any(abs(s - self.poison_s) < 0.05 for s in seconds):
+            self.batches.append(decoding.seconds)
+        decoding.add(features, languages)
+        return decoding
+
+    def pieces(self, seconds, language):
+        """A row's text as it streams: word by word, each with its leading blank, as Whisper's tokens come."""
+        return [" " + word for word in f"chunk of {round(seconds * 10)} tenths".split(" ")]
+
+    def stepping(self, decoding):
+        """Called at the start of each step."""
+        if self.poison_s is not None and any(abs(r.seconds - self.poison_s) < 0.05 for r in decoding.live):
             raise RuntimeError("poisoned batch")
-        out = []
-        for row, s in enumerate(seconds):
-            text = f" chunk of {round(s * 10)} tenths"
-            if on_delta:  # word by word, each with its leading blank, as Whisper's tokens come
-                for word in text.split(" ")[1:]:
-                    on_delta(row, " " + word)
-            out.append(Transcript(text, languages[row] or "en", []))
-        for row in sorted(range(len(out)), key=lambda r: seconds[r]):  # shorter rows end first
-            self.ended(row, seconds, out, on_done)
+
+    def ending(self, row, decoding):
+        """Called as ``row`` ends."""
+
+    def room(self, decoding):
+        return 0  # rows cannot join its batches
+
+
+class FakeRow:
+    def __init__(self, index, seconds, language, pieces):
+        self.index, self.seconds, self.language, self.pieces = index, seconds, language, pieces
+        self.streamed = False
+
+    def transcript(self):
+        return Transcript("".join(self.pieces), self.language, [])
+
+
+class FakeDecoding:
+    """A step streams the text of the rows that have not streamed theirs yet, then ends the
+    shortest live row (shorter rows end first); the model's hooks run in between."""
+
+    def __init__(self, model, on_delta):
+        self.model, self.on_delta = model, on_delta
+        self.rows, self.live, self.seconds, self._ended = [], [], [], []
+
+    def add(self, features, languages):
+        for f, language in zip(features, languages):
+            s = float(f[0, 0])
+            row = FakeRow(len(self.rows), s, language or "en", self.model.pieces(s, language))
+            self.rows.append(row)
+            self.live.append(row)
+            self.seconds.append(s)
+
+    def ended(self):
+        out, self._ended = self._ended, []
         return out
 
-    def ended(self, row, seconds, out, on_done):
-        if on_done:
-            on_done(row, out[row])
+    def cancel(self, indices):
+        for row in [r for r in self.live if r.index in indices]:
+            self.live.remove(row)
+            self._ended.append(row)
+
+    def step(self):
+        self.model.stepping(self)
+        for row in self.live:
+            if not row.streamed:
+                row.streamed = True
+                for piece in row.pieces:
+                    self.on_delta(row.index, piece)
+        row = min(self.live, key=lambda r: r.seconds)
+        self.model.ending(row, self)
+        self.live.remove(row)
+        self._ended.append(row)
+
+    def room(self):
+        return self.model.room(self)
+
+    def join(self, new):
+        self.add([f for f, _ in new], [lang for _, lang in new])
+
+    def close(self):
+        pass
 
 
 class Sink:
@@ -77,16 +135,19 @@ class Sink:
         self.deltas, self.result, self.failure = [], None, None
         self.finished = threading.Event()
 
-    def delta(self, text):
+    def emit(self, text):
         self.deltas.append(text)
 
-    def done(self, result):
+    def finish(self, result):
         self.result = result
         self.finished.set()
 
-    def error(self, error):
+    def fail(self, error):
         self.failure = error
         self.finished.set()
+
+    def cancelled(self):
+        return False
 
 
 @pytest.fixture
@@ -176,10 +237,9 @@ def test_a_short_row_is_answered_while_its_batch_decodes_a_longer_one(service_fo
     class Held(FakeRecognizer):
         """The longest row of a batch ends only once the test has seen the short one answered."""
 
-        def ended(self, row, seconds, out, on_done):
-            if seconds[row] == max(seconds) and len(seconds) > 1:
+        def ending(self, row, decoding):
+            if row.seconds == max(decoding.seconds) and len(decoding.seconds) > 1:
                 assert longer_ended.wait(10), "the short row's answer never came"
-            super().ended(row, seconds, out, on_done)
 
     service = service_for(Held(), wait_s=2.0, chunk_s=5.0)  # both queued before a batch runs
     short, long_ = Sink(), Sink()
@@ -201,25 +261,33 @@ def queued(service, timeout_s: float = 10.0) -> None:
 
 
 class Joining(FakeRecognizer):
-    """The first batch waits until ``queued`` is set, then asks ``more`` for rows to join it
-    (in-flight batching) and transcribes those too, as rows after its own."""
+    """Rows may join its batches (in-flight batching); the first batch's first step waits until
+    ``queued`` is set. ``joined``: how many rows joined, each time some did."""
 
     def __init__(self, poison_s: float | None = None):
         super().__init__(poison_s)
         self.running, self.queued, self.joined = threading.Event(), threading.Event(), []
 
-    def transcribe(
-        self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None, more=None
-    ):
-        features, languages = list(features), list(languages)
-        if more is not None and not self.batches:
+    def start(self, features, languages, on_delta=None):
+        decoding = super().start(features, languages, on_delta)
+        join = decoding.join
+
+        def joining(new):
+            if new:
+                self.joined.append(len(new))
+            join(new)
+
+        decoding.join = joining
+        return decoding
+
+    def stepping(self, decoding):
+        if decoding.seconds is self.batches[0] and not self.running.is_set():
             self.running.set()
             assert self.queued.wait(10)
-            new = more(8 - len(features))
-            self.joined.append(len(new))
-            features += [f for f, _ in new]
-            languages += [lang for _, lang in new]
-        return super().transcribe(features, languages, on_delta, max_new_tokens, cancelled, on_done)
+        super().stepping(decoding)
+
+    def room(self, decoding):
+        return 8 - len(decoding.live)
 
 
 def test_a_queued_request_joins_a_running_batch(service_for):
@@ -258,13 +326,12 @@ def test_a_batch_run_again_streams_no_text_twice(service_for):
 
         failed = False
 
-        def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None):
-            if len(features) > 1 and not self.failed:
-                for row in range(len(features)):
-                    on_delta(row, " chunk")
+        def stepping(self, decoding):
+            if len(decoding.rows) > 1 and not self.failed:
+                for row in decoding.rows:
+                    decoding.on_delta(row.index, " chunk")
                 self.failed = True
                 raise RuntimeError("the batch failed after streaming")
-            return super().transcribe(features, languages, on_delta, max_new_tokens, cancelled, on_done)
 
     service = service_for(Flaky(), wait_s=2.0)  # both queued before a batch runs
     first, second = Sink(), Sink()
@@ -312,9 +379,9 @@ class Held(FakeRecognizer):
         super().__init__()
         self.gate = threading.Event()
 
-    def transcribe(self, *a, **kw):
+    def start(self, *a, **kw):
         self.gate.wait(10)
-        return super().transcribe(*a, **kw)
+        return super().start(*a, **kw)
 
 
 def wait_pending(service) -> None:
@@ -342,16 +409,8 @@ def test_too_much_audio_waiting_is_refused_as_unavailable(service_for):
 class CharRecognizer(FakeRecognizer):
     """Like the embedded default: characters, no blank before a chunk's first word."""
 
-    def transcribe(self, features, languages, on_delta=None, max_new_tokens=None, cancelled=None, on_done=None):
-        out = []
-        for row, f in enumerate(features):
-            text = f"{'词' * round(float(f[0, 0]))}。" if languages[row] == "zh" else f"Part {round(float(f[0, 0]))}."
-            for ch in text if on_delta else ():
-                on_delta(row, ch)
-            out.append(Transcript(text, languages[row], []))
-        for row in range(len(out)):
-            self.ended(row, None, out, on_done)
-        return out
+    def pieces(self, seconds, language):
+        return list(f"{'词' * round(seconds)}。" if language == "zh" else f"Part {round(seconds)}.")
 
 
 @pytest.mark.parametrize(("language", "joined"), [("en", " "), ("zh", "")])
@@ -396,3 +455,45 @@ def test_an_open_breaker_refuses_priority_2_before_decoding_and_lets_priority_1_
     assert "latency bound" in str(refused.failure) and "2.5 s" in str(refused.failure)
     live = run(service, speech(1.0), priority=1)
     assert live.failure is None and live.result.text and len(model.batches) == 1
+
+
+def test_a_request_whose_caller_left_ends_before_the_next_decoding_step(service_for):
+    class Counting(FakeRecognizer):
+        steps = 0
+
+        def stepping(self, decoding):
+            self.steps += 1
+
+    class Leaving(Sink):
+        def cancelled(self):
+            return bool(self.deltas)  # gone once it heard something
+
+    model = Counting()
+    service = service_for(model, wait_s=2.0)  # both queued before a batch runs
+    stays, leaves = Sink(), Leaving()
+    service.submit(AsrJob(audio=speech(1.0), sink=stays))
+    service.submit(AsrJob(audio=speech(1.8), sink=leaves))  # the longer row: it would end at the second step
+    assert stays.finished.wait(10) and leaves.finished.wait(10)
+    assert stays.failure is None and leaves.failure is None
+    assert model.batches == [[pytest.approx(1.6), pytest.approx(2.4)]] and model.steps == 1
+
+
+def test_closing_the_pool_decodes_the_batch_under_way_to_its_end(service_for):
+    running, release = threading.Event(), threading.Event()
+
+    class Slow(FakeRecognizer):
+        def stepping(self, decoding):
+            running.set()
+            assert release.wait(10)
+
+    service = service_for(Slow(), wait_s=2.0)  # both queued before a batch runs: two steps
+    first, second = Sink(), Sink()
+    service.submit(AsrJob(audio=speech(1.0), sink=first))
+    service.submit(AsrJob(audio=speech(1.8), sink=second))
+    assert running.wait(10)  # its first step under way
+    closing = threading.Thread(target=service.close)
+    closing.start()
+    release.set()
+    closing.join(10)
+    assert not closing.is_alive() and first.finished.is_set() and second.finished.is_set()
+    assert first.failure is None and second.failure is None and service.batches == 1

@@ -51,19 +51,20 @@ class ScriptedDecoder:
 
 class Sink:
     def __init__(self, log=None, name=None, cancel_after=None):
-        self.tokens, self.result, self.error, self.times = [], None, None, []
+        self.tokens, self.result, self.error, self.times, self.logprobs = [], None, None, [], []
         self.log, self.name, self.cancel_after = log, name, cancel_after
 
-    def on_tokens(self, ids):
+    def emit(self, ids, logprobs=None):
         self.tokens += ids
         self.times.append(time.perf_counter())
+        self.logprobs.append(logprobs)
 
-    def on_finish(self, result):
+    def finish(self, result):
         self.result = result
         if self.log is not None:
             self.log.append(self.name)
 
-    def on_error(self, error):
+    def fail(self, error):
         self.error = error
 
     def cancelled(self):
@@ -323,7 +324,7 @@ def test_a_running_sequence_the_client_cancels_leaves_at_the_next_step():
 
 
 class BrokenSink(Sink):
-    def on_tokens(self, ids):
+    def emit(self, ids, logprobs=None):
         raise ConnectionError("client gone")
 
 
@@ -384,8 +385,8 @@ def test_lanes_on_threads_of_their_own_run_at_their_nice_levels_within_the_batch
     rows: list[int] = []
 
     class Rows(Sink):
-        def on_tokens(self, ids):
-            super().on_tokens(ids)
+        def emit(self, ids, logprobs=None):
+            super().emit(ids, logprobs)
             rows.append(e.running())
 
     background, vips = [Rows() for _ in range(4)], [Rows() for _ in range(2)]
@@ -687,14 +688,16 @@ def test_logprobs_come_with_each_token_when_asked_and_only_then():
             super().__init__()
             self.entries = []
 
-        def on_logprobs(self, entries):
-            self.entries += entries
+        def emit(self, ids, logprobs=None):
+            super().emit(ids, logprobs)
+            self.entries += logprobs
 
     e = engine()
     asked, plain = LogSink(), Sink()
     e.submit(GenerationRequest([1, 2, 10], 3, logprobs=2), asked)
-    e.submit(GenerationRequest([1, 2, 10], 3), plain)  # has no on_logprobs: never called
+    e.submit(GenerationRequest([1, 2, 10], 3), plain)
     drain(e, [asked, plain])
+    assert plain.logprobs == [None, None, None]
     assert asked.tokens == plain.tokens == [11, 12, 13] and len(asked.entries) == 3
     # ScriptedDecoder: logit 1 for the next token, 0 for the others; an answer's first token
     # is never the stop token, so it is out of the first distribution (what sampling saw)
