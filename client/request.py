@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2
 
 from switchboard.client.events import ChatError, asr_decoder, chat_decoder, voice_decoder
 from switchboard.codec import build_request
-from switchboard.wire import PRIORITY_PARAMETER, SESSION_HEADER, Asr, Chat, Pool
+from switchboard.wire import PRIORITY_PARAMETER, SESSION_HEADER, TRACE_PARAMETER, Asr, Chat, Pool
 
 _ids = itertools.count()
 
@@ -128,6 +128,7 @@ class Turn:
     history: list[dict] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    traceparent: str | None = None  # a W3C trace context the server's spans join (docs/tracing.md)
 
     @classmethod
     def of(cls, first, **options):
@@ -155,10 +156,12 @@ class Turn:
             inputs.append((Chat.HISTORY, _blob(list(self.history)), np.object_, "BYTES"))
         return inputs
 
-    def parameters(self) -> dict[str, int]:
+    def parameters(self) -> dict[str, int | str]:
         parameters = {PRIORITY_PARAMETER: int(self.priority)}
         if self.seed is not None:
             parameters[Pool.SEED] = int(self.seed)
+        if self.traceparent:
+            parameters[TRACE_PARAMETER] = str(self.traceparent)
         return parameters
 
 
