@@ -105,10 +105,15 @@ def request_id() -> str:
     return f"{os.getpid()}-{next(_ids)}"
 
 
-def transcribe_call(model: str, audio, language=None, priority: int = 2, deltas: bool = True) -> Call:
-    """``asr`` on an audio file; ``deltas`` False: the ``AsrResult`` alone (``Asr.DELTAS``)."""
+def transcribe_call(
+    model: str, audio, language=None, priority: int = 2, deltas: bool = True, traceparent: str | None = None
+) -> Call:
+    """``asr`` on an audio file; ``deltas`` False: the ``AsrResult`` alone (``Asr.DELTAS``);
+    ``traceparent``: a W3C trace context the server's spans join."""
     inputs = audio_inputs(audio, language)  # a wrong type fails here, not at the first event
     parameters = {PRIORITY_PARAMETER: int(priority)} | ({} if deltas else {Asr.DELTAS: False})
+    if traceparent:
+        parameters[TRACE_PARAMETER] = str(traceparent)
     return Call(model, inputs, Asr.OUTPUTS, priority, parameters, None, asr_decoder, pooled=False)
 
 

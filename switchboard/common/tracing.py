@@ -39,7 +39,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioB
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from switchboard.wire import EngineStats
+from switchboard.wire import AsrResult, EngineStats
 
 log = logging.getLogger("switchboard.tracing")
 
@@ -262,6 +262,19 @@ class Tracing:
         )
         for name, start, end, attributes in phases:
             self.child(name, parent, start_ns=start, attributes=attributes).end(end_time=end)
+
+    def asr_phases(self, parent: Span, submitted_ns: int, end_ns: int, result: AsrResult) -> None:
+        """The recognizer's ``queue`` (arrival to its first batch) and ``transcribe`` (to the
+        last text) as children of ``parent``, from the times ``AsrResult`` reports."""
+        if not parent.is_recording():
+            return
+        queued = min(end_ns, submitted_ns + int((result.queue_ms or 0.0) * 1e6))
+        done = min(end_ns, submitted_ns + int(result.asr_ms * 1e6)) if result.asr_ms else end_ns
+        self.child("queue", parent, start_ns=submitted_ns, attributes={"batch_size": result.batch_size or 0}).end(
+            end_time=queued
+        )
+        attributes = {"audio_s": result.duration, "chunks": result.chunks}
+        self.child("transcribe", parent, start_ns=queued, attributes=attributes).end(end_time=max(queued, done))
 
     def shutdown(self) -> None:
         if self._provider is not None:

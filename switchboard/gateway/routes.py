@@ -30,6 +30,7 @@ from switchboard.gateway.checks import (
     read_body,
     require_json,
     state_of,
+    trace_request,
     wants_stats,
 )
 from switchboard.gateway.errors import APIError, overloaded
@@ -93,13 +94,6 @@ async def chat_completions(request: Request):
     finally:
         if not handed_over:
             await release()
-
-
-def trace_request(request: Request, name: str, **attributes):
-    """The request's span (not current: handlers share the event loop's thread), joining the
-    caller's ``traceparent`` when it sent a valid one; the gateway decides the sampling."""
-    parent = tracing.extract(request.headers.get("traceparent"))
-    return tracing.active().start(name, parent, attributes=attributes)
 
 
 async def read_chat_body(request: Request, config: GatewayConfig) -> bytes:
