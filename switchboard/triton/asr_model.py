@@ -96,13 +96,15 @@ class TritonSink:
             self.sender.send(pb_utils.InferenceResponse(output_tensors=out))
         if not end:
             return
-        error = None if isinstance(final, AsrResult) and not self.cancel_seen else "failed"
+        answered = time.time_ns()  # the span ends as the last response leaves
         try:
             self._end(final)
         finally:
-            if error is None:
-                tracing.active().asr_phases(self.span, self.submitted_ns, time.time_ns(), final)
-            tracing.end(self.span, None if error is None else ("cancelled" if self.cancel_seen else str(final)))
+            if isinstance(final, AsrResult) and not self.cancel_seen:
+                tracing.active().asr_phases(self.span, self.submitted_ns, answered, final)
+                tracing.end(self.span, end_ns=answered)
+            else:
+                tracing.end(self.span, "cancelled" if self.cancel_seen else str(final), answered)
 
     def _end(self, final) -> None:
         if self.cancel_seen:

@@ -76,6 +76,7 @@ class TritonSink:
     def __init__(self, sender, gate: PriorityGate, finished):
         self.sender, self.gate, self.finished = sender, gate, finished
         self._scored: list[dict] = []  # logprobs for the next response
+        self.final_ns: int | None = None  # when the final response left (the chat's span ends then)
         self._tools: list[str] = []  # the names of the answer's calls, for the metrics
 
     def logprobs(self, entries: list[dict], priority: int) -> None:
@@ -112,6 +113,7 @@ class TritonSink:
             *self._logprobs_output(),
         ]
         with self.gate(send_rank(priority, final=True)):
+            self.final_ns = time.time_ns()
             self.sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
         self.finished(stats, self._tools)
 
@@ -319,17 +321,17 @@ class TritonPythonModel:
 
     def _serve(self, job: _Job) -> None:
         request, sender = job.request, job.sender
-        self._admitted(job, "admission")
+        self._admitted(job, "admitted")
         if request.is_cancelled():
             send_error(sender, "cancelled by the client", "CANCELLED")
             self.metrics.abandoned("waiting", job.version)
             tracing.end(job.span, "cancelled")
             return
-        error = None
+        error, sink = None, self._sink(job)
         try:
             cancelled = CancelPoll(request.is_cancelled, self.cancel_poll_s)
             with tracing.active().current(job.span):  # the turn's spans (Redis, the pool) are its children
-                self.turns[job.version].run(job.chat, self._sink(job), cancelled, job.t0)
+                self.turns[job.version].run(job.chat, sink, cancelled, job.t0)
         except RequestError as e:
             send_error(sender, str(e), "INVALID_ARG")
             self.metrics.failed("invalid", job.version)
@@ -348,7 +350,7 @@ class TritonPythonModel:
             self.metrics.failed("error", job.version)
             error = "internal error"
         finally:
-            tracing.end(job.span, error)
+            tracing.end(job.span, error, sink.final_ns)
 
     def _admitted(self, job: _Job, outcome: str) -> None:
         """The chat's wait in the admission queue, as a span ending now."""
@@ -363,10 +365,10 @@ class TritonPythonModel:
             self.metrics.failed("unavailable", job.version)
             tracing.end(job.span, f"overloaded ({reason})")
         else:
-            turn = self.turns[job.version]
-            turn.answer_from_faq(job.chat, self._sink(job), job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
+            turn, sink = self.turns[job.version], self._sink(job)
+            turn.answer_from_faq(job.chat, sink, job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
             job.span.set_attribute("fallback", reason)
-            tracing.end(job.span)
+            tracing.end(job.span, end_ns=sink.final_ns)
 
     def _sink(self, job: _Job) -> TritonSink:
         return TritonSink(job.sender, self.gate, lambda stats, tools: self._finished(job.chat, stats, tools))

@@ -217,7 +217,9 @@ class TritonPythonModel:
         if not params.get(Pool.KV_REUSE) or params.get(Pool.FINGERPRINT) != self.fingerprint:
             return None
         expected = params.get(Pool.EXPECTED_REUSE, 0)
-        with tracing.active().span("kv lookup", kind=tracing.SpanKind.CLIENT) as span:
+        with tracing.active().span(
+            "kv lookup", kind=tracing.SpanKind.CLIENT, attributes={"db.system": "redis"}
+        ) as span:
             reuse = self.blocks.lookup(req.prompt, req.priority, expected if isinstance(expected, int) else 0)
             span.set_attributes({"local_blocks": reuse.local_blocks, "redis_blocks": reuse.remote_blocks})
         if reuse.tokens:

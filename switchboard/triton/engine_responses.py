@@ -21,6 +21,7 @@ from switchboard.triton.common import send_error
 from switchboard.wire import EngineStats, FinishReason, Pool
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_REDIS = {"db.system": "redis"}  # the blocks go to the pool's own memory and to Redis
 
 
 class ResponseSink:
@@ -90,15 +91,18 @@ class ResponseSink:
                 tracing.end(self.span, f"generation failed: {final.__class__.__name__}")
         else:
             stats = self._stats(final)
+            # The pool's span ends as its answer leaves (chat's stream ends after that); the new
+            # blocks are stored after the answer, so ``kv store`` starts after its parent ended.
+            answered = time.time_ns()
             try:
                 self.sender.send(self._final(stats, final, ids), flags=FINAL)
                 tracer = tracing.active()
-                tracer.engine_phases(self.span, self.submitted_ns, time.time_ns(), stats)
+                tracer.engine_phases(self.span, self.submitted_ns, answered, stats)
                 if self.blocks is not None and final.cache is not None:  # after the answer, never before
-                    with tracer.span("kv store", self.span, kind=tracing.SpanKind.CLIENT):
+                    with tracer.span("kv store", self.span, kind=tracing.SpanKind.CLIENT, attributes=_REDIS):
                         self.blocks.store(self.prompt + final.tokens[:-1], final.cache, self.priority)
             finally:
-                tracing.end(self.span)
+                tracing.end(self.span, end_ns=answered)
 
     def _stats(self, result: GenerationResult) -> EngineStats:
         return EngineStats(

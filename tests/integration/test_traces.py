@@ -2,7 +2,8 @@
 from build/phoenix-venv, on free ports with its data in a temporary directory), one chat through
 the gateway with a known ``traceparent``, its spans read back from Phoenix's REST API: the trace
 id sent, each span under the right parent (gateway -> chat -> the stream to a pool -> the pool ->
-its queue, prefill, decode and KV blocks in Redis), each inside its parent's time range. A chat
+its queue, prefill, decode and KV blocks in Redis), each inside its parent's time range (but the
+KV store, which follows the answer). A chat
 with a session straight to ``chat`` has its Redis session spans; a malformed ``traceparent``
 starts a trace of its own and the chat is answered."""
 
@@ -106,11 +107,14 @@ def test_a_chats_spans_arrive_under_their_parents_inside_their_times(traced_gate
     assert_child(spans, "admission", "chat")
     assert_child(spans, f"stream {pool}", "chat")
     assert_child(spans, pool, f"stream {pool}")
-    for phase in ("kv lookup", "queue", "prefill", "decode", "kv store"):
+    for phase in ("kv lookup", "queue", "prefill", "decode"):
         assert_child(spans, phase, pool)
-    # the engine's phases follow one another
+    # the engine's phases follow one another; the new blocks are stored after the answer left
+    assert _t(spans["kv lookup"], "end_time") <= _t(spans["queue"], "start_time")
     assert _t(spans["queue"], "end_time") <= _t(spans["prefill"], "start_time")
     assert _t(spans["prefill"], "end_time") <= _t(spans["decode"], "start_time")
+    assert spans["kv store"]["parent_id"] == spans[pool]["context"]["span_id"]
+    assert _t(spans[pool], "end_time") <= _t(spans["kv store"], "start_time")
     assert spans["decode"]["attributes"]["generated_tokens"] == answer["usage"]["completion_tokens"]
     assert spans["kv store"]["attributes"]["db.system"] == "redis"
 
