@@ -5,7 +5,8 @@ id sent, each span under the right parent (gateway -> chat -> the stream to a po
 its queue, prefill, decode and KV blocks in Redis), each inside its parent's time range (but the
 KV store, which follows the answer). A chat
 with a session straight to ``chat`` has its Redis session spans; a malformed ``traceparent``
-starts a trace of its own and the chat is answered."""
+starts a trace of its own and the chat is answered; a stack whose receiver is missing answers
+every chat and counts the spans it dropped on its metrics port."""
 
 from __future__ import annotations
 
@@ -123,7 +124,9 @@ def test_a_session_chat_has_its_redis_spans(traced_stack, phoenix):
     trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
     client = ChatClient(traced_stack.grpc_url, timeout_s=120)
     session = secrets.token_hex(4)
-    reply = client.chat("Where is my order?", session_id=session, traceparent=f"00-{trace_id}-{caller}-01")
+    reply = client.chat(
+        "Where is my order?", stream=False, session_id=session, traceparent=f"00-{trace_id}-{caller}-01"
+    )
     assert reply.text
     spans = spans_of(phoenix, trace_id, {"chat", "redis session.load", "redis session.save"})
     assert spans["chat"]["parent_id"] == caller
@@ -135,3 +138,40 @@ def test_a_session_chat_has_its_redis_spans(traced_stack, phoenix):
 @pytest.mark.parametrize("traceparent", ["garbage", "00-" + "0" * 32 + "-" + "1" * 16 + "-01", "x" * 4000])
 def test_a_malformed_traceparent_is_ignored_and_the_chat_answered(traced_gateway, traceparent):
     assert chat(traced_gateway, traceparent)["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def unreachable_stack(artifacts, tmp_path_factory):
+    """A stack tracing everything to a port nothing listens on."""
+    (closed,) = free_ports(1)
+    env = {"SWITCHBOARD_TRACE_ENDPOINT": f"http://127.0.0.1:{closed}", "SWITCHBOARD_TRACE_SAMPLING": "1"}
+    s = Stack(Ports.free(), run_dir=tmp_path_factory.mktemp("unreachable"), env=env)
+    s.start()
+    yield s
+    s.stop()
+
+
+def dropped_spans(stack: Stack) -> dict[str, float]:
+    """``switchboard_trace_spans_dropped_total`` by model, from the metrics port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.ports.metrics}/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    out: dict[str, float] = {}
+    for line in lines:
+        if line.startswith("switchboard_trace_spans_dropped_total{"):
+            model = line.split('model="', 1)[1].split('"', 1)[0]
+            out[model] = out.get(model, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_a_missing_receiver_fails_no_chat_and_its_spans_are_counted(unreachable_stack):
+    client = ChatClient(unreachable_stack.grpc_url, timeout_s=120)
+    for _ in range(3):
+        tp = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+        assert client.chat("Where is my order?", stream=False, traceparent=tp, max_new_tokens=8).text
+    deadline = time.monotonic() + 60  # export retries within its timeout; metrics publish every second
+    while True:
+        dropped = dropped_spans(unreachable_stack)
+        if dropped.get("chat", 0) >= 3 * 3 and any(dropped.get(p, 0) >= 4 for p in POOLS):
+            break  # chat: chat, admission, stream per chat; a pool: its span, lookup, queue, prefill, decode
+        assert time.monotonic() < deadline, f"dropped spans counted: {dropped}"
+        time.sleep(0.5)
