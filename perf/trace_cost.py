@@ -20,7 +20,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from perf.gateway_cost import run_phase, summarize
@@ -42,6 +45,43 @@ def start_gateway(grpc_url: str, env: dict[str, str], log: Path) -> tuple[subpro
     return proc, f"http://127.0.0.1:{port}"
 
 
+class Discard(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that takes every export and keeps nothing (``--receiver discard``):
+    what tracing costs Switchboard's processes without a receiver's own work on the same cores."""
+
+    received = 0
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        Discard.received += 1
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def start_discard() -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Discard)
+    threading.Thread(target=server.serve_forever, name="discard", daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def settled_count(count, timeout_s: float = 120) -> int:
+    """``count()`` once it stopped growing for 3 s (the receiver ingests after it answered)."""
+    deadline, last, since = time.monotonic() + timeout_s, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        n = count()
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= 3:
+            break
+        time.sleep(0.5)
+    return last
+
+
 def dropped_spans(metrics_port: int) -> int:
     """``switchboard_trace_spans_dropped_total`` over the server's models."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
@@ -53,7 +93,7 @@ def report(results: dict, args) -> str:
     lines = [
         f"Locust {args.users} users, closed loop, streaming, corpus questions, max_tokens {args.max_tokens}, "
         f"{args.rounds} rounds x {args.seconds:g} s per sampling (after {args.warmup_s:g} s warm-up), phases "
-        "alternating; one stack, a gateway per sampling, all exporting to Phoenix",
+        f"alternating; one stack ({args.repository}), a gateway per sampling, all exporting to {args.receiver}",
         "",
         "| sampling | chats | failed | TTFT P50 | P90 | P99 | chats/s | tokens/s |",
         "|---|---|---|---|---|---|---|---|",
@@ -69,8 +109,8 @@ def report(results: dict, args) -> str:
     lines += [
         "",
         f"100% vs 0%: median TTFT {on['ttft_p50_ms'] - off['ttft_p50_ms']:+.2f} ms, "
-        f"throughput {on['chats_per_s'] / off['chats_per_s']:.1%}; spans at the receiver {results['spans']}, "
-        f"dropped by the models {results['dropped']}",
+        f"throughput {on['chats_per_s'] / off['chats_per_s']:.1%}; {results['received']} at the receiver, "
+        f"spans dropped by the models {results['dropped']}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -84,22 +124,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every chat (default 48)")
     p.add_argument("--questions", type=int, default=200, help="corpus questions, asked in turn (default 200)")
     p.add_argument("--out", type=Path, default=paths.BUILD / "trace-cost", help="samples and report")
+    p.add_argument(
+        "--receiver",
+        choices=["phoenix", "discard"],
+        default="phoenix",
+        help="phoenix (default; on the same cores) or discard: an OTLP endpoint that keeps nothing",
+    )
+    p.add_argument(
+        "--repository", type=Path, default=paths.MODEL_REPOSITORY, help="the model repository to serve (default: ours)"
+    )
     args = p.parse_args(argv)
-    if traces.executable() is None:
+    if args.receiver == "phoenix" and traces.executable() is None:
         raise SystemExit(f"{traces.PHOENIX} is not installed: make traces-receiver")
     args.out = args.out.resolve()  # Locust runs in it
     args.out.mkdir(parents=True, exist_ok=True)
     questions = corpus.sample_questions(corpus.load(), args.questions, seed=0)
 
-    phoenix = stack = None
+    phoenix = stack = discard = None
     gateways: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
-        print("starting Phoenix, a stack and two gateways on free ports ...", flush=True)
-        phoenix = traces.Phoenix(args.out / "phoenix", *free_ports(2)).start()
-        endpoint = {"SWITCHBOARD_TRACE_ENDPOINT": phoenix.url}
+        print(f"starting {args.receiver}, a stack and two gateways on free ports ...", flush=True)
+        if args.receiver == "phoenix":
+            phoenix = traces.Phoenix(args.out / "phoenix", *free_ports(2)).start()
+            url = phoenix.url
+        else:
+            discard, url = start_discard()
+        endpoint = {"SWITCHBOARD_TRACE_ENDPOINT": url}
         # chat and the pools follow the gateway's decision; their own ratio only matters for a
         # request that comes without a context (none here)
-        stack = Stack(Ports.free(), run_dir=args.out / "run", env=endpoint).start()
+        stack = Stack(Ports.free(), repository=args.repository, run_dir=args.out / "run", env=endpoint).start()
         for s in SAMPLINGS:
             env = {**os.environ, **endpoint, "SWITCHBOARD_TRACE_SAMPLING": s}
             gateways[s] = start_gateway(stack.grpc_url, env, args.out / f"gateway-{s}.log")
@@ -113,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
                 files[s].append(run_phase("http", args, stack.grpc_url, url, questions, args.out, f"r{r}-s{s}"))
         results: dict = {s: summarize(fs, args.warmup_s, args.seconds) for s, fs in files.items()}
         results["dropped"] = dropped_spans(stack.ports.metrics)
-        results["spans"] = len(phoenix.spans())
+        if phoenix is not None:
+            results["received"] = f"{settled_count(lambda: len(phoenix.spans()))} spans"
+        else:
+            results["received"] = f"{Discard.received} exports"
         text = report(results, args)
         (args.out / "report.md").write_text(text)
         (args.out / "results.json").write_text(json.dumps(results, indent=2))
@@ -126,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
         if phoenix is not None:
             phoenix.stop()
+        if discard is not None:
+            discard.shutdown()
     return 0
 
 

@@ -134,9 +134,12 @@ class BoundedExport(SpanProcessor):
             except queue.Empty:
                 continue
             self._idle.clear()
-            while len(batch) < self.batch_size:
+            # A batch is what arrives within delay_s of its first span (or batch_size): one export
+            # per span would cost a request's worth of HTTP each.
+            deadline = time.monotonic() + self.delay_s
+            while len(batch) < self.batch_size and not self._stop.is_set():
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
             self._export(batch)
