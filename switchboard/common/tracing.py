@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import re
 import threading
 import time
@@ -90,16 +89,19 @@ class TraceSettings:
 
 
 class BoundedExport(SpanProcessor):
-    """Spans to ``exporter`` off the request's thread, through a queue of at most ``queue_size``;
-    what cannot be delivered is counted in ``dropped`` (the module doc says why)."""
+    """Spans to ``exporter`` off the request's thread, through a buffer of at most ``queue_size``;
+    what cannot be delivered is counted in ``dropped`` (the module doc says why). Ending a span
+    only appends it under a lock: the export thread wakes every ``delay_s`` (or when a batch is
+    full), not per span; a wake-up per span cost a thread switch each, which under load showed
+    as a fifth of the gateway's samples."""
 
     def __init__(self, exporter: SpanExporter, queue_size: int, batch_size: int, delay_s: float):
-        self.exporter, self.batch_size, self.delay_s = exporter, batch_size, delay_s
-        self._queue: queue.Queue = queue.Queue(queue_size)
-        self._lock = threading.Lock()  # guards the counts (request threads and the export thread)
+        self.exporter, self.queue_size, self.batch_size, self.delay_s = exporter, queue_size, batch_size, delay_s
+        self._lock = threading.Lock()  # guards the buffer and the counts (request threads, export thread)
+        self._spans: list[ReadableSpan] = []
+        self._exporting = False
         self._dropped = self._exported = 0
-        self._idle = threading.Event()
-        self._idle.set()
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trace-export", daemon=True)
         self._thread.start()
@@ -114,37 +116,32 @@ class BoundedExport(SpanProcessor):
         with self._lock:
             return self._exported
 
-    def _count(self, dropped: int = 0, exported: int = 0) -> None:
-        with self._lock:
-            self._dropped += dropped
-            self._exported += exported
-
     def on_end(self, span: ReadableSpan) -> None:
         if not span.context.trace_flags.sampled or self._stop.is_set():
             return
-        try:
-            self._queue.put_nowait(span)
-        except queue.Full:
-            self._count(dropped=1)
+        with self._lock:
+            if len(self._spans) >= self.queue_size:
+                self._dropped += 1
+                return
+            self._spans.append(span)
+            full = len(self._spans) == self.batch_size
+        if full:
+            self._wake.set()
 
     def _run(self) -> None:
-        while not self._stop.is_set() or not self._queue.empty():
-            try:
-                batch = [self._queue.get(timeout=self.delay_s)]
-            except queue.Empty:
-                continue
-            self._idle.clear()
-            # A batch is what arrives within delay_s of its first span (or batch_size): one export
-            # per span would cost a request's worth of HTTP each.
-            deadline = time.monotonic() + self.delay_s
-            while len(batch) < self.batch_size and not self._stop.is_set():
-                try:
-                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            self._export(batch)
-            if self._queue.empty():
-                self._idle.set()
+        while True:
+            self._wake.wait(self.delay_s)
+            self._wake.clear()
+            with self._lock:
+                spans, self._spans = self._spans, []
+                self._exporting = bool(spans)
+            for i in range(0, len(spans), self.batch_size):
+                self._export(spans[i : i + self.batch_size])
+            with self._lock:
+                self._exporting = False
+                done = self._stop.is_set() and not self._spans
+            if done:
+                return
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
         try:
@@ -152,18 +149,26 @@ class BoundedExport(SpanProcessor):
         except Exception as e:  # an exporter must never take the thread down
             log.debug("span export failed: %s", e)
             ok = False
-        self._count(exported=len(batch)) if ok else self._count(dropped=len(batch))
+        with self._lock:
+            if ok:
+                self._exported += len(batch)
+            else:
+                self._dropped += len(batch)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Waits (at most ``timeout_millis``) until every queued span was exported or dropped."""
+        """Waits (at most ``timeout_millis``) until every buffered span was exported or dropped."""
         deadline = time.monotonic() + timeout_millis / 1000
         while time.monotonic() < deadline:
-            if self._queue.empty() and self._idle.wait(timeout=0.05) and self._queue.empty():
-                return True
+            with self._lock:
+                if not self._spans and not self._exporting:
+                    return True
+            self._wake.set()
+            time.sleep(0.01)
         return False
 
     def shutdown(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5.0)
         self.exporter.shutdown()
 
