@@ -287,7 +287,9 @@ class Tracing:
     def shutdown(self) -> None:
         if self._provider is not None:
             self._provider.shutdown()
-            log.info("traces: %d spans exported, %d dropped", self.processor.exported, self.processor.dropped)
+            dropped = self.processor.dropped
+            level = logging.WARNING if dropped else logging.INFO  # the gateway logs warnings only
+            log.log(level, "traces: %d spans exported, %d dropped", self.processor.exported, dropped)
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         return self.processor.force_flush(int(timeout_s * 1000)) if self.processor else True
