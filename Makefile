@@ -30,7 +30,7 @@ SETUP_STAMP := $(VENV)/.switchboard-setup
 # MODEL=gemma: the fine-tuned Gemma 3 270M agent (make model-gemma); MODEL=x.gguf: imported first
 MODEL_DIR   := $(if $(filter gemma,$(MODEL)),build/gemma-agent,$(if $(MODEL),$(MODEL),build/default-model))
 
-.PHONY: help setup model model-gemma bench-gemma model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-bench test-integration perf bench bench-full chaos soak capacity-sim lock clean
+.PHONY: traces traces-receiver help setup model model-gemma bench-gemma model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-bench test-integration perf bench bench-full chaos soak capacity-sim lock clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -81,12 +81,19 @@ export: model ## export MODEL (default: the built default model) to ONNX + INT8 
 serve: export ## start redis-server, tritonserver (ports 8000/8001/8002, Redis 6379) and the HTTP gateway (8080: OpenAI API, web chat) in the background; the recognizer joins when built (ASR_MODEL); REPLICAS=2: two behind HAProxy on 8001
 	@$(PY) -m switchboard.ops.launch up --repository $(REPO) --replicas $(REPLICAS) --gateway-port $(GATEWAY_PORT)
 
-stop: ## stop what `make serve` (and `make monitor`) started
+stop: ## stop what `make serve` (and `make monitor`, `make traces`) started
 	@$(PY) -m switchboard.ops.monitor down >/dev/null
+	@$(PY) -m switchboard.ops.traces down >/dev/null
 	@$(PY) -m switchboard.ops.launch down
 
 monitor: setup ## Prometheus (:9090, monitoring/alerts.yml), Alertmanager (:9093) and its webhook receiver (:9095, build/run/monitor/alerts.jsonl) against `make serve`
 	@$(PY) -m switchboard.ops.monitor up
+
+traces: setup ## Arize Phoenix (own venv build/phoenix-venv, made once) on :6006: OTLP traces in, their web UI; then SWITCHBOARD_TRACE_ENDPOINT=http://127.0.0.1:6006 make serve (docs/tracing.md)
+	@$(PY) -m switchboard.ops.traces up
+
+traces-receiver: setup ## only install the trace receiver (Arize Phoenix) into build/phoenix-venv
+	@$(PY) -m switchboard.ops.traces install
 
 dashboard: setup ## regenerate the Grafana dashboard monitoring/grafana/switchboard.json from switchboard/ops/dashboard.py
 	@$(PY) -m switchboard.ops.dashboard write
@@ -106,7 +113,7 @@ chat: setup ## interactive chat with the running server (TEXT="..." for one ques
 lint: setup ## ruff: formatting and lint (pycodestyle, pyflakes, import order, bugbear)
 	@$(VENV)/bin/ruff format --check --quiet . && $(VENV)/bin/ruff check --quiet . && echo "[lint] ruff: formatted, no findings"
 
-test: lint export test-recognizer ## lint, then unit, bench, tools, export, model and integration tests (real tritonserver and redis-server on free ports)
+test: lint export test-recognizer traces-receiver ## lint, then unit, bench, tools, export, model and integration tests (real tritonserver and redis-server on free ports)
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast unit tests
@@ -115,7 +122,7 @@ test-unit: setup ## only the fast unit tests
 test-bench: setup ## only the tests of the benchmark suite and tools/ (tests/bench, tests/tools: no server, no build outputs)
 	@$(PY) -m pytest tests/bench tests/tools $(PYTEST_ARGS)
 
-test-integration: export test-recognizer ## only the integration tests
+test-integration: export test-recognizer traces-receiver ## only the integration tests
 	@$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 perf: export ## perf_analyzer against chat with real corpus questions (report in build/perf)

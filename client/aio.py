@@ -115,11 +115,17 @@ class AsyncChatClient:
         return collect_transcript([e async for e in events])
 
     def transcribe_stream(
-        self, audio: bytes, language: str | None = None, priority: int = 2, *, deltas: bool = True
+        self,
+        audio: bytes,
+        language: str | None = None,
+        priority: int = 2,
+        *,
+        deltas: bool = True,
+        traceparent: str | None = None,
     ) -> AsyncIterator[str | AsrResult]:
         """Transcript deltas (str) ending with the ``AsrResult``; leaving early cancels the
         transcription. ``deltas`` False: the ``AsrResult`` alone (``Asr.DELTAS``)."""
-        return self._exchange(transcribe_call(self.asr_model, audio, language, priority, deltas))
+        return self._exchange(transcribe_call(self.asr_model, audio, language, priority, deltas, traceparent))
 
     async def voice_chat(self, audio: bytes | VoiceRequest, **options) -> VoiceReply:
         """``ChatClient.voice_chat``'s whole ``VoiceReply``."""

@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2
 
 from switchboard.client.events import ChatError, asr_decoder, chat_decoder, voice_decoder
 from switchboard.codec import build_request
-from switchboard.wire import PRIORITY_PARAMETER, SESSION_HEADER, Asr, Chat, Pool
+from switchboard.wire import PRIORITY_PARAMETER, SESSION_HEADER, TRACE_PARAMETER, Asr, Chat, Pool
 
 _ids = itertools.count()
 
@@ -105,10 +105,15 @@ def request_id() -> str:
     return f"{os.getpid()}-{next(_ids)}"
 
 
-def transcribe_call(model: str, audio, language=None, priority: int = 2, deltas: bool = True) -> Call:
-    """``asr`` on an audio file; ``deltas`` False: the ``AsrResult`` alone (``Asr.DELTAS``)."""
+def transcribe_call(
+    model: str, audio, language=None, priority: int = 2, deltas: bool = True, traceparent: str | None = None
+) -> Call:
+    """``asr`` on an audio file; ``deltas`` False: the ``AsrResult`` alone (``Asr.DELTAS``);
+    ``traceparent``: a W3C trace context the server's spans join."""
     inputs = audio_inputs(audio, language)  # a wrong type fails here, not at the first event
     parameters = {PRIORITY_PARAMETER: int(priority)} | ({} if deltas else {Asr.DELTAS: False})
+    if traceparent:
+        parameters[TRACE_PARAMETER] = str(traceparent)
     return Call(model, inputs, Asr.OUTPUTS, priority, parameters, None, asr_decoder, pooled=False)
 
 
@@ -128,6 +133,7 @@ class Turn:
     history: list[dict] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    traceparent: str | None = None  # a W3C trace context the server's spans join (docs/tracing.md)
 
     @classmethod
     def of(cls, first, **options):
@@ -155,10 +161,12 @@ class Turn:
             inputs.append((Chat.HISTORY, _blob(list(self.history)), np.object_, "BYTES"))
         return inputs
 
-    def parameters(self) -> dict[str, int]:
+    def parameters(self) -> dict[str, int | str]:
         parameters = {PRIORITY_PARAMETER: int(self.priority)}
         if self.seed is not None:
             parameters[Pool.SEED] = int(self.seed)
+        if self.traceparent:
+            parameters[TRACE_PARAMETER] = str(self.traceparent)
         return parameters
 
 

@@ -26,6 +26,7 @@ SUITES = {
     "scaling": ("scaling", "served tokens/s against concurrency, next to the bare runtime"),
     "json-finish": ("json_finish", "JSON that always parses, and repetition control, on an exported model"),
     "gateway-cost": ("gateway_cost", "what the HTTP gateway costs against gRPC under the same load"),
+    "trace-cost": ("trace_cost", "what traces cost: the same load at 0% and 100% sampling"),
     "gguf-check": ("gguf_check", "a GGUF import against llama.cpp on the same file"),
     "llamacpp": ("llamacpp", "llama.cpp's server as a peer: build, convert, serve"),
     # speech

@@ -24,6 +24,9 @@ from enum import Enum, StrEnum
 
 PRIORITY_LIVE, PRIORITY_DEFAULT = 1, 2
 PRIORITY_PARAMETER = "chat_priority"
+# The request parameter carrying a request's W3C trace context (switchboard/common/tracing.py)
+# from the gateway to chat and from chat to a pool.
+TRACE_PARAMETER = "traceparent"
 # gRPC metadata the SDK sends with a session's chats: a balancer in front of several replicas
 # hashes it to keep the session on one replica (switchboard/ops/balancer.py).
 SESSION_HEADER = "x-session-id"

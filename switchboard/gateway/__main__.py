@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from switchboard.common import tracing
 from switchboard.gateway.keys import ENV, TIERS, KeysError, KeyTable
 
 
@@ -73,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeysError as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
+    try:
+        trace_settings = tracing.TraceSettings.from_env("gateway")
+    except ValueError as e:
+        print(f"gateway: {e}", file=sys.stderr)
+        return 2
     if keys.open:
         logging.getLogger("switchboard.gateway").warning(
             "no API keys (--keys-file, $%s): the API is open to anyone who can reach :%d", ENV, args.port
@@ -95,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         retry_after_s=args.retry_after_s,
         timeout_s=args.timeout_s,
     )
+    tracing.configure(trace_settings, edge=True)  # the edge: sampling is decided here
     uvicorn.run(
         create_app(config),
         host=args.host,
@@ -105,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         server_header=False,
         timeout_graceful_shutdown=5,
     )
+    tracing.active().shutdown()  # what is queued goes out (bounded by the export timeout)
     return 0
 
 

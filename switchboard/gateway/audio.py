@@ -30,7 +30,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from switchboard.client import ChatError, Heard
-from switchboard.gateway.checks import authenticate, priority_of, refuse_foreign_origin, state_of, wants_stats
+from switchboard.common import tracing
+from switchboard.gateway.checks import (
+    authenticate,
+    priority_of,
+    refuse_foreign_origin,
+    state_of,
+    trace_request,
+    wants_stats,
+)
 from switchboard.gateway.errors import (
     APIError,
     bad_request,
@@ -342,7 +350,9 @@ async def transcriptions(request: Request):
     with_stats = wants_stats(request)
     if not slots.take():
         raise overloaded(429, f"too many requests in flight (limit {slots.limit}), retry later", config.retry_after_s)
-    events = state.client.transcribe_stream(call.audio, call.language, priority, deltas=call.stream)
+    span = trace_request(request, "POST /v1/audio/transcriptions", stream=call.stream)
+    traced = {"traceparent": tp} if (tp := tracing.inject(span)) else {}  # asked only when traced
+    events = state.client.transcribe_stream(call.audio, call.language, priority, deltas=call.stream, **traced)
     released = False
 
     async def release():
@@ -351,6 +361,7 @@ async def transcriptions(request: Request):
             released = True
             slots.give()
             await events.aclose()  # cancels the transcription if it is still running
+            span.end()
 
     handed_over = False
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from switchboard.common import tracing
 from switchboard.gateway.errors import APIError, bad_request
 from switchboard.gateway.keys import Caller, KeyTable
 from switchboard.gateway.state import GatewayState
@@ -91,3 +92,10 @@ def refuse_foreign_origin(request: Request, allowed: tuple[str, ...]) -> None:
 
 def wants_stats(request: Request) -> bool:
     return request.headers.get(STATS_HEADER, "").strip().lower() in ("1", "true", "yes")
+
+
+def trace_request(request: Request, name: str, **attributes):
+    """The request's span (not current: handlers share the event loop's thread), joining the
+    caller's ``traceparent`` when it sent a valid one; the gateway decides the sampling."""
+    parent = tracing.extract(request.headers.get("traceparent"))
+    return tracing.active().start(name, parent, attributes=attributes)

@@ -14,6 +14,7 @@ cancelled, and ``chat`` stops the generation at its next check (``cancel_poll_ms
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from importlib import resources
 
@@ -21,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from switchboard.common import tracing
 from switchboard.gateway.audio import next_heard
 from switchboard.gateway.checks import (
     authenticate,
@@ -28,6 +30,7 @@ from switchboard.gateway.checks import (
     read_body,
     require_json,
     state_of,
+    trace_request,
     wants_stats,
 )
 from switchboard.gateway.errors import APIError, overloaded
@@ -59,7 +62,8 @@ async def chat_completions(request: Request):
     if not slots.take():
         raise overloaded(429, f"too many chats in flight (limit {slots.limit}), retry later", config.retry_after_s)
     completion = Completion(call.model)
-    turn = call.chat_request(priority)
+    span = trace_request(request, "POST /v1/chat/completions", stream=call.stream, voice=call.audio is not None)
+    turn = dataclasses.replace(call.chat_request(priority), traceparent=tracing.inject(span))
     events = state.client.voice_stream(turn) if call.audio is not None else state.client.stream(turn)
     released = False
 
@@ -69,6 +73,7 @@ async def chat_completions(request: Request):
             released = True
             slots.give()
             await events.aclose()  # cancels the chat if it is still running
+            span.end()  # the answer's last byte is out (or the client left)
 
     handed_over = False
     try:

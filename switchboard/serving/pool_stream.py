@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from switchboard.codec import build_request
+from switchboard.common import tracing
 from switchboard.serving.engine_client import EngineClient, EngineStream
 from switchboard.serving.pool_health import PoolHealth
-from switchboard.wire import PRIORITY_PARAMETER, EngineStats, Pool, untag
+from switchboard.wire import PRIORITY_PARAMETER, TRACE_PARAMETER, EngineStats, Pool, untag
 
 
 class EngineError(RuntimeError):
@@ -94,6 +95,12 @@ class PoolStreams:
             parameters[Pool.RESPONSE_FORMAT] = gen.response_format
         if gen.logprobs >= 0:
             parameters[Pool.LOGPROBS] = gen.logprobs
+        # The stream is a span of the chat's trace; the pool's spans join it (docs/tracing.md).
+        attributes = {"prompt_tokens": len(gen.prompt_ids), "priority": gen.priority}
+        span = tracing.active().child(f"stream {pool}", kind=tracing.SpanKind.CLIENT, attributes=attributes)
+        traceparent = tracing.inject(span)
+        if traceparent:
+            parameters[TRACE_PARAMETER] = traceparent
         # Triton's queue orders the pool's requests by `priority` and rejects one it could not
         # start within `timeout`; the engine orders its batch by `chat_priority`.
         request = build_request(
@@ -106,17 +113,24 @@ class PoolStreams:
             version=self.version,
         )
         # Responses that queued while this chat waited for its turn to send go out as one.
-        for responses in self._bounded(pool, self.engines.stream(request)):
-            merged: dict = {}
-            for response in responses:
-                for name, array in response.items():
-                    if name == Pool.TOKEN_IDS:
-                        merged.setdefault(name, []).extend(array.reshape(-1).tolist())
-                    elif name == Pool.STATS:
-                        merged[name] = EngineStats.from_json(array.reshape(-1)[0])
-                    elif name == Pool.LOGPROBS:
-                        merged.setdefault(name, []).extend(json.loads(array.reshape(-1)[0]))
-            yield merged
+        error = None
+        try:
+            for responses in self._bounded(pool, self.engines.stream(request)):
+                merged: dict = {}
+                for response in responses:
+                    for name, array in response.items():
+                        if name == Pool.TOKEN_IDS:
+                            merged.setdefault(name, []).extend(array.reshape(-1).tolist())
+                        elif name == Pool.STATS:
+                            merged[name] = EngineStats.from_json(array.reshape(-1)[0])
+                        elif name == Pool.LOGPROBS:
+                            merged.setdefault(name, []).extend(json.loads(array.reshape(-1)[0]))
+                yield merged
+        except EngineError as e:
+            error = str(e)
+            raise
+        finally:
+            tracing.end(span, error)
 
     def _bounded(self, pool: str, stream: EngineStream):
         """The stream in batches: every response that has arrived (at least one), read on a

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from switchboard.artifact.grammar import GrammarError, Grammars
 from switchboard.artifact.tools import ToolCallParser, ToolFormat
+from switchboard.common import tracing
 from switchboard.common.detok import IncrementalDetokenizer
 from switchboard.serving.engine_client import stub_dead
 from switchboard.serving.fallback import FaqFallback
@@ -32,6 +33,7 @@ from switchboard.serving.session import Lookup, longest_common_prefix
 from switchboard.wire import CacheMiss, ChatStats, EngineStats, FallbackReason, FinishReason, Pool, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
+_REDIS = {"db.system": "redis"}  # OpenTelemetry's attribute for a Redis client span
 
 
 class Cancelled(RuntimeError):
@@ -98,7 +100,7 @@ class ChatTurn:
         would not match). With tools, the answer's calls go to ``sink.tool_calls`` as they are
         written, its other text to ``sink.text``."""
         constraint = self.check_format(chat)
-        lookup = self.sessions.load(chat.session_id) if chat.session_id else Lookup()
+        lookup = self._load(chat.session_id) if chat.session_id else Lookup()
         if chat.history is not None:  # stateless: the client's history; its KV is found by content
             lookup = Lookup(Conversation([dict(m) for m in chat.history]))
         if chat.tool_results:
@@ -194,12 +196,11 @@ class ChatTurn:
                 engine_stats = dataclasses.replace(engine_stats, reason=FinishReason.TOOL_CALLS)
 
         if chat.session_id:
-            self.sessions.save(
-                chat.session_id,
-                self.prompts.after_answer(
-                    prompt, generated, content, self.end_of_turn_id, calls.calls if calls is not None else None
-                ),
+            conversation = self.prompts.after_answer(
+                prompt, generated, content, self.end_of_turn_id, calls.calls if calls is not None else None
             )
+            with tracing.active().span("redis session.save", kind=tracing.SpanKind.CLIENT, attributes=_REDIS) as s:
+                s.set_attribute("stored", self.sessions.save(chat.session_id, conversation))
         stats = ChatStats(
             prompt_tokens=len(prompt.ids),
             reused_tokens=min(engine_stats.reused, len(prompt.ids)),  # after a failover: of the prompt
@@ -224,6 +225,13 @@ class ChatTurn:
         if scored:
             sink.logprobs(scored, chat.priority)
         sink.final(stats, tail, chat.priority)
+
+    def _load(self, session_id: str) -> Lookup:
+        """The session's conversation from Redis, in a span of the chat's trace."""
+        with tracing.active().span("redis session.load", kind=tracing.SpanKind.CLIENT, attributes=_REDIS) as s:
+            lookup = self.sessions.load(session_id)
+            s.set_attribute("status", str(lookup.status))
+        return lookup
 
     @staticmethod
     def _send(delta: str, calls: ToolCallParser | None, sink: Sink, priority: int, last: bool = False) -> str:

@@ -22,7 +22,7 @@ from switchboard.codec import build_request
 from switchboard.common.tally import Tally
 from switchboard.serving.engine_client import EngineClient, EngineStreamError
 from switchboard.serving.metrics import starts_conversation
-from switchboard.wire import PRIORITY_PARAMETER, Asr, AsrResult, Chat, ChatStats, untag
+from switchboard.wire import PRIORITY_PARAMETER, TRACE_PARAMETER, Asr, AsrResult, Chat, ChatStats, untag
 
 PREFIX = "switchboard_voice_"
 # name -> (kind, help, label names, buckets), as ChatMetrics' (switchboard/serving/metrics.py)
@@ -67,7 +67,7 @@ class VoiceRequest:
     language: str | None
     chat_inputs: dict  # chat's optional inputs as given (session_id, max_new_tokens, ...), name -> array
     priority: int
-    parameters: dict  # request parameters passed on to chat (chat_priority, seed)
+    parameters: dict  # request parameters passed on to chat (chat_priority, seed, traceparent)
 
 
 def _failure(error: EngineStreamError, unavailable_hint: str) -> VoiceError:
@@ -142,7 +142,9 @@ class VoiceTurn:
             self.asr_model,
             inputs,
             list(Asr.OUTPUTS),
-            {PRIORITY_PARAMETER: request.priority, Asr.DELTAS: False},  # the transcript is read whole
+            # the transcript is read whole; the turn's trace context goes to asr as to chat
+            {PRIORITY_PARAMETER: request.priority, Asr.DELTAS: False}
+            | {k: v for k, v in request.parameters.items() if k == TRACE_PARAMETER},
             priority=request.priority,
             timeout_us=int(self.asr_timeout_s * 1e6),
         )

@@ -8,6 +8,7 @@ import logging
 from typing import Protocol
 
 from switchboard.asr.metrics import METRICS, OUTCOMES, PREFIX, PRIORITIES, AsrMetrics
+from switchboard.triton.common import DroppedSpans
 from switchboard.triton.tally_metrics import TallyPublisher
 
 log = logging.getLogger("switchboard.asr")
@@ -26,6 +27,7 @@ class AsrMetricsPublisher(TallyPublisher):
     def __init__(self, metrics: AsrMetrics, pool: Pool, interval: float = 1.0):
         """``pool``: what ``pending_audio_seconds`` reads (``AsrService``)."""
         self.pool = pool
+        self.dropped_spans = DroppedSpans("asr")
         super().__init__(
             metrics,
             PREFIX,
@@ -42,3 +44,8 @@ class AsrMetricsPublisher(TallyPublisher):
 
     def _publish_more(self) -> None:
         self.series("pending_audio_seconds").set(float(self.pool.pending_s))
+        self.dropped_spans.publish()
+
+    def close(self) -> None:
+        super().close()
+        self.dropped_spans.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from switchboard.asr.metrics import AsrMetrics
 from switchboard.asr.model import AsrModel
 from switchboard.asr.runtime import MANY_THREADS_FROM_FLOPS, AsrManifest, encoder_flops
 from switchboard.asr.service import AsrJob, AsrRequestError, AsrService
+from switchboard.common import tracing
 from switchboard.common.breaker import LatencyBreaker
 from switchboard.common.stream import CancelWatch, Outbox, ResponseSender
 from switchboard.repository.config import AsrConfig
@@ -39,7 +41,7 @@ from switchboard.triton.common import (
     require_decoupled,
     send_error,
 )
-from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Asr, AsrResult
+from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, TRACE_PARAMETER, Asr, AsrResult
 
 log = logging.getLogger("switchboard.asr")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -67,6 +69,9 @@ class TritonSink:
         self.priority, self.outbox, self.watch, self.metrics = priority, outbox, watch, metrics
         self.lock = threading.Lock()  # guards final_sent (stream.Sink says why)
         self.final_sent = self.cancel_seen = self.broken = self.watched = False
+        # The request's span (docs/tracing.md), ended with its last response, its queue and
+        # transcription placed in it from the result's times; when it was submitted.
+        self.span, self.submitted_ns = tracing.NO_SPAN, time.time_ns()
 
     def cancelled(self) -> bool:
         if not self.watched:  # watched from its first batch on, not while it only waits
@@ -91,6 +96,17 @@ class TritonSink:
             self.sender.send(pb_utils.InferenceResponse(output_tensors=out))
         if not end:
             return
+        answered = time.time_ns()  # the span ends as the last response leaves
+        try:
+            self._end(final)
+        finally:
+            if isinstance(final, AsrResult) and not self.cancel_seen:
+                tracing.active().asr_phases(self.span, self.submitted_ns, answered, final)
+                tracing.end(self.span, end_ns=answered)
+            else:
+                tracing.end(self.span, "cancelled" if self.cancel_seen else str(final), answered)
+
+    def _end(self, final) -> None:
         if self.cancel_seen:
             self.metrics.failed("cancelled")
             send_error(self.sender, "cancelled by the client", "CANCELLED")
@@ -129,6 +145,7 @@ class TritonPythonModel:
         config, version = load_config(args)
         require_decoupled(config)
         one_blas_thread()
+        tracing.configure(tracing.TraceSettings.from_env("asr"))
         cfg = AsrConfig.load(config, "asr/config.pbtxt")
         self.cfg = cfg
         self.watch = CancelWatch("asr", cfg.cancel_poll_ms / 1000)
@@ -257,6 +274,7 @@ class TritonPythonModel:
             params = request_parameters(request)
             priority, deltas = _priority(params), params.get(Asr.DELTAS, True) is not False
             sink = TritonSink(request, priority, self.sender.outbox, self.watch, self.metrics, deltas)
+            sink.span = tracing.active().start("asr", tracing.extract(params.get(TRACE_PARAMETER)))
             job = AsrJob(audio.reshape(-1)[0], sink, _language(request), priority)
             self.service.submit(job)
         return None
@@ -266,3 +284,4 @@ class TritonPythonModel:
         self.service.close()
         self.sender.close()
         self.watch.close()
+        tracing.active().shutdown()

@@ -9,6 +9,7 @@ import logging
 from switchboard.serving.admission import Admission
 from switchboard.serving.metrics import METRICS, PREFIX, STAGES, TOOLS, ChatMetrics
 from switchboard.serving.pool_health import PoolHealth
+from switchboard.triton.common import DroppedSpans
 from switchboard.triton.tally_metrics import TallyPublisher
 from switchboard.wire import CacheMiss, FallbackReason, Route, SessionStatus
 
@@ -46,6 +47,7 @@ class ChatMetricsPublisher(TallyPublisher):
         interval: float = 1.0,
     ):
         self.admission, self.health, self.pools = admission, health, pools
+        self.dropped_spans = DroppedSpans("chat")
         self._known = {**_KNOWN, "version": tuple(str(v) for v in versions)}
         self._last_sheds: dict = {}
         super().__init__(
@@ -86,3 +88,8 @@ class ChatMetricsPublisher(TallyPublisher):
         self.series("admission_running").set(float(state["running"]))
         for pool in self.pools:
             self.series("pool_up", (("pool", pool),)).set(1.0 if self.health.up(pool) else 0.0)
+        self.dropped_spans.publish()
+
+    def close(self) -> None:
+        super().close()
+        self.dropped_spans.close()

@@ -24,6 +24,7 @@ from switchboard.artifact.grammar import GrammarError, Grammars
 from switchboard.artifact.manifest import MANIFEST
 from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.artifact.tools import ToolFormat, ToolFormatError
+from switchboard.common import tracing
 from switchboard.common.breaker import LatencyBreaker
 from switchboard.common.stream import CancelPoll
 from switchboard.engine.sizing import compute_bound
@@ -51,7 +52,7 @@ from switchboard.triton.common import (
     require_decoupled,
     send_error,
 )
-from switchboard.wire import Chat, ChatStats, FallbackReason, SessionStatus
+from switchboard.wire import TRACE_PARAMETER, Chat, ChatStats, FallbackReason, SessionStatus
 
 log = logging.getLogger("switchboard.chat")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -64,6 +65,8 @@ class _Job:
     chat: ChatRequest
     t0: float
     version: int  # the pools' model version that serves it (VersionPicker)
+    span: tracing.Span = tracing.NO_SPAN  # the chat's, ended with its final response (tracing.py)
+    queued_ns: int = 0  # when it joined the admission queue (the ``admission`` span's start)
 
 
 class TritonSink:
@@ -73,6 +76,7 @@ class TritonSink:
     def __init__(self, sender, gate: PriorityGate, finished):
         self.sender, self.gate, self.finished = sender, gate, finished
         self._scored: list[dict] = []  # logprobs for the next response
+        self.final_ns: int | None = None  # when the final response left (the chat's span ends then)
         self._tools: list[str] = []  # the names of the answer's calls, for the metrics
 
     def logprobs(self, entries: list[dict], priority: int) -> None:
@@ -109,6 +113,7 @@ class TritonSink:
             *self._logprobs_output(),
         ]
         with self.gate(send_rank(priority, final=True)):
+            self.final_ns = time.time_ns()
             self.sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=FINAL)
         self.finished(stats, self._tools)
 
@@ -120,6 +125,7 @@ class TritonPythonModel:
         config, version = load_config(args)
         require_decoupled(config)
         one_blas_thread()
+        tracing.configure(tracing.TraceSettings.from_env("chat"))
         cfg = ChatConfig.load(config, "chat/config.pbtxt")
         self.queue_timeout_s = cfg.queue_timeout_s
         self._load_model(version, cfg)
@@ -274,24 +280,31 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            params = request_parameters(request)
+            span = tracing.active().start("chat", tracing.extract(params.get(TRACE_PARAMETER)))
             try:
                 inputs = {name: input_array(request, name) for name in Chat.INPUTS}
-                chat = parse_chat_request(inputs, request_parameters(request), self.limits)
+                chat = parse_chat_request(inputs, params, self.limits)
             except RequestError as e:
                 send_error(sender, str(e), "INVALID_ARG")
                 self.metrics.failed("invalid")
+                tracing.end(span, str(e))
                 continue
             held = self._wait_for_room(request) if chat.priority > 1 else None
             if held == "cancelled":
                 send_error(sender, "cancelled by the client", "CANCELLED")
                 self.metrics.abandoned("waiting")
+                tracing.end(span, "cancelled")
                 continue
             if held == "timeout":
                 send_error(sender, "chat is overloaded; try again later", "UNAVAILABLE")
                 self.metrics.failed("unavailable")
+                tracing.end(span, "overloaded")
                 continue
             version = self.picker.pick(conversation_key(chat.session_id, chat.history, chat.text))
-            self.admission.submit(_Job(request, sender, chat, time.perf_counter(), version), chat.priority)
+            span.set_attribute("priority", chat.priority)
+            job = _Job(request, sender, chat, time.perf_counter(), version, span, time.time_ns())
+            self.admission.submit(job, chat.priority)
         return None
 
     def _wait_for_room(self, request) -> str | None:
@@ -308,36 +321,54 @@ class TritonPythonModel:
 
     def _serve(self, job: _Job) -> None:
         request, sender = job.request, job.sender
+        self._admitted(job, "admitted")
         if request.is_cancelled():
             send_error(sender, "cancelled by the client", "CANCELLED")
             self.metrics.abandoned("waiting", job.version)
+            tracing.end(job.span, "cancelled")
             return
+        error, sink = None, self._sink(job)
         try:
             cancelled = CancelPoll(request.is_cancelled, self.cancel_poll_s)
-            self.turns[job.version].run(job.chat, self._sink(job), cancelled, job.t0)
+            with tracing.active().current(job.span):  # the turn's spans (Redis, the pool) are its children
+                self.turns[job.version].run(job.chat, sink, cancelled, job.t0)
         except RequestError as e:
             send_error(sender, str(e), "INVALID_ARG")
             self.metrics.failed("invalid", job.version)
+            error = str(e)
         except EngineError as e:
             send_error(sender, str(e), "UNAVAILABLE")
             self.metrics.failed("unavailable", job.version)
+            error = str(e)
         except Cancelled:
             send_error(sender, "cancelled by the client", "CANCELLED")
             self.metrics.abandoned("answering", job.version)
+            error = "cancelled"
         except Exception:
             log.exception("chat failed")
             send_error(sender, "internal error")
             self.metrics.failed("error", job.version)
+            error = "internal error"
+        finally:
+            tracing.end(job.span, error, sink.final_ns)
+
+    def _admitted(self, job: _Job, outcome: str) -> None:
+        """The chat's wait in the admission queue, as a span ending now."""
+        tracing.active().child("admission", job.span, start_ns=job.queued_ns, attributes={"outcome": outcome}).end()
 
     def _shed(self, job: _Job, reason: str) -> None:
         """No generation slot in time: answer from the FAQ. Not asked whether the client left
         (a round trip per answer, the FAQ's rate under a burst): a gone client drops the answer."""
+        self._admitted(job, f"shed: {reason}")
         if self.faq is None or job.chat.must_generate:  # the FAQ's text would not match
             send_error(job.sender, f"overloaded ({reason}); try again later", "UNAVAILABLE")
             self.metrics.failed("unavailable", job.version)
+            tracing.end(job.span, f"overloaded ({reason})")
         else:
-            turn = self.turns[job.version]
-            turn.answer_from_faq(job.chat, self._sink(job), job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
+            turn, sink = self.turns[job.version], self._sink(job)
+            turn.answer_from_faq(job.chat, sink, job.t0, FallbackReason(reason), SessionStatus.SKIPPED)
+            job.span.set_attribute("fallback", reason)
+            tracing.end(job.span, end_ns=sink.final_ns)
 
     def _sink(self, job: _Job) -> TritonSink:
         return TritonSink(job.sender, self.gate, lambda stats, tools: self._finished(job.chat, stats, tools))
@@ -353,3 +384,4 @@ class TritonPythonModel:
         self.publisher.close()
         self.sessions.close()
         self.engines.close()
+        tracing.active().shutdown()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from switchboard.common import tracing
 from switchboard.repository.params import ConfigError
 from switchboard.wire import tag
 
@@ -19,6 +21,32 @@ def load_config(args: dict) -> tuple[dict, Path]:
     config = json.loads(args["model_config"])
     version = Path(args["model_repository"]) / args["model_version"]
     return config, version
+
+
+class DroppedSpans:
+    """The spans this process could not deliver to the trace receiver (switchboard/common/
+    tracing.py: queue full, receiver missing or failing), as
+    ``switchboard_trace_spans_dropped_total{model, pid}``; ``publish`` copies the count."""
+
+    def __init__(self, model: str):
+        F = pb_utils.MetricFamily
+        self._family = F(
+            name="switchboard_trace_spans_dropped_total",
+            description="trace spans not delivered to the OTLP receiver (queue full, receiver missing or failing)",
+            kind=F.COUNTER,
+        )
+        self._metric = self._family.Metric(labels={"model": model, "pid": str(os.getpid())})
+        self._last = 0
+
+    def publish(self) -> None:
+        dropped = tracing.active().dropped
+        if dropped > self._last and self._metric is not None:
+            self._metric.increment(float(dropped - self._last))
+            self._last = dropped
+
+    def close(self) -> None:
+        self._metric = None  # the metric before its family (the backend requires this order)
+        self._family = None
 
 
 def one_blas_thread() -> None:

@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from switchboard.engine.scheduler import STAT_KEYS, Engine
 from switchboard.kv.tiers import BlockCache
-from switchboard.triton.common import Periodic
+from switchboard.triton.common import DroppedSpans, Periodic
 from switchboard.wire import CacheMiss
 
 log = logging.getLogger("switchboard.engine")
@@ -110,6 +110,7 @@ class EngineMetricsPublisher:
             for key, (family, labels) in _KV_COUNTERS.items()
         }
         self._kv_bytes = self._families["kv_local_bytes"].Metric(labels=self.labels)
+        self.dropped_spans = DroppedSpans(model)
         self._kv_last: dict = {}
         self._batch: dict[int, object] = {}
         self._last: dict = {}
@@ -139,6 +140,7 @@ class EngineMetricsPublisher:
                     metric.increment(float(delta))
             self._kv_last = kv
             self._kv_bytes.set(float(kv.get("local_bytes", 0)))
+        self.dropped_spans.publish()
 
     def close(self) -> None:
         self._ticker.stop()
@@ -148,3 +150,4 @@ class EngineMetricsPublisher:
         self._kv.clear()
         self._waiting = self._running = self._kv_bytes = None
         self._families.clear()
+        self.dropped_spans.close()

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from switchboard.artifact.grammar import Grammars, parse_spec
 from switchboard.artifact.tokenizer import control_token_ids
+from switchboard.common import tracing
 from switchboard.common.stream import CancelWatch, ResponseSender, TokenStream
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.loader import load_decoder, pool_runtime
@@ -44,7 +46,7 @@ from switchboard.triton.common import (
 )
 from switchboard.triton.engine_metrics import EngineMetricsPublisher
 from switchboard.triton.engine_responses import FINAL, ResponseSink
-from switchboard.wire import MAX_TOP_LOGPROBS, PRIORITY_DEFAULT, PRIORITY_PARAMETER, Pool
+from switchboard.wire import MAX_TOP_LOGPROBS, PRIORITY_DEFAULT, PRIORITY_PARAMETER, TRACE_PARAMETER, Pool
 
 log = logging.getLogger("switchboard.engine")
 
@@ -62,6 +64,7 @@ class TritonPythonModel:
         require_decoupled(config)
         one_blas_thread()
         self.name = config["name"]
+        tracing.configure(tracing.TraceSettings.from_env(self.name))
         cfg = EngineConfig.load(config, f"{self.name}/config.pbtxt")
         self._load_version(version, cfg)
         decoder, runtime = self._load_decoder(version, cfg, args)
@@ -180,23 +183,31 @@ class TritonPythonModel:
                     flags=FINAL,
                 )
                 continue
+            # The request's span in chat's trace (docs/tracing.md); the engine's own work is placed
+            # in it after the fact, from its stats (engine_responses.py).
+            parent = tracing.extract(params.get(TRACE_PARAMETER))
+            span = tracing.active().start(self.name, parent) if parent else tracing.NO_SPAN
             try:
                 req = self._parse(request, params)
                 self.engine.validate(req)
             except ValueError as e:
                 send_error(sender, f"{self.name}: {e}", "INVALID_ARG")
+                tracing.end(span, str(e))
                 continue
-            reuse = self._reuse(req, params)
+            with tracing.active().current(span):
+                reuse = self._reuse(req, params)
             while not self.engine.wait_for_room(timeout=1.0):
                 if request.is_cancelled():
                     break
             if request.is_cancelled():
                 send_error(sender, "cancelled", "CANCELLED")
+                tracing.end(span, "cancelled")
                 continue
             stream = TokenStream(0.0 if req.priority <= 1 else self.stream_interval_s)
             sink = ResponseSink(request, sender, req.priority, self.sender.outbox, stream, self.watch)
             if reuse is not None:
                 sink.blocks, sink.prompt, sink.reuse = self.blocks, req.prompt, reuse
+            sink.span, sink.submitted_ns = span, time.time_ns()
             self.engine.submit(req, sink)
         return None
 
@@ -206,7 +217,11 @@ class TritonPythonModel:
         if not params.get(Pool.KV_REUSE) or params.get(Pool.FINGERPRINT) != self.fingerprint:
             return None
         expected = params.get(Pool.EXPECTED_REUSE, 0)
-        reuse = self.blocks.lookup(req.prompt, req.priority, expected if isinstance(expected, int) else 0)
+        with tracing.active().span(
+            "kv lookup", kind=tracing.SpanKind.CLIENT, attributes={"db.system": "redis"}
+        ) as span:
+            reuse = self.blocks.lookup(req.prompt, req.priority, expected if isinstance(expected, int) else 0)
+            span.set_attributes({"local_blocks": reuse.local_blocks, "redis_blocks": reuse.remote_blocks})
         if reuse.tokens:
             req.reused, req.past = reuse.tokens, reuse.past
         req.return_cache = True
@@ -251,3 +266,4 @@ class TritonPythonModel:
         self.sender.close()
         self.watch.close()
         self.blocks.close()
+        tracing.active().shutdown()

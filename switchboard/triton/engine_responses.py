@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from switchboard.common import tracing
 from switchboard.common.stream import CancelWatch, Outbox, TokenStream
 from switchboard.engine.scheduler import GenerationResult
 from switchboard.kv.tiers import BlockCache, Reuse
@@ -19,6 +21,7 @@ from switchboard.triton.common import send_error
 from switchboard.wire import EngineStats, FinishReason, Pool
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_REDIS = {"db.system": "redis"}  # the blocks go to the pool's own memory and to Redis
 
 
 class ResponseSink:
@@ -40,6 +43,10 @@ class ResponseSink:
         # sender thread takes as many as the tokens it sends)
         self._logprobs: list = []
         self._logprobs_lock = threading.Lock()
+        # The pool's span of this request (ended after the final response, with the queue, prefill
+        # and decode placed in it from the engine's stats) and when the engine got the request.
+        self.span = tracing.NO_SPAN
+        self.submitted_ns = 0
 
     def cancelled(self) -> bool:
         # Watched from the engine's first question on (admission), so the round trips scale
@@ -77,14 +84,27 @@ class ResponseSink:
             out = pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32))
             self.sender.send(pb_utils.InferenceResponse(output_tensors=[out, *self._logprobs_of(len(ids))]))
         elif isinstance(final, Exception):
-            send_error(self.sender, f"generation failed: {final.__class__.__name__}")
+            try:
+                send_error(self.sender, f"generation failed: {final.__class__.__name__}")
+            finally:
+                tracing.end(self.span, f"generation failed: {final.__class__.__name__}")
         else:
-            self.sender.send(self._final(final, ids), flags=FINAL)
-            if self.blocks is not None and final.cache is not None:  # after the answer, never before
-                self.blocks.store(self.prompt + final.tokens[:-1], final.cache, self.priority)
+            stats = self._stats(final)
+            # The pool's span ends as its answer leaves (chat's stream ends after that); the new
+            # blocks are stored after the answer, so ``kv store`` starts after its parent ended.
+            answered = time.time_ns()
+            try:
+                self.sender.send(self._final(stats, final, ids), flags=FINAL)
+                tracer = tracing.active()
+                tracer.engine_phases(self.span, self.submitted_ns, answered, stats)
+                if self.blocks is not None and final.cache is not None:  # after the answer, never before
+                    with tracer.span("kv store", self.span, kind=tracing.SpanKind.CLIENT, attributes=_REDIS):
+                        self.blocks.store(self.prompt + final.tokens[:-1], final.cache, self.priority)
+            finally:
+                tracing.end(self.span, end_ns=answered)
 
-    def _final(self, result: GenerationResult, ids: list[int]):
-        stats = EngineStats(
+    def _stats(self, result: GenerationResult) -> EngineStats:
+        return EngineStats(
             reason=result.reason,
             generated=len(result.tokens),
             queue_ms=round(result.queue_ms, 2),
@@ -96,6 +116,8 @@ class ResponseSink:
             kv_redis_blocks=self.reuse.remote_blocks,
             cache_miss=self.reuse.miss,
         )
+
+    def _final(self, stats: EngineStats, result: GenerationResult, ids: list[int]):
         outputs = [pb_utils.Tensor(Pool.STATS, np.asarray([[stats.to_json().encode()]], np.object_))]
         if ids and result.reason != FinishReason.CANCELLED:
             outputs.append(pb_utils.Tensor(Pool.TOKEN_IDS, np.asarray([ids], np.int32)))

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from switchboard.common import tracing
 from switchboard.common.stream import CancelPoll
 from switchboard.repository.config import VoiceChatConfig
 from switchboard.serving.engine_client import EngineClient
@@ -29,7 +30,7 @@ from switchboard.triton.common import (
     send_error,
 )
 from switchboard.triton.tally_metrics import TallyPublisher
-from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, Pool, VoiceChat
+from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, TRACE_PARAMETER, Pool, VoiceChat
 
 log = logging.getLogger("switchboard.voice_chat")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -74,6 +75,7 @@ class TritonPythonModel:
         config, _ = load_config(args)
         require_decoupled(config)
         one_blas_thread()
+        tracing.configure(tracing.TraceSettings.from_env("voice_chat"))
         cfg = VoiceChatConfig.load(config, "voice_chat/config.pbtxt")
         self.client = EngineClient(cfg.engine_url)
         self.metrics = VoiceMetrics()
@@ -95,6 +97,10 @@ class TritonPythonModel:
             passed = {PRIORITY_PARAMETER: priority}
             if isinstance(params.get(Pool.SEED), int):
                 passed[Pool.SEED] = params[Pool.SEED]
+            # the turn's span (docs/tracing.md): asr's and chat's join it
+            span = tracing.active().start("voice_chat", tracing.extract(params.get(TRACE_PARAMETER)))
+            if traceparent := tracing.inject(span):
+                passed[TRACE_PARAMETER] = traceparent
             chat_inputs = {}
             for name in VoiceChat.INPUTS[2:]:
                 value = input_array(request, name)
@@ -102,21 +108,26 @@ class TritonPythonModel:
                     chat_inputs[name] = value
             voice = VoiceRequest(audio, _language(request), chat_inputs, priority, passed)
             self.slots.acquire()  # backpressure: the rest wait in Triton's queue
-            self.pool.submit(self._serve, request, sender, voice)
+            self.pool.submit(self._serve, request, sender, voice, span)
         return None
 
-    def _serve(self, request, sender, voice: VoiceRequest) -> None:
+    def _serve(self, request, sender, voice: VoiceRequest, span=tracing.NO_SPAN) -> None:
+        error = None
         try:
             self.turn.run(voice, TritonSink(sender), CancelPoll(request.is_cancelled, 0.05))
         except VoiceError as e:
             send_error(sender, str(e), e.code)
+            error = str(e)
         except Exception:
             log.exception("voice chat failed")
             send_error(sender, "internal error")
+            error = "internal error"
         finally:
             self.slots.release()
+            tracing.end(span, error)
 
     def finalize(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.publisher.close()
         self.client.close()
+        tracing.active().shutdown()

@@ -19,7 +19,8 @@ STANDARD_KEY = "sk-std-" + secrets.token_hex(12)  # tier standard: priority 2 on
 
 
 class Gateway:
-    def __init__(self, grpc_url: str, run_dir: Path, *args: str, keys: bool = True):
+    def __init__(self, grpc_url: str, run_dir: Path, *args: str, keys: bool = True, env: dict | None = None):
+        """``env``: more environment variables for the gateway (its tracing, say)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = run_dir / f"gateway-{self.port}.log"
@@ -28,7 +29,7 @@ class Gateway:
             keys_file = run_dir / f"keys-{self.port}"
             keys_file.write_text(f"# test keys\n{LIVE_KEY} live\n{STANDARD_KEY} standard\n")
             cmd += ["--keys-file", str(keys_file)]
-        env = {k: v for k, v in os.environ.items() if k != "SWITCHBOARD_API_KEYS"}
+        env = {k: v for k, v in os.environ.items() if k != "SWITCHBOARD_API_KEYS"} | (env or {})
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 60
         while not self.healthy():

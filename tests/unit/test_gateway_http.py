@@ -269,3 +269,34 @@ def test_penalties_reach_the_chat(gateway, chat):
     status, _, body = post(gateway, "application/json", {**CHAT, "presence_penalty": 2.5})
     error = json.loads(body)["error"]
     assert status == 400 and error["param"] == "presence_penalty" and "outside [-2, 2]" in error["message"]
+
+
+def test_a_callers_traceparent_reaches_chat_through_the_gateways_span(gateway, chat):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from switchboard.common import tracing
+
+    memory = InMemorySpanExporter()
+    tracing.configure(tracing.TraceSettings(delay_s=0.01), exporter=memory, edge=True)
+    try:
+        trace_id, caller = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        conn = http.client.HTTPConnection(*gateway, timeout=10)
+        headers = {"Content-Type": "application/json", "traceparent": f"00-{trace_id}-{caller}-01"}
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(CHAT).encode(), headers=headers)
+        assert conn.getresponse().status == 200
+        conn.close()
+        sent = chat.request.traceparent  # what chat gets: the same trace, the gateway's span as parent
+        assert sent.startswith(f"00-{trace_id}-") and sent.endswith("-01")
+        assert tracing.active().force_flush()
+        (span,) = memory.get_finished_spans()
+        assert span.name == "POST /v1/chat/completions" and span.parent.span_id == int(caller, 16)
+        assert sent.split("-")[2] == f"{span.context.span_id:016x}"
+        # a malformed header: a trace of its own, answered as always
+        conn = http.client.HTTPConnection(*gateway, timeout=10)
+        headers["traceparent"] = f"00-{trace_id}-{caller}-01-and-more"
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(CHAT).encode(), headers=headers)
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert chat.request.traceparent.split("-")[1] != trace_id
+    finally:
+        tracing.configure(tracing.TraceSettings())  # off again for the other tests

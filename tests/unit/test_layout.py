@@ -33,7 +33,8 @@ ALLOWED = {
     # The model repository: what each config says and how a model reads it, rendering,
     # installing, versions. Triton-free: export, ops and the Triton glue all use it.
     "switchboard.repository": LEAVES | {"switchboard.artifact"},
-    # What both channels use and neither owns: detokenizer, breaker, tallies, response streams.
+    # What both channels use and neither owns: detokenizer, breaker, tallies, response streams,
+    # traces.
     "switchboard.common": LEAVES,
     # Which runtime runs a model, and ONNX Runtime's and PyTorch's settings, for both channels.
     "switchboard.runtime": LEAVES,
@@ -55,8 +56,10 @@ ALLOWED = {
         "switchboard.asr",
     },
     "switchboard.client": {"switchboard.wire", "switchboard.codec"},
-    # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike.
-    "switchboard.gateway": LEAVES | {"switchboard.client", "switchboard.serving", "switchboard.asr"},
+    # The HTTP front end: the SDK to reach chat, and chat's own request rules to check messages alike;
+    # its requests' spans (common's tracing).
+    "switchboard.gateway": LEAVES
+    | {"switchboard.client", "switchboard.serving", "switchboard.asr", "switchboard.common"},
     # What models are made from: the corpus (with the demo tools its conversations offer), its speech.
     "switchboard.data": LEAVES | {"switchboard.serving"},
     # What the exported models are judged on: answers, tool calls, the agent's checks.
