@@ -274,7 +274,8 @@ class TritonPythonModel:
             params = request_parameters(request)
             priority, deltas = _priority(params), params.get(Asr.DELTAS, True) is not False
             sink = TritonSink(request, priority, self.sender.outbox, self.watch, self.metrics, deltas)
-            sink.span = tracing.active().start("asr", tracing.extract(params.get(TRACE_PARAMETER)))
+            parent = tracing.extract(params.get(TRACE_PARAMETER))  # the span starts as the sink was made
+            sink.span = tracing.active().start("asr", parent, start_ns=sink.submitted_ns)
             job = AsrJob(audio.reshape(-1)[0], sink, _language(request), priority)
             self.service.submit(job)
         return None

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
 import time
 import urllib.request
 from datetime import datetime
 
+import openai
 import pytest
 
 from switchboard.client import ChatClient
@@ -133,6 +135,31 @@ def test_a_session_chat_has_its_redis_spans(traced_stack, phoenix):
     assert_child(spans, "redis session.load", "chat")
     assert_child(spans, "redis session.save", "chat")
     assert spans["redis session.load"]["attributes"]["status"] == "miss"
+
+
+def test_a_transcriptions_spans_arrive_under_the_gateway(traced_stack, traced_gateway, phoenix):
+    """Speech: the gateway's span, then ``asr`` under it, its ``queue`` and ``transcribe`` inside."""
+    client = ChatClient(traced_stack.grpc_url, timeout_s=120)
+    deadline = time.monotonic() + 120
+    while not client.ready("asr"):
+        if time.monotonic() > deadline:
+            pytest.fail("asr did not become ready: `make test-recognizer` installs it (make test does)")
+        time.sleep(0.5)
+    trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
+    wav = subprocess.run(["espeak-ng", "--stdout", "where is my order"], capture_output=True, check=True).stdout
+    oai = openai.OpenAI(base_url=f"{traced_gateway.url}/v1", api_key=STANDARD_KEY, max_retries=0)
+    heard = oai.audio.transcriptions.create(
+        file=("question.wav", wav), model="whisper-1", extra_headers={"traceparent": f"00-{trace_id}-{caller}-01"}
+    )
+    assert "order" in heard.text.lower()
+
+    gateway = "POST /v1/audio/transcriptions"
+    spans = spans_of(phoenix, trace_id, {gateway, "asr", "queue", "transcribe"})
+    assert spans[gateway]["parent_id"] == caller
+    assert_child(spans, "asr", gateway)
+    assert_child(spans, "queue", "asr")
+    assert_child(spans, "transcribe", "asr")
+    assert _t(spans["queue"], "end_time") <= _t(spans["transcribe"], "start_time")
 
 
 @pytest.mark.parametrize("traceparent", ["garbage", "00-" + "0" * 32 + "-" + "1" * 16 + "-01", "x" * 4000])
