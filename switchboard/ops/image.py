@@ -164,10 +164,18 @@ class SmokePorts:
         return cls(*free_ports(6))
 
 
+def manifest_container(manifest: Path) -> dict:
+    """The first container of the Deployment in ``manifest`` (deploy/k8s)."""
+    import yaml
+
+    for doc in yaml.safe_load_all(manifest.read_text()):
+        if doc and doc.get("kind") == "Deployment":
+            return doc["spec"]["template"]["spec"]["containers"][0]
+    raise SystemExit(f"{manifest}: no Deployment")
+
+
 def server_args(ports: SmokePorts, manifest: Path = paths.K8S / "switchboard.yaml") -> list[str]:
     """The Deployment's arguments to the entrypoint, its ports and Redis replaced by ``ports``."""
-    from perf.cold_start import container_args
-
     replaced = {
         "--redis-url": f"redis://127.0.0.1:{ports.redis}/0",
         "--http-port": str(ports.http),
@@ -175,24 +183,15 @@ def server_args(ports: SmokePorts, manifest: Path = paths.K8S / "switchboard.yam
         "--metrics-port": str(ports.metrics),
         "--probe-port": str(ports.probe),
     }
-    args = [a for a in container_args(manifest) if a.split("=", 1)[0] not in replaced]
+    args = [str(a) for a in manifest_container(manifest)["args"] if a.split("=", 1)[0] not in replaced]
     return args + [f"{k}={v}" for k, v in replaced.items()]
 
 
 def gateway_args(ports: SmokePorts, manifest: Path = paths.K8S / "gateway.yaml") -> tuple[list[str], list[str]]:
     """The gateway Deployment's command and arguments, pointed at the smoke's server."""
-    import yaml
-
-    for doc in yaml.safe_load_all(manifest.read_text()):
-        if doc and doc.get("kind") == "Deployment":
-            c = doc["spec"]["template"]["spec"]["containers"][0]
-            args = [a for a in c["args"] if not a.startswith(("--host=", "--port=", "--grpc-url="))]
-            return c["command"], args + [
-                "--host=127.0.0.1",
-                f"--port={ports.gateway}",
-                f"--grpc-url=127.0.0.1:{ports.grpc}",
-            ]
-    raise SystemExit(f"{manifest}: no Deployment")
+    c = manifest_container(manifest)
+    args = [a for a in c["args"] if not a.startswith(("--host=", "--port=", "--grpc-url="))]
+    return c["command"], args + ["--host=127.0.0.1", f"--port={ports.gateway}", f"--grpc-url=127.0.0.1:{ports.grpc}"]
 
 
 def run_command(
@@ -286,10 +285,10 @@ def chat(gateway: str, text: str) -> str:
 def transcribe(gateway: str) -> str:
     import httpx
 
-    from switchboard.asr.audio import encode_wav
-    from switchboard.data import speech
-
-    wav = encode_wav(speech.speak("What time does the library open?", "en", speech.home_voice("en")))
+    # espeak-ng's WAV as it writes it (22 kHz): the gateway decodes and resamples uploads itself
+    wav = subprocess.run(
+        ["espeak-ng", "--stdout", "What time does the library open?"], check=True, capture_output=True
+    ).stdout
     files = {"file": ("question.wav", wav, "audio/wav")}
     r = httpx.post(f"{gateway}/v1/audio/transcriptions", data={"model": "whisper-1"}, files=files, timeout=120)
     r.raise_for_status()
