@@ -30,7 +30,7 @@ SETUP_STAMP := $(VENV)/.switchboard-setup
 # MODEL=gemma: the fine-tuned Gemma 3 270M agent (make model-gemma); MODEL=x.gguf: imported first
 MODEL_DIR   := $(if $(filter gemma,$(MODEL)),build/gemma-agent,$(if $(MODEL),$(MODEL),build/default-model))
 
-.PHONY: traces traces-receiver help setup model model-gemma bench-gemma model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-bench test-integration perf bench bench-full chaos soak capacity-sim lock clean
+.PHONY: traces traces-receiver help setup model model-gemma bench-gemma model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-bench test-integration perf bench bench-full chaos soak capacity-sim lock clean image image-smoke kube-play
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -181,6 +181,17 @@ capacity-sim: setup ## a simulated Double-11 day: reactive HPA alone vs the prom
 
 soak: export ## 10 minutes of multi-turn load: memory flat, sessions expire, no errors (build/soak/summary.md)
 	@$(PY) -m perf soak --out build/soak
+
+# deploy/Dockerfile's build arguments, e.g. IMAGE_ARGS="--build-arg ASR=off --build-arg SMOKE=0"
+IMAGE_ARGS ?=
+image: setup ## build deploy/Dockerfile with podman into `switchboard` (base image by debootstrap if absent; ~20 min; docs/kubernetes.md)
+	@$(PY) -m switchboard.ops.image build $(IMAGE_ARGS)
+
+image-smoke: setup ## the image as a pod runs it: /readyz, a chat and a transcription through the gateway, SIGTERM, nothing left
+	@$(PY) -m switchboard.ops.image smoke
+
+kube-play: setup ## deploy/k8s's Redis, Switchboard and gateway Deployments with podman kube play: probes, a chat, a pod killed and back
+	@$(PY) -m switchboard.ops.kube_play all
 
 lock: ## re-resolve requirements.in into requirements.lock
 	@$(PY) -m pip install -q -r requirements.in && $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock
