@@ -35,7 +35,8 @@ BASE = "localhost/debian:12-slim"
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000"]
 # Where the pools keep ONNX Runtime's prepared weights (switchboard.runtime.onnx.weights_cache).
-WEIGHTS_CACHE = "/app/build/cache/weights"
+WEIGHTS_CACHE = "/tmp/weights"  # deploy/k8s/switchboard.yaml's SWITCHBOARD_WEIGHTS_CACHE: the root is read-only
+WEIGHTS_VOLUME = "/var/cache/switchboard/weights"  # where --cache-volume mounts
 SMOKE_LABEL = "switchboard.smoke"
 
 
@@ -202,8 +203,10 @@ def run_command(
     cmd = ["run", "-d", "--name", name, "--label", f"{SMOKE_LABEL}=1", "--network", "host", *ULIMITS]
     cmd += ["--read-only", "--tmpfs", "/tmp:rw,size=1g", "--shm-size", "512m"]
     cmd += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+    cache = WEIGHTS_VOLUME if cache_volume else WEIGHTS_CACHE
+    cmd += ["-e", f"SWITCHBOARD_WEIGHTS_CACHE={cache}"]
     if cache_volume:
-        cmd += ["-v", f"{cache_volume}:{WEIGHTS_CACHE}:U"]
+        cmd += ["-v", f"{cache_volume}:{WEIGHTS_VOLUME}:U"]
     if entrypoint:
         cmd += ["--entrypoint", entrypoint[0]]
         args = entrypoint[1:] + args

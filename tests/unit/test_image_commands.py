@@ -33,7 +33,7 @@ def test_smoke_containers_see_no_host_path_and_keep_the_images_user():
         assert "-v" not in cmd and "--user" not in cmd and "--privileged" not in cmd
         assert "--read-only" in cmd and cmd[cmd.index("--cap-drop") + 1] == "ALL"
     with_cache = image.run_command("s", "switchboard", "sb-cache", None, [])
-    assert with_cache[with_cache.index("-v") + 1] == f"sb-cache:{image.WEIGHTS_CACHE}:U"  # a named volume
+    assert with_cache[with_cache.index("-v") + 1] == f"sb-cache:{image.WEIGHTS_VOLUME}:U"  # a named volume
 
 
 def test_gateway_is_pointed_at_the_smokes_server():
