@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -19,6 +18,7 @@ from switchboard.ops.capacity.exporter import DESIRED, PrometheusHistory
 from switchboard.ops.launch import free_ports
 from switchboard.ops.monitor import Monitor
 from switchboard.ops.process import http_ok, stop_process, wait_until
+from tests.integration.monitortools import eventually
 
 REPLICAS = 7
 
@@ -56,18 +56,8 @@ def prometheus(planner, tmp_path_factory):
     m.stop()
 
 
-def _eventually(monitor, expr, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = monitor.query(expr)
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"{expr} had no value within {timeout:.0f} s"
-        time.sleep(0.5)
-
-
 def test_prometheus_scrapes_the_desired_replicas_the_calendar_asks_for(prometheus):
-    [sample] = _eventually(prometheus, DESIRED)
+    [sample] = eventually(prometheus, DESIRED)
     assert float(sample["value"][1]) == REPLICAS
     sources = {
         r["metric"]["source"]: float(r["value"][1]) for r in prometheus.query("switchboard_capacity_component_replicas")
@@ -84,12 +74,12 @@ def test_the_adapters_external_query_reads_the_gauge(prometheus):
     [rule] = yaml.safe_load(adapter["data"]["config.yaml"])["externalRules"]
     # here the scrape has no namespace label (static target): the job stands in for it
     expr = rule["metricsQuery"].replace("<<.Series>>", DESIRED).replace("<<.LabelMatchers>>", 'job="switchboard"')
-    [sample] = _eventually(prometheus, expr)
+    [sample] = eventually(prometheus, expr)
     assert float(sample["value"][1]) == REPLICAS
 
 
 def test_the_planners_range_queries_read_a_series_a_minute_at_a_time(prometheus):
-    _eventually(prometheus, DESIRED)
+    eventually(prometheus, DESIRED)
     history = PrometheusHistory(prometheus.url, query=f"max({DESIRED})")
     now = datetime.now(timezone.utc)
     assert history.rates(now - timedelta(minutes=1), 1) == [REPLICAS], "the sample at the minute's end"
@@ -97,7 +87,7 @@ def test_the_planners_range_queries_read_a_series_a_minute_at_a_time(prometheus)
 
 
 def test_the_planner_logs_its_plan_and_the_missing_history(planner, prometheus):
-    _eventually(prometheus, DESIRED)
+    eventually(prometheus, DESIRED)
     _, proc, log = planner
     text = log.read_text()
     assert proc.poll() is None and "Traceback" not in text
@@ -120,7 +110,7 @@ def test_record_writes_a_series_simulate_can_replay(prometheus, tmp_path):
     from switchboard.ops.capacity.__main__ import main
     from switchboard.ops.capacity.simulate import Day
 
-    _eventually(prometheus, DESIRED)
+    eventually(prometheus, DESIRED)
     start = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=2)
     out = tmp_path / "series.csv"
     argv = ["record", f"--prometheus={prometheus.url}", f"--query=max({DESIRED})", f"--out={out}"]

@@ -9,6 +9,7 @@ import pytest
 
 from switchboard.ops.launch import free_ports
 from switchboard.ops.monitor import Monitor
+from tests.integration.monitortools import eventually
 
 
 @pytest.fixture(scope="module")
@@ -21,18 +22,8 @@ def monitor(stack, tmp_path_factory):
     m.stop()
 
 
-def _eventually(monitor, expr, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = monitor.query(expr)
-        if result and result[0]["value"][1] not in ("NaN", "+Inf"):
-            return result
-        assert time.monotonic() < deadline, f"{expr} had no value within {timeout:.0f} s"
-        time.sleep(0.5)
-
-
 def test_prometheus_scrapes_the_server_and_evaluates_p99_time_to_first_token(monitor, client):
-    [up] = _eventually(monitor, 'up{job="switchboard"}')
+    [up] = eventually(monitor, 'up{job="switchboard"}')
     assert up["value"][1] == "1"
     deadline = time.monotonic() + 30
     result = None
@@ -49,7 +40,7 @@ def test_prometheus_scrapes_the_server_and_evaluates_p99_time_to_first_token(mon
         assert time.monotonic() < deadline, "no P99 over the chat histograms within 30 s"
         time.sleep(0.5)
     assert all(0 < v < 10 for v in result.values()), result  # seconds, from real chats
-    [recorded] = _eventually(monitor, "switchboard:ttft_seconds:p99_1m")
+    [recorded] = eventually(monitor, "switchboard:ttft_seconds:p99_1m")
     assert 0 < float(recorded["value"][1]) < 10
 
 
