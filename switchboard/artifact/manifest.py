@@ -32,6 +32,7 @@ class Manifest:
     parity: dict = field(default_factory=dict)  # export-time checks against PyTorch
     accuracy: dict = field(default_factory=dict)  # variants against FP32 on held-out data
     left_out: dict[str, list[str]] = field(default_factory=dict)  # variant -> the gate's reasons
+    speculation: dict = field(default_factory=dict)  # drafts measured at export: enabled, cost_per_token, ...
 
     @property
     def kv_shape(self) -> tuple[int, int, int, int]:

@@ -66,6 +66,34 @@ class KVBatch:
             return self
         return KVBatch([(k[:, :, start:], v[:, :, start:]) for k, v in self.kv], self.mask[:, start:], self.next_pos)
 
+    def holes(self) -> int:
+        """Masked columns right of each row's first real one: a verified draft's rejected tokens
+        (their cache columns stay, masked), not the padding on a row's left."""
+        if not self.mask.size:
+            return 0
+        real = self.mask.astype(bool)
+        first = np.where(real.any(axis=1), real.argmax(axis=1), self.width)
+        return int((self.width - first).sum() - real.sum())
+
+    def compacted(self) -> "KVBatch":
+        """The same rows with each row's real columns moved together on its right: no holes, and
+        the width the longest row needs (a copy of the cache)."""
+        counts = self.mask.sum(axis=1)
+        width = int(counts.max()) if counts.size else 0
+        mask = (np.arange(width)[None, :] >= (width - counts)[:, None]).astype(self.mask.dtype)
+        kv = []
+        for k, v in self.kv:
+            pair = []
+            for a in (k, v):
+                out = _zeros(a, tuple(a.shape[:2]) + (width,) + tuple(a.shape[3:]))
+                for row in range(self.size):
+                    cols = np.flatnonzero(self.mask[row])
+                    at = cols if isinstance(a, np.ndarray) else cols.tolist()
+                    out[row, :, width - cols.size :] = a[row][:, at]
+                pair.append(out)
+            kv.append(tuple(pair))
+        return KVBatch(kv, mask, self.next_pos)
+
     def left_pad(self, width: int) -> "KVBatch":
         extra = width - self.width
         if extra <= 0:

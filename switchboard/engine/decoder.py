@@ -19,9 +19,11 @@ from switchboard.engine.batch import KV
 class Decoder(Protocol):
     manifest: Manifest  # geometry: num_layers, num_kv_heads, head_dim, context_window
     dtype: np.dtype  # of the KV cache
+    verifies: bool  # ``keep`` > 1 works: speculative decoding can verify drafts with it
 
     def forward(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: KV
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: KV, keep: int = 1
     ) -> tuple[np.ndarray, KV]:
-        """Logits of the last position [B, 1, V] for ``input_ids`` [B, N] and the cache grown by N columns."""
+        """Logits of the last ``keep`` positions [B, keep, V] for ``input_ids`` [B, N] and the cache
+        grown by N columns."""
         ...

@@ -59,6 +59,7 @@ import numpy as np
 from switchboard.common.loop import Loop, Sink, Worker
 from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.engine.decoder import Decoder
+from switchboard.engine.draft import RowDrafts, Speculation
 from switchboard.engine.policy import NORMAL, URGENT, Policy, make_policy
 from switchboard.engine.sampling import Counts, penalize, sample
 from switchboard.wire import MAX_TOP_LOGPROBS, FinishReason
@@ -108,6 +109,8 @@ class GenerationResult:
     prefill_ms: float
     batch_size_at_admission: int
     engine_ms: float = 0.0  # from submission to the last token
+    drafted: int = 0  # tokens drafted for it and verified by the model (speculation)
+    accepted: int = 0  # ... and kept: its tokens took that many fewer forward passes
 
 
 # A sequence's ``Sink`` (switchboard/common/loop.py) hears ``emit(ids, logprobs)``, each token
@@ -144,6 +147,10 @@ class _Sequence:
     broken: bool = False  # its sink raised: dropped without a result
     limit: int = 0  # the most tokens it may generate: max_new_tokens, or fewer where the context window ends first
     counts: Counts | None = None  # with penalties: its generated tokens, counted
+    drafts: RowDrafts | None = None  # with speculation, once it decodes: its text, indexed
+    acceptance: float = 0.0  # with speculation: its recent drafted tokens' acceptance (DraftLength)
+    drafted: int = 0
+    accepted: int = 0
 
 
 _by_rank = operator.attrgetter("rank")
@@ -177,13 +184,15 @@ class StepPlan:
     # Taken from the head of lane.prefilling: each sequence and the prompt length its cache
     # covers after this pass (its whole prompt on its last chunk).
     chunks: list[tuple[_Sequence, int]] = field(default_factory=list)
+    # With speculation, a decode step that verifies drafts: each running row's draft (maybe empty).
+    drafts: list[tuple[int, ...]] = field(default_factory=list)
 
 
 @dataclass
 class StepOutput:
     """The decoder's answer to a plan: each row's next-token logits and the lane's new cache."""
 
-    last_logits: np.ndarray  # [rows, vocab]
+    last_logits: np.ndarray  # [rows, vocab]; a step verifying drafts: [rows, 1 + longest draft, vocab]
     batch: KVBatch
     padded: int  # tokens (prefill) or cache columns (decode) the step computed, padding included
     started: float  # perf_counter() when the forward pass began
@@ -204,6 +213,10 @@ STAT_KEYS = (
     "finished_cancelled",
     "busy_s",
     "held_back_s",
+    "verify_steps",
+    "drafted_tokens",
+    "accepted_tokens",
+    "compactions",
 )
 
 
@@ -223,10 +236,13 @@ class Engine:
         prefill_budget: int = 0,
         policy: Policy | None = None,
         banned_ids: Iterable[int] = (),
+        speculation: Speculation | None = None,
     ):
         """``policy`` replaces the one ``max_batch``, ``priority_slots``, ``preempt_steps``,
         ``priority_overflow`` and ``hold_back_ms`` name (``make_policy``). ``banned_ids``:
-        tokens never chosen (``control_token_ids``: control characters)."""
+        tokens never chosen (``control_token_ids``: control characters). ``speculation``: draft
+        tokens and verify them in the decode steps (the decoder must return every position's
+        logits: ``forward(..., keep=n)``); None decodes a token a pass."""
         m = decoder.manifest
         self.decoder = decoder
         self.policy = policy or make_policy(max_batch, priority_slots, preempt_steps, priority_overflow, hold_back_ms)
@@ -240,6 +256,7 @@ class Engine:
         self.lane_threads = 2 if self.policy.priority_lane and lane_threads >= 2 else 1
         self.normal_nice = max(0, min(normal_nice, 19))
         self.prefill_budget = max(0, prefill_budget)  # prompt positions per prefill pass (0: whole prompts)
+        self.speculation = speculation
         self._normal_stepped = 0.0  # when priority 2's lane thread last finished a step
         self._urgent, self._normal = _Lane(URGENT), _Lane(NORMAL)  # priority 1's own (PriorityLane); the rest
         self._rows = 0  # sequences admitted and not yet retired, both lanes
@@ -288,6 +305,8 @@ class Engine:
             seq.limit = min(req.max_new_tokens, self.context_window - len(req.prompt) + 1)
             if req.presence_penalty or req.frequency_penalty:
                 seq.counts = Counts()
+            if self.speculation is not None:
+                seq.acceptance = self.speculation.length.prior
             heapq.heappush(self._lane(req.priority).waiting, (rank, order, seq))
 
         self.loop.submit(add)
@@ -415,7 +434,24 @@ class Engine:
             chunks = self._take_chunks(lane)
         lane.prefilled = bool(chunks)
         lane.urgent_prefilled = any(seq.request.priority <= 1 for seq, _ in chunks)
-        return StepPlan(lane, admitted, decode=not chunks and bool(lane.running), chunks=chunks)
+        decode = not chunks and bool(lane.running)
+        drafts = self._draft(lane) if decode and self.speculation is not None else []
+        return StepPlan(lane, admitted, decode=decode, chunks=chunks, drafts=drafts)
+
+    def _draft(self, lane: _Lane) -> list[tuple[int, ...]]:
+        """Each running row's draft: as long as its recent acceptance makes worth it
+        (``DraftLength``), never past its token limit or the context window; [] when no row has one."""
+        spec, out = self.speculation, []
+        for row, seq in enumerate(lane.running):
+            room = min(seq.limit - len(seq.tokens), self.context_window - int(lane.batch.next_pos[row])) - 1
+            k = min(spec.length.best(seq.acceptance), room)
+            if k <= 0:
+                out.append(())
+                continue
+            if seq.drafts is None:
+                seq.drafts = spec.drafter.start(seq.request.prompt + seq.tokens)
+            out.append(seq.drafts.propose(k).tokens)
+        return out if any(out) else []
 
     @staticmethod
     def _decode_first(lane: _Lane) -> bool:
@@ -459,6 +495,8 @@ class Engine:
             )  # fmt: skip
             logits, present = self.decoder.forward(ids, mask, pos, past)
             return StepOutput(logits[:, -1, :], KVBatch(present, mask, next_pos), int(ids.size), t0)
+        if plan.drafts:
+            return self._verify(plan)
         if plan.decode:
             b = plan.lane.batch
             tokens = np.asarray([[s.tokens[-1]] for s in plan.lane.running], np.int64)
@@ -467,6 +505,25 @@ class Engine:
             logits, present = self.decoder.forward(tokens, mask, b.next_pos[:, None], b.kv)
             return StepOutput(logits[:, -1, :], KVBatch(present, mask, b.next_pos + 1), int(mask.size), t0)
         return None
+
+    def _verify(self, plan: StepPlan) -> StepOutput:
+        """One decode step that also runs each row's draft: a row's last token then its draft,
+        on its right (a shorter draft has masked columns on its left, as a row that joined
+        later has), and the logits of every position."""
+        b, seqs = plan.lane.batch, plan.lane.running
+        n = 1 + max(len(d) for d in plan.drafts)
+        ids = np.zeros((b.size, n), np.int64)
+        new = np.zeros((b.size, n), b.mask.dtype)
+        pos = np.repeat(b.next_pos[:, None], n, axis=1)
+        for row, (seq, draft) in enumerate(zip(seqs, plan.drafts)):
+            k = len(draft)
+            ids[row, n - 1 - k :] = (seq.tokens[-1], *draft)
+            new[row, n - 1 - k :] = 1
+            pos[row, n - 1 - k :] += np.arange(k + 1)
+        mask = np.concatenate([b.mask, new], axis=1)
+        t0 = time.perf_counter()
+        logits, present = self.decoder.forward(ids, mask, pos, b.kv, keep=n)
+        return StepOutput(logits, KVBatch(present, mask, b.next_pos.copy()), int(mask.size), t0)
 
     def update_from_output(self, plan: StepPlan, output: StepOutput | None) -> None:
         """Apply the forward pass: the lane's new cache, a token for each row, finished rows out."""
@@ -485,8 +542,38 @@ class Engine:
                 },
                 decode_size=size,
             )
-            self._emit(lane.running, output.last_logits)
+            if plan.drafts:
+                self._apply_drafts(plan, output)
+            else:
+                self._emit(lane.running, output.last_logits)
+                if self.speculation is not None:  # no row had a draft: each drifts back to trying
+                    for seq in lane.running:
+                        seq.acceptance = self.speculation.length.idle(seq.acceptance)
         self._retire(lane)
+
+    def _apply_drafts(self, plan: StepPlan, output: StepOutput) -> None:
+        """A verifying step applied: each row keeps the tokens its draft had right and the
+        model's own next one; the rejected tokens' cache columns are masked (and the cache
+        compacted once such holes outnumber the real columns)."""
+        lane, spec = plan.lane, self.speculation
+        used = self._emit(lane.running, output.last_logits, plan.drafts)
+        batch, width = output.batch, output.batch.width
+        drafted = accepted = 0
+        for row, (seq, draft, n) in enumerate(zip(lane.running, plan.drafts, used)):
+            k, kept = len(draft), n - 1  # the draft tokens whose cache stays: those before its last token
+            batch.mask[row, width - (k - kept) :] = 0
+            batch.next_pos[row] += 1 + kept
+            if k:
+                seq.acceptance = spec.length.update(seq.acceptance, k, kept)
+                seq.drafted, seq.accepted = seq.drafted + k, seq.accepted + kept
+                drafted, accepted = drafted + k, accepted + kept
+            else:
+                seq.acceptance = spec.length.idle(seq.acceptance)
+        if batch.holes() > batch.mask.sum():
+            batch = batch.compacted()
+            self._count({"compactions": 1})
+        lane.batch = batch
+        self._count({"verify_steps": 1, "drafted_tokens": drafted, "accepted_tokens": accepted})
 
     def _apply_chunks(self, plan: StepPlan, output: StepOutput) -> None:
         """A prefill pass applied: a sequence with more prompt to go keeps its real columns as
@@ -560,44 +647,85 @@ class Engine:
             return True
         return False
 
-    def _emit(self, seqs: list[_Sequence], last_logits: np.ndarray) -> None:
-        """``last_logits[i]`` is the next-token distribution of ``seqs[i]``.
+    def _emit(
+        self, seqs: list[_Sequence], logits: np.ndarray, drafts: list[tuple[int, ...]] | None = None
+    ) -> list[int]:
+        """Choose and send each row's tokens; how many each row got.
 
-        Never sampled: a banned token (a control character), and a stop token as an answer's first
-        token: an answer is never empty (OpenAI clients, AIPerf among them, take an answer without
-        content for a failed request; vLLM's ``min_tokens=1``). A row with a ``constraint`` samples
-        only what its grammar allows, and ends once the grammar is complete; when the budget
-        leaves room for no more than finishing it, the grammar writes its finishing instead
-        (``Constraint.choose``). A row with presence or frequency penalties has them taken off
-        its logits first (``penalize``)."""
+        ``logits[i]`` is the next-token distribution of ``seqs[i]``; with ``drafts``, it is
+        [positions, vocab], and row ``i``'s last ``1 + len(drafts[i])`` positions are the
+        distributions after its last token and after each token of its draft. A row then takes
+        tokens as decoding one at a time would: the choice after its last token, and while that
+        choice is the draft's next token, the choice after it; the first choice that differs
+        from the draft (or the one after the whole draft) is its last. So an answer is the same,
+        token for token, with or without drafts, greedy or sampled with a seed (a choice draws
+        from the row's generator once, drafted or not).
+
+        Never chosen: a banned token (a control character), and a stop token as an answer's
+        first token: an answer is never empty (OpenAI clients, AIPerf among them, take an answer
+        without content for a failed request; vLLM's ``min_tokens=1``). A row with a
+        ``constraint`` chooses only what its grammar allows, and ends once the grammar is
+        complete; when the budget leaves room for no more than finishing it, the grammar writes
+        its finishing instead (``Constraint.choose``). A row with presence or frequency penalties
+        has them taken off its logits first (``penalize``)."""
         first = [i for i, seq in enumerate(seqs) if not seq.tokens]
         changed = any(seq.request.constraint is not None or seq.counts is not None for seq in seqs)
         if self.banned_ids.size or (first and self._stop_array.size) or changed:
-            if not last_logits.flags.writeable:
-                last_logits = last_logits.copy()
-            last_logits[:, self.banned_ids] = -np.inf
-            if first:
-                last_logits[np.ix_(first, self._stop_array)] = -np.inf
-        for seq, logits in zip(seqs, last_logits):
+            if not logits.flags.writeable:
+                logits = logits.copy()
+            logits[..., self.banned_ids] = -np.inf
+            if first:  # rows fresh from their prefill: one position each
+                logits[np.ix_(first, self._stop_array)] = -np.inf
+        used = []
+        for i, seq in enumerate(seqs):
+            draft = drafts[i] if drafts else ()
+            positions = logits[i, logits.shape[1] - 1 - len(draft) :] if drafts else logits[i : i + 1]
             r = seq.request
-            if seq.counts is not None:
-                penalize(logits, seq.counts, r.presence_penalty, r.frequency_penalty)
-            if r.constraint is not None and not r.constraint.mask(logits):
-                token = int(self._stop_array[0]) if self._stop_array.size else 0  # nothing allowed: it ends
-            else:
-                token = sample(logits, r.temperature, r.top_p, seq.rng)
-                if r.constraint is not None:
-                    token = r.constraint.choose(token, seq.limit - len(seq.tokens))
-                    if not r.constraint.accept(token):
-                        log.warning("the grammar refused the token it allowed (%d); the answer ends", token)
-            seq.tokens.append(token)
-            if seq.counts is not None:
-                seq.counts.add(token)
+            ids, probs = [], []
+            for j, row in enumerate(positions):
+                token = self._choose(seq, row)
+                ids.append(token)
+                if r.logprobs >= 0:
+                    probs.append(token_logprobs(row, token, r.logprobs))
+                if j == len(draft) or token != draft[j] or self._complete(seq):
+                    break
+            used.append(len(ids))
+            if seq.drafts is not None:
+                seq.drafts.accept(ids)
             try:
-                seq.sink.emit([token], [token_logprobs(logits, token, r.logprobs)] if r.logprobs >= 0 else None)
+                seq.sink.emit(ids, probs if r.logprobs >= 0 else None)
             except Exception:  # a broken client must not stop the batch
                 log.exception("sink failed; dropping the sequence")
                 seq.broken = True
+        return used
+
+    def _choose(self, seq: _Sequence, logits: np.ndarray) -> int:
+        """The row's next token from its (writable) ``logits``, added to its answer."""
+        r = seq.request
+        if seq.counts is not None:
+            penalize(logits, seq.counts, r.presence_penalty, r.frequency_penalty)
+        if r.constraint is not None and not r.constraint.mask(logits):
+            token = int(self._stop_array[0]) if self._stop_array.size else 0  # nothing allowed: it ends
+        else:
+            token = sample(logits, r.temperature, r.top_p, seq.rng)
+            if r.constraint is not None:
+                token = r.constraint.choose(token, seq.limit - len(seq.tokens))
+                if not r.constraint.accept(token):
+                    log.warning("the grammar refused the token it allowed (%d); the answer ends", token)
+        seq.tokens.append(token)
+        if seq.counts is not None:
+            seq.counts.add(token)
+        return token
+
+    def _complete(self, seq: _Sequence) -> bool:
+        """Whether the row's answer can take no more tokens: a stop token, a grammar complete
+        (or broken), or its limit reached."""
+        constraint = seq.request.constraint
+        return (
+            seq.tokens[-1] in self.stop_ids
+            or (constraint is not None and constraint.finished)
+            or len(seq.tokens) >= seq.limit
+        )
 
     def _finished(self, lane: _Lane, seq: _Sequence, row: int) -> FinishReason | None:
         constraint = seq.request.constraint
@@ -624,6 +752,8 @@ class Engine:
                 continue
             cache = lane.batch.row_cache(row, self.decoder.dtype) if seq.request.return_cache else None
             self._count({"finished_" + reason: 1})
+            if seq.drafts is not None and reason == FinishReason.STOP:
+                seq.drafts.finish()  # a whole answer: later rows may draft from it
             try:
                 seq.sink.finish(
                     GenerationResult(
@@ -634,6 +764,8 @@ class Engine:
                         seq.prefill_ms,
                         seq.admitted_with,
                         (time.perf_counter() - seq.arrival) * 1000,
+                        seq.drafted,
+                        seq.accepted,
                     )
                 )
             except Exception:

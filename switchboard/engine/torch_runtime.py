@@ -66,9 +66,13 @@ class TorchDecoder:
             return self.torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype)
         return a
 
-    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list):
-        """Logits [B, 1, V] of the last position on the host, and the cache grown by N columns on
-        the device (``past``: arrays from the host or this decoder's tensors)."""
+    verifies = True  # several positions' logits a pass: drafts can be verified
+
+    def forward(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list, keep: int = 1
+    ):
+        """Logits [B, keep, V] of the last ``keep`` positions on the host, and the cache grown by
+        N columns on the device (``past``: arrays from the host or this decoder's tensors)."""
         torch = self.torch
         from transformers import DynamicCache
 
@@ -88,7 +92,7 @@ class TorchDecoder:
                 position_ids=positions,
                 past_key_values=cache,
                 use_cache=True,
-                logits_to_keep=1,  # the last position only, as the exported graph
+                logits_to_keep=keep,  # the last positions only, as the exported graph
             )
             logits = out.logits.float().cpu().numpy()
             present = [(layer.keys, layer.values) for layer in out.past_key_values.layers]

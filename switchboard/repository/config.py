@@ -407,6 +407,18 @@ class EngineConfig(_RedisConfig):
         0,
         1 << 20,
     )
+    speculation: str = setting(
+        "auto",
+        "speculative decoding: each row drafts tokens from its conversation and from past answers, and a decode "
+        "step verifies them in one pass (answers unchanged, token for token); auto: on where the export measured "
+        "it faster for this model (the manifest's 'speculation'), on, or off",
+    )
+    draft_tokens: int = setting(
+        8, "the most tokens a row drafts for one step (its recent acceptance may pick fewer)", 1, 64
+    )
+    draft_answers: int = setting(
+        4096, "answers this pool served that later rows may draft from (the oldest leave first; 0: none)", 0, 1 << 20
+    )
     threads: int = setting(
         0,
         "ONNX Runtime (or PyTorch) threads of the pool; 0: automatic, one per core this process may use for a "
@@ -457,6 +469,21 @@ class EngineConfig(_RedisConfig):
         if mode not in ("auto", "on", "off"):
             raise ValueError(f"parameter 'priority_lane' = {self.priority_lane!r}: expected auto, on or off")
         return mode == "on" or (mode == "auto" and not compute_bound)
+
+    def speculates(self, verifies: bool, measured: dict) -> bool:
+        """Whether the pool drafts (``speculation``): ``verifies``, the runtime returns a pass's
+        every position; ``measured``, the export's measurement (the manifest's ``speculation``).
+        ``on`` where the runtime cannot verify, or a value other than auto, on or off, is a
+        ValueError naming the parameter."""
+        mode = self.speculation.strip().lower()
+        if mode not in ("auto", "on", "off"):
+            raise ValueError(f"parameter 'speculation' = {self.speculation!r}: expected auto, on or off")
+        if mode == "on" and not verifies:
+            raise ValueError(
+                f"parameter 'speculation' = on, but runtime {self.runtime!r} returns the last position's logits only "
+                "(an export before logits_index, or a native backend): export again, or set it to auto"
+            )
+        return verifies and (mode == "on" or (mode == "auto" and bool(measured.get("enabled"))))
 
 
 def reference() -> str:

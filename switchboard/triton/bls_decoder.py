@@ -14,6 +14,8 @@ from switchboard.artifact.manifest import Manifest
 
 
 class BlsDecoder:
+    verifies = False  # the native model's config feeds no logits_index: the last position only
+
     def __init__(self, model_name: str, manifest: Manifest):
         self.model_name = model_name
         self.manifest = manifest
@@ -26,7 +28,9 @@ class BlsDecoder:
         shape = (batch, self.manifest.num_kv_heads, 0, self.manifest.head_dim)
         return [(np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)) for _ in self._past_names]
 
-    def forward(self, input_ids, attention_mask, position_ids, past):
+    def forward(self, input_ids, attention_mask, position_ids, past, keep=1):
+        if keep != 1:
+            raise ValueError(f"{self.model_name}: a native model returns the last position's logits only")
         inputs = [
             pb_utils.Tensor("input_ids", input_ids.astype(np.int64, copy=False)),
             pb_utils.Tensor("attention_mask", attention_mask.astype(np.int64, copy=False)),

@@ -32,6 +32,10 @@ _DESCRIPTIONS = {
     "decode_s": "seconds in decode forward passes",
     "busy_s": "seconds the engine spent in steps (with lane_threads 2, both lanes' threads: up to 2 a second)",
     "held_back_s": "seconds priority 2's lane waited for priority 1's work (hold_back_ms)",
+    "verify_steps": "decode steps that verified drafted tokens (speculative decoding)",
+    "drafted_tokens": "tokens drafted and verified by the model (speculative decoding)",
+    "accepted_tokens": "drafted tokens the model agreed with: forward passes saved",
+    "compactions": "copies of a lane's KV cache to close the holes that rejected drafts left",
 }
 
 

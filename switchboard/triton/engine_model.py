@@ -27,7 +27,9 @@ from switchboard.artifact.grammar import Grammars, parse_spec
 from switchboard.artifact.tokenizer import control_token_ids
 from switchboard.common import tracing
 from switchboard.common.stream import CancelWatch, ResponseSender, TokenStream
+from switchboard.engine import draft
 from switchboard.engine.decoder import Decoder
+from switchboard.engine.draft import DEFAULT_COST, Speculation
 from switchboard.engine.loader import load_decoder, pool_runtime
 from switchboard.engine.scheduler import Engine, GenerationRequest
 from switchboard.engine.sizing import compute_bound
@@ -147,7 +149,20 @@ class TritonPythonModel:
             prefill_budget=cfg.prefill_budget,
             stop_ids=set(self.manifest.eos_token_ids),
             banned_ids=self._control_tokens(),
+            speculation=self._speculation(decoder, cfg),
         )
+
+    def _speculation(self, decoder: Decoder, cfg: EngineConfig) -> Speculation | None:
+        """Drafts verified in the decode steps, where ``speculation`` and the export's measurement
+        say so (switchboard/engine/draft.py)."""
+        measured = self.manifest.speculation
+        try:
+            if not cfg.speculates(getattr(decoder, "verifies", False), measured):
+                return None
+        except ValueError as e:
+            raise ValueError(f"{self.name}/config.pbtxt: {e}") from None
+        cost = float(measured.get("cost_per_token", DEFAULT_COST))
+        return draft.build(self.version.directory, cost, cfg.draft_tokens, cfg.draft_answers)
 
     @functools.cached_property
     def grammars(self) -> Grammars:

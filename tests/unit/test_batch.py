@@ -70,3 +70,30 @@ def test_a_cache_of_device_tensors_is_laid_out_as_the_arrays_are():
         for row in range(host.size):
             cache = device.row_cache(row, np.dtype(np.float16))
             assert cache.dtype == np.float16 and np.array_equal(cache, host.row_cache(row).astype(np.float16))
+
+
+def test_compaction_closes_the_holes_rejected_drafts_leave():
+    """A row whose draft was rejected keeps those columns, masked, right of its first real one:
+    ``holes`` counts them (not the padding on a row's left), and ``compacted`` moves each row's
+    real columns together on its right, in order, with the width the longest row needs."""
+    k = np.arange(2 * 6, dtype=np.float32).reshape(2, 1, 6, 1)
+    mask = np.array([[1, 1, 0, 0, 1, 0], [0, 0, 1, 1, 1, 1]], np.int64)
+    b = KVBatch([(k, -k)], mask, np.array([3, 4]))
+    assert b.holes() == 3
+    c = b.compacted()
+    assert c.holes() == 0 and c.width == 4 and c.next_pos.tolist() == [3, 4]
+    assert c.mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
+    assert c.kv[0][0][0, 0, 1:, 0].tolist() == [0, 1, 4] and c.kv[0][1][1, 0, :, 0].tolist() == [-8, -9, -10, -11]
+    for row in range(2):
+        assert np.array_equal(c.row_cache(row), b.row_cache(row))
+
+
+def test_compaction_of_device_tensors_is_the_arrays_compaction():
+    torch = pytest.importorskip("torch")
+    k = np.random.default_rng(1).standard_normal((2, 2, 5, 3)).astype(np.float32)
+    mask = np.array([[1, 0, 1, 0, 1], [0, 1, 1, 0, 1]], np.int64)
+    host = KVBatch([(k, 2 * k)], mask, np.array([3, 3])).compacted()
+    device = KVBatch([(torch.from_numpy(k), torch.from_numpy(2 * k))], mask.copy(), np.array([3, 3])).compacted()
+    assert isinstance(device.kv[0][0], torch.Tensor) and (device.mask == host.mask).all()
+    for a, t in zip(host.kv[0], device.kv[0]):
+        assert np.array_equal(a, t.numpy())
