@@ -289,6 +289,8 @@ class EngineStats:
     kv_local_blocks: int = 0  # of them, blocks found in the pool's own cache
     kv_redis_blocks: int = 0  # and blocks read from Redis
     cache_miss: CacheMiss | None = None  # why fewer than expected_reuse tokens were found
+    drafted: int = 0  # tokens drafted for it and verified (speculative decoding)
+    accepted: int = 0  # ... and kept: forward passes it did not need
 
     def to_json(self) -> str:
         return json.dumps({k: _plain(v) for k, v in asdict(self).items()})
@@ -326,6 +328,8 @@ class ChatStats:
     engine_prefill_ms: float | None = None  # from its prompt's first prefill chunk to its first token
     engine_ms: float | None = None
     batch_size: int | None = None
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted for the answer and verified
+    accepted_tokens: int = 0  # ... and kept (generated in fewer forward passes than tokens)
     priority: int = PRIORITY_DEFAULT
     model_version: int | None = None  # the pools' model version that served it (a canary's during a rollout)
     failover_tokens: int = 0  # tokens streamed before a pool failed mid-answer and the other went on (0: none)

@@ -218,6 +218,8 @@ class ChatTurn:
             engine_prefill_ms=engine_stats.prefill_ms,
             engine_ms=engine_stats.engine_ms,
             batch_size=engine_stats.batch_size,
+            drafted_tokens=engine_stats.drafted,
+            accepted_tokens=engine_stats.accepted,
             priority=chat.priority,
             model_version=self.version,
             failover_tokens=failover_tokens,

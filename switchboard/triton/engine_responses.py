@@ -115,6 +115,8 @@ class ResponseSink:
             kv_local_blocks=self.reuse.local_blocks,
             kv_redis_blocks=self.reuse.remote_blocks,
             cache_miss=self.reuse.miss,
+            drafted=result.drafted,
+            accepted=result.accepted,
         )
 
     def _final(self, stats: EngineStats, result: GenerationResult, ids: list[int]):

@@ -346,7 +346,8 @@ def test_the_shed_path_answers_from_the_faq_with_its_reason():
         "generated_tokens": 0, "route": None, "ttft_ms": None,
         "total_ms": 10.0, "fallback": True, "fallback_reason": "queue_timeout", "faq_id": "order-status",
         "session": "skipped", "dropped_turns": 0, "finish_reason": "fallback", "engine_queue_ms": None,
-        "engine_prefill_ms": None, "engine_ms": None, "batch_size": None, "priority": 1, "model_version": None,
+        "engine_prefill_ms": None, "engine_ms": None, "batch_size": None, "drafted_tokens": 0, "accepted_tokens": 0,
+        "priority": 1, "model_version": None,
         "failover_tokens": 0,
     }  # fmt: skip
 

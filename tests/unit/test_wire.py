@@ -10,8 +10,8 @@ SERVED = {  # a generated answer's stats, as the server has always sent them
     "prompt_tokens": 49, "reused_tokens": 41, "kv_local_blocks": 2, "kv_redis_blocks": 0, "cache_miss": None,
     "generated_tokens": 12, "route": "short", "ttft_ms": 14.2,
     "total_ms": 40.1, "fallback": False, "session": "hit", "dropped_turns": 0, "finish_reason": "stop",
-    "engine_queue_ms": 0.4, "engine_prefill_ms": 9.5, "engine_ms": 30.0, "batch_size": 3, "priority": 1,
-    "model_version": 1, "failover_tokens": 0,
+    "engine_queue_ms": 0.4, "engine_prefill_ms": 9.5, "engine_ms": 30.0, "batch_size": 3,
+    "drafted_tokens": 9, "accepted_tokens": 7, "priority": 1, "model_version": 1, "failover_tokens": 0,
 }  # fmt: skip
 
 
