@@ -112,7 +112,7 @@ def run_export(
     from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.engine import heads
     from switchboard.engine.runtime import OnnxDecoder
-    from switchboard.export import accuracy, calibration, onnx_export, parity, quantize, smooth
+    from switchboard.export import accuracy, calibration, onnx_export, parity, quantize, smooth, speculation
 
     say = console or console_mod.detached("export")
     required = set(precisions) if required is None else required
@@ -209,6 +209,7 @@ def run_export(
             f"{max(report['max_abs_logit_diff'], report['max_abs_logit_diff_with_cached_prefix']):.0e}, "
             f"with and without a cached prefix)"
         )
+    drafting = _speculation(say, speculation, accuracy, tok, manifest, decoder, system_prompt, limit, out)
     int8 = [p for p in precisions if p != "fp32"]
     source, source_decoder = fp32, decoder
     if int8 and smooth_alpha > 0:
@@ -250,6 +251,7 @@ def run_export(
             **manifest.__dict__,
             "variants": variants,
             "parity": report,
+            "speculation": drafting,
             "source": {**manifest.source, "int8_smoothing": smoothing},
         }
     )
@@ -319,6 +321,24 @@ def run_export(
         + (f"; report: {out / 'report.md'}" if bench_batches else "")
     )
     return manifest.__dict__
+
+
+def _speculation(say, speculation, accuracy, tok, manifest, decoder, system_prompt, limit, out) -> dict:
+    """The corpus's answers beside the graph, and whether drafting from them pays (export/speculation.py)."""
+    answers = speculation.corpus_answers(tok, manifest.end_of_turn_id)
+    speculation.write_answers(out, answers)
+    cases = accuracy.heldout_cases(3)[:16]
+    prompts = _prompts(tok, system_prompt, [c.messages for c in cases], limit)
+    log.info("speculation: %d corpus answers; measuring drafts on %d held-out questions", len(answers), len(prompts))
+    measured = speculation.measure(decoder, manifest, prompts, answers)
+    log.info("speculation: %s", json.dumps(measured))
+    if "batch_8" in measured:
+        say.line(
+            f"drafting from {len(answers)} corpus answers: {measured['batch_1']['speedup']:.2f}x at batch 1, "
+            f"{measured['batch_8']['speedup']:.2f}x at batch 8, answers identical: {measured['identical']}; "
+            f"speculation {'on' if measured['enabled'] else 'off'} by default"
+        )
+    return measured
 
 
 def _coverage_study(

@@ -2,10 +2,13 @@
 
 transformers 5 takes a ``DynamicCache``, not tuples; the wrapper takes flat key/value tensors,
 builds the cache, and returns flat ``present`` tensors, which the dynamo exporter handles.
-The graph returns the logits of each row's last position only ([B, 1, V]): that is all the
-engine samples from, and a 400-token prefill at a 152k vocabulary would otherwise make a
-243 MB tensor. Rows are right-aligned (switchboard/engine/batch.py), so the last position is
-every row's last real token.
+The graph returns the logits of the positions ``logits_index`` [K] names (counted from the
+end when negative, the same for every row), [B, K, V]. It defaults to ``[-1]``, each row's last
+position: all a prefill or a plain decode step samples from (a 400-token prefill at a 152k
+vocabulary would otherwise make a 243 MB tensor), and what a caller that does not feed it gets
+(Triton's native backends, TensorRT). A decode step that verifies drafts (speculative decoding)
+asks for its last ``1 + draft`` positions. Rows are right-aligned (switchboard/engine/batch.py),
+so position -1 is every row's last real token.
 
 Grouped-query attention is exported as ``grouped_attention``: each KV head's query heads are
 stacked as rows of one matrix product with the cache, instead of the stock path's copy of every
@@ -23,7 +26,7 @@ from pathlib import Path
 import torch
 
 from switchboard.artifact.geometry import Geometry
-from switchboard.engine.masks import position_masks, windowed
+from switchboard.engine.masks import position_masks, unslide, windowed
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +70,10 @@ class DecoderWrapper(torch.nn.Module):
         self.model = model
         self.num_layers = num_layers
         self.window = windowed(model.config)
+        if self.window is None:
+            unslide(model.config)  # the whole cache within a context capped at the window
 
-    def forward(self, input_ids, attention_mask, position_ids, *past):
+    def forward(self, input_ids, attention_mask, position_ids, logits_index, *past):
         from transformers import DynamicCache
 
         cache = DynamicCache()  # full layers: present = past + new, for every family
@@ -82,7 +87,7 @@ class DecoderWrapper(torch.nn.Module):
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,  # only the last position's logits leave the graph: [B, 1, V]
+            logits_to_keep=logits_index,  # only these positions' logits leave the graph: [B, K, V]
         )
         present = []
         for layer in out.past_key_values.layers:
@@ -90,8 +95,11 @@ class DecoderWrapper(torch.nn.Module):
         return (out.logits, *present)
 
 
+LOGITS_INDEX = "logits_index"
+
+
 def io_names(num_layers: int) -> tuple[list[str], list[str]]:
-    inputs = ["input_ids", "attention_mask", "position_ids"]
+    inputs = ["input_ids", "attention_mask", "position_ids", LOGITS_INDEX]
     outputs = ["logits"]
     for i in range(num_layers):
         inputs += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
@@ -112,13 +120,20 @@ def export(model, geo: Geometry, path: Path) -> Path:
         torch.randint(0, geo.vocab_size, (batch, new)),
         torch.ones(batch, past_len + new, dtype=torch.long),
         torch.arange(past_len, past_len + new).repeat(batch, 1),
+        torch.tensor([-2, -1]),  # two, not one: dynamo fixes a dimension of size 1
     ]
     # Distinct tensors: the exporter aliases inputs that are the same object, which would
     # wire one layer's key input into its value path.
     sample += [torch.randn(batch, geo.num_kv_heads, past_len, geo.head_dim) for _ in range(2 * geo.num_layers)]
-    b, s, p, t = (torch.export.Dim(n) for n in ("batch", "sequence", "past", "total"))
+    b, s, p, t, k = (torch.export.Dim(n) for n in ("batch", "sequence", "past", "total", "keep"))
     # *past is one varargs entry: its shapes go in one nested tuple.
-    dynamic = ({0: b, 1: s}, {0: b, 1: t}, {0: b, 1: s}, tuple({0: b, 2: p} for _ in range(2 * geo.num_layers)))
+    dynamic = (
+        {0: b, 1: s},
+        {0: b, 1: t},
+        {0: b, 1: s},
+        {0: k},
+        tuple({0: b, 2: p} for _ in range(2 * geo.num_layers)),
+    )
     inputs, outputs = io_names(geo.num_layers)
     large = sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,4 +152,17 @@ def export(model, geo: Geometry, path: Path) -> Path:
     finally:  # the parity check and the accuracy gate run the stock model
         model.set_attn_implementation(stock)
     program.save(str(path), external_data=large)
+    _default_last_position(path)
     return path
+
+
+def _default_last_position(path: Path) -> None:
+    """Give ``logits_index`` the default ``[-1]`` (an initializer of the input's name): a caller
+    that does not feed it gets the last position's logits."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    model.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), LOGITS_INDEX))
+    onnx.save(model, str(path))

@@ -25,6 +25,18 @@ def windowed(config) -> int | None:
     return int(window) if window and "sliding_attention" in types else None
 
 
+def unslide(config) -> None:
+    """A model whose every layer slides (Mistral) attends to every real column instead.
+
+    Its context is capped at the window (switchboard/artifact/geometry.py), so within it the
+    window excludes nothing by position. Counted in columns, as transformers counts it, it would:
+    a row's columns also hold masked holes (a cached prefix's gap, a rejected draft's tokens), so
+    a row could span more columns than positions and lose its first tokens."""
+    types = getattr(config, "layer_types", None) or ()
+    if getattr(config, "sliding_window", None) and "full_attention" not in types:
+        config.sliding_window = None
+
+
 def position_masks(attention_mask: torch.Tensor, position_ids: torch.Tensor, window: int, dtype) -> dict:
     """``{"full_attention", "sliding_attention"}`` -> additive masks [B, 1, Q, K].
 

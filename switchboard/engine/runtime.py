@@ -3,7 +3,9 @@ switchboard/runtime/onnx.py).
 
 One graph serves prefill and decode: ``input_ids`` [B, N], ``attention_mask`` [B, P+N],
 ``position_ids`` [B, N], ``past_key_values.{i}.key|value`` [B, H, P, D] in; ``logits``
-[B, 1, V] (the last position only) and ``present.{i}.key|value`` [B, H, P+N, D] out.
+[B, K, V] and ``present.{i}.key|value`` [B, H, P+N, D] out. ``logits_index`` [K] picks the
+positions (default ``[-1]``, the last); a graph exported before it had no such input returns
+the last position only, and such a repository does not speculate (``verifies``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import numpy as np
 
 from switchboard.artifact.manifest import Manifest
 from switchboard.runtime import onnx
+
+LOGITS_INDEX = "logits_index"  # the graph's input naming the positions whose logits it returns
 
 
 class OnnxDecoder:
@@ -38,6 +42,10 @@ class OnnxDecoder:
         n = manifest.num_layers
         self._past_names = [(f"past_key_values.{i}.key", f"past_key_values.{i}.value") for i in range(n)]
         self._outputs = ["logits"] + [name for i in range(n) for name in (f"present.{i}.key", f"present.{i}.value")]
+        names = {x.name for x in self.session.get_inputs()} | {
+            x.name for x in self.session.get_overridable_initializers()
+        }
+        self.verifies = LOGITS_INDEX in names  # several positions' logits a pass: drafts can be verified
 
     def empty_past(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
         shape = (batch, self.manifest.num_kv_heads, 0, self.manifest.head_dim)
@@ -49,12 +57,18 @@ class OnnxDecoder:
         attention_mask: np.ndarray,
         position_ids: np.ndarray,
         past: list[tuple[np.ndarray, np.ndarray]],
+        keep: int = 1,
     ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """Logits of the last ``keep`` positions [B, keep, V] and the cache grown by N columns."""
         feed = {
             "input_ids": input_ids.astype(np.int64, copy=False),
             "attention_mask": attention_mask.astype(np.int64, copy=False),
             "position_ids": position_ids.astype(np.int64, copy=False),
         }
+        if keep != 1:
+            if not self.verifies:
+                raise ValueError(f"{self.path} returns the last position's logits only (exported before logits_index)")
+            feed[LOGITS_INDEX] = np.arange(-keep, 0, dtype=np.int64)
         for (kname, vname), (k, v) in zip(self._past_names, past):
             feed[kname], feed[vname] = k, v
         out = self.session.run(self._outputs, feed)

@@ -674,8 +674,8 @@ class Engine:
             if not logits.flags.writeable:
                 logits = logits.copy()
             logits[..., self.banned_ids] = -np.inf
-            if first:  # rows fresh from their prefill: one position each
-                logits[np.ix_(first, self._stop_array)] = -np.inf
+            if first:  # rows fresh from their prefill, one position each; stop ids past the vocabulary left out
+                logits[np.ix_(first, self._stop_array[self._stop_array < logits.shape[-1]])] = -np.inf
         used = []
         for i, seq in enumerate(seqs):
             draft = drafts[i] if drafts else ()

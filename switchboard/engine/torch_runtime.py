@@ -29,7 +29,7 @@ class TorchDecoder:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         from switchboard.engine import heads
-        from switchboard.engine.masks import windowed
+        from switchboard.engine.masks import unslide, windowed
         from switchboard.runtime import pytorch
 
         self.torch = torch
@@ -46,6 +46,8 @@ class TorchDecoder:
         self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.model_dtype)
         heads.restrict(self.model, checkpoint)  # the graph's head, where the checkpoint lists one
         self.window = windowed(config)
+        if self.window is None:
+            unslide(self.model.config)  # as the exported graph
         self.model.to(self.device).eval()
         self.dtype = np.dtype(manifest.kv_dtype)  # of a cache on the host (prefixes in, row_cache out)
 

@@ -21,6 +21,11 @@ def test_family_exports_and_matches_pytorch(family, tokenizer_dir, tmp_path, che
     assert p["ok"] and p["greedy_identical"] == p["sequences"] >= 3
     assert p["greedy_identical_with_cached_prefix"] == p["sequences"]
     assert p["max_abs_logit_diff"] < 1e-3 and p["max_abs_logit_diff_with_cached_prefix"] < 1e-3
+    assert 0 < p["max_abs_logit_diff_verifying_drafts"] < 1e-3, "a draft's positions verified in one pass"
+    drafts = m.speculation
+    assert drafts["identical"] and drafts["batch_8"]["verify_steps"] > 0, drafts
+    assert isinstance(drafts["enabled"], bool) and drafts["cost_per_token"] >= 0
+    assert (out / "answers.npz").is_file() and drafts["answers"] > 100
     assert m.source["model_type"] == family and (out / "model.onnx").exists()
     if family == "mistral":
         assert m.context_window == 128  # capped at the sliding window

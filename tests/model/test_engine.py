@@ -185,3 +185,49 @@ def test_lanes_on_threads_of_their_own_give_the_same_tokens_as_alone(model):
     assert max(rows) <= 2 + 2, "two lanes admitting at once: priority 2's two rows, the two VIPs' own"
     stats, sizes, waiting, running = e.snapshot()
     assert (waiting, running) == (0, 0) and stats["finished_length"] + stats["finished_stop"] == 6
+
+
+def speculation(model, served: list[list[int]] = ()):
+    """Drafts from the answers the export shipped (and ``served``), every row drafting."""
+    from switchboard.engine.draft import ANSWERS, Drafter, DraftLength, Speculation, SuffixIndex, load_answers
+
+    manifest, decoder, _ = model
+    corpus = SuffixIndex()
+    for answer in load_answers(decoder.path.parent / ANSWERS):
+        corpus.add(answer)
+    answers = SuffixIndex(capacity=64)
+    for answer in served:
+        answers.add(answer)
+    return Speculation(Drafter(answers, corpus), DraftLength(cost=0.05, cap=6, prior=1.0))
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_drafted_answers_are_token_identical_to_plain_decoding(model, sampled):
+    """The exported graph verifies a draft's positions in one pass: the answers, the reasons they
+    end and their log-probabilities are those of decoding one token a pass, greedy or sampled
+    with a seed, while most tokens come from accepted drafts (the corpus's answers, the
+    conversation, an answer served before)."""
+    manifest, decoder, tok = model
+    assert decoder.verifies, "the export's graph returns every position's logits (logits_index)"
+    second, _, _ = follow_up(model)
+    kw = dict(temperature=0.8, top_p=0.95, seed=11, logprobs=1) if sampled else {}
+
+    def requests():
+        return [GenerationRequest(prompt(model, ("user", q)), 40, **kw) for q in QUESTIONS] + [
+            GenerationRequest(second, 40, **kw)
+        ]
+
+    plain = run(engine(model), requests())
+    e = engine(model, speculation=speculation(model, [s.tokens for s in plain[:1]]))
+    drafted = run(e, requests())
+    assert [s.tokens for s in drafted] == [s.tokens for s in plain]
+    assert [s.result.reason for s in drafted] == [s.result.reason for s in plain]
+    if sampled:
+        for a, b in zip(drafted, plain):
+            np.testing.assert_allclose(
+                [lp for entry in a.logprobs for lp, _ in entry],
+                [lp for entry in b.logprobs for lp, _ in entry],
+                atol=1e-4,
+            )
+    stats = e.snapshot()[0]
+    assert stats["accepted_tokens"] > 0 and stats["verify_steps"] < sum(len(s.tokens) for s in plain)
