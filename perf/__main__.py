@@ -28,6 +28,7 @@ SUITES = {
     "gateway-cost": ("gateway_cost", "what the HTTP gateway costs against gRPC under the same load"),
     "trace-cost": ("trace_cost", "what traces cost: the same load at 0% and 100% sampling"),
     "gguf-check": ("gguf_check", "a GGUF import against llama.cpp on the same file"),
+    "drafts": ("drafts", "speculative decoding's drafts on held-out answers, beside arctic-inference's suffix tree"),
     "llamacpp": ("llamacpp", "llama.cpp's server as a peer: build, convert, serve"),
     # speech
     "asr": ("asr_bench", "speech side by side: served pool vs faster-whisper vs LitServe (make bench-asr)"),
