@@ -173,3 +173,26 @@ def test_the_gate_reads_a_restricted_head_on_its_live_tokens_alone(tokenizer_dir
     assert sliced.greedy_sequences_identical == full.greedy_sequences_identical
     assert abs(sliced.logits_cosine - full.logits_cosine) < 1e-6
     assert sliced.perplexity == full.perplexity and sliced.logits_cosine < 1.0
+
+
+def test_the_prepared_shared_weights_still_return_a_drafts_positions(tokenizer_dir, tmp_path, checkpoint):
+    """The pools load ONNX Runtime's optimized copy of the graph (``weights_cache``): it keeps
+    ``logits_index`` as an input with its default, so the pools can verify drafts."""
+    import numpy as np
+
+    from switchboard.engine.runtime import OnnxDecoder
+
+    ckpt = checkpoint("qwen2", tokenizer_dir, tmp_path)
+    out = tmp_path / "artifacts"
+    assert export_main(["--model", str(ckpt), "--out", str(out), "--precision", "fp32", "--bench-batches", ""]) == 0
+    m = Manifest.load(out)
+    plain = OnnxDecoder(out, m, "fp32", threads=1)
+    shared = OnnxDecoder(out, m, "fp32", threads=1, weights_cache=tmp_path / "weights")
+    assert shared.path != plain.path and shared.verifies
+    ids = np.array([[5, 6, 7, 8]])
+    mask, pos = np.ones((1, 4), np.int64), np.arange(4)[None]
+    a, _ = plain.forward(ids, mask, pos, plain.empty_past(1), keep=3)
+    b, _ = shared.forward(ids, mask, pos, shared.empty_past(1), keep=3)
+    last, _ = shared.forward(ids, mask, pos, shared.empty_past(1))
+    assert a.shape[1] == b.shape[1] == 3 and last.shape[1] == 1
+    assert np.abs(a - b).max() < 1e-4 and np.abs(b[:, -1] - last[:, 0]).max() < 1e-4
