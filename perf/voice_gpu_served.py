@@ -49,10 +49,10 @@ from perf.gpu_machine import (
     unpack_voice,
 )
 from switchboard import paths
+from switchboard.repository.models import CHAT, POOL_MODELS, VOICE_CHAT
 from switchboard.repository.versions import with_parameters
 
-CHAT_MODELS = ("chat", "engine_short", "engine_long", "voice_chat")
-POOLS = ("engine_short", "engine_long")
+CHAT_MODELS = (CHAT, *POOL_MODELS, VOICE_CHAT)
 
 
 def repository(unpacked: Path, recognizer: Path, work: Path, source: Path, settings: dict[str, str], name: str) -> Path:
@@ -71,7 +71,9 @@ def repository(unpacked: Path, recognizer: Path, work: Path, source: Path, setti
         version = repo / model / "1"
         version.mkdir(parents=True)
         (version / "model.py").write_bytes((source / model / "1" / "model.py").read_bytes())
-        values = {"runtime": f"torch:{device}", "checkpoint": str(unpacked / "checkpoint")} if model in POOLS else {}
+        values = (
+            {"runtime": f"torch:{device}", "checkpoint": str(unpacked / "checkpoint")} if model in POOL_MODELS else {}
+        )
         if model != "voice_chat":
             for f in (unpacked / "chat").iterdir():
                 if model == "chat" or f.name != "faq.jsonl":

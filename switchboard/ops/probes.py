@@ -11,9 +11,10 @@ import time
 
 import numpy as np
 
-POOLS = ("engine_short", "engine_long")
-CHAT = "chat"
-SPEECH = ("asr", "voice_chat")  # loaded once a recognizer is built: watched, not probed each round
+# the speech models load once a recognizer is built: watched, not probed each round
+from switchboard.repository.models import CHAT, POOL_MODELS, SPEECH
+
+POOLS = POOL_MODELS
 PROBE_TEXT = "Where is my order?"
 WARM_UP_TOKENS = 8  # past the first token: the warm-up runs decode steps too
 
