@@ -26,7 +26,8 @@ import numpy as np
 from switchboard.data import corpus as corpus_mod
 from switchboard.engine.batch import prefill_inputs
 from switchboard.engine.draft import ANSWERS, Drafter, DraftLength, Speculation, SuffixIndex, save_answers
-from switchboard.engine.scheduler import Engine, GenerationRequest
+from switchboard.engine.scheduler import Engine
+from switchboard.evaluation.answers import generate
 
 MARGIN = 1.05  # drafting must be this much faster to be on by default: less is within the spread
 DRAFT = 4  # tokens of the verifying pass the cost is measured with
@@ -80,30 +81,8 @@ def _generate(decoder, manifest, prompts, max_new, batch, speculation) -> tuple[
         stop_ids=set(manifest.eos_token_ids),
         speculation=speculation,
     )
-    results: list[list[int]] = [[] for _ in prompts]
-
-    class Sink:
-        def __init__(self, i):
-            self.i, self.done = i, False
-
-        def emit(self, ids, logprobs=None):
-            results[self.i] += ids
-
-        def finish(self, result):
-            self.done = True
-
-        def fail(self, error):
-            raise error
-
-        def cancelled(self):
-            return False
-
-    sinks = [Sink(i) for i in range(len(prompts))]
     t0 = time.perf_counter()
-    for prompt, sink in zip(prompts, sinks):
-        engine.submit(GenerationRequest(prompt, max_new), sink)
-    while not all(s.done for s in sinks):
-        engine.step()
+    results = generate(engine, [(prompt, max_new, None) for prompt in prompts])
     return time.perf_counter() - t0, results, engine.snapshot()[0]
 
 
