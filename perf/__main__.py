@@ -28,6 +28,10 @@ SUITES = {
     "gateway-cost": ("gateway_cost", "what the HTTP gateway costs against gRPC under the same load"),
     "trace-cost": ("trace_cost", "what traces cost: the same load at 0% and 100% sampling"),
     "gguf-check": ("gguf_check", "a GGUF import against llama.cpp on the same file"),
+    "prefill-cost": (
+        "prefill_cost",
+        "a prompt token's prefill cost against a decoded token's, with ONNX Runtime's profile",
+    ),
     "drafts": ("drafts", "speculative decoding's drafts on held-out answers, beside arctic-inference's suffix tree"),
     "llamacpp": ("llamacpp", "llama.cpp's server as a peer: build, convert, serve"),
     # speech
