@@ -51,6 +51,9 @@ def session_options(threads: int) -> ort.SessionOptions:
     # Several sessions share the cores (two pools, perf tools): spinning threads would burn
     # the cores the other sessions need.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Errors only: the graph's logits_index is an input with a default (an initializer), which
+    # ONNX Runtime warns about in color at every load, into the server's log.
+    opts.log_severity_level = 3
     return opts
 
 
@@ -93,7 +96,6 @@ def prepared(source: Path, fingerprint: str, cache: Path) -> Path:
         opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "model.onnx.data")
         opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "4096")
         opts.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
-        opts.log_severity_level = 3  # the warning that the graph is for this machine only: it is
         log.info("preparing %s for this machine in %s", source.name, target)
         ort.InferenceSession(str(source), opts, providers=CPU)
         building.rename(target)
