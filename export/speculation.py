@@ -98,7 +98,7 @@ def measure(
         corpus = SuffixIndex()
         for a in answers:
             corpus.add(a)
-        return Speculation(Drafter(None, corpus), DraftLength(cost=cost[8]))
+        return Speculation(Drafter(None, corpus), DraftLength(cost=cost[8], cost_batch_1=cost[1]))
 
     out: dict = {"cost_per_token": round(cost[8], 4), "cost_per_token_batch_1": round(cost[1], 4)}
     identical, faster = True, True

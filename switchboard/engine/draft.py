@@ -214,27 +214,60 @@ class RowDrafts:
             self._drafter.learn(self.answer)
 
 
+COST_BATCH = 8  # the rows of the pass whose cost per verified token ``cost`` is (the export's)
+
+
+def expected_tokens(k: int, acceptance: float) -> float:
+    """Tokens a row gets from a pass verifying ``k`` drafted tokens, each kept with probability
+    ``acceptance`` while the ones before it were: the kept prefix and one more."""
+    return k + 1.0 if acceptance >= 1 else (1 - acceptance ** (k + 1)) / (1 - acceptance)
+
+
 class DraftLength:
-    """A row's draft cap from its recent acceptance (an exponential average over its passes)."""
+    """A row's draft cap from its recent acceptance (an exponential average over its passes), and
+    the width of a pass that verifies several rows' drafts."""
 
-    def __init__(self, cost: float, cap: int = 8, prior: float = 0.5, memory: float = 0.7):
-        """``cost``: a verified token's extra cost relative to a one-token pass (a pass of
-        ``1 + k`` tokens costs ``1 + cost * k``). ``prior``: the acceptance a new row starts from."""
-        if cost < 0 or cap < 0 or not 0 <= prior <= 1 or not 0 <= memory < 1:
+    def __init__(
+        self, cost: float, cap: int = 8, prior: float = 0.5, memory: float = 0.7, cost_batch_1: float | None = None
+    ):
+        """``cost``: a verified token's extra cost relative to a one-token pass of ``COST_BATCH``
+        rows (a pass of ``1 + k`` tokens a row costs ``1 + cost * k``); ``cost_batch_1``: the same
+        for one row (default: ``cost``). Between and beyond the two it is linear in the rows (at
+        most 1: a column costs no more than a pass). ``prior``: the acceptance a new row starts from."""
+        cost_batch_1 = cost if cost_batch_1 is None else cost_batch_1
+        if min(cost, cost_batch_1) < 0 or cap < 0 or not 0 <= prior <= 1 or not 0 <= memory < 1:
             raise ValueError("cost >= 0, cap >= 0, prior in [0, 1], memory in [0, 1)")
-        self.cost, self.cap, self.prior, self.memory = cost, cap, prior, memory
-        self._best = [self._argmax(i / 20) for i in range(21)]  # by acceptance, in steps of 0.05
+        self.cost, self.cost_batch_1, self.cap, self.prior, self.memory = cost, cost_batch_1, cap, prior, memory
+        self._best: dict[int, list[int]] = {}  # by rows, by acceptance in steps of 0.05
 
-    def _argmax(self, a: float) -> int:
-        def rate(k: int) -> float:
-            tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-            return tokens / (1 + self.cost * k)
+    def cost_at(self, rows: int) -> float:
+        """A verified token's cost relative to a one-token pass of ``rows`` rows."""
+        slope = (self.cost - self.cost_batch_1) / (COST_BATCH - 1)
+        return min(1.0, max(0.0, self.cost_batch_1 + slope * (max(rows, 1) - 1)))
 
-        return max(range(self.cap + 1), key=lambda k: (rate(k), -k))
+    def _argmax(self, a: float, cost: float) -> int:
+        return max(range(self.cap + 1), key=lambda k: (expected_tokens(k, a) / (1 + cost * k), -k))
 
-    def best(self, acceptance: float) -> int:
-        """The draft length that yields the most tokens per unit of pass cost."""
-        return self._best[round(min(max(acceptance, 0.0), 1.0) * 20)]
+    def best(self, acceptance: float, rows: int = COST_BATCH) -> int:
+        """The draft length that yields the most tokens per unit of pass cost, in a pass of ``rows``."""
+        table = self._best.get(rows)
+        if table is None:
+            cost = self.cost_at(rows)
+            table = self._best[rows] = [self._argmax(i / 20, cost) for i in range(21)]
+        return table[round(min(max(acceptance, 0.0), 1.0) * 20)]
+
+    def width(self, rows: Sequence[tuple[int, float]]) -> int:
+        """How many drafted tokens a pass verifies for each row, its rows' (draft length,
+        acceptance) given: the width whose expected tokens, over all rows, per unit of pass cost
+        are the most. Every row pays for the widest draft, so a long draft only one row has is
+        cut to what the whole pass gains from it; 0: a plain decode step."""
+        cost = self.cost_at(len(rows))
+        longest = max((k for k, _ in rows), default=0)
+
+        def rate(w: int) -> float:
+            return sum(expected_tokens(min(w, k), a) for k, a in rows) / (1 + cost * w)
+
+        return max(range(longest + 1), key=lambda w: (rate(w), -w))
 
     def idle(self, acceptance: float) -> float:
         """The row's acceptance after a pass without a draft: a step back towards the prior, so
@@ -279,10 +312,10 @@ def load_answers(path: Path) -> list[list[int]]:
     return [tokens[e - n : e].tolist() for e, n in zip(ends, lengths)]
 
 
-def build(directory: Path, cost: float, cap: int, capacity: int) -> Speculation:
+def build(directory: Path, cost: float, cap: int, capacity: int, cost_batch_1: float | None = None) -> Speculation:
     """The speculation of a pool serving the model version in ``directory``: the answers it
     shipped with (if the export wrote them), ``capacity`` served ones, drafts up to ``cap``
-    tokens, a verified token costing ``cost`` of a pass."""
+    tokens, a verified token costing ``cost`` of a pass (``cost_batch_1`` of one row's)."""
     corpus = None
     path = Path(directory) / ANSWERS
     if path.is_file():
@@ -290,4 +323,4 @@ def build(directory: Path, cost: float, cap: int, capacity: int) -> Speculation:
         for answer in load_answers(path):
             corpus.add(answer)
     served = SuffixIndex(capacity=capacity) if capacity else None
-    return Speculation(Drafter(served, corpus), DraftLength(cost=cost, cap=cap))
+    return Speculation(Drafter(served, corpus), DraftLength(cost=cost, cap=cap, cost_batch_1=cost_batch_1))

@@ -441,17 +441,19 @@ class Engine:
     def _draft(self, lane: _Lane) -> list[tuple[int, ...]]:
         """Each running row's draft: as long as its recent acceptance makes worth it
         (``DraftLength``), never past its token limit or the context window; [] when no row has one."""
-        spec, out = self.speculation, []
+        spec, out, rows = self.speculation, [], len(lane.running)
         for row, seq in enumerate(lane.running):
             room = min(seq.limit - len(seq.tokens), self.context_window - int(lane.batch.next_pos[row])) - 1
-            k = min(spec.length.best(seq.acceptance), room)
+            k = min(spec.length.best(seq.acceptance, rows), room)
             if k <= 0:
                 out.append(())
                 continue
             if seq.drafts is None:
                 seq.drafts = spec.drafter.start(seq.request.prompt + seq.tokens)
             out.append(seq.drafts.propose(k).tokens)
-        return out if any(out) else []
+        # one width for the pass: the drafts are cut to what the whole batch gains from them
+        width = spec.length.width([(len(d), seq.acceptance) for d, seq in zip(out, lane.running)])
+        return [d[:width] for d in out] if width else []
 
     @staticmethod
     def _decode_first(lane: _Lane) -> bool:

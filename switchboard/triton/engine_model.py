@@ -162,7 +162,10 @@ class TritonPythonModel:
         except ValueError as e:
             raise ValueError(f"{self.name}/config.pbtxt: {e}") from None
         cost = float(measured.get("cost_per_token", DEFAULT_COST))
-        return draft.build(self.version.directory, cost, cfg.draft_tokens, cfg.draft_answers)
+        one = measured.get("cost_per_token_batch_1")
+        return draft.build(
+            self.version.directory, cost, cfg.draft_tokens, cfg.draft_answers, None if one is None else float(one)
+        )
 
     @functools.cached_property
     def grammars(self) -> Grammars:

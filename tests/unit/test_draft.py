@@ -115,6 +115,20 @@ def test_the_draft_length_grows_with_acceptance_and_shrinks_with_cost():
         DraftLength(cost=-1)
 
 
+def test_a_pass_verifies_one_width_weighed_over_every_row():
+    """Every row of a verifying pass pays for its widest draft: one row's long draft is cut to
+    what the whole batch gains from it, and a pass costs more per column the more rows it has."""
+    length = DraftLength(cost=0.37, cost_batch_1=0.004, cap=8)  # Gemma 3 270M's, measured
+    assert length.cost_at(1) == pytest.approx(0.004) and length.cost_at(8) == pytest.approx(0.37)
+    assert length.cost_at(4) == pytest.approx(0.004 + 0.366 * 3 / 7) and length.cost_at(40) == 1.0
+    assert length.best(0.9, rows=1) == 8 > length.best(0.9, rows=8) > 0
+    assert length.width([(8, 0.9)]) == 8, "alone, a long draft costs almost nothing"
+    assert length.width([(8, 0.9)] + [(0, 0.5)] * 7) == 0, "seven rows would pay for one row's draft"
+    assert 3 <= length.width([(8, 0.9)] * 8) <= 5, "all rows gain: the width where tokens per cost peak"
+    assert length.width([(2, 0.9)] * 8) == 2 and length.width([]) == 0
+    assert DraftLength(cost=0.0).width([(6, 0.2), (0, 0.5)]) == 6, "free columns: the whole draft"
+
+
 def test_the_answers_a_model_ships_with_are_drafted_from_and_never_evicted(tmp_path):
     shipped = [[1, 2, 3, 4, 5], [], [7, 8, 9]]
     save_answers(tmp_path / ANSWERS, shipped)

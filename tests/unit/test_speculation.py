@@ -128,6 +128,42 @@ def test_greedy_answers_are_the_same_with_drafts_in_fewer_passes():
     assert decode_passes < max(len(s.tokens) for s in plain) - 1, "fewer passes than tokens"
 
 
+class OneRowDrafter(Drafter):
+    """Drafts from ``answers`` for the row whose prompt starts with ``first`` only (the
+    requests' prompts start with distinct tokens)."""
+
+    def __init__(self, answers, first):
+        super().__init__(answers)
+        self.first = first
+
+    def start(self, prompt):
+        row = super().start(prompt)
+        if prompt[0] != self.first:
+            row.propose = lambda k: SimpleNamespace(tokens=())
+        return row
+
+
+@pytest.mark.parametrize("cost", [0.0, 0.6])
+def test_one_rows_draft_widens_the_pass_only_where_the_batch_gains(cost):
+    """One row drafts (right), the others have nothing to draft. With free columns the pass
+    verifies its draft beside the other rows; where every row's extra columns cost 0.6 of a
+    pass, it verifies only once that row runs alone. The answers are the same either way."""
+
+    def asked():  # the drafting row (prompt [3, ...]) asks for the longest answer: it ends alone
+        return [GenerationRequest(r.prompt, 40 if r.prompt[0] == 3 else 16) for r in requests()]
+
+    plain, _, _ = run(asked())
+    answers = SuffixIndex(capacity=64)
+    for s in plain:
+        answers.add(s.tokens)
+    spec = Speculation(OneRowDrafter(answers, first=3), DraftLength(cost=cost, prior=0.9))
+    drafted, e, decoder = run(asked(), spec)
+    assert [s.tokens for s in drafted] == [s.tokens for s in plain]
+    shared = [rows for rows, n in decoder.passes[1:] if n > 1 and rows > 1]
+    assert bool(shared) == (cost == 0.0), decoder.passes
+    assert e.snapshot()[0]["accepted_tokens"] > 0
+
+
 @pytest.mark.parametrize("draft", [(0, 0, 0, 0, 0), (5, 6, 7)], ids=["wrong", "mixed"])
 def test_rejected_drafts_leave_the_cache_and_the_answers_unchanged(draft):
     """Every draft is (mostly) wrong: the verifying passes mask the rejected tokens' columns,
