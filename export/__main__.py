@@ -209,7 +209,7 @@ def run_export(
             f"{max(report['max_abs_logit_diff'], report['max_abs_logit_diff_with_cached_prefix']):.0e}, "
             f"with and without a cached prefix)"
         )
-    drafting = _speculation(say, speculation, accuracy, tok, manifest, decoder, system_prompt, limit, out)
+    drafting = _speculation(say, speculation, tok, manifest, decoder, system_prompt, limit, out)
     int8 = [p for p in precisions if p != "fp32"]
     source, source_decoder = fp32, decoder
     if int8 and smooth_alpha > 0:
@@ -323,12 +323,11 @@ def run_export(
     return manifest.__dict__
 
 
-def _speculation(say, speculation, accuracy, tok, manifest, decoder, system_prompt, limit, out) -> dict:
+def _speculation(say, speculation, tok, manifest, decoder, system_prompt, limit, out) -> dict:
     """The corpus's answers beside the graph, and whether drafting from them pays (export/speculation.py)."""
     answers = speculation.corpus_answers(tok, manifest.end_of_turn_id)
     speculation.write_answers(out, answers)
-    cases = accuracy.heldout_cases(3)[:16]
-    prompts = _prompts(tok, system_prompt, [c.messages for c in cases], limit)
+    prompts = speculation.heldout_prompts(tok, system_prompt, limit)
     log.info("speculation: %d corpus answers; measuring drafts on %d held-out questions", len(answers), len(prompts))
     measured = speculation.measure(decoder, manifest, prompts, answers)
     log.info("speculation: %s", json.dumps(measured))

@@ -47,6 +47,15 @@ def corpus_answers(tok, end_of_turn: int, conversations: int = 2000, seed: int =
     return out
 
 
+def heldout_prompts(tok, system_prompt: str | None, limit: int, n: int = 16) -> list[list[int]]:
+    """The prompts drafting is measured on: the accuracy gate's held-out conversations, as the
+    chat template renders them (the last ``limit`` tokens)."""
+    from switchboard.export import accuracy
+
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [tok.encode(tok.template.render(system + c.messages))[-limit:] for c in accuracy.heldout_cases(3)[:n]]
+
+
 def pass_cost(decoder, prompts: list[list[int]], batch: int, repeats: int = 5) -> float:
     """A verifying pass's extra cost per drafted token, relative to a one-token decode pass
     (the median of ``repeats`` interleaved pairs)."""

@@ -10,7 +10,10 @@ these answers (the engine's own figures, with the model choosing, are in the exp
 issue names) on the same work. PyPI ships it as an sdist only, so its ``csrc/suffix_decoding``
 is built once into ``build/arctic-suffix`` (nanobind, CMake, Ninja, a C++20 compiler).
 
-    python -m perf drafts [--artifacts build/artifacts/default] [--arctic]
+``--engine`` runs the export's own measurement again on an exported model (the engine with and
+without drafts, what the manifest's ``speculation`` records), e.g. after a change to the engine.
+
+    python -m perf drafts [--artifacts build/artifacts/default] [--arctic | --engine]
 """
 
 from __future__ import annotations
@@ -158,6 +161,21 @@ def arctic(answers, depth: int, where: Path):
     return start
 
 
+def engine(artifacts: Path) -> dict:
+    """export/speculation.py's measurement on an exported model as it is now: the engine on the
+    export's 16 held-out questions with and without drafts, at batch 1 and 8 (FP32)."""
+    from switchboard.artifact.manifest import Manifest
+    from switchboard.artifact.tokenizer import TextTokenizer
+    from switchboard.engine.runtime import OnnxDecoder
+    from switchboard.export import speculation
+
+    manifest, tok = Manifest.load(artifacts), TextTokenizer(artifacts)
+    decoder = OnnxDecoder(artifacts, manifest, "fp32", threads=0)
+    answers = speculation.corpus_answers(tok, manifest.end_of_turn_id)
+    prompts = speculation.heldout_prompts(tok, manifest.system_prompt, min(manifest.context_window - 1, 512))
+    return speculation.measure(decoder, manifest, prompts, answers)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf drafts", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifacts", type=Path, default=ROOT / "build" / "artifacts" / "default", help="exported model")
@@ -167,8 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", type=int, default=8, help="the most tokens a draft may have")
     p.add_argument("--depth", type=int, default=24, help="the longest match counted (tree depth)")
     p.add_argument("--arctic", action="store_true", help="also arctic-inference's C++ suffix tree (built once)")
+    p.add_argument(
+        "--engine",
+        action="store_true",
+        help="instead: the export's measurement again (the engine with and without drafts: the manifest's)",
+    )
     p.add_argument("--out", type=Path, help="write results.json here")
     args = p.parse_args(argv)
+    if args.engine:
+        results = engine(args.artifacts)
+        print(json.dumps(results, indent=2))
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        return 0
     answers, held_out = workload(args.artifacts, args.conversations, args.seed, args.answers)
     print(
         f"{len(answers)} corpus answers; {len(held_out)} held-out answers, "
