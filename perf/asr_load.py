@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import random
 import threading
 import time
@@ -354,13 +353,6 @@ def error_rates(samples: Sequence[Sample], clips: Sequence[Clip]) -> dict:
             refs, hyps = zip(*pairs)
             out[lang] = error_rate(list(refs), list(hyps), lang)
     return out
-
-
-def ratio(a: float, b: float) -> float:
-    """a / b, NaN when either is missing or b is 0."""
-    if not (isinstance(a, (int, float)) and isinstance(b, (int, float))) or math.isnan(a) or math.isnan(b) or b == 0:
-        return float("nan")
-    return a / b
 
 
 # -- checkpoints and audio, shared by the bench and its peers ---------------------------------

@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from perf.loadtools import ms, timed_chat, timed_chat_async
-from perf.markdown import table, write_summary
+from perf.loadtools import timed_chat, timed_chat_async
+from perf.markdown import ms, table, write_summary
 from perf.stats import nearest_rank
 from switchboard import paths
 from switchboard.asr.audio import decode, encode_wav

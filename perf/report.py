@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from perf.driver import ABANDONED, REJECTED
-from perf.stats import percentile
+from perf.markdown import number, times
+from perf.stats import percentile, ratio
 
 COLORS = {
     "optimized": "tab:green",
@@ -69,14 +70,6 @@ def aggregate(results: dict, out: Path, system: str, load: float) -> dict:
     }
 
 
-def _f(x, digits=0):
-    return "–" if x != x else f"{x:.{digits}f}"
-
-
-def _ratio(a, b):
-    return "–" if not (a == a and b == b) or b == 0 else f"{a / b:.2f}x"
-
-
 def headline(results: dict, out: Path, load: float) -> str:
     systems = list(results["systems"])
     agg = {s: aggregate(results, out, s, load) for s in systems}
@@ -87,9 +80,10 @@ def headline(results: dict, out: Path, load: float) -> str:
     ]
     for s, a in agg.items():
         lines.append(
-            f"| {s} | {a['ok']}/{a['turns']} | {_f(a['requests_per_s'], 2)} | {_f(a['output_tokens_per_s'])} "
-            f"| {_f(a['ttft_p50'])} ms | {_f(a['ttft_p99'])} ms | {_f(a['vip_ttft_p99'])} ms "
-            f"| {_f(a['e2e_p50'])} ms | {_f(a['e2e_p99'])} ms | {_f(a['itl_p50'], 1)} ms "
+            f"| {s} | {a['ok']}/{a['turns']} | {number(a['requests_per_s'], 2)} "
+            f"| {number(a['output_tokens_per_s'], 0)} "
+            f"| {number(a['ttft_p50'], 0)} ms | {number(a['ttft_p99'], 0)} ms | {number(a['vip_ttft_p99'], 0)} ms "
+            f"| {number(a['e2e_p50'], 0)} ms | {number(a['e2e_p99'], 0)} ms | {number(a['itl_p50'], 1)} ms "
             f"| {a['failed']} ({a['abandoned']}) | {a['fallback']} | {a['reused_share']:.0%} |"
         )
     text = "\n".join(lines) + "\n"
@@ -104,10 +98,10 @@ def headline(results: dict, out: Path, load: float) -> str:
             if s == "optimized":
                 continue
             text += (
-                f"| {s} | {_ratio(o['output_tokens_per_s'], a['output_tokens_per_s'])} "
-                f"| {_ratio(a['ttft_p50'], o['ttft_p50'])} | {_ratio(a['ttft_p99'], o['ttft_p99'])} "
-                f"| {_ratio(a['vip_ttft_p99'], o['vip_ttft_p99'])} | {_ratio(a['e2e_p50'], o['e2e_p50'])} "
-                f"| {_ratio(a['e2e_p99'], o['e2e_p99'])} |\n"
+                f"| {s} | {times(ratio(o['output_tokens_per_s'], a['output_tokens_per_s']))} "
+                f"| {times(ratio(a['ttft_p50'], o['ttft_p50']))} | {times(ratio(a['ttft_p99'], o['ttft_p99']))} "
+                f"| {times(ratio(a['vip_ttft_p99'], o['vip_ttft_p99']))} | {times(ratio(a['e2e_p50'], o['e2e_p50']))} "
+                f"| {times(ratio(a['e2e_p99'], o['e2e_p99']))} |\n"
             )
     return text
 
@@ -143,8 +137,8 @@ def engine_section(results: dict, load: float) -> tuple[str, dict]:
             else float("nan")
         )
         lines.append(
-            f"| {system} | {pool} | {steps} | {_f(mean, 2)} | {max(a['batch_steps'], default=0)} "
-            f"| {_f(dec * 100, 1)}% | {_f(pre * 100, 1)}% | {_f(a.get('busy_s', 0), 1)} s |"
+            f"| {system} | {pool} | {steps} | {number(mean, 2)} | {max(a['batch_steps'], default=0)} "
+            f"| {number(dec * 100, 1)}% | {number(pre * 100, 1)}% | {number(a.get('busy_s', 0), 1)} s |"
         )
     return "\n".join(lines) + "\n", acc
 
