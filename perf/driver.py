@@ -2,11 +2,11 @@
 
 perf_analyzer sends independent requests; multi-turn chat needs each turn sent after the
 previous answer, in the same session. This driver replays a workload file (see
-``perf.workload``): every session starts at its arrival time on its own thread
-and sends its turns one after another. Per turn it records time to first token, the gaps
-between streamed deltas, end-to-end latency, tokens generated and reused, route, priority
-and turn number; failures are recorded with their gRPC status (rejections are
-``UNAVAILABLE``/``RESOURCE_EXHAUSTED``), never dropped.
+``perf.workload``): every session starts at its arrival time on its own thread (an open loop
+whose item is a session, ``perf.load``) and sends its turns one after another. Per turn it
+records time to first token, the gaps between streamed deltas, end-to-end latency, tokens
+generated and reused, route, priority and turn number; failures are recorded with their gRPC
+status (rejections are ``UNAVAILABLE``/``RESOURCE_EXHAUSTED``), never dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from perf.load import open_loop
 from perf.stats import percentile
 from perf.workload import Session, load
 from switchboard.client import ChatClient, ChatError, ChatStats
@@ -62,11 +63,7 @@ def run_session(
     session_prefix: str = "",
     hard_stop: float = float("inf"),
 ) -> None:
-    if t0 + s.arrival_s > deadline:
-        return  # arrives after the run's arrival window
-    delay = t0 + s.arrival_s - time.perf_counter()
-    if delay > 0:
-        time.sleep(delay)
+    """``s``'s turns one after another, from its arrival (``drive``'s open loop sends it then)."""
     for i, text in enumerate(s.turns, 1):
         if time.perf_counter() > deadline:
             return
@@ -113,16 +110,18 @@ def drive(
     t0 = time.perf_counter()
     deadline = t0 + max_seconds
     hard_stop = deadline + grace_s
-    threads = [
-        threading.Thread(
-            target=run_session, args=(client, s, t0, records, lock, deadline, session_prefix, hard_stop), daemon=True
-        )
-        for s in sessions
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, hard_stop - time.perf_counter()) + 5)
+    # An open loop whose item is a session: each starts at its arrival, whatever is in flight;
+    # those arriving after the run's arrival window are not sent.
+    due = sorted((s for s in sessions if t0 + s.arrival_s <= deadline), key=lambda s: s.arrival_s)
+    sent = open_loop(
+        lambda s: run_session(client, s, t0, records, lock, deadline, session_prefix, hard_stop),
+        [(s.arrival_s, s) for s in due],
+        clock=time.perf_counter,
+        start=t0,
+    )
+    for r in sent:
+        if not r.ok:  # not a failed turn (those are records): the session itself broke
+            print(f"session {r.item.id}: {type(r.error).__name__}: {r.error}", file=sys.stderr, flush=True)
     return records, time.perf_counter() - t0
 
 
