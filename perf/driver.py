@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from perf.load import open_loop
+from perf.markdown import number, table
 from perf.stats import percentile
 from perf.workload import Session, load
 from switchboard.client import ChatClient, ChatError, ChatStats
@@ -159,19 +160,26 @@ def summarize(records: list[TurnRecord], wall_s: float, key=None) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], title: str) -> str:
-    head = (
-        f"| {title} | turns | failed | rejected | req/s | out tok/s | TTFT P50/P90/P99 ms | ITL P50/P99 ms "
-        "| E2E P50/P90/P99 ms | reused/prompt tokens |\n|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    return head + "".join(
-        f"| {r['group']} | {r['turns']} | {r['failed']} | {r['rejected']} | {r['requests_per_s']:.2f} "
-        f"| {r['output_tokens_per_s']:.0f} | {r['ttft_p50_ms']:.0f}/{r['ttft_p90_ms']:.0f}/{r['ttft_p99_ms']:.0f} "
-        f"| {r['itl_p50_ms']:.1f}/{r['itl_p99_ms']:.1f} "
-        f"| {r['e2e_p50_ms']:.0f}/{r['e2e_p90_ms']:.0f}/{r['e2e_p99_ms']:.0f} "
-        f"| {r['reused_tokens']}/{r['prompt_tokens']} |\n"
+def summary_table(rows: list[dict], title: str) -> str:
+    """``summarize``'s rows as markdown, ``title`` heading the group column."""
+    header = [title, "turns", "failed", "rejected", "req/s", "out tok/s", "TTFT P50/P90/P99 ms", "ITL P50/P99 ms"]
+    header += ["E2E P50/P90/P99 ms", "reused/prompt tokens"]
+    cells = [
+        [
+            r["group"],
+            r["turns"],
+            r["failed"],
+            r["rejected"],
+            number(r["requests_per_s"], 2),
+            number(r["output_tokens_per_s"], 0),
+            "/".join(number(r[f"ttft_{q}_ms"], 0) for q in ("p50", "p90", "p99")),
+            "/".join(number(r[f"itl_{q}_ms"], 1) for q in ("p50", "p99")),
+            "/".join(number(r[f"e2e_{q}_ms"], 0) for q in ("p50", "p90", "p99")),
+            f"{r['reused_tokens']}/{r['prompt_tokens']}",
+        ]
         for r in rows
-    )
+    ]
+    return table(header, cells) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     with (args.out / "turns.jsonl").open("w") as f:
         for r in records:
             f.write(json.dumps(asdict(r)) + "\n")
-    text = "\n".join(table(summarize(records, wall, k), k or "all") for k in (None, "priority", "route", "turn"))
+    text = "\n".join(
+        summary_table(summarize(records, wall, k), k or "all") for k in (None, "priority", "route", "turn")
+    )
     (args.out / "summary.md").write_text(text)
     print(text)
     return 0
