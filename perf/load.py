@@ -99,7 +99,7 @@ def closed_loop(
     return [s for s in out if s is not None]
 
 
-def _due_times(schedule: Sequence[tuple[float, Any]]) -> None:
+def _in_time_order(schedule: Sequence[tuple[float, Any]]) -> None:
     times = [at for at, _ in schedule]
     if any(b < a for a, b in zip(times, times[1:])):
         raise ValueError("the schedule's times must not decrease")
@@ -117,7 +117,7 @@ def open_loop(
     sent at its time on a thread of its own, whether or not earlier ones were answered.
     ``max_in_flight`` caps the threads (default: one per item); an item due while all are busy
     waits for one. The records are in the schedule's order, each with its ``scheduled`` time."""
-    _due_times(schedule)
+    _in_time_order(schedule)
     if not schedule:
         return []
     t0 = clock() if start is None else start
@@ -145,7 +145,7 @@ async def open_loop_async(
     """``open_loop`` on the running asyncio loop: each item's ``call(item)`` a task started at
     its time. For clients that multiplex many requests on one channel, where a thread per
     request would cost the generator more CPU than the server spends (``perf.chaos``'s burst)."""
-    _due_times(schedule)
+    _in_time_order(schedule)
     t0 = clock()
     tasks = []
     for at, item in schedule:
