@@ -57,7 +57,7 @@ import numpy as np
 
 from perf import asr_load
 from perf.gpu_machine import MODELS, checkpoint_of, clips_of
-from perf.stats import percentile
+from perf.stats import percentile, ratio
 from switchboard import paths
 
 # (label, the pool's max_batch, callers, batch workers)
@@ -549,8 +549,8 @@ def summary(results: dict) -> str:
         best = max(eight, two)
         lines.append(
             f"| {model} | {dtype} | {steps} | {one:.1f} | {eight:.1f} | {unbatched:.1f} | {two:.1f} | "
-            f"{asr_load.ratio(best, one):.2f}x | {asr_load.ratio(best, unbatched):.2f}x | "
-            f"{hf1:.1f} | {hf8:.1f} | {asr_load.ratio(best, hf8):.2f}x |"
+            f"{ratio(best, one):.2f}x | {ratio(best, unbatched):.2f}x | "
+            f"{hf1:.1f} | {hf8:.1f} | {ratio(best, hf8):.2f}x |"
         )
     return "\n".join(lines) + "\n"
 

@@ -48,6 +48,7 @@ from perf.gpu_machine import (
     server_env,
     unpack_server,
 )
+from perf.stats import ratio
 from switchboard import paths
 from switchboard.ops.install_backend import server_binary
 
@@ -156,7 +157,7 @@ def summary(results: dict) -> str:
             continue
         lines.append(
             f"| {model} | {turn} | {one['audio_s_per_s']:.1f} | {eight['audio_s_per_s']:.1f} | "
-            f"{asr_load.ratio(eight['audio_s_per_s'], one['audio_s_per_s']):.2f}x | "
+            f"{ratio(eight['audio_s_per_s'], one['audio_s_per_s']):.2f}x | "
             f"{one['latency_p50_s'] * 1000:.0f} / {eight['latency_p50_s'] * 1000:.0f} ms | {eight['mean_batch']:.1f} |"
         )
     return "\n".join(lines) + "\n"

@@ -2,36 +2,34 @@
 
 Every system hears the same files: corpus questions spoken by Debian's espeak-ng, encoded as
 16 kHz 16-bit WAV, in one fixed order. A system is a ``call(clip) -> Reply`` (Switchboard's
-SDK, an HTTP client of the LitServe peer, faster-whisper in process), and the same two loops
-drive each: ``closed_loop`` (``concurrency`` callers, each sending its next clip as soon as
-its last one is answered: throughput) and ``open_loop`` (arrivals on a seeded Poisson
-schedule, whatever is in flight: latency under a load that does not wait for the server,
-seed 001's experiment).
+SDK, an HTTP client of the LitServe peer, faster-whisper in process), and the suite's two
+loops (``perf.load``) drive each: ``closed_loop`` (``concurrency`` callers, each sending its
+next clip as soon as its last one is answered: throughput) and ``open_loop`` (arrivals on a
+seeded Poisson schedule, whatever is in flight: latency under a load that does not wait for
+the server, seed 001's experiment).
 
 Throughput is counted in audio seconds transcribed per wall second (the inverse real-time
 factor) from the first request sent to the last answered, so a system that batches well and
 one that runs requests side by side are measured alike.
 
 The clip sets are built here from the corpus; everything else is pure (no clock but the one
-passed in, no threads but those ``closed_loop`` and ``open_loop`` start), so the unit tests
-run it with fakes.
+passed in, no threads but those ``perf.load``'s loops start), so the unit tests run it with
+fakes.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import math
 import random
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from perf import load
 from perf.stats import percentile
 from switchboard.data import corpus
 
@@ -208,13 +206,13 @@ def load_clips(directory: Path) -> list[Clip]:
 
 
 # -- load -------------------------------------------------------------------------------------
-def _attempt(call: Callable[[Clip], Reply], clip: Clip, clock: Callable[[], float]) -> Sample:
-    sent = clock()
-    try:
-        reply = call(clip)
-    except Exception as e:  # noqa: BLE001 - a failed request is counted, the run goes on
-        return Sample(clip.id, clip.kind, clip.seconds, sent, clock(), False, error=f"{type(e).__name__}: {e}"[:300])
-    return Sample(clip.id, clip.kind, clip.seconds, sent, clock(), True, reply.text, extra=reply.extra)
+def _sample(record: load.Sent) -> Sample:
+    clip: Clip = record.item
+    if record.error is not None:
+        error = f"{type(record.error).__name__}: {record.error}"[:300]
+        return Sample(clip.id, clip.kind, clip.seconds, record.sent, record.done, False, error=error)
+    reply: Reply = record.result
+    return Sample(clip.id, clip.kind, clip.seconds, record.sent, record.done, True, reply.text, extra=reply.extra)
 
 
 def closed_loop(
@@ -226,55 +224,25 @@ def closed_loop(
     clock: Callable[[], float] = time.monotonic,
 ) -> list[Sample]:
     """``requests`` requests from ``concurrency`` callers, each sending the next clip of
-    ``clips`` (in order, wrapping) when its last one is answered. ``warmup`` requests first,
-    at the same concurrency and not returned (first-call costs stay out)."""
+    ``clips`` (in order, wrapping) when its last one is answered (``load.closed_loop``).
+    ``warmup`` requests first, at the same concurrency and not returned (first-call costs stay
+    out)."""
     if concurrency < 1 or requests < 1:
         raise ValueError(f"concurrency {concurrency} and requests {requests} must be at least 1")
     if not clips:
         raise ValueError("no clips to send")
     if warmup:
-        _run_callers(call, [clips[i % len(clips)] for i in range(warmup)], concurrency, clock)
-    return _run_callers(call, [clips[i % len(clips)] for i in range(requests)], concurrency, clock)
-
-
-def _run_callers(call, todo: list[Clip], concurrency: int, clock) -> list[Sample]:
-    lock = threading.Lock()
-    next_index = iter(range(len(todo)))
-    out: list[Sample | None] = [None] * len(todo)
-    start = threading.Barrier(min(concurrency, len(todo)))
-
-    def caller() -> None:
-        start.wait()
-        while True:
-            with lock:
-                i = next(next_index, None)
-            if i is None:
-                return
-            out[i] = _attempt(call, todo[i], clock)
-
-    threads = [threading.Thread(target=caller, daemon=True) for _ in range(min(concurrency, len(todo)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [s for s in out if s is not None]
+        load.closed_loop(call, [clips[i % len(clips)] for i in range(warmup)], concurrency, clock)
+    return [
+        _sample(r) for r in load.closed_loop(call, [clips[i % len(clips)] for i in range(requests)], concurrency, clock)
+    ]
 
 
 def poisson_arrivals(rate_per_s: float, duration_s: float, mix: dict[str, float], seed: int = 0) -> list[tuple]:
     """(time, kind) of arrivals over ``duration_s`` at ``rate_per_s`` on average, each of a
     kind drawn with the weights of ``mix`` (e.g. {"short": 0.8, "long": 0.2})."""
-    if not rate_per_s > 0 or not duration_s > 0:
-        raise ValueError(f"rate {rate_per_s} and duration {duration_s} must be > 0")
-    if not mix or any(w < 0 for w in mix.values()) or sum(mix.values()) <= 0:
-        raise ValueError(f"mix {mix}: weights must be >= 0 and not all 0")
-    rng = random.Random(f"asr-arrivals:{seed}")
-    kinds, weights = list(mix), list(mix.values())
-    out, t = [], 0.0
-    while True:
-        t += rng.expovariate(rate_per_s)
-        if t >= duration_s:
-            return out
-        out.append((t, rng.choices(kinds, weights)[0]))
+    draw = load.weighted(mix)
+    return load.poisson_schedule(rate_per_s, duration_s, random.Random(f"asr-arrivals:{seed}"), draw)
 
 
 def open_loop(
@@ -286,22 +254,16 @@ def open_loop(
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[Sample]:
     """Each arrival (time from now, kind) sends the next clip of its kind at its time, whether
-    or not earlier requests were answered."""
+    or not earlier requests were answered (``load.open_loop``)."""
     counters = dict.fromkeys(clips_by_kind, 0)
-    t0 = clock()
-    futures = []
-    with ThreadPoolExecutor(max_in_flight, thread_name_prefix="asr-open-loop") as pool:
-        for at, kind in arrivals:
-            clip = clips_by_kind[kind][counters[kind] % len(clips_by_kind[kind])]
-            counters[kind] += 1
-            wait = t0 + at - clock()
-            if wait > 0:
-                sleep(wait)
-            futures.append((t0 + at, pool.submit(_attempt, call, clip, clock)))
+    schedule = []
+    for at, kind in arrivals:
+        schedule.append((at, clips_by_kind[kind][counters[kind] % len(clips_by_kind[kind])]))
+        counters[kind] += 1
     out = []
-    for due, f in futures:
-        sample = f.result()
-        sample.scheduled = due
+    for record in load.open_loop(call, schedule, clock, sleep, max_in_flight):
+        sample = _sample(record)
+        sample.scheduled = record.scheduled
         out.append(sample)
     return out
 
@@ -354,13 +316,6 @@ def error_rates(samples: Sequence[Sample], clips: Sequence[Clip]) -> dict:
             refs, hyps = zip(*pairs)
             out[lang] = error_rate(list(refs), list(hyps), lang)
     return out
-
-
-def ratio(a: float, b: float) -> float:
-    """a / b, NaN when either is missing or b is 0."""
-    if not (isinstance(a, (int, float)) and isinstance(b, (int, float))) or math.isnan(a) or math.isnan(b) or b == 0:
-        return float("nan")
-    return a / b
 
 
 # -- checkpoints and audio, shared by the bench and its peers ---------------------------------

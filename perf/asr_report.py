@@ -18,26 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from perf.asr_load import ratio
-from perf.markdown import table
+from perf.markdown import MISSING, ms, number, table, times
+from perf.stats import ratio
 
 GOAL_SCALING = 3.0  # Switchboard at 8 callers against itself at 1 (issue 38; seed 002 reports 3-5x)
 GOAL_SEED001 = 3.0  # short-utterance P99, count batching over length batching
 SYSTEM_ORDER = ("switchboard", "switchboard-whole", "faster-whisper", "litserve")
-
-
-def _f(x, digits: int = 1, unit: str = "") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:.{digits}f}{unit}"
-
-
-def _ms(seconds) -> str:
-    return _f(None if seconds is None else seconds * 1000, 0, " ms")
-
-
-def _x(x) -> str:
-    return _f(x, 2, "x")
 
 
 def by_run(throughput: list[dict]) -> dict:
@@ -66,9 +52,9 @@ def merged(rows: list[dict]) -> dict:
 
 def _rate(row: dict) -> str:
     """Throughput, with every round's in brackets when there were several."""
-    text = _f(row.get("audio_s_per_s", math.nan))
+    text = number(row.get("audio_s_per_s", math.nan), 1)
     if len(row.get("rates", [])) > 1:
-        text += " (" + ", ".join(_f(r) for r in row["rates"]) + ")"
+        text += " (" + ", ".join(number(r, 1) for r in row["rates"]) + ")"
     return text
 
 
@@ -91,13 +77,13 @@ def throughput_table(results: dict, model: str) -> str:
                 precision,
                 _rate(c1),
                 _rate(c8),
-                _x(ratio(rate8, rate1)),
-                _ms(c1.get("latency_p50_s")),
-                _ms(c8.get("latency_p50_s")),
-                _ms(c8.get("latency_p99_s")),
-                ", ".join(f"{'WER' if k == 'en' else 'CER'} {v:.2f}" for k, v in sorted(errors.items())) or "–",
+                times(ratio(rate8, rate1)),
+                ms(c1.get("latency_p50_s")),
+                ms(c8.get("latency_p50_s")),
+                ms(c8.get("latency_p99_s")),
+                ", ".join(f"{'WER' if k == 'en' else 'CER'} {v:.2f}" for k, v in sorted(errors.items())) or MISSING,
                 f"{c1.get('failed', 0) + c8.get('failed', 0)}",
-                " / ".join(_f(r.get("load_avg"), 1) for r in (c1, c8) if r) or "–",
+                " / ".join(number(r.get("load_avg"), 1) for r in (c1, c8) if r) or MISSING,
                 (c8 or c1).get("settings", ""),
             ]
         )
@@ -131,7 +117,8 @@ def goals(results: dict) -> list[dict]:
                 {
                     "model": model,
                     "goal": f"ahead of {peer} at c=8",
-                    "figure": f"{_f(ours)} ({ours_precision}) vs {_f(theirs)} ({precision}) audio s/s: {_x(r)}",
+                    "figure": f"{number(ours, 1)} ({ours_precision}) vs {number(theirs, 1)} ({precision}) "
+                    f"audio s/s: {times(r)}",
                     "met": r > 1,
                 }
             )
@@ -144,7 +131,7 @@ def goals(results: dict) -> list[dict]:
                 {
                     "model": model,
                     "goal": f"{precision}: c=8 >= {GOAL_SCALING:g}x c=1",
-                    "figure": f"{_f(rate8)} vs {_f(rate1)} audio s/s: {_x(r)}",
+                    "figure": f"{number(rate8, 1)} vs {number(rate1, 1)} audio s/s: {times(r)}",
                     "met": r >= GOAL_SCALING,
                 }
             )
@@ -161,16 +148,16 @@ def seed001_rows(results: dict) -> tuple[str, list[dict]]:
             [
                 row["batching"],
                 row["workers"],
-                _f(row["rate_per_s"], 2),
+                number(row["rate_per_s"], 2),
                 f"{s.get('requests', 0)} / {lg.get('requests', 0)}",
-                _ms(s.get("p50_s")),
-                _ms(s.get("p99_s")),
-                _ms(lg.get("p50_s")),
-                _ms(lg.get("p99_s")),
-                _ms(row.get("short_queued_p99_s")),
-                _ms(row.get("short_in_batch_p99_s")),
-                _f(row.get("short_batch_size_mean"), 1),
-                _f(row.get("drain_s"), 1, " s"),
+                ms(s.get("p50_s")),
+                ms(s.get("p99_s")),
+                ms(lg.get("p50_s")),
+                ms(lg.get("p99_s")),
+                ms(row.get("short_queued_p99_s")),
+                ms(row.get("short_in_batch_p99_s")),
+                number(row.get("short_batch_size_mean"), 1),
+                number(row.get("drain_s"), 1, " s"),
                 s.get("failed", 0) + lg.get("failed", 0),
                 row.get("refused_by_breaker", "-") if row.get("breaker_p99_s") else "-",
             ]
@@ -197,10 +184,10 @@ def voice_table(results: dict) -> str:
                 r["model"],
                 r["concurrency"],
                 f"{r['answered']}/{r['requests']}",
-                _ms(r["heard_p50_s"]),
-                _ms(r["first_token_p50_s"]),
-                _ms(r["first_token_p99_s"]),
-                _f(r.get("asr_ms_p50"), 0, " ms"),
+                ms(r["heard_p50_s"]),
+                ms(r["first_token_p50_s"]),
+                ms(r["first_token_p99_s"]),
+                number(r.get("asr_ms_p50"), 0, " ms"),
                 "; ".join(r.get("transcripts", []))[:80],
             ]
         )
@@ -217,7 +204,7 @@ def summary_md(results: dict) -> str:
         load += f", {', '.join(f'{x:.2f}' for x in end)} at the end"
     parts = [
         f"Run {results.get('started', '?')} at {m.get('commit', '?')}: `{results.get('command', '')}`, "
-        f"{_f(results.get('elapsed_s', math.nan) / 60, 1)} min"
+        f"{number(results.get('elapsed_s', math.nan) / 60, 1)} min"
         + (" (**cut short**: the figures below are what it measured before)." if results.get("interrupted") else ".")
         + (f" Resumed (`--resume`) at {', '.join(results['resumed'])}." if results.get("resumed") else ""),
         f"Machine: {m.get('cpus', '?')} cores of {m.get('cpu', '?')} (shared), {load}.",
@@ -235,7 +222,9 @@ def summary_md(results: dict) -> str:
         rows = [[g["model"], g["goal"], g["figure"], "met" if g["met"] else "**missed**"] for g in found]
         parts += ["", "### Goals", "", table(["model", "goal", "figure", ""], rows)]
     if results.get("fw_settings"):
-        rows = [[r["model"], r["compute_type"], r["setting"], _f(r["audio_s_per_s"])] for r in results["fw_settings"]]
+        rows = [
+            [r["model"], r["compute_type"], r["setting"], number(r["audio_s_per_s"], 1)] for r in results["fw_settings"]
+        ]
         parts += ["", "### faster-whisper settings at c=8 (the fastest kept)", ""]
         parts.append(table(["model", "compute type", "setting", "audio s/s"], rows))
     if results.get("seed001"):
@@ -246,9 +235,9 @@ def summary_md(results: dict) -> str:
         parts += ["", f"### Seed 001: 2 s questions among 30 s recordings (80/20, Poisson arrivals{on})", ""]
         if cal:
             parts.append(
-                f"One request at a time the pool takes {_f(cal.get('short'), 2)} s for a short one and "
-                f"{_f(cal.get('long'), 2)} s for a long one; arrivals at {_f(cal.get('rate_per_s'), 2)}/s are "
-                f"{_f(cal.get('load'), 2)}x what it does that way (batching makes the rest).\n"
+                f"One request at a time the pool takes {number(cal.get('short'), 2)} s for a short one and "
+                f"{number(cal.get('long'), 2)} s for a long one; arrivals at {number(cal.get('rate_per_s'), 2)}/s are "
+                f"{number(cal.get('load'), 2)}x what it does that way (batching makes the rest).\n"
             )
         parts.append(text)
         bounds = sorted({r["breaker_p99_s"] for r in results["seed001"] if r.get("breaker_p99_s")})
@@ -261,7 +250,7 @@ def summary_md(results: dict) -> str:
         for v in verdicts:
             parts.append(
                 f"\nworkers={v['workers']}: short-utterance P99 with count batching / with length batching = "
-                f"{_x(v['p99_ratio'])} (P50 {_x(v['p50_ratio'])}); goal >= {GOAL_SEED001:g}x: "
+                f"{times(v['p99_ratio'])} (P50 {times(v['p50_ratio'])}); goal >= {GOAL_SEED001:g}x: "
                 + ("met" if v["met"] else "**missed**")
             )
     if results.get("voice"):

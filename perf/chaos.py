@@ -38,14 +38,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from perf.loadtools import ms, timed_chat, timed_chat_async
-from perf.markdown import table, write_summary
+from perf.load import open_loop, open_loop_async, poisson_schedule
+from perf.loadtools import timed_chat, timed_chat_async
+from perf.markdown import ms, table, write_summary
 from perf.stats import nearest_rank
 from switchboard import paths
 from switchboard.asr.audio import decode, encode_wav
@@ -105,29 +105,34 @@ def burst(url: str, questions, rate: float, seconds: float, vip_share: float, at
 
 
 async def _burst(url: str, questions, rate: float, seconds: float, vip_share: float):
-    rng = random.Random(0)
-    results: list = []
-
-    async def one(client, i, priority, scheduled):
-        started = time.monotonic()
-        o = await timed_chat_async(client, questions[i % len(questions)], priority=priority, max_new_tokens=48)
-        o.backlog = started - scheduled  # load generator's own delay
-        o.started = started
-        results.append(o)
+    # The first chat at 0, the next after each Poisson gap; each chat's priority drawn before its gap.
+    schedule = poisson_schedule(
+        rate, seconds, random.Random(0), lambda rng: 1 if rng.random() < vip_share else 2, at_zero=True
+    )
+    every = int(max(rate, 1) * 5)
+    counts = {"sent": 0, "answered": 0}
 
     async with AsyncChatClient(url, timeout_s=30) as client:
-        tasks, t0 = [], time.monotonic()
-        next_at = t0
-        while next_at - t0 < seconds:
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(client, len(tasks), 1 if rng.random() < vip_share else 2, next_at)))
-            next_at += rng.expovariate(rate)
-            if len(tasks) % int(max(rate, 1) * 5) == 0:
-                log(f"burst: {len(tasks)} sent, {len(results)} answered")
-        await asyncio.gather(*tasks)
-    return results, len(tasks)
+
+        async def one(item):
+            i, priority = item
+            counts["sent"] += 1
+            if counts["sent"] % every == 0:
+                log(f"burst: {counts['sent']} sent, {counts['answered']} answered")
+            o = await timed_chat_async(client, questions[i % len(questions)], priority=priority, max_new_tokens=48)
+            counts["answered"] += 1
+            return o
+
+        sent = await open_loop_async(one, [(at, (i, p)) for i, (at, p) in enumerate(schedule)])
+    results = []
+    for r in sent:
+        if not r.ok:  # timed_chat_async puts a failed chat in its outcome: this is a bug here
+            raise r.error
+        o = r.result
+        o.backlog = r.sent - r.scheduled  # load generator's own delay
+        o.started = r.sent
+        results.append(o)
+    return results, len(sent)
 
 
 def burst_row(label: str, results, sent: int) -> list:
@@ -384,15 +389,12 @@ def audio_burst(url: str, clips, seconds: float, seed: int = 38) -> list[AudioOu
     """Every clip sent at a random moment within ``seconds``, each on a thread of its own."""
     rng = random.Random(seed)
     client = ChatClient(url, timeout_s=AUDIO_HANG_S)
-    t0 = time.monotonic()
     plan = sorted((rng.uniform(0, seconds), n, clip) for n, clip in enumerate(clips))
-
-    def one(at: float, n: int, clip) -> AudioOutcome:
-        time.sleep(max(0.0, t0 + at - time.monotonic()))
-        return send_audio(client, *clip, n)
-
-    with ThreadPoolExecutor(len(plan)) as pool:
-        return list(pool.map(lambda entry: one(*entry), plan))
+    sent = open_loop(lambda entry: send_audio(client, *entry[1], entry[0]), [(at, (n, clip)) for at, n, clip in plan])
+    for r in sent:
+        if not r.ok:  # send_audio puts a failed request in its outcome: this is a bug here
+            raise r.error
+    return [r.result for r in sent]
 
 
 def judge_audio(outcomes: list[AudioOutcome]) -> tuple[list[list], list[str]]:

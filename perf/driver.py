@@ -2,11 +2,11 @@
 
 perf_analyzer sends independent requests; multi-turn chat needs each turn sent after the
 previous answer, in the same session. This driver replays a workload file (see
-``perf.workload``): every session starts at its arrival time on its own thread
-and sends its turns one after another. Per turn it records time to first token, the gaps
-between streamed deltas, end-to-end latency, tokens generated and reused, route, priority
-and turn number; failures are recorded with their gRPC status (rejections are
-``UNAVAILABLE``/``RESOURCE_EXHAUSTED``), never dropped.
+``perf.workload``): every session starts at its arrival time on its own thread (an open loop
+whose item is a session, ``perf.load``) and sends its turns one after another. Per turn it
+records time to first token, the gaps between streamed deltas, end-to-end latency, tokens
+generated and reused, route, priority and turn number; failures are recorded with their gRPC
+status (rejections are ``UNAVAILABLE``/``RESOURCE_EXHAUSTED``), never dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from perf.load import open_loop
+from perf.markdown import number, table
 from perf.stats import percentile
 from perf.workload import Session, load
 from switchboard.client import ChatClient, ChatError, ChatStats
@@ -62,11 +64,7 @@ def run_session(
     session_prefix: str = "",
     hard_stop: float = float("inf"),
 ) -> None:
-    if t0 + s.arrival_s > deadline:
-        return  # arrives after the run's arrival window
-    delay = t0 + s.arrival_s - time.perf_counter()
-    if delay > 0:
-        time.sleep(delay)
+    """``s``'s turns one after another, from its arrival (``drive``'s open loop sends it then)."""
     for i, text in enumerate(s.turns, 1):
         if time.perf_counter() > deadline:
             return
@@ -113,16 +111,18 @@ def drive(
     t0 = time.perf_counter()
     deadline = t0 + max_seconds
     hard_stop = deadline + grace_s
-    threads = [
-        threading.Thread(
-            target=run_session, args=(client, s, t0, records, lock, deadline, session_prefix, hard_stop), daemon=True
-        )
-        for s in sessions
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, hard_stop - time.perf_counter()) + 5)
+    # An open loop whose item is a session: each starts at its arrival, whatever is in flight;
+    # those arriving after the run's arrival window are not sent.
+    due = sorted((s for s in sessions if t0 + s.arrival_s <= deadline), key=lambda s: s.arrival_s)
+    sent = open_loop(
+        lambda s: run_session(client, s, t0, records, lock, deadline, session_prefix, hard_stop),
+        [(s.arrival_s, s) for s in due],
+        clock=time.perf_counter,
+        start=t0,
+    )
+    for r in sent:
+        if not r.ok:  # not a failed turn (those are records): the session itself broke
+            print(f"session {r.item.id}: {type(r.error).__name__}: {r.error}", file=sys.stderr, flush=True)
     return records, time.perf_counter() - t0
 
 
@@ -160,19 +160,26 @@ def summarize(records: list[TurnRecord], wall_s: float, key=None) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], title: str) -> str:
-    head = (
-        f"| {title} | turns | failed | rejected | req/s | out tok/s | TTFT P50/P90/P99 ms | ITL P50/P99 ms "
-        "| E2E P50/P90/P99 ms | reused/prompt tokens |\n|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    return head + "".join(
-        f"| {r['group']} | {r['turns']} | {r['failed']} | {r['rejected']} | {r['requests_per_s']:.2f} "
-        f"| {r['output_tokens_per_s']:.0f} | {r['ttft_p50_ms']:.0f}/{r['ttft_p90_ms']:.0f}/{r['ttft_p99_ms']:.0f} "
-        f"| {r['itl_p50_ms']:.1f}/{r['itl_p99_ms']:.1f} "
-        f"| {r['e2e_p50_ms']:.0f}/{r['e2e_p90_ms']:.0f}/{r['e2e_p99_ms']:.0f} "
-        f"| {r['reused_tokens']}/{r['prompt_tokens']} |\n"
+def summary_table(rows: list[dict], title: str) -> str:
+    """``summarize``'s rows as markdown, ``title`` heading the group column."""
+    header = [title, "turns", "failed", "rejected", "req/s", "out tok/s", "TTFT P50/P90/P99 ms", "ITL P50/P99 ms"]
+    header += ["E2E P50/P90/P99 ms", "reused/prompt tokens"]
+    cells = [
+        [
+            r["group"],
+            r["turns"],
+            r["failed"],
+            r["rejected"],
+            number(r["requests_per_s"], 2),
+            number(r["output_tokens_per_s"], 0),
+            "/".join(number(r[f"ttft_{q}_ms"], 0) for q in ("p50", "p90", "p99")),
+            "/".join(number(r[f"itl_{q}_ms"], 1) for q in ("p50", "p99")),
+            "/".join(number(r[f"e2e_{q}_ms"], 0) for q in ("p50", "p90", "p99")),
+            f"{r['reused_tokens']}/{r['prompt_tokens']}",
+        ]
         for r in rows
-    )
+    ]
+    return table(header, cells) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     with (args.out / "turns.jsonl").open("w") as f:
         for r in records:
             f.write(json.dumps(asdict(r)) + "\n")
-    text = "\n".join(table(summarize(records, wall, k), k or "all") for k in (None, "priority", "route", "turn"))
+    text = "\n".join(
+        summary_table(summarize(records, wall, k), k or "all") for k in (None, "priority", "route", "turn")
+    )
     (args.out / "summary.md").write_text(text)
     print(text)
     return 0

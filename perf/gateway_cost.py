@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from perf.markdown import number
 from perf.servertools import wait_http
 from switchboard import paths
 from switchboard.data import corpus
@@ -105,10 +106,6 @@ def summarize(files: list[Path], warmup_s: float, seconds: float) -> dict:
     }
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} ms"
-
-
 def _delta(h: dict, g: dict, key: str) -> float | None:
     return None if h.get(key) is None or g.get(key) is None else h[key] - g[key]
 
@@ -143,7 +140,8 @@ def report(results: dict, args, extra: str) -> str:
         r = results[name]
         lines.append(
             f"| {label} | {r['chats']} | {r['failed']} | {r['ttft_p50_ms']:.2f} ms | {r['ttft_p90_ms']:.1f} ms | "
-            f"{r['ttft_p99_ms']:.1f} ms | {_ms(r['chat_ttft_p50_ms'])} | {_ms(r['outside_chat_p50_ms'])} | "
+            f"{r['ttft_p99_ms']:.1f} ms | {number(r['chat_ttft_p50_ms'], 2, ' ms')} "
+            f"| {number(r['outside_chat_p50_ms'], 2, ' ms')} | "
             f"{r['chats_per_s']:.1f} | {r['tokens_per_s']:.0f} |"
         )
     rounds = results.get("rounds", [])

@@ -54,10 +54,6 @@ def _outcome(reply: ChatReply, seconds: float, priority: int) -> Outcome:
     )
 
 
-def ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.0f} ms"
-
-
 def rss_kib(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

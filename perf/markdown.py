@@ -1,8 +1,31 @@
-"""The markdown the suite's summaries are written in: tables and the summary file."""
+"""The markdown the suite's summaries are written in: figures, tables and the summary file.
+
+Every report formats its figures here, so a missing one reads the same everywhere: ``MISSING``,
+never ``nan``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+MISSING = "–"
+
+
+def number(x, digits: int, unit: str = "") -> str:
+    """``x`` with ``digits`` decimals and ``unit``; ``MISSING`` for None or NaN."""
+    if x is None or x != x:
+        return MISSING
+    return f"{x:.{digits}f}{unit}"
+
+
+def ms(seconds) -> str:
+    """Seconds as whole milliseconds."""
+    return number(None if seconds is None else seconds * 1000, 0, " ms")
+
+
+def times(x) -> str:
+    """A ratio, as ``3.50x``."""
+    return number(x, 2, "x")
 
 
 def table(header: list[str], rows: list[list]) -> str:

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from perf.driver import ABANDONED, REJECTED
-from perf.stats import percentile
+from perf.markdown import number, table, times
+from perf.stats import percentile, ratio
 
 COLORS = {
     "optimized": "tab:green",
@@ -69,46 +70,44 @@ def aggregate(results: dict, out: Path, system: str, load: float) -> dict:
     }
 
 
-def _f(x, digits=0):
-    return "–" if x != x else f"{x:.{digits}f}"
-
-
-def _ratio(a, b):
-    return "–" if not (a == a and b == b) or b == 0 else f"{a / b:.2f}x"
+LATENCIES = ("ttft_p50", "ttft_p99", "vip_ttft_p99", "e2e_p50", "e2e_p99")
 
 
 def headline(results: dict, out: Path, load: float) -> str:
     systems = list(results["systems"])
     agg = {s: aggregate(results, out, s, load) for s in systems}
-    lines = [
-        "| system | turns ok/all | req/s | out tok/s | TTFT P50 | TTFT P99 | VIP TTFT P99 | E2E P50 | E2E P99 "
-        "| ITL P50 | failed (abandoned) | FAQ fallback | prompt tokens from cache |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    header = ["system", "turns ok/all", "req/s", "out tok/s", "TTFT P50", "TTFT P99", "VIP TTFT P99", "E2E P50"]
+    header += ["E2E P99", "ITL P50", "failed (abandoned)", "FAQ fallback", "prompt tokens from cache"]
+    rows = [
+        [
+            s,
+            f"{a['ok']}/{a['turns']}",
+            number(a["requests_per_s"], 2),
+            number(a["output_tokens_per_s"], 0),
+            *(f"{number(a[k], 0)} ms" for k in LATENCIES),
+            f"{number(a['itl_p50'], 1)} ms",
+            f"{a['failed']} ({a['abandoned']})",
+            a["fallback"],
+            f"{a['reused_share']:.0%}",
+        ]
+        for s, a in agg.items()
     ]
-    for s, a in agg.items():
-        lines.append(
-            f"| {s} | {a['ok']}/{a['turns']} | {_f(a['requests_per_s'], 2)} | {_f(a['output_tokens_per_s'])} "
-            f"| {_f(a['ttft_p50'])} ms | {_f(a['ttft_p99'])} ms | {_f(a['vip_ttft_p99'])} ms "
-            f"| {_f(a['e2e_p50'])} ms | {_f(a['e2e_p99'])} ms | {_f(a['itl_p50'], 1)} ms "
-            f"| {a['failed']} ({a['abandoned']}) | {a['fallback']} | {a['reused_share']:.0%} |"
-        )
-    text = "\n".join(lines) + "\n"
+    text = table(header, rows) + "\n"
     if "optimized" in agg and len(agg) > 1:
         o = agg["optimized"]
+        # throughput: optimized / other; latency: other / optimized
+        pairs = [("output_tokens_per_s", True)] + [(k, False) for k in LATENCIES]
+        rows = [
+            [s, *(times(ratio(o[k], a[k]) if up else ratio(a[k], o[k])) for k, up in pairs)]
+            for s, a in agg.items()
+            if s != "optimized"
+        ]
         text += (
             "\nRatios, optimized against each (throughput: optimized / other; latency: other / optimized, "
-            "so >1 means optimized is better):\n\n| optimized vs | out tok/s | TTFT P50 | TTFT P99 "
-            "| VIP TTFT P99 | E2E P50 | E2E P99 |\n|---|---|---|---|---|---|---|\n"
+            "so >1 means optimized is better):\n\n"
+            + table(["optimized vs", "out tok/s", "TTFT P50", "TTFT P99", "VIP TTFT P99", "E2E P50", "E2E P99"], rows)
+            + "\n"
         )
-        for s, a in agg.items():
-            if s == "optimized":
-                continue
-            text += (
-                f"| {s} | {_ratio(o['output_tokens_per_s'], a['output_tokens_per_s'])} "
-                f"| {_ratio(a['ttft_p50'], o['ttft_p50'])} | {_ratio(a['ttft_p99'], o['ttft_p99'])} "
-                f"| {_ratio(a['vip_ttft_p99'], o['vip_ttft_p99'])} | {_ratio(a['e2e_p50'], o['e2e_p50'])} "
-                f"| {_ratio(a['e2e_p99'], o['e2e_p99'])} |\n"
-            )
     return text
 
 
@@ -126,11 +125,7 @@ def engine_section(results: dict, load: float) -> tuple[str, dict]:
                         a["batch_steps"][int(b)] = a["batch_steps"].get(int(b), 0) + n
                 else:
                     a[k] = a.get(k, 0) + v
-    lines = [
-        "| system | pool | decode steps | mean batch | max batch | decode columns wasted on padding "
-        "| prefill positions wasted on padding | engine busy |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for (system, pool), a in sorted(acc.items()):
         steps = sum(a["batch_steps"].values())
         if not steps and not a.get("prefill_batches"):
@@ -142,11 +137,21 @@ def engine_section(results: dict, load: float) -> tuple[str, dict]:
             if a.get("prefill_padded_tokens")
             else float("nan")
         )
-        lines.append(
-            f"| {system} | {pool} | {steps} | {_f(mean, 2)} | {max(a['batch_steps'], default=0)} "
-            f"| {_f(dec * 100, 1)}% | {_f(pre * 100, 1)}% | {_f(a.get('busy_s', 0), 1)} s |"
+        rows.append(
+            [
+                system,
+                pool,
+                steps,
+                number(mean, 2),
+                max(a["batch_steps"], default=0),
+                f"{number(dec * 100, 1)}%",
+                f"{number(pre * 100, 1)}%",
+                f"{number(a.get('busy_s', 0), 1)} s",
+            ]
         )
-    return "\n".join(lines) + "\n", acc
+    header = ["system", "pool", "decode steps", "mean batch", "max batch", "decode columns wasted on padding"]
+    header += ["prefill positions wasted on padding", "engine busy"]
+    return table(header, rows) + "\n", acc
 
 
 def plots(results: dict, out: Path, engine: dict) -> list[str]:
@@ -271,13 +276,13 @@ def write_report(out: Path) -> Path:
     for load in sorted(loads)[:-1]:
         md += [f"\n## {load:g} sessions/s offered\n", headline(results, out, load)]
     if "optimized" in results["systems"]:
-        from perf.driver import TurnRecord, summarize, table
+        from perf.driver import TurnRecord, summarize, summary_table
 
         recs = [TurnRecord(**r) for r in load_records(out, "optimized", top)]
         wall = sum(e["wall_s"] for e in results["runs"] if e["system"] == "optimized" and e["load"] == top)
         if recs:
             md += [f"\n## Optimized at {top:g} sessions/s by priority, route and turn\n"]
-            md += [table(summarize(recs, wall, key), key) + "\n" for key in ("priority", "route", "turn")]
+            md += [summary_table(summarize(recs, wall, key), key) + "\n" for key in ("priority", "route", "turn")]
     for key, system in (("limit", "optimized"), ("limit_int8", "optimized-int8")):
         md += limit_md(results.get(key), system, top)
     md += [

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import redis
 
-from perf.loadtools import ms, rss_kib, timed_chat
-from perf.markdown import table, write_summary
+from perf.loadtools import rss_kib, timed_chat
+from perf.markdown import ms, table, write_summary
 from perf.stats import nearest_rank
 from switchboard import paths
 from switchboard.client import ChatClient

@@ -193,11 +193,6 @@ def test_latency_by_kind_and_error_rates():
     assert rates["en"] == 0.0 and rates["zh"] == 5.0  # "hello there" for 你好: 10 characters for 2
 
 
-def test_ratio_is_nan_when_a_side_is_missing():
-    assert asr_load.ratio(6.0, 2.0) == 3.0
-    assert all(math.isnan(asr_load.ratio(a, b)) for a, b in [(1, 0), (math.nan, 1), (1, math.nan), (None, 1)])
-
-
 # -- repositories and presets ---------------------------------------------------------------------
 MANIFEST = {
     "name": "fake",
