@@ -2,14 +2,17 @@
 
 Starts a private stack on free ports and a real Prometheus scraping its metrics port every
 second, replays mixed-priority multi-turn traffic for ``--duration-s`` (perf.workload:
-Poisson session arrivals with 5x bursts, 15% priority 1, 3-6 turns, some pasting long context)
-and spoken questions to ``asr`` beside it (``--speech-every-s``),
+Poisson session arrivals with 5x bursts, 15% priority 1, 3-6 turns, some pasting long context),
+spoken questions beside it (``--speech-every-s``: to ``asr``, and every other one a turn of a
+spoken conversation through ``voice_chat``) and customers with the order tools offered
+(``--customer-every-s``: asking for a person, asking about an order, leaving mid-answer),
 stops Redis for a few seconds (``--redis-outage-at``) and restarts tritonserver once
 (``--restart-at``), with the latency breaker on (``--breaker-ttft-p99-s``), so the Redis,
-cache-miss, restart and shed panels have something to show. Then it
+cache-miss, restart, shed and Business panels have something to show. Then it
 asks Prometheus for every query of every panel of the dashboard over the run (``query_range``;
 Grafana's ``$__rate_interval`` becomes ``--rate-window``) and draws them in a matplotlib grid
-with the dashboard's rows, titles, units and alert thresholds. The series go to ``--data``
+with the dashboard's rows (three panels a line, as Grafana lays them out), titles, units and
+alert thresholds. The series go to ``--data``
 (``--replot`` draws them again without a run); the picture to ``--out``.
 """
 
@@ -32,14 +35,16 @@ from pathlib import Path
 from perf import workload
 from perf.driver import drive
 from switchboard import paths
-from switchboard.client import ChatClient
+from switchboard.client import ChatClient, ChatError
 from switchboard.ops import dashboard
 from switchboard.ops.launch import Ports, Stack, free_ports
 from switchboard.ops.monitor import Monitor
+from switchboard.serving.order_demo import TOOLS
 
 OUT = paths.ROOT / "docs" / "dashboard.png"
 DATA = paths.BUILD / "dashboard" / "series.json"
 DPI = 90
+PER_LINE = 3  # panels side by side: the dashboard's panels are a third of its width
 
 
 def log(msg: str) -> None:
@@ -118,23 +123,31 @@ def _stacked(panel: dict) -> bool:
     )
 
 
-def draw(board: dict, data: dict, out: Path, note: str, marks: list[tuple[float, str]] = ()) -> None:
+def draw(board: dict, data: dict, out: Path, note: str, marks: list[tuple[float, str]] = ()) -> list[str]:
+    """The picture of every panel, each row's panels three a line; returns the titles drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     grid = rows(board)
+    lines = [max(1, math.ceil(len(panels) / PER_LINE)) for _, panels in grid]
     span = max((t for series in data.values() for s in series for t in s["t"]), default=60.0) / 60
-    fig = plt.figure(figsize=(15, 3.0 * len(grid) + 0.8), dpi=DPI)
-    header, *subfigs = fig.subfigures(len(grid) + 1, 1, height_ratios=[0.8] + [3.0] * len(grid))
+    fig = plt.figure(figsize=(15, 3.0 * sum(lines) + 1.0), dpi=DPI)
+    header, *subfigs = fig.subfigures(len(grid) + 1, 1, height_ratios=[1.0] + [3.0 * n for n in lines])
+    drawn = []
     title = f"{board['title']}: the panels of monitoring/grafana/switchboard.json, from a real run"
-    header.text(0.5, 0.7, title, ha="center", va="center", fontsize=12, fontweight="bold")
-    header.text(0.5, 0.25, note, ha="center", va="center", fontsize=8)
-    for sub, (row_title, panels) in zip(subfigs, grid):
+    header.text(0.5, 0.75, title, ha="center", va="center", fontsize=12, fontweight="bold")
+    header.text(0.5, 0.3, note, ha="center", va="center", fontsize=8)
+    for sub, n, (row_title, panels) in zip(subfigs, lines, grid):
         sub.suptitle(row_title, x=0.01, ha="left", fontsize=10, fontweight="bold")
-        axes = sub.subplots(1, 3)
+        axes = sub.subplots(n, PER_LINE, squeeze=False).ravel()
+        if n > 1:
+            sub.subplots_adjust(hspace=0.45)
+        for ax in axes[len(panels) :]:
+            ax.set_visible(False)
         for ax, p in zip(axes, panels):
+            drawn.append(p["title"])
             scale, label = _unit(p["fieldConfig"]["defaults"].get("unit", ""))
             everything = data.get(p["title"], [])
             series = [s for s in everything if any(v != 0 for v in s["v"])]  # flat zero lines left out
@@ -178,7 +191,7 @@ def draw(board: dict, data: dict, out: Path, note: str, marks: list[tuple[float,
             if zero or not everything:
                 text = f"{zero} series at 0 throughout (not drawn)" if everything else "no data"
                 ax.text(0.99, 0.97, text, ha="right", va="top", transform=ax.transAxes, color="grey", fontsize=6)
-        axes[-1].set_xlabel("minutes into the run", fontsize=7)
+        axes[max(0, len(panels) - 1)].set_xlabel("minutes into the run", fontsize=7)
     out.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=DPI, format="png")
@@ -187,6 +200,7 @@ def draw(board: dict, data: dict, out: Path, note: str, marks: list[tuple[float,
     from PIL import Image
 
     Image.open(buffer).convert("RGB").quantize(colors=256).save(out, optimize=True)
+    return drawn
 
 
 def summarize(records) -> str:
@@ -224,10 +238,12 @@ def _faults(args: argparse.Namespace, stack: Stack, start: float, marks: list) -
 
 
 def _callers(args: argparse.Namespace, stack: Stack, start: float, counts: Counter) -> None:
-    """Speech beside the chats, so the Speech row has series: a spoken question every
-    ``--speech-every-s`` (one in five priority 1, one in ten not audio: a refusal), one at a time."""
+    """Speech beside the chats, so the Speech row and voice turns per conversation have series: a
+    spoken question every ``--speech-every-s``, one at a time (one in five priority 1, one in ten
+    not audio: a refusal); every other one is a turn through ``voice_chat`` instead of a
+    transcription, the turns of six questions one spoken conversation, priority 1 (a caller on
+    the line is live; an FAQ answer given before its session is read starts no conversation)."""
     from perf.asr_load import question_clips
-    from switchboard.client import ChatError
 
     clips = question_clips(["en"], 12, seed=args.seed)
     client = ChatClient(stack.grpc_url, timeout_s=60)
@@ -237,8 +253,66 @@ def _callers(args: argparse.Namespace, stack: Stack, start: float, counts: Count
         time.sleep(max(0.0, due - time.time()))
         audio = b"not audio" if i % 10 == 9 else clips[i % len(clips)].wav
         try:
-            client.transcribe(audio, language="en", priority=1 if i % 5 == 0 else 2)
-            counts["transcribed"] += 1
+            if i % 2 and i % 10 != 9:
+                session = f"dashboard-voice-{i // 6}"
+                reply = client.voice_chat(
+                    audio, stream=False, language="en", session_id=session, priority=1, max_new_tokens=24
+                )
+                counts["voice turns" if reply.text else "voice turns without an answer"] += 1
+            else:
+                client.transcribe(audio, language="en", priority=1 if i % 5 == 0 else 2)
+                counts["transcribed"] += 1
+        except ChatError as e:
+            counts[e.code or "error"] += 1
+        except Exception:  # the restart: UNAVAILABLE while it comes back
+            counts["failed"] += 1
+        i += 1
+
+
+HANDOVER = {"type": "function", "function": {"name": "transfer_to_human"}}
+# an answer held to 400 characters at least: still streaming when its customer leaves
+LONG_NOTE = {
+    "type": "json_schema",
+    "schema": {"type": "object", "properties": {"note": {"type": "string", "minLength": 400}}, "required": ["note"]},
+}
+
+
+def _customers(args: argparse.Namespace, stack: Stack, start: float, counts: Counter) -> None:
+    """Customers beside the workload's, so the Business row's hand-overs, tool calls and
+    abandoned chats have series: one every ``--customer-every-s``, one at a time, in turn asking
+    for a person with the order tools offered (the agent hands over: ``transfer_to_human``
+    named), asking about an order with the tools offered (the model calls one or answers), and
+    leaving after the first words of a long answer."""
+    client = ChatClient(stack.grpc_url, timeout_s=60)
+    i = 0
+    while time.time() - start < args.duration_s:
+        time.sleep(max(0.0, start + i * args.customer_every_s - time.time()))
+        order = f"SB{20260000 + i:08d}"
+        try:
+            if i % 3 == 0:
+                reply = client.chat(
+                    "I want to complain, get me a person",
+                    stream=False,
+                    session_id=f"dashboard-customer-{i}",
+                    max_new_tokens=64,
+                    tools=TOOLS,
+                    tool_choice=HANDOVER,
+                )
+                counts["handed over" if reply.tool_calls else "not handed over"] += 1
+            elif i % 3 == 1:
+                reply = client.chat(
+                    f"Where is my order {order}?",
+                    stream=False,
+                    session_id=f"dashboard-customer-{i}",
+                    max_new_tokens=64,
+                    tools=TOOLS,
+                )
+                counts["called a tool" if reply.tool_calls else "answered without a tool"] += 1
+            else:
+                events = client.chat(f"I want to return order {order}", max_new_tokens=512, response_format=LONG_NOTE)
+                next(events)
+                events.close()  # leaves: the stream is cancelled
+                counts["left mid-answer"] += 1
         except ChatError as e:
             counts[e.code or "error"] += 1
         except Exception:  # the restart: UNAVAILABLE while it comes back
@@ -276,19 +350,29 @@ def run(args: argparse.Namespace, board: dict) -> tuple[dict, str, list[tuple[fl
         speech = threading.Thread(target=_callers, args=(args, stack, start, heard), daemon=True)
         if args.speech_every_s > 0:
             speech.start()
+        served: Counter = Counter()
+        customers = threading.Thread(target=_customers, args=(args, stack, start, served), daemon=True)
+        if args.customer_every_s > 0:
+            customers.start()
         log(
             f"{args.duration_s:.0f} s of multi-turn traffic: {args.rate:g} sessions/s, 5x bursts of 10 s "
             f"every 60 s, 15% priority 1"
         )
         records, _ = drive(ChatClient(stack.grpc_url, timeout_s=60), sessions, args.duration_s, grace_s=60)
         faults.join()
-        if speech.is_alive():
-            speech.join(90)
+        for caller in (speech, customers):
+            if caller.is_alive():
+                caller.join(90)
         time.sleep(3)  # the last publications and scrapes
         end = time.time()
         summary = summarize(records)
-        if heard:
-            summary += "; speech: " + ", ".join(f"{n} {what}" for what, n in sorted(heard.items()))
+        more = [
+            f"{what}: " + ", ".join(f"{n} {how}" for how, n in sorted(counts.items()))
+            for what, counts in (("speech", heard), ("customers with tools", served))
+            if counts
+        ]
+        if more:
+            summary += "\n" + "; ".join(more)
         log(summary)
         data = collect(board, monitor.url, start, end, args.step, args.rate_window)
     finally:
@@ -328,7 +412,15 @@ def main(argv: list[str] | None = None) -> int:
         "--speech-every-s",
         type=float,
         default=2.0,
-        help="a spoken question to asr every this many seconds (default 2; 0: no speech)",
+        help="a spoken question every this many seconds: to asr, every other one a voice_chat turn (default 2; "
+        "0: no speech)",
+    )
+    p.add_argument(
+        "--customer-every-s",
+        type=float,
+        default=3.0,
+        help="a customer with the order tools offered, or one who leaves mid-answer, every this many "
+        "seconds (default 3; 0: none)",
     )
     p.add_argument("--seed", type=int, default=26)
     args = p.parse_args(argv)
@@ -340,9 +432,10 @@ def main(argv: list[str] | None = None) -> int:
         data, note, marks = run(args, board)
         args.data.parent.mkdir(parents=True, exist_ok=True)
         args.data.write_text(json.dumps({"note": note, "marks": marks, "series": data}))
-    draw(board, data, args.out, note, marks)
+    drawn = draw(board, data, args.out, note, marks)
     empty = [title for title, series in data.items() if not series]
-    log(f"{len(data)} panels -> {args.out} ({args.out.stat().st_size // 1024} KiB); series in {args.data}")
+    size = args.out.stat().st_size // 1024
+    log(f"{len(drawn)} of {len(data)} panels -> {args.out} ({size} KiB); series in {args.data}")
     if empty:
         log(f"panels without data: {', '.join(empty)}")
     return 0

@@ -1,6 +1,6 @@
 """What a ``Tally`` (switchboard/common/tally.py) counted, on Triton's metrics port: the one
-publisher of ``chat``'s and ``asr``'s metrics (chat_metrics.py and asr_metrics.py add their
-gauges and the label values they know).
+publisher of ``chat``'s, ``asr``'s and ``voice_chat``'s metrics (chat_metrics.py, asr_metrics.py
+and voice_metrics.py add their gauges, the label values they know and the dropped trace spans).
 
 A thread of its own copies them once per ``interval``: each update is a round trip to the
 server. Every series carries this process's id: a reload (a rollout step) starts a new model

@@ -3,7 +3,8 @@
 Each request runs on a thread of its own (``VoiceTurn``, switchboard/serving/voice.py: ``asr``
 then ``chat`` over this server's gRPC); at most ``max_inflight`` at once, the rest wait in
 Triton's queue under the model's queue policy. Answered voice turns are counted
-(``VoiceMetrics``: ``switchboard_voice_*``, docs/metrics.md) and published once a second.
+(``VoiceMetrics``: ``switchboard_voice_*``, docs/metrics.md) and published once a second with the
+trace spans dropped (voice_metrics.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from switchboard.common import tracing
 from switchboard.common.stream import CancelPoll
 from switchboard.repository.config import VoiceChatConfig
 from switchboard.serving.engine_client import EngineClient
-from switchboard.serving.voice import METRICS, PREFIX, VoiceError, VoiceMetrics, VoiceRequest, VoiceTurn
+from switchboard.serving.voice import VoiceError, VoiceMetrics, VoiceRequest, VoiceTurn
 from switchboard.triton.common import (
     input_array,
     load_config,
@@ -29,7 +30,7 @@ from switchboard.triton.common import (
     require_decoupled,
     send_error,
 )
-from switchboard.triton.tally_metrics import TallyPublisher
+from switchboard.triton.voice_metrics import VoiceMetricsPublisher
 from switchboard.wire import PRIORITY_DEFAULT, PRIORITY_PARAMETER, TRACE_PARAMETER, Pool, VoiceChat
 
 log = logging.getLogger("switchboard.voice_chat")
@@ -80,7 +81,7 @@ class TritonPythonModel:
         self.client = EngineClient(cfg.engine_url)
         self.metrics = VoiceMetrics()
         self.turn = VoiceTurn(self.client, cfg.asr_model, cfg.chat_model, cfg.asr_timeout_s, self.metrics)
-        self.publisher = TallyPublisher(self.metrics, PREFIX, METRICS, lambda family, label: (), name="voice", log=log)
+        self.publisher = VoiceMetricsPublisher(self.metrics)
         self.slots = threading.BoundedSemaphore(cfg.max_inflight)
         self.pool = ThreadPoolExecutor(cfg.max_inflight, thread_name_prefix="voice")
 

@@ -42,5 +42,7 @@ def test_the_picture_has_the_dashboard_rows_and_titles_and_draws_from_series(tmp
     data = {title: [{"name": "a", "t": [0.0, 60.0], "v": [0.0, 0.5]}] for title in EXPRS}
     data["Pools up"] = []
     out = tmp_path / "dashboard.png"
-    dashboard_run.draw(BOARD, data, out, "a test", [(30.0, "restart")])
+    drawn = dashboard_run.draw(BOARD, data, out, "a test", [(30.0, "restart")])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any(len(panels) > dashboard_run.PER_LINE for _, panels in grid)  # Speech, Business: a second line
+    assert drawn == [p["title"] for _, panels in grid for p in panels]  # every panel, none cut off

@@ -6,7 +6,7 @@ its queue, prefill, decode and KV blocks in Redis), each inside its parent's tim
 KV store, which follows the answer). A chat
 with a session straight to ``chat`` has its Redis session spans; a malformed ``traceparent``
 starts a trace of its own and the chat is answered; a stack whose receiver is missing answers
-every chat and counts the spans it dropped on its metrics port."""
+every chat and a spoken turn, and counts the spans each model dropped on its metrics port."""
 
 from __future__ import annotations
 
@@ -137,16 +137,24 @@ def test_a_session_chat_has_its_redis_spans(traced_stack, phoenix):
     assert spans["redis session.load"]["attributes"]["status"] == "miss"
 
 
-def test_a_transcriptions_spans_arrive_under_the_gateway(traced_stack, traced_gateway, phoenix):
-    """Speech: the gateway's span, then ``asr`` under it, its ``queue`` and ``transcribe`` inside."""
-    client = ChatClient(traced_stack.grpc_url, timeout_s=120)
+def wait_for_asr(client: ChatClient) -> None:
     deadline = time.monotonic() + 120
     while not client.ready("asr"):
         if time.monotonic() > deadline:
             pytest.fail("asr did not become ready: `make test-recognizer` installs it (make test does)")
         time.sleep(0.5)
+
+
+def spoken(text: str) -> bytes:
+    return subprocess.run(["espeak-ng", "--stdout", text], capture_output=True, check=True).stdout
+
+
+def test_a_transcriptions_spans_arrive_under_the_gateway(traced_stack, traced_gateway, phoenix):
+    """Speech: the gateway's span, then ``asr`` under it, its ``queue`` and ``transcribe`` inside."""
+    client = ChatClient(traced_stack.grpc_url, timeout_s=120)
+    wait_for_asr(client)
     trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
-    wav = subprocess.run(["espeak-ng", "--stdout", "where is my order"], capture_output=True, check=True).stdout
+    wav = spoken("where is my order")
     oai = openai.OpenAI(base_url=f"{traced_gateway.url}/v1", api_key=STANDARD_KEY, max_retries=0)
     heard = oai.audio.transcriptions.create(
         file=("question.wav", wav), model="whisper-1", extra_headers={"traceparent": f"00-{trace_id}-{caller}-01"}
@@ -195,10 +203,16 @@ def test_a_missing_receiver_fails_no_chat_and_its_spans_are_counted(unreachable_
     for _ in range(3):
         tp = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
         assert client.chat("Where is my order?", stream=False, traceparent=tp, max_new_tokens=8).text
+    wait_for_asr(client)
+    tp = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+    reply = client.voice_chat(spoken("where is my order"), stream=False, traceparent=tp, max_new_tokens=8)
+    assert reply.heard.transcript and reply.text
     deadline = time.monotonic() + 60  # export retries within its timeout; metrics publish every second
     while True:
         dropped = dropped_spans(unreachable_stack)
-        if dropped.get("chat", 0) >= 3 * 3 and any(dropped.get(p, 0) >= 4 for p in POOLS):
-            break  # chat: chat, admission, stream per chat; a pool: its span, lookup, queue, prefill, decode
+        counted = dropped.get("chat", 0) >= 3 * 3 and any(dropped.get(p, 0) >= 4 for p in POOLS)
+        if counted and dropped.get("voice_chat", 0) >= 1 and dropped.get("asr", 0) >= 3:
+            break  # chat: chat, admission, stream per chat; a pool: its span, lookup, queue, prefill, decode;
+            # voice_chat: the turn's span; asr: its span, queue, transcribe
         assert time.monotonic() < deadline, f"dropped spans counted: {dropped}"
         time.sleep(0.5)

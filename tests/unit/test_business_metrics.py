@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 
 from switchboard.serving.metrics import STAGES, TOOLS, ChatMetrics, called_tools, starts_conversation, tool_label
-from switchboard.serving.voice import METRICS as VOICE_METRICS
-from switchboard.serving.voice import PREFIX as VOICE_PREFIX
 from switchboard.serving.voice import VoiceMetrics, VoiceRequest
 from switchboard.wire import Chat, ChatStats, SessionStatus
 from tests.unit.pb_stub import forget, stub_glue
@@ -114,13 +112,13 @@ class _Admission:
 
 
 def test_the_business_series_exist_at_zero_and_publish_what_was_counted(publishing):
-    from switchboard.triton.tally_metrics import TallyPublisher
+    from switchboard.triton.voice_metrics import VoiceMetricsPublisher
 
     chat, voice = ChatMetrics(), VoiceMetrics()
     health = types.SimpleNamespace(up=lambda pool: True)
     publishers = [
         publishing.ChatMetricsPublisher(chat, _Admission(), health, ("engine_short",), (1,), interval=3600),
-        TallyPublisher(voice, VOICE_PREFIX, VOICE_METRICS, lambda f, label: (), name="voice", log=None, interval=3600),
+        VoiceMetricsPublisher(voice, interval=3600),
     ]
     try:
         assert value("switchboard_chat_conversations_total") == 0
@@ -130,6 +128,7 @@ def test_the_business_series_exist_at_zero_and_publish_what_was_counted(publishi
         for stage in STAGES:
             assert value("switchboard_chat_abandoned_total", stage=stage) == 0
         assert value("switchboard_voice_turns_total") == value("switchboard_voice_conversations_total") == 0
+        assert value("switchboard_trace_spans_dropped_total", model="voice_chat") == 0  # beside chat's
         chat.chat(ChatStats(route="short"), ["transfer_to_human"], first_turn=True)
         chat.abandoned("answering", 1)
         voice.answered(_voice(), ChatStats())
