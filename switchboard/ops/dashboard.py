@@ -373,11 +373,13 @@ BUSINESS = (
     ),
     PanelSpec(
         "Voice turns per conversation",
-        "Answered voice turns over voice conversations started, in the window.",
+        "Answered voice turns over voice conversations started, in the window (at least one: turns "
+        "of conversations begun before it count against one, not a near-zero rate).",
         "short",
         (
             Query(
-                _share(_sum_rate("switchboard_voice_turns_total"), _sum_rate("switchboard_voice_conversations_total")),
+                f"sum(increase(switchboard_voice_turns_total[{RATE_WINDOW}])) / "
+                f"clamp_min(sum(increase(switchboard_voice_conversations_total[{RATE_WINDOW}])), 1)",
                 "turns per conversation",
             ),
         ),
