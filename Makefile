@@ -182,9 +182,10 @@ capacity-sim: setup ## a simulated Double-11 day: reactive HPA alone vs the prom
 soak: export ## 10 minutes of multi-turn load: memory flat, sessions expire, no errors (build/soak/summary.md)
 	@$(PY) -m perf soak --out build/soak
 
-# deploy/Dockerfile's build arguments, e.g. IMAGE_ARGS="--build-arg ASR=off --build-arg SMOKE=0"
+# deploy/Dockerfile's build arguments, e.g. IMAGE_ARGS="--build-arg ASR=off --build-arg SMOKE=0";
+# IMAGE_ARGS="--with-model build/default-model" builds with the chat model trained here (no training)
 IMAGE_ARGS ?=
-image: setup ## build deploy/Dockerfile with podman into `switchboard` (base image by debootstrap if absent; ~20 min; docs/kubernetes.md)
+image: setup ## build deploy/Dockerfile with podman into `switchboard` (base image by debootstrap if absent; ~25 min on 2 cores with IMAGE_ARGS="--with-model build/default-model", longer when it trains; docs/kubernetes.md)
 	@$(PY) -m switchboard.ops.image build $(IMAGE_ARGS)
 
 image-smoke: setup ## the image as a pod runs it: /readyz, a chat and a transcription through the gateway, SIGTERM, nothing left

@@ -59,9 +59,13 @@ need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v openssl >/dev/null || need_apt+=(openssl)   # certificates for the Redis TLS test
 command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)   # gRPC balancer for REPLICAS=2
-command -v promtool >/dev/null || need_apt+=(prometheus)   # make monitor; promtool tests of the alert rules
-command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
-command -v chromium >/dev/null || need_apt+=(chromium)   # the web chat test (Playwright drives the system browser)
+# SETUP_TEST_TOOLS=0 (deploy/Dockerfile's build stage): without what only the tests and `make
+# monitor` run; a pod runs none of them and the runtime stage would not keep them anyway.
+if [ "${SETUP_TEST_TOOLS:-1}" != 0 ]; then
+  command -v promtool >/dev/null || need_apt+=(prometheus)   # make monitor; promtool tests of the alert rules
+  command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
+  command -v chromium >/dev/null || need_apt+=(chromium)   # the web chat test (Playwright drives the system browser)
+fi
 command -v espeak-ng >/dev/null || need_apt+=(espeak-ng)   # speech to train the default recognizer on and to test with
 ldconfig -p | grep -q libb64.so.0d || need_apt+=(libb64-0d)
 ldconfig -p | grep -q libjemalloc.so.2 || need_apt+=(libjemalloc2)   # tritonserver's allocator (launch.py)

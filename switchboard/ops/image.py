@@ -38,6 +38,7 @@ ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000"]
 WEIGHTS_CACHE = "/tmp/weights"  # deploy/k8s/switchboard.yaml's SWITCHBOARD_WEIGHTS_CACHE: the root is read-only
 WEIGHTS_VOLUME = "/var/cache/switchboard/weights"  # where --cache-volume mounts
 SMOKE_LABEL = "switchboard.smoke"
+SPOKEN = "What time does the library open?"  # the smoke's chat, and its spoken question
 
 
 def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
@@ -263,7 +264,9 @@ class SmokeResult:
     ready_s: float = 0.0
     first_answer_s: float = 0.0
     answer: str = ""
+    speech: bool = False  # the image holds a recognizer (model_repository/asr/1)
     heard: str | None = None
+    heard_s: float = 0.0  # start to the transcription answered (after the chat)
     exit_codes: dict = field(default_factory=dict)
     stop_s: float = 0.0
     left_over: list = field(default_factory=list)
@@ -273,7 +276,8 @@ class SmokeResult:
     @property
     def ok(self) -> bool:
         clean = all(c == 0 for c in self.exit_codes.values()) and not self.left_over
-        return bool(self.answer) and clean and self.uid not in ("", "0") and not self.bind_mounts
+        heard = bool(self.heard and self.heard.strip()) or not self.speech
+        return bool(self.answer) and heard and clean and self.uid not in ("", "0") and not self.bind_mounts
 
 
 def chat(gateway: str, text: str) -> str:
@@ -285,13 +289,14 @@ def chat(gateway: str, text: str) -> str:
     return r.json()["choices"][0]["message"]["content"]
 
 
-def transcribe(gateway: str) -> str:
+def transcribe(gateway: str, text: str) -> str:
+    """What the gateway's recognizer heard of ``text`` spoken by espeak-ng."""
     import httpx
 
+    if shutil.which("espeak-ng") is None:
+        raise RuntimeError("the image has a recognizer but espeak-ng is not here to speak to it (make setup)")
     # espeak-ng's WAV as it writes it (22 kHz): the gateway decodes and resamples uploads itself
-    wav = subprocess.run(
-        ["espeak-ng", "--stdout", "What time does the library open?"], check=True, capture_output=True
-    ).stdout
+    wav = subprocess.run(["espeak-ng", "--stdout", text], check=True, capture_output=True).stdout
     files = {"file": ("question.wav", wav, "audio/wav")}
     r = httpx.post(f"{gateway}/v1/audio/transcriptions", data={"model": "whisper-1"}, files=files, timeout=120)
     r.raise_for_status()
@@ -325,7 +330,7 @@ def smoke(image: str = IMAGE, cache_volume: str | None = None, timeout_s: float 
     tag = uuid.uuid4().hex[:8]
     server, gateway = f"switchboard-smoke-{tag}", f"switchboard-smoke-{tag}-gateway"
     gw_url = f"http://127.0.0.1:{ports.gateway}"
-    speech = has_recognizer(image)
+    result.speech = has_recognizer(image)
     with redis_server(ports.redis):
         try:
             t0 = time.monotonic()
@@ -336,10 +341,11 @@ def smoke(image: str = IMAGE, cache_volume: str | None = None, timeout_s: float 
             result.uid = podman("exec", server, "id", "-u", check=False).stdout.strip()
             result.bind_mounts = bind_mounts(server) + bind_mounts(gateway)
             wait_ready(f"{gw_url}/readyz", [server, gateway], 60)
-            result.answer = chat(gw_url, "What time does the library open?")
+            result.answer = chat(gw_url, SPOKEN)
             result.first_answer_s = time.monotonic() - t0
-            if speech:
-                result.heard = transcribe(gw_url)
+            if result.speech:
+                result.heard = transcribe(gw_url, SPOKEN)
+                result.heard_s = time.monotonic() - t0
         finally:
             t1 = time.monotonic()
             result.exit_codes = {"gateway": stop(gateway, 30), "server": stop(server, 60)}

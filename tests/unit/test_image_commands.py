@@ -36,6 +36,17 @@ def test_smoke_containers_see_no_host_path_and_keep_the_images_user():
     assert with_cache[with_cache.index("-v") + 1] == f"sb-cache:{image.WEIGHTS_VOLUME}:U"  # a named volume
 
 
+def test_a_smoke_passes_only_with_an_answer_and_with_speech_heard_where_the_image_has_a_recognizer():
+    def result(**kw):
+        base = {"answer": "9 am", "exit_codes": {"gateway": 0, "server": 0}, "uid": "10001"}
+        return image.SmokeResult("switchboard", 1.0, None, **{**base, **kw})
+
+    assert result().ok and result(speech=True, heard="What time does the library open?").ok
+    assert not result(speech=True).ok and not result(speech=True, heard=" ").ok
+    assert not result(answer="").ok and not result(uid="0").ok and not result(bind_mounts=["/etc"]).ok
+    assert not result(exit_codes={"gateway": 0, "server": 137}).ok and not result(left_over=["x"]).ok
+
+
 def test_gateway_is_pointed_at_the_smokes_server():
     entrypoint, args = image.gateway_args(PORTS)
     assert entrypoint[-2:] == ["-m", "switchboard.gateway"]
