@@ -247,21 +247,29 @@ def _callers(args: argparse.Namespace, stack: Stack, start: float, counts: Count
 
     clips = question_clips(["en"], 12, seed=args.seed)
     client = ChatClient(stack.grpc_url, timeout_s=60)
-    i = 0
-    while time.time() - start < args.duration_s:
-        due = start + i * args.speech_every_s
-        time.sleep(max(0.0, due - time.time()))
+
+    def turn(i: int) -> str:
         audio = b"not audio" if i % 10 == 9 else clips[i % len(clips)].wav
+        if i % 2 and i % 10 != 9:
+            session = f"dashboard-voice-{i // 6}"
+            reply = client.voice_chat(
+                audio, stream=False, language="en", session_id=session, priority=1, max_new_tokens=24
+            )
+            return "voice turns" if reply.text else "voice turns without an answer"
+        client.transcribe(audio, language="en", priority=1 if i % 5 == 0 else 2)
+        return "transcribed"
+
+    _paced(start, args.duration_s, args.speech_every_s, counts, turn)
+
+
+def _paced(start: float, duration_s: float, every_s: float, counts: Counter, turn) -> None:
+    """``turn(i)`` every ``every_s`` from ``start`` for ``duration_s``, one at a time, each
+    counted under the outcome it returns or its error's code."""
+    i = 0
+    while i * every_s < duration_s and time.time() - start < duration_s:
+        time.sleep(max(0.0, start + i * every_s - time.time()))
         try:
-            if i % 2 and i % 10 != 9:
-                session = f"dashboard-voice-{i // 6}"
-                reply = client.voice_chat(
-                    audio, stream=False, language="en", session_id=session, priority=1, max_new_tokens=24
-                )
-                counts["voice turns" if reply.text else "voice turns without an answer"] += 1
-            else:
-                client.transcribe(audio, language="en", priority=1 if i % 5 == 0 else 2)
-                counts["transcribed"] += 1
+            counts[turn(i)] += 1
         except ChatError as e:
             counts[e.code or "error"] += 1
         except Exception:  # the restart: UNAVAILABLE while it comes back
@@ -284,40 +292,34 @@ def _customers(args: argparse.Namespace, stack: Stack, start: float, counts: Cou
     named), asking about an order with the tools offered (the model calls one or answers), and
     leaving after the first words of a long answer."""
     client = ChatClient(stack.grpc_url, timeout_s=60)
-    i = 0
-    while time.time() - start < args.duration_s:
-        time.sleep(max(0.0, start + i * args.customer_every_s - time.time()))
+
+    def turn(i: int) -> str:
         order = f"SB{20260000 + i:08d}"
-        try:
-            if i % 3 == 0:
-                reply = client.chat(
-                    "I want to complain, get me a person",
-                    stream=False,
-                    session_id=f"dashboard-customer-{i}",
-                    max_new_tokens=64,
-                    tools=TOOLS,
-                    tool_choice=HANDOVER,
-                )
-                counts["handed over" if reply.tool_calls else "not handed over"] += 1
-            elif i % 3 == 1:
-                reply = client.chat(
-                    f"Where is my order {order}?",
-                    stream=False,
-                    session_id=f"dashboard-customer-{i}",
-                    max_new_tokens=64,
-                    tools=TOOLS,
-                )
-                counts["called a tool" if reply.tool_calls else "answered without a tool"] += 1
-            else:
-                events = client.chat(f"I want to return order {order}", max_new_tokens=512, response_format=LONG_NOTE)
-                next(events)
-                events.close()  # leaves: the stream is cancelled
-                counts["left mid-answer"] += 1
-        except ChatError as e:
-            counts[e.code or "error"] += 1
-        except Exception:  # the restart: UNAVAILABLE while it comes back
-            counts["failed"] += 1
-        i += 1
+        if i % 3 == 0:
+            reply = client.chat(
+                "I want to complain, get me a person",
+                stream=False,
+                session_id=f"dashboard-customer-{i}",
+                max_new_tokens=64,
+                tools=TOOLS,
+                tool_choice=HANDOVER,
+            )
+            return "handed over" if reply.tool_calls else "not handed over"
+        if i % 3 == 1:
+            reply = client.chat(
+                f"Where is my order {order}?",
+                stream=False,
+                session_id=f"dashboard-customer-{i}",
+                max_new_tokens=64,
+                tools=TOOLS,
+            )
+            return "called a tool" if reply.tool_calls else "answered without a tool"
+        events = client.chat(f"I want to return order {order}", max_new_tokens=512, response_format=LONG_NOTE)
+        next(events)
+        events.close()  # leaves: the stream is cancelled
+        return "left mid-answer"
+
+    _paced(start, args.duration_s, args.customer_every_s, counts, turn)
 
 
 def run(args: argparse.Namespace, board: dict) -> tuple[dict, str, list[tuple[float, str]]]:

@@ -46,3 +46,27 @@ def test_the_picture_has_the_dashboard_rows_and_titles_and_draws_from_series(tmp
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(len(panels) > dashboard_run.PER_LINE for _, panels in grid)  # Speech, Business: a second line
     assert drawn == [p["title"] for _, panels in grid for p in panels]  # every panel, none cut off
+
+
+def test_paced_turns_are_counted_by_outcome_and_error(monkeypatch):
+    """The side traffic's loop: one turn per period until the duration is over, each counted
+    under what it returned, a ChatError under its code, anything else as ``failed``."""
+    from collections import Counter
+
+    from switchboard.client import ChatError
+
+    clock = {"now": 100.0}
+    monkeypatch.setattr(dashboard_run.time, "time", lambda: clock["now"])
+    monkeypatch.setattr(dashboard_run.time, "sleep", lambda s: clock.__setitem__("now", clock["now"] + s))
+
+    def turn(i: int) -> str:
+        clock["now"] += 0.1
+        if i == 1:
+            raise ChatError("busy", code="UNAVAILABLE")
+        if i == 2:
+            raise ConnectionError("restarting")
+        return "answered"
+
+    counts: Counter = Counter()
+    dashboard_run._paced(100.0, 5.0, 1.0, counts, turn)
+    assert counts == Counter({"answered": 3, "UNAVAILABLE": 1, "failed": 1})
