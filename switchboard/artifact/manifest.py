@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+import logging
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 MANIFEST = "manifest.json"
+log = logging.getLogger("switchboard.artifact")
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,16 @@ class Manifest:
         path = Path(directory) / MANIFEST
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: run `make export` first")
-        return cls(**json.loads(path.read_text(encoding="utf-8")))
+        data = json.loads(path.read_text(encoding="utf-8"))
+        known = {f.name for f in fields(cls)}
+        # A newer export's keys on an older server (a rollback, a canary): read what this
+        # version knows, and say what it leaves aside.
+        if unknown := sorted(set(data) - known):
+            log.warning("%s: keys this version does not read, left aside: %s", path, ", ".join(unknown))
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as e:  # a required key missing
+            raise ValueError(f"{path}: not a manifest this version reads ({e})") from None
 
 
 def file_digest(paths: list[Path]) -> str:
