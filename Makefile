@@ -182,11 +182,14 @@ capacity-sim: setup ## a simulated Double-11 day: reactive HPA alone vs the prom
 soak: export ## 10 minutes of multi-turn load: memory flat, sessions expire, no errors (build/soak/summary.md)
 	@$(PY) -m perf soak --out build/soak
 
-# deploy/Dockerfile's build arguments, e.g. IMAGE_ARGS="--build-arg ASR=off --build-arg SMOKE=0";
-# IMAGE_ARGS="--with-model build/default-model" builds with the chat model trained here (no training)
+# deploy/Dockerfile's build arguments, e.g. IMAGE_ARGS="--build-arg ASR=off --build-arg SMOKE=0".
+# The image gets the default chat model trained here (`make model`, cached), not trained again in
+# the build; the build's pip uses this host's pip setup (its CA bundle and local indexes, mounted
+# for the build only). `docker build -f deploy/Dockerfile .` elsewhere trains it in the build.
 IMAGE_ARGS ?=
-image: setup ## build deploy/Dockerfile with podman into `switchboard` (base image by debootstrap if absent; ~25 min on 2 cores with IMAGE_ARGS="--with-model build/default-model", longer when it trains; docs/kubernetes.md)
-	@$(PY) -m switchboard.ops.image build $(IMAGE_ARGS)
+image: setup ## build deploy/Dockerfile with podman into `switchboard`, with the default model trained here (base image by debootstrap if absent; ~25 min on 2 cores; docs/kubernetes.md)
+	@$(PY) -m switchboard.training.chat --out build/default-model
+	@$(PY) -m switchboard.ops.image build --host-pip --with-model build/default-model $(IMAGE_ARGS)
 
 image-smoke: setup ## the image as a pod runs it: /readyz, a chat and a transcription through the gateway, SIGTERM, nothing left
 	@$(PY) -m switchboard.ops.image smoke
