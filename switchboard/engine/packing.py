@@ -1,0 +1,73 @@
+"""A packed pass: every row's new tokens side by side in one sequence, none padded.
+
+A pass over the batch layout (engine/batch.py) feeds ``input_ids`` [B, S]: every row padded to
+the widest row's new tokens. When the rows differ (a prompt's 64-token chunk beside decode rows
+of one token each, drafts of different lengths), the padded slots cost as much as real tokens in
+every dense layer (the projections, the MLP, the head), which is most of a pass. A packed pass
+feeds the N real tokens as one row [1, N] and ``token_index`` [N], where each token sits in the
+padded [B, S] grid (row * S + column): the dense layers run on the N tokens, and only attention,
+whose cost is in the keys, works in the grid, so the cache keeps its layout and its rows.
+
+Columns are right-aligned as in the batch layout: row ``i``'s ``n_i`` new tokens take the last
+``n_i`` of its ``S`` new columns, and the columns left of them are masked. ``pack`` lays out the
+inputs here in NumPy; engine/packed_torch.py runs a checkpoint on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Packed:
+    input_ids: np.ndarray  # [1, N] int64: every row's new tokens, row after row
+    position_ids: np.ndarray  # [1, N] int64: each token's position in its row
+    token_index: np.ndarray  # [N] int64: each token's slot in the [B, S] grid, row * S + column
+    attention_mask: np.ndarray  # [B, T + S] int64: the batch's mask and the new columns'
+    logits_index: np.ndarray  # [K] int64: the packed tokens whose logits the pass returns
+    logits_rows: np.ndarray  # [K] int64: the row of each of them
+    width: int  # S: the new columns every row's cache grows by
+
+    @property
+    def tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def padded_tokens(self) -> int:
+        """The tokens a padded pass over the same rows would feed: B * S."""
+        return int(self.attention_mask.shape[0]) * self.width
+
+
+def pack(new: list[list[int]], next_pos: np.ndarray, mask: np.ndarray, keep: list[int] | None = None) -> Packed:
+    """The packed inputs for row ``i`` taking ``new[i]`` (possibly none) at positions from
+    ``next_pos[i]`` on, over a batch whose cache mask is ``mask`` [B, T]; ``keep[i]``: how many of
+    row ``i``'s last new tokens need logits (default 1 for a row with tokens, 0 without)."""
+    b = len(new)
+    if not b:
+        raise ValueError("a pass needs at least one row")
+    if mask.shape[0] != b or len(next_pos) != b:
+        raise ValueError(f"{b} rows of tokens for a batch of {mask.shape[0]} rows")
+    counts = np.asarray([len(t) for t in new], np.int64)
+    width = int(counts.max()) if b else 0
+    keep = [1 if n else 0 for n in counts] if keep is None else list(keep)
+    if any(k < 0 or k > n for k, n in zip(keep, counts)):
+        raise ValueError(f"logits asked of {keep} tokens, rows have {counts.tolist()}")
+    ids = np.fromiter((t for row in new for t in row), np.int64, int(counts.sum()))
+    rows = np.repeat(np.arange(b, dtype=np.int64), counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    offset = np.arange(ids.size, dtype=np.int64) - np.repeat(starts, counts)  # j: a token's place in its row
+    column = width - np.repeat(counts, counts) + offset
+    new_mask = np.zeros((b, width), np.int64)
+    new_mask[rows, column] = 1
+    ends = starts + counts
+    logits_index = np.concatenate([np.arange(e - k, e) for e, k in zip(ends, keep)]).astype(np.int64)
+    return Packed(
+        input_ids=ids[None, :],
+        position_ids=(np.repeat(np.asarray(next_pos, np.int64), counts) + offset)[None, :],
+        token_index=rows * width + column,
+        attention_mask=np.concatenate([mask.astype(np.int64), new_mask], axis=1),
+        logits_index=logits_index,
+        logits_rows=rows[logits_index],
+        width=width,
+    )
