@@ -166,3 +166,84 @@ def _default_last_position(path: Path) -> None:
     model = onnx.load(str(path), load_external_data=False)
     model.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), LOGITS_INDEX))
     onnx.save(model, str(path))
+
+
+# -- the packed pass (engine/packing.py) ----------------------------------------------------------
+TOKEN_INDEX = "token_index"
+
+
+class PackedDecoderWrapper(torch.nn.Module):
+    """The packed pass (engine/packed_torch.py) as one graph: ``input_ids`` and ``position_ids``
+    [1, N], ``attention_mask`` [B, T + S], ``token_index`` [N], ``logits_index`` [K] (packed
+    tokens) and the past [B, G, T, D]; returns logits [K, V] and the present [B, G, T + S, D]."""
+
+    def __init__(self, model, num_layers: int):
+        super().__init__()
+        self.model, self.num_layers = model, num_layers
+        self.window = windowed(model.config)
+        if self.window is None:
+            unslide(model.config)
+
+    def forward(self, input_ids, attention_mask, position_ids, token_index, logits_index, *past):
+        from switchboard.engine.packed_torch import packed_forward
+
+        pairs = [(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)]
+        logits, present = packed_forward(
+            self.model, self.window, input_ids, attention_mask, position_ids, token_index, logits_index, pairs
+        )
+        return (logits, *[a for pair in present for a in pair])
+
+
+def packed_io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    inputs, outputs = io_names(num_layers)
+    return inputs[:3] + [TOKEN_INDEX] + inputs[3:], outputs
+
+
+def export_packed(model, geo: Geometry, path: Path) -> Path:
+    """``model`` (eval mode, fp32) as the packed pass's graph at ``path``."""
+    from switchboard.engine import packed_torch
+
+    wrapper = PackedDecoderWrapper(model, geo.num_layers).eval()
+    stock = model.config._attn_implementation
+    packed_torch.register()
+    model.set_attn_implementation(packed_torch.PACKED)
+    batch, width, past_len = 2, 3, 4
+    # row 0 takes 3 new tokens, row 1 takes 2: N = 5 of the grid's 6 slots
+    mask = torch.ones(batch, past_len + width, dtype=torch.long)
+    mask[1, past_len] = 0
+    sample = [
+        torch.randint(0, geo.vocab_size, (1, 5)),
+        mask,
+        torch.tensor([[4, 5, 6, 4, 5]]),
+        torch.tensor([0, 1, 2, 4, 5]),
+        torch.tensor([2, 4]),
+    ]
+    sample += [torch.randn(batch, geo.num_kv_heads, past_len, geo.head_dim) for _ in range(2 * geo.num_layers)]
+    b, n, p, t, k = (torch.export.Dim(name) for name in ("batch", "tokens", "past", "total", "keep"))
+    dynamic = (
+        {1: n},
+        {0: b, 1: t},
+        {1: n},
+        {0: n},
+        {0: k},
+        tuple({0: b, 2: p} for _ in range(2 * geo.num_layers)),
+    )
+    inputs, outputs = packed_io_names(geo.num_layers)
+    large = sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with torch.no_grad():
+            program = torch.onnx.export(
+                wrapper,
+                tuple(sample),
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_shapes=dynamic,
+                dynamo=True,
+                optimize=True,
+                external_data=large,
+            )
+    finally:
+        model.set_attn_implementation(stock)
+    program.save(str(path), external_data=large)
+    return path

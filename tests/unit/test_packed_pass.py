@@ -7,13 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig
 
 from switchboard.engine import packed_torch
-from switchboard.engine.masks import position_masks, unslide, windowed
+from switchboard.engine.masks import windowed
 from switchboard.engine.packing import pack
-
-TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, max_position_embeddings=256)
+from tests.packed_rows import LAYOUT, PREFIXES, ROWS, assert_same_cache, batch, padded_forward, tiny
 
 
 def test_rows_are_packed_right_aligned_in_the_grid():
@@ -42,67 +40,11 @@ def test_packing_what_cannot_be_packed_is_an_error(new, keep, error):
         pack(new, np.zeros(1, np.int64), np.ones((1, 2), np.int64), keep)
 
 
-def tiny(family: str):
-    torch.manual_seed(0)
-    if family == "llama":
-        config = LlamaConfig(vocab_size=97, num_hidden_layers=2, num_key_value_heads=2, **TINY)
-    else:  # a sliding window shorter than the rows: the window is counted in positions
-        config = Gemma3TextConfig(
-            vocab_size=97, num_hidden_layers=3, num_key_value_heads=1, head_dim=32, sliding_window=3,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention"], **TINY,
-        )  # fmt: skip
-    model = AutoModelForCausalLM.from_config(config).eval()
-    if windowed(model.config) is None:
-        unslide(model.config)
-    return model
-
-
-def batch(model, rows: list[list[int]], layout: list[list[int]]):
-    """Each row's prefix run one row at a time, laid out in one cache [B, G, T, D] by ``layout``
-    (1: the row's next prefix column, 0: a masked column on its left or a hole)."""
-    cfg = model.config
-    g, d = cfg.num_key_value_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    t = len(layout[0])
-    kv = [(torch.zeros(len(rows), g, t, d), torch.zeros(len(rows), g, t, d)) for _ in range(cfg.num_hidden_layers)]
-    for i, (prefix, cols) in enumerate(zip(rows, layout)):
-        full = DynamicCache()  # every layer keeps every column, as the engine's cache does
-        for layer in range(cfg.num_hidden_layers):
-            full.update(torch.zeros(1, g, 0, d), torch.zeros(1, g, 0, d), layer)
-        with torch.no_grad():
-            out = model(input_ids=torch.tensor([prefix]), past_key_values=full, use_cache=True)
-        at = [j for j, c in enumerate(cols) if c]
-        for (k, v), layer in zip(kv, out.past_key_values.layers):
-            k[i, :, at], v[i, :, at] = layer.keys[0], layer.values[0]
-    return kv, np.array(layout, np.int64), np.array([len(r) for r in rows], np.int64)
-
-
-def padded_forward(model, p, past):
-    """The padded pass over the same rows, as engine/torch_runtime.py runs it: [B, S] inputs."""
-    b, s = p.attention_mask.shape[0], p.width
-    ids, pos = np.zeros(b * s, np.int64), np.zeros(b * s, np.int64)
-    ids[p.token_index], pos[p.token_index] = p.input_ids[0], p.position_ids[0]
-    ids, pos, mask = (torch.from_numpy(a.reshape(b, -1)) for a in (ids, pos, p.attention_mask))
-    window = windowed(model.config)
-    if window is not None:
-        mask = position_masks(mask, pos, window, torch.float32)
-    cache = DynamicCache()
-    for i, (k, v) in enumerate(past):
-        cache.update(k, v, i)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-    logits = out.logits.reshape(b * s, -1)[torch.from_numpy(p.token_index[p.logits_index])]
-    return logits, [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-
-
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_a_packed_pass_is_the_padded_pass(family):
     model = tiny(family)
-    prefixes = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15, 16, 17]]
-    # row 0 joined late (masked on its left); row 2 has a hole: a rejected draft's column
-    layout = [[0, 0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 1, 1, 0]]
-    past, mask, next_pos = batch(model, prefixes, layout)
-    # a prompt's 5-token chunk, a decode step, a row verifying 2 drafted tokens
-    new, keep = [[20, 21, 22, 23, 24], [30], [40, 41, 42]], [5, 1, 3]
-    p = pack(new, next_pos, mask, keep)
+    past, mask, next_pos = batch(model, PREFIXES, LAYOUT)
+    p = pack([new for new, _ in ROWS], next_pos, mask, [keep for _, keep in ROWS])
     assert (p.tokens, p.padded_tokens()) == (9, 15)
     with torch.no_grad():
         want_logits, want_cache = padded_forward(model, p, past)
@@ -115,9 +57,4 @@ def test_a_packed_pass_is_the_padded_pass(family):
             torch.from_numpy(p.token_index), torch.from_numpy(p.logits_index), past,
         )  # fmt: skip
     torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
-    real = torch.from_numpy(p.attention_mask.astype(bool))
-    for (k, v), (wk, wv) in zip(cache, want_cache):
-        assert k.shape == wk.shape == (3, model.config.num_key_value_heads, 7 + 5, k.shape[-1])
-        for i in range(3):  # the real columns: a masked one holds whatever its pass wrote there
-            torch.testing.assert_close(k[i][:, real[i]], wk[i][:, real[i]], rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(v[i][:, real[i]], wv[i][:, real[i]], rtol=1e-5, atol=1e-5)
+    assert_same_cache(cache, want_cache, p.attention_mask)
