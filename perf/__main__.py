@@ -32,6 +32,7 @@ SUITES = {
         "prefill_cost",
         "a prompt token's prefill cost against a decoded token's, with ONNX Runtime's profile",
     ),
+    "packed-cost": ("packed_cost", "a packed pass against the padded pass and a pass per new length"),
     "drafts": ("drafts", "speculative decoding's drafts on held-out answers, beside arctic-inference's suffix tree"),
     "llamacpp": ("llamacpp", "llama.cpp's server as a peer: build, convert, serve"),
     # speech
