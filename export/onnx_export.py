@@ -175,7 +175,8 @@ TOKEN_INDEX = "token_index"
 class PackedDecoderWrapper(torch.nn.Module):
     """The packed pass (engine/packed_torch.py) as one graph: ``input_ids`` and ``position_ids``
     [1, N], ``attention_mask`` [B, T + S], ``token_index`` [N], ``logits_index`` [K] (packed
-    tokens) and the past [B, G, T, D]; returns logits [K, V] and the present [B, G, T + S, D]."""
+    tokens), the attention lanes (``packed_torch.LANES``) and the past [B, G, T, D]; returns
+    logits [K, V] and the present [B, G, T + S, D]."""
 
     def __init__(self, model, num_layers: int):
         super().__init__()
@@ -184,50 +185,48 @@ class PackedDecoderWrapper(torch.nn.Module):
         if self.window is None:
             unslide(model.config)
 
-    def forward(self, input_ids, attention_mask, position_ids, token_index, logits_index, *past):
-        from switchboard.engine.packed_torch import packed_forward
+    def forward(self, input_ids, attention_mask, position_ids, token_index, logits_index, *rest):
+        from switchboard.engine.packed_torch import LANES, packed_forward
 
+        lanes = dict(zip(LANES, rest[: len(LANES)]))
+        past = rest[len(LANES) :]
         pairs = [(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)]
         logits, present = packed_forward(
-            self.model, self.window, input_ids, attention_mask, position_ids, token_index, logits_index, pairs
+            self.model, self.window, input_ids, attention_mask, position_ids, token_index, logits_index, pairs, lanes
         )
         return (logits, *[a for pair in present for a in pair])
 
 
 def packed_io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    from switchboard.engine.packed_torch import LANES
+
     inputs, outputs = io_names(num_layers)
-    return inputs[:3] + [TOKEN_INDEX] + inputs[3:], outputs
+    return inputs[:3] + [TOKEN_INDEX] + inputs[3:4] + list(LANES) + inputs[4:], outputs
 
 
 def export_packed(model, geo: Geometry, path: Path) -> Path:
     """``model`` (eval mode, fp32) as the packed pass's graph at ``path``."""
+    import numpy as np
+
     from switchboard.engine import packed_torch
+    from switchboard.engine.packing import pack
 
     wrapper = PackedDecoderWrapper(model, geo.num_layers).eval()
     stock = model.config._attn_implementation
     packed_torch.register()
     model.set_attn_implementation(packed_torch.PACKED)
-    batch, width, past_len = 2, 3, 4
-    # row 0 takes 3 new tokens, row 1 takes 2: N = 5 of the grid's 6 slots
-    mask = torch.ones(batch, past_len + width, dtype=torch.long)
-    mask[1, past_len] = 0
-    sample = [
-        torch.randint(0, geo.vocab_size, (1, 5)),
-        mask,
-        torch.tensor([[4, 5, 6, 4, 5]]),
-        torch.tensor([0, 1, 2, 4, 5]),
-        torch.tensor([2, 4]),
-    ]
-    sample += [torch.randn(batch, geo.num_kv_heads, past_len, geo.head_dim) for _ in range(2 * geo.num_layers)]
-    b, n, p, t, k = (torch.export.Dim(name) for name in ("batch", "tokens", "past", "total", "keep"))
-    dynamic = (
-        {1: n},
-        {0: b, 1: t},
-        {1: n},
-        {0: n},
-        {0: k},
-        tuple({0: b, 2: p} for _ in range(2 * geo.num_layers)),
-    )
+    # rows 0, 1, 2 take 4, 2 and 3 new tokens: row 0 is the wide lane, the narrow grid [3, 3]
+    rows, past_len = 3, 4
+    p = pack([[5, 6, 7, 8], [9, 10], [11, 12, 13]], np.full(rows, past_len), np.ones((rows, past_len)), [2, 2, 2])
+    names = ("input_ids", "attention_mask", "position_ids", "token_index", "logits_index", *packed_torch.LANES)
+    sample = [torch.from_numpy(getattr(p, name)) for name in names]
+    sample += [torch.randn(rows, geo.num_kv_heads, past_len, geo.head_dim) for _ in range(2 * geo.num_layers)]
+    b, n, past, t, k = (torch.export.Dim(name) for name in ("batch", "tokens", "past", "total", "keep"))
+    narrow, s, c = (torch.export.Dim(name) for name in ("narrow_tokens", "narrow_width", "wide_tokens"))
+    # the lanes and the past are one varargs entry: their shapes go in one nested tuple
+    lanes = ({0: narrow}, {0: narrow}, {0: b, 1: s}, {0: c}, None)
+    pasts = tuple({0: b, 2: past} for _ in range(2 * geo.num_layers))
+    dynamic = ({1: n}, {0: b, 1: t}, {1: n}, {0: n}, {0: k}, lanes + pasts)
     inputs, outputs = packed_io_names(geo.num_layers)
     large = sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -68,16 +68,16 @@ def padded_feed(rows: list[list[int]], past: dict, mask: np.ndarray, next_pos: n
 
 
 def packed_feed(rows: list[list[int]], past: dict, mask: np.ndarray, next_pos: np.ndarray) -> tuple[dict, object]:
+    from switchboard.engine.packed_torch import LANES
     from switchboard.engine.packing import pack
 
     p = pack(rows, next_pos, mask)
-    feed = {"input_ids": p.input_ids, "attention_mask": p.attention_mask, "position_ids": p.position_ids}
-    feed |= {"token_index": p.token_index, "logits_index": p.logits_index}
-    return feed | past, p
+    names = ("input_ids", "attention_mask", "position_ids", "token_index", "logits_index", *LANES)
+    return {name: getattr(p, name) for name in names} | past, p
 
 
 def graphs(checkpoint: Path, out: Path) -> tuple[Path, Path]:
-    """The checkpoint's padded and packed FP32 graphs in ``out`` (exported when absent)."""
+    """The checkpoint's padded and packed FP32 graphs in ``out`` (each exported when absent)."""
     padded, packed = out / "padded" / "model.onnx", out / "packed" / "model.onnx"
     if padded.exists() and packed.exists():
         return padded, packed
@@ -87,11 +87,12 @@ def graphs(checkpoint: Path, out: Path) -> tuple[Path, Path]:
     from switchboard.artifact.geometry import geometry
     from switchboard.export import onnx_export
 
-    print(f"[packed-cost] exporting {checkpoint}'s padded and packed graphs to {out}", flush=True)
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     geo = geometry(model.config)
-    onnx_export.export(model, geo, padded)
-    onnx_export.export_packed(model, geo, packed)
+    for path, export in ((padded, onnx_export.export), (packed, onnx_export.export_packed)):
+        if not path.exists():
+            print(f"[packed-cost] exporting {checkpoint} to {path}", flush=True)
+            export(model, geo, path)
     return padded, packed
 
 

@@ -15,6 +15,14 @@ PREFIXES = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15, 16, 17]]
 LAYOUT = [[0, 0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 1, 1, 0]]
 # a prompt's 5-token chunk, a decode step, a row verifying 2 drafted tokens: (new tokens, logits kept)
 ROWS = [([20, 21, 22, 23, 24], 5), ([30], 1), ([40, 41, 42], 3)]
+# (prefixes, layout, rows) by name: the mixed pass above; the chunk in the last row; one row alone
+# (the narrow lane empty); decode rows alone (the wide lane one token)
+SCENARIOS = {
+    "mixed": (PREFIXES, LAYOUT, ROWS),
+    "chunk last": (PREFIXES, LAYOUT, [([30], 1), ([40, 41], 2), ([20, 21, 22, 23, 24], 1)]),
+    "one row": ([[5, 6, 7]], [[1, 1, 1]], [([20, 21], 2)]),
+    "decode rows": (PREFIXES, LAYOUT, [([30], 1), ([31], 1), ([32], 1)]),
+}
 
 
 def tiny(family: str):

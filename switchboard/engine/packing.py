@@ -9,8 +9,14 @@ padded [B, S] grid (row * S + column): the dense layers run on the N tokens, and
 whose cost is in the keys, works in the grid, so the cache keeps its layout and its rows.
 
 Columns are right-aligned as in the batch layout: row ``i``'s ``n_i`` new tokens take the last
-``n_i`` of its ``S`` new columns, and the columns left of them are masked. ``pack`` lays out the
-inputs here in NumPy; engine/packed_torch.py runs a checkpoint on them.
+``n_i`` of its ``S`` new columns, and the columns left of them are masked.
+
+Attention runs in two lanes, so no query pays for another row's width either: the row with the
+most new tokens (a prompt's chunk) attends alone, over its own row of the cache (the wide lane);
+the other rows' tokens (decode steps, drafts) attend in a narrow grid [B, s], s the widest of
+them. In one grid of [B, S] every row would attend with the chunk's S query slots.
+
+``pack`` lays out the inputs here in NumPy; engine/packed_torch.py runs a checkpoint on them.
 """
 
 from __future__ import annotations
@@ -29,6 +35,16 @@ class Packed:
     logits_index: np.ndarray  # [K] int64: the packed tokens whose logits the pass returns
     logits_rows: np.ndarray  # [K] int64: the row of each of them
     width: int  # S: the new columns every row's cache grows by
+    narrow_tokens: np.ndarray  # [N - C] int64: the packed tokens of every row but the widest
+    narrow_slot: np.ndarray  # [N - C] int64: their slots in the narrow [B, s] grid, row * s + column
+    wide_tokens: np.ndarray  # [C] int64: the widest row's packed tokens (it attends alone)
+    wide_row: np.ndarray  # [1] int64: that row
+    narrow_positions: np.ndarray  # [B, s] int64: the narrow grid's positions (0 where no token is)
+
+    @property
+    def narrow_width(self) -> int:
+        """s: the new tokens of the widest row but the widest."""
+        return int(self.narrow_positions.shape[1])
 
     @property
     def tokens(self) -> int:
@@ -62,12 +78,25 @@ def pack(new: list[list[int]], next_pos: np.ndarray, mask: np.ndarray, keep: lis
     new_mask[rows, column] = 1
     ends = starts + counts
     logits_index = np.concatenate([np.arange(e - k, e) for e, k in zip(ends, keep)]).astype(np.int64)
+    wide = int(counts.argmax())
+    narrow = rows != wide
+    others = np.delete(counts, wide)
+    s = int(others.max()) if others.size else 0
+    narrow_column = s - np.repeat(counts, counts)[narrow] + offset[narrow]
+    positions = np.repeat(np.asarray(next_pos, np.int64), counts) + offset
+    narrow_positions = np.zeros(b * s, np.int64)
+    narrow_positions[rows[narrow] * s + narrow_column] = positions[narrow]
     return Packed(
         input_ids=ids[None, :],
-        position_ids=(np.repeat(np.asarray(next_pos, np.int64), counts) + offset)[None, :],
+        position_ids=positions[None, :],
         token_index=rows * width + column,
         attention_mask=np.concatenate([mask.astype(np.int64), new_mask], axis=1),
         logits_index=logits_index,
         logits_rows=rows[logits_index],
         width=width,
+        narrow_tokens=np.flatnonzero(narrow).astype(np.int64),
+        narrow_slot=rows[narrow] * s + narrow_column,
+        wide_tokens=np.flatnonzero(~narrow).astype(np.int64),
+        wide_row=np.array([wide], np.int64),
+        narrow_positions=narrow_positions.reshape(b, s),
     )

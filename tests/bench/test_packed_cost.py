@@ -38,6 +38,7 @@ def test_the_padded_and_packed_inputs_hold_the_same_tokens():
     assert one["input_ids"].tolist() == [[8]] and one["past_key_values.0.key"].shape[0] == 1
     feed, p = packed_feed(rows, past, mask, next_pos)
     assert feed["input_ids"].tolist() == [[5, 6, 7, 8]] and feed["token_index"].tolist() == [0, 1, 2, 5]
+    assert feed["wide_tokens"].tolist() == [0, 1, 2] and feed["narrow_positions"].tolist() == [[0], [4]]
     assert (p.tokens, p.padded_tokens()) == (4, 6)
 
 

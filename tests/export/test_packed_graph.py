@@ -1,5 +1,6 @@
 """The packed pass exported (export/onnx_export.py's ``export_packed``) and run by ONNX Runtime:
-on tiny random Llama and Gemma 3 models, the padded PyTorch pass's logits and grown cache."""
+on tiny random Llama and Gemma 3 models, the padded PyTorch pass's logits and grown cache, for
+each of tests/packed_rows.py's scenarios (one graph per model: the shapes are the graph's inputs)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,34 @@ import pytest
 import torch
 
 from switchboard.artifact.geometry import geometry
+from switchboard.engine import packed_torch
 from switchboard.engine.packing import pack
 from switchboard.export import onnx_export
-from tests.packed_rows import LAYOUT, PREFIXES, ROWS, assert_same_cache, batch, padded_forward, tiny
+from tests.packed_rows import SCENARIOS, assert_same_cache, batch, padded_forward, tiny
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_the_packed_graph_is_the_padded_pass(family, tmp_path):
-    model = tiny(family)
-    past, mask, next_pos = batch(model, PREFIXES, LAYOUT)
-    p = pack([new for new, _ in ROWS], next_pos, mask, [keep for _, keep in ROWS])
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def graph(request, tmp_path_factory):
+    model = tiny(request.param)
+    path = onnx_export.export_packed(model, geometry(model.config), tmp_path_factory.mktemp("packed") / "model.onnx")
+    return model, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_packed_graph_is_the_padded_pass(graph, scenario):
+    model, session = graph
+    prefixes, layout, rows = SCENARIOS[scenario]
+    past, mask, next_pos = batch(model, prefixes, layout)
+    p = pack([new for new, _ in rows], next_pos, mask, [keep for _, keep in rows])
     with torch.no_grad():
         want_logits, want_cache = padded_forward(model, p, past)
-    path = onnx_export.export_packed(model, geometry(model.config), tmp_path / "model.onnx")
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     inputs, outputs = onnx_export.packed_io_names(model.config.num_hidden_layers)
     assert [i.name for i in session.get_inputs()] == inputs
     feed = {name: getattr(p, name) for name in ("input_ids", "attention_mask", "position_ids")}
     feed |= {onnx_export.TOKEN_INDEX: p.token_index, onnx_export.LOGITS_INDEX: p.logits_index}
-    feed |= {name: t.numpy() for name, t in zip(inputs[5:], (a for pair in past for a in pair))}
+    feed |= {name: getattr(p, name) for name in packed_torch.LANES}
+    pasts = [name for name in inputs if name.startswith("past_key_values")]
+    feed |= {name: t.numpy() for name, t in zip(pasts, (a for pair in past for a in pair))}
     logits, *present = session.run(outputs, feed)
     torch.testing.assert_close(torch.from_numpy(logits), want_logits, rtol=1e-5, atol=1e-5)
     assert_same_cache(list(zip(present[::2], present[1::2])), want_cache, p.attention_mask)

@@ -11,7 +11,7 @@ import torch
 from switchboard.engine import packed_torch
 from switchboard.engine.masks import windowed
 from switchboard.engine.packing import pack
-from tests.packed_rows import LAYOUT, PREFIXES, ROWS, assert_same_cache, batch, padded_forward, tiny
+from tests.packed_rows import SCENARIOS, assert_same_cache, batch, padded_forward, tiny
 
 
 def test_rows_are_packed_right_aligned_in_the_grid():
@@ -23,12 +23,17 @@ def test_rows_are_packed_right_aligned_in_the_grid():
     assert p.attention_mask.tolist() == [[0, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 1]]
     assert p.logits_index.tolist() == [1, 2, 3] and p.logits_rows.tolist() == [0, 0, 1]
     assert (p.tokens, p.padded_tokens()) == (4, 6)
+    # row 0 attends alone (the wide lane); row 1 in the narrow grid [2, 1]
+    assert p.wide_row.tolist() == [0] and p.wide_tokens.tolist() == [0, 1, 2]
+    assert p.narrow_tokens.tolist() == [3] and p.narrow_slot.tolist() == [1] and p.narrow_width == 1
+    assert p.narrow_positions.tolist() == [[0], [3]]
 
 
 def test_a_row_without_new_tokens_only_grows_masked_columns():
     p = pack([[], [4, 5]], np.array([1, 1]), np.ones((2, 1), np.int64))
     assert p.token_index.tolist() == [2, 3] and p.attention_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
     assert p.logits_index.tolist() == [1] and p.logits_rows.tolist() == [1]
+    assert p.wide_row.tolist() == [1] and p.narrow_tokens.size == 0 and p.narrow_width == 0
 
 
 @pytest.mark.parametrize(
@@ -40,21 +45,25 @@ def test_packing_what_cannot_be_packed_is_an_error(new, keep, error):
         pack(new, np.zeros(1, np.int64), np.ones((1, 2), np.int64), keep)
 
 
+@pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_a_packed_pass_is_the_padded_pass(family):
+def test_a_packed_pass_is_the_padded_pass(family, scenario):
     model = tiny(family)
-    past, mask, next_pos = batch(model, PREFIXES, LAYOUT)
-    p = pack([new for new, _ in ROWS], next_pos, mask, [keep for _, keep in ROWS])
-    assert (p.tokens, p.padded_tokens()) == (9, 15)
+    prefixes, layout, rows = SCENARIOS[scenario]
+    past, mask, next_pos = batch(model, prefixes, layout)
+    p = pack([new for new, _ in rows], next_pos, mask, [keep for _, keep in rows])
+    if scenario == "mixed":
+        assert (p.tokens, p.padded_tokens(), p.narrow_width) == (9, 15, 3)
     with torch.no_grad():
         want_logits, want_cache = padded_forward(model, p, past)
     packed_torch.register()
     model.set_attn_implementation(packed_torch.PACKED)
     t = {name: torch.from_numpy(getattr(p, name)) for name in ("input_ids", "attention_mask", "position_ids")}
+    lanes = {name: torch.from_numpy(getattr(p, name)) for name in packed_torch.LANES}
     with torch.no_grad():
         logits, cache = packed_torch.packed_forward(
             model, windowed(model.config), t["input_ids"], t["attention_mask"], t["position_ids"],
-            torch.from_numpy(p.token_index), torch.from_numpy(p.logits_index), past,
+            torch.from_numpy(p.token_index), torch.from_numpy(p.logits_index), past, lanes,
         )  # fmt: skip
     torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
     assert_same_cache(cache, want_cache, p.attention_mask)
