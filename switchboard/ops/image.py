@@ -134,7 +134,38 @@ def context_with_model(model: Path, into: Path) -> Path:
     return into
 
 
-def build(tag: str, build_args: list[str], host_pip: bool = False, model: Path | None = None) -> int:
+# The default image's build holds its build stage (~4.3 GB), the runtime stage (~4.1 GB) and the
+# layer being committed (in /var/tmp) at once: the full build needed ~11 GB free here.
+MIN_FREE_GB = 12.0
+
+
+def storage_paths() -> list[Path]:
+    """Where a build writes: podman's image store (its graphRoot) and /var/tmp (a layer being
+    committed)."""
+    root = podman("info", "--format", "{{.Store.GraphRoot}}", check=False).stdout.strip()
+    return [Path(root or "/var/lib/containers/storage"), Path("/var/tmp")]
+
+
+def short_of_space(paths: list[Path], min_free_gb: float) -> str | None:
+    """Why a build would run out of disk before it is done (None: room enough): a build that
+    fails at its last commit has cost half an hour."""
+    for path in paths:
+        at = next((p for p in [path, *path.parents] if p.exists()), Path("/"))
+        free = shutil.disk_usage(at).free / 1e9
+        if free < min_free_gb:
+            return (
+                f"{free:.1f} GB free where {path} is, the build needs about {min_free_gb:.0f} GB "
+                "(podman image prune removes the dangling images of earlier builds; --min-free-gb 0 skips this check)"
+            )
+    return None
+
+
+def build(
+    tag: str, build_args: list[str], host_pip: bool = False, model: Path | None = None, min_free_gb: float = MIN_FREE_GB
+) -> int:
+    if min_free_gb > 0 and (why := short_of_space(storage_paths(), min_free_gb)):
+        print(f"[image] not building: {why}", file=sys.stderr)
+        return 2
     make_base()
     with tempfile.TemporaryDirectory(prefix="switchboard-context-") as tmp:
         context = context_with_model(model, Path(tmp)) if model else paths.ROOT
@@ -374,6 +405,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="an already trained default model (build/default-model) put in the build context: no training",
     )
+    b.add_argument(
+        "--min-free-gb",
+        type=float,
+        default=MIN_FREE_GB,
+        help=f"refuse to start with less disk free where podman stores images (default {MIN_FREE_GB:g}; 0: no check)",
+    )
     s = sub.add_parser("smoke", help="start the image, /readyz, a chat (and a transcription) via the gateway, stop")
     s.add_argument("--image", default=IMAGE)
     s.add_argument("--cache-volume", help="a named volume for the prepared weights (made on first use)")
@@ -384,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         make_base()
         return 0
     if args.cmd == "build":
-        return build(args.tag, args.build_arg, args.host_pip, args.with_model)
+        return build(args.tag, args.build_arg, args.host_pip, args.with_model, args.min_free_gb)
     if not image_exists(args.image):
         print(f"[image] no image {args.image!r}: make image")
         return 2

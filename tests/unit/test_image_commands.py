@@ -3,6 +3,7 @@ arguments with only ports and addresses replaced, and containers that see no hos
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from perf.cold_start import container_args
@@ -83,3 +84,19 @@ def test_kube_play_rendering_changes_only_what_needs_a_cluster():
     assert "--redis-url=redis://127.0.0.1:2001/0" in server["args"]
     assert server["readinessProbe"]["httpGet"]["port"] == 2005 and "ports" not in server
     assert "--grpc-url=127.0.0.1:2003" in gateway["args"] and gateway["livenessProbe"]["httpGet"]["port"] == 2006
+
+
+def test_a_build_without_room_to_finish_is_refused_before_it_starts(tmp_path, monkeypatch, capsys):
+    """The disk the build would fill is checked first: short of it, a clear refusal naming what
+    is free and what to do, not a failure at the last commit half an hour later."""
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(image.shutil, "disk_usage", lambda path: usage(100e9, 95e9, 5e9))
+    why = image.short_of_space([tmp_path / "storage"], 12.0)
+    assert "5.0 GB free" in why and "12 GB" in why and "podman image prune" in why
+    assert image.short_of_space([tmp_path], 4.0) is None
+    monkeypatch.setattr(image, "storage_paths", lambda: [tmp_path])
+    monkeypatch.setattr(image, "make_base", lambda: pytest.fail("a refused build starts nothing"))
+    assert image.build("t", [], min_free_gb=12.0) == 2
+    assert "not building: 5.0 GB free" in capsys.readouterr().err
