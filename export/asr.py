@@ -71,6 +71,8 @@ def export_graphs(model, out: Path) -> tuple[Path, Path]:
     """``encoder.onnx`` and ``decoder.onnx`` of ``model`` (eval mode, fp32) in ``out``."""
     import torch
 
+    from switchboard.export.onnx_export import trace
+
     encoder_graph, decoder_graph, _ = graph_modules()
     cfg = model.config
     n, heads = cfg.decoder_layers, cfg.decoder_attention_heads
@@ -81,18 +83,8 @@ def export_graphs(model, out: Path) -> tuple[Path, Path]:
     frames = min(2 * cfg.max_source_positions, 64)
     batch, frames_dim = torch.export.Dim("batch"), torch.export.Dim("frames", max=2 * cfg.max_source_positions)
     sample = torch.randn(2, cfg.num_mel_bins, frames)
-    with torch.no_grad():
-        program = torch.onnx.export(
-            encoder_graph(model).eval(),
-            (sample,),
-            input_names=["input_features"],
-            output_names=encoder_outputs(n),
-            dynamic_shapes=({0: batch, 2: frames_dim},),
-            dynamo=True,
-            optimize=True,
-            external_data=large,
-        )
-    program.save(str(paths_[0]), external_data=large)
+    encoder = encoder_graph(model).eval()
+    trace(encoder, (sample,), ["input_features"], encoder_outputs(n), ({0: batch, 2: frames_dim},), paths_[0], large)
 
     source = math.ceil(frames / 2)
     new, past_len = 3, 4  # several new tokens on a past: a size-1 sample would be specialized
@@ -105,18 +97,7 @@ def export_graphs(model, out: Path) -> tuple[Path, Path]:
     )
     inputs, outputs = decoder_io(n)
     ids = torch.randint(0, cfg.vocab_size, (2, new))
-    with torch.no_grad():
-        program = torch.onnx.export(
-            decoder_graph(model).eval(),
-            (ids, *kv),
-            input_names=inputs,
-            output_names=outputs,
-            dynamic_shapes=dynamic,
-            dynamo=True,
-            optimize=True,
-            external_data=large,
-        )
-    program.save(str(paths_[1]), external_data=large)
+    trace(decoder_graph(model).eval(), (ids, *kv), inputs, outputs, dynamic, paths_[1], large)
     return paths_
 
 

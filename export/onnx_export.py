@@ -135,24 +135,35 @@ def export(model, geo: Geometry, path: Path) -> Path:
         tuple({0: b, 2: p} for _ in range(2 * geo.num_layers)),
     )
     inputs, outputs = io_names(geo.num_layers)
-    large = sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with torch.no_grad():
-            program = torch.onnx.export(
-                wrapper,
-                tuple(sample),
-                input_names=inputs,
-                output_names=outputs,
-                dynamic_shapes=dynamic,
-                dynamo=True,
-                optimize=True,
-                external_data=large,
-            )
+        trace(wrapper, tuple(sample), inputs, outputs, dynamic, path, _large(model))
     finally:  # the parity check and the accuracy gate run the stock model
         model.set_attn_implementation(stock)
-    program.save(str(path), external_data=large)
     _default_last_position(path)
+    return path
+
+
+def _large(model) -> bool:
+    """Whether ``model``'s FP32 weights need ONNX's external data (over 1 GiB)."""
+    return sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
+
+
+def trace(module, sample: tuple, inputs: list[str], outputs: list[str], dynamic, path: Path, large: bool) -> Path:
+    """``module`` on ``sample`` traced by torch.export into ONNX at ``path``: ``dynamic`` its
+    dynamic shapes, ``large`` the weights as external data beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        program = torch.onnx.export(
+            module,
+            sample,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_shapes=dynamic,
+            dynamo=True,
+            optimize=True,
+            external_data=large,
+        )
+    program.save(str(path), external_data=large)
     return path
 
 
@@ -228,21 +239,7 @@ def export_packed(model, geo: Geometry, path: Path) -> Path:
     pasts = tuple({0: b, 2: past} for _ in range(2 * geo.num_layers))
     dynamic = ({1: n}, {0: b, 1: t}, {1: n}, {0: n}, {0: k}, lanes + pasts)
     inputs, outputs = packed_io_names(geo.num_layers)
-    large = sum(x.numel() for x in model.parameters()) * 4 > (1 << 30)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with torch.no_grad():
-            program = torch.onnx.export(
-                wrapper,
-                tuple(sample),
-                input_names=inputs,
-                output_names=outputs,
-                dynamic_shapes=dynamic,
-                dynamo=True,
-                optimize=True,
-                external_data=large,
-            )
+        return trace(wrapper, tuple(sample), inputs, outputs, dynamic, path, _large(model))
     finally:
         model.set_attn_implementation(stock)
-    program.save(str(path), external_data=large)
-    return path
