@@ -186,7 +186,7 @@ TOKEN_INDEX = "token_index"
 class PackedDecoderWrapper(torch.nn.Module):
     """The packed pass (engine/packed_torch.py) as one graph: ``input_ids`` and ``position_ids``
     [1, N], ``attention_mask`` [B, T + S], ``token_index`` [N], ``logits_index`` [K] (packed
-    tokens), the attention lanes (``packed_torch.LANES``) and the past [B, G, T, D]; returns
+    tokens), the attention lanes (``packing.LANES``) and the past [B, G, T, D]; returns
     logits [K, V] and the present [B, G, T + S, D]."""
 
     def __init__(self, model, num_layers: int):
@@ -197,7 +197,8 @@ class PackedDecoderWrapper(torch.nn.Module):
             unslide(model.config)
 
     def forward(self, input_ids, attention_mask, position_ids, token_index, logits_index, *rest):
-        from switchboard.engine.packed_torch import LANES, packed_forward
+        from switchboard.engine.packed_torch import packed_forward
+        from switchboard.engine.packing import LANES
 
         lanes = dict(zip(LANES, rest[: len(LANES)]))
         past = rest[len(LANES) :]
@@ -209,7 +210,7 @@ class PackedDecoderWrapper(torch.nn.Module):
 
 
 def packed_io_names(num_layers: int) -> tuple[list[str], list[str]]:
-    from switchboard.engine.packed_torch import LANES
+    from switchboard.engine.packing import LANES
 
     inputs, outputs = io_names(num_layers)
     return inputs[:3] + [TOKEN_INDEX] + inputs[3:4] + list(LANES) + inputs[4:], outputs
@@ -220,7 +221,7 @@ def export_packed(model, geo: Geometry, path: Path) -> Path:
     import numpy as np
 
     from switchboard.engine import packed_torch
-    from switchboard.engine.packing import pack
+    from switchboard.engine.packing import LANES, pack
 
     wrapper = PackedDecoderWrapper(model, geo.num_layers).eval()
     stock = model.config._attn_implementation
@@ -229,7 +230,7 @@ def export_packed(model, geo: Geometry, path: Path) -> Path:
     # rows 0, 1, 2 take 4, 2 and 3 new tokens: row 0 is the wide lane, the narrow grid [3, 3]
     rows, past_len = 3, 4
     p = pack([[5, 6, 7, 8], [9, 10], [11, 12, 13]], np.full(rows, past_len), np.ones((rows, past_len)), [2, 2, 2])
-    names = ("input_ids", "attention_mask", "position_ids", "token_index", "logits_index", *packed_torch.LANES)
+    names = ("input_ids", "attention_mask", "position_ids", "token_index", "logits_index", *LANES)
     sample = [torch.from_numpy(getattr(p, name)) for name in names]
     sample += [torch.randn(rows, geo.num_kv_heads, past_len, geo.head_dim) for _ in range(2 * geo.num_layers)]
     b, n, past, t, k = (torch.export.Dim(name) for name in ("batch", "tokens", "past", "total", "keep"))

@@ -68,8 +68,7 @@ def padded_feed(rows: list[list[int]], past: dict, mask: np.ndarray, next_pos: n
 
 
 def packed_feed(rows: list[list[int]], past: dict, mask: np.ndarray, next_pos: np.ndarray) -> tuple[dict, object]:
-    from switchboard.engine.packed_torch import LANES
-    from switchboard.engine.packing import pack
+    from switchboard.engine.packing import LANES, pack
 
     p = pack(rows, next_pos, mask)
     names = ("input_ids", "attention_mask", "position_ids", "token_index", "logits_index", *LANES)

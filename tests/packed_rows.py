@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig
 
+from switchboard.artifact.geometry import geometry
+from switchboard.artifact.manifest import Manifest
 from switchboard.engine.masks import position_masks, unslide, windowed
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, max_position_embeddings=256)
@@ -59,12 +63,30 @@ def batch(model, rows: list[list[int]], layout: list[list[int]]):
     return kv, np.array(layout, np.int64), np.array([len(r) for r in rows], np.int64)
 
 
-def padded_forward(model, p, past):
-    """The padded pass over the same rows, as engine/torch_runtime.py runs it: [B, S] inputs."""
+def padded_inputs(p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The padded pass's ``input_ids`` and ``position_ids`` [B, S] and ``attention_mask`` for the
+    rows ``p`` packs."""
     b, s = p.attention_mask.shape[0], p.width
     ids, pos = np.zeros(b * s, np.int64), np.zeros(b * s, np.int64)
     ids[p.token_index], pos[p.token_index] = p.input_ids[0], p.position_ids[0]
-    ids, pos, mask = (torch.from_numpy(a.reshape(b, -1)) for a in (ids, pos, p.attention_mask))
+    return ids.reshape(b, s), p.attention_mask, pos.reshape(b, s)
+
+
+def saved(model, directory: Path) -> Manifest:
+    """``model`` saved as a checkpoint in ``directory``, and a manifest of its geometry."""
+    model.save_pretrained(directory)
+    geo = geometry(model.config)
+    return Manifest(
+        name="tiny", fingerprint="tiny", num_layers=geo.num_layers, num_kv_heads=geo.num_kv_heads,
+        head_dim=geo.head_dim, vocab_size=geo.vocab_size, context_window=geo.context_window,
+        eos_token_ids=[1], end_of_turn_id=1, system_prompt=None,
+    )  # fmt: skip
+
+
+def padded_forward(model, p, past):
+    """The padded pass over the same rows, as engine/torch_runtime.py runs it: [B, S] inputs."""
+    ids, mask, pos = (torch.from_numpy(a) for a in padded_inputs(p))
+    b, s = ids.shape
     window = windowed(model.config)
     if window is not None:
         mask = position_masks(mask, pos, window, torch.float32)

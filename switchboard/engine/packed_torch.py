@@ -22,6 +22,9 @@ import torch
 from switchboard.engine.masks import position_masks
 
 PACKED = "switchboard_packed"  # the attention implementation's name
+# A model that runs both passes (engine/torch_runtime.py): SDPA in a padded pass, the two lanes
+# in a packed one (which hands the attention its ``grid``)
+EITHER = "switchboard_padded_or_packed"
 
 
 class GridCache:
@@ -32,7 +35,7 @@ class GridCache:
 
     def __init__(self, past, token_index, rows: int, width: int, lanes: dict, masks: dict):
         self.past, self.token_index, self.rows, self.width = past, token_index, rows, width
-        self.lanes = lanes  # LANES' tensors
+        self.lanes = lanes  # packing.LANES' tensors
         self.masks = masks  # "full" / "sliding" -> (the narrow lane's [B, 1, s, K], the wide one's [1, 1, C, K])
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -90,10 +93,19 @@ def packed_attention(module, query, key, value, attention_mask, scaling, dropout
 
 def register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
     AttentionInterface.register(PACKED, packed_attention)
     AttentionMaskInterface.register(PACKED, eager_mask)
+
+    def either(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if "grid" in kwargs:
+            return packed_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+    AttentionInterface.register(EITHER, either)
+    AttentionMaskInterface.register(EITHER, sdpa_mask)  # a padded pass's masks: transformers' SDPA path
 
 
 def lane_masks(attention_mask, position_ids, lanes: dict, window, dtype) -> dict:
@@ -110,13 +122,9 @@ def lane_masks(attention_mask, position_ids, lanes: dict, window, dtype) -> dict
     return {"full": full, "sliding": sliding}
 
 
-# the packed pass's lane inputs (engine/packing.py's ``Packed`` has each)
-LANES = ("narrow_tokens", "narrow_slot", "narrow_positions", "wide_tokens", "wide_row")
-
-
 def packed_forward(model, window, input_ids, attention_mask, position_ids, token_index, logits_index, past, lanes):
     """Logits [K, V] of the packed tokens ``logits_index`` names, and each layer's cache grown by
-    the grid's S columns [B, G, T + S, D]. ``lanes``: ``LANES``' tensors (engine/packing.py's
+    the grid's S columns [B, G, T + S, D]. ``lanes``: engine/packing.py's ``LANES``' tensors (engine/packing.py's
     ``Packed`` has each). ``model`` uses ``PACKED`` attention (``register``);
     ``window``: engine/masks.windowed of its config."""
     rows = attention_mask.shape[0]

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# the attention lanes' inputs of a packed pass (each a field of ``Packed``)
+LANES = ("narrow_tokens", "narrow_slot", "narrow_positions", "wide_tokens", "wide_row")
+
 
 @dataclass(frozen=True)
 class Packed:
@@ -100,3 +103,32 @@ def pack(new: list[list[int]], next_pos: np.ndarray, mask: np.ndarray, keep: lis
         wide_row=np.array([wide], np.int64),
         narrow_positions=narrow_positions.reshape(b, s),
     )
+
+
+def from_padded(
+    input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, keep: int = 1
+) -> Packed | None:
+    """The packed inputs of a padded pass (``input_ids`` and ``position_ids`` [B, N], rows
+    right-aligned; ``attention_mask`` [B, T + N]) whose logits are the last ``keep`` positions of
+    each row; None when no slot is padding (nothing to save) or a row is not right-aligned."""
+    b, n = input_ids.shape
+    new_mask = attention_mask[:, -n:].astype(bool)
+    counts = new_mask.sum(axis=1)
+    if counts.min() == n or counts.max() < n:  # no padding; or no row fills the new columns
+        return None
+    if any(not new_mask[i, n - c :].all() for i, c in enumerate(counts)):
+        return None
+    new = [input_ids[i, n - c :].tolist() for i, c in enumerate(counts)]
+    starts = np.asarray([position_ids[i, n - c] if c else 0 for i, c in enumerate(counts)], np.int64)
+    return pack(new, starts, attention_mask[:, :-n], [min(keep, int(c)) for c in counts])
+
+
+def spread(logits: np.ndarray, packed: Packed, keep: int) -> np.ndarray:
+    """A packed pass's logits [K, V] laid out as the padded pass's [B, keep, V]: each row's on
+    its right, zeros where the row had fewer than ``keep`` tokens."""
+    b = packed.attention_mask.shape[0]
+    out = np.zeros((b, keep, logits.shape[-1]), logits.dtype)
+    kept = np.bincount(packed.logits_rows, minlength=b)
+    column = keep - np.repeat(kept, kept) + (np.arange(kept.sum()) - np.repeat(np.cumsum(kept) - kept, kept))
+    out[packed.logits_rows, column] = logits
+    return out

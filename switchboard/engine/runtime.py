@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from switchboard.artifact.manifest import Manifest
+from switchboard.engine import packing
 from switchboard.runtime import onnx
 
 LOGITS_INDEX = "logits_index"  # the graph's input naming the positions whose logits it returns
+TOKEN_INDEX = "token_index"  # the packed pass's input: each token's slot in the padded grid
 
 
 class OnnxDecoder:
@@ -46,6 +48,7 @@ class OnnxDecoder:
             x.name for x in self.session.get_overridable_initializers()
         }
         self.verifies = LOGITS_INDEX in names  # several positions' logits a pass: drafts can be verified
+        self.packs = TOKEN_INDEX in names  # the packed pass's graph (export_packed): forward_packed
 
     def empty_past(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
         shape = (batch, self.manifest.num_kv_heads, 0, self.manifest.head_dim)
@@ -60,6 +63,15 @@ class OnnxDecoder:
         keep: int = 1,
     ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """Logits of the last ``keep`` positions [B, keep, V] and the cache grown by N columns."""
+        if self.packs:  # the packed graph runs a padded pass too: every row's tokens packed
+            packed = packing.from_padded(input_ids, attention_mask, position_ids, keep)
+            if packed is None:
+                packed = packing.pack(
+                    [row.tolist() for row in input_ids], position_ids[:, 0], attention_mask[:, : -input_ids.shape[1]],
+                    [keep] * input_ids.shape[0],
+                )  # fmt: skip
+            logits, present = self.forward_packed(packed, past)
+            return packing.spread(logits, packed, keep), present
         feed = {
             "input_ids": input_ids.astype(np.int64, copy=False),
             "attention_mask": attention_mask.astype(np.int64, copy=False),
@@ -74,3 +86,14 @@ class OnnxDecoder:
         out = self.session.run(self._outputs, feed)
         present = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(len(self._past_names))]
         return out[0], present
+
+    def forward_packed(self, packed: packing.Packed, past: list[tuple[np.ndarray, np.ndarray]]):
+        """Logits [K, V] of ``packed.logits_index``'s tokens and the cache grown by
+        ``packed.width`` columns, as ``forward`` over the same rows padded (engine/packing.py)."""
+        feed = {name: getattr(packed, name) for name in ("input_ids", "attention_mask", "position_ids")}
+        feed |= {TOKEN_INDEX: packed.token_index, LOGITS_INDEX: packed.logits_index}
+        feed |= {name: getattr(packed, name) for name in packing.LANES}
+        for (kname, vname), (k, v) in zip(self._past_names, past):
+            feed[kname], feed[vname] = k, v
+        out = self.session.run(self._outputs, feed)
+        return out[0], [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(len(self._past_names))]

@@ -57,6 +57,7 @@ from typing import Protocol
 import numpy as np
 
 from switchboard.common.loop import Loop, Sink, Worker
+from switchboard.engine import packing
 from switchboard.engine.batch import KVBatch, prefill_inputs
 from switchboard.engine.decoder import Decoder
 from switchboard.engine.draft import RowDrafts, Speculation
@@ -217,6 +218,7 @@ STAT_KEYS = (
     "drafted_tokens",
     "accepted_tokens",
     "compactions",
+    "packed_passes",
 )
 
 
@@ -237,12 +239,15 @@ class Engine:
         policy: Policy | None = None,
         banned_ids: Iterable[int] = (),
         speculation: Speculation | None = None,
+        pack: bool = True,
     ):
         """``policy`` replaces the one ``max_batch``, ``priority_slots``, ``preempt_steps``,
         ``priority_overflow`` and ``hold_back_ms`` name (``make_policy``). ``banned_ids``:
         tokens never chosen (``control_token_ids``: control characters). ``speculation``: draft
         tokens and verify them in the decode steps (the decoder must return every position's
-        logits: ``forward(..., keep=n)``); None decodes a token a pass."""
+        logits: ``forward(..., keep=n)``); None decodes a token a pass. ``pack``: where the
+        decoder packs (``forward_packed``), a pass whose rows take different numbers of tokens
+        (prompts, drafts) computes their tokens only, not the padded grid."""
         m = decoder.manifest
         self.decoder = decoder
         self.policy = policy or make_policy(max_batch, priority_slots, preempt_steps, priority_overflow, hold_back_ms)
@@ -257,6 +262,7 @@ class Engine:
         self.normal_nice = max(0, min(normal_nice, 19))
         self.prefill_budget = max(0, prefill_budget)  # prompt positions per prefill pass (0: whole prompts)
         self.speculation = speculation
+        self.packs = pack and getattr(decoder, "packs", False)
         self._normal_stepped = 0.0  # when priority 2's lane thread last finished a step
         self._urgent, self._normal = _Lane(URGENT), _Lane(NORMAL)  # priority 1's own (PriorityLane); the rest
         self._rows = 0  # sequences admitted and not yet retired, both lanes
@@ -451,7 +457,9 @@ class Engine:
             if seq.drafts is None:
                 seq.drafts = spec.drafter.start(seq.request.prompt + seq.tokens)
             out.append(seq.drafts.propose(k).tokens)
-        # one width for the pass: the drafts are cut to what the whole batch gains from them
+        if self.packs:  # each row's draft costs its own tokens only: every one verified whole
+            return out if any(out) else []
+        # padded: one width for the pass, the drafts cut to what the whole batch gains from them
         width = spec.length.width([(len(d), seq.acceptance) for d, seq in zip(out, lane.running)])
         return [d[:width] for d in out] if width else []
 
@@ -495,8 +503,8 @@ class Engine:
                 [r.prompt[:end] for r, end in reqs], [r.reused for r, _ in reqs], [r.past for r, _ in reqs],
                 layers, heads, dim, self.decoder.dtype,
             )  # fmt: skip
-            logits, present = self.decoder.forward(ids, mask, pos, past)
-            return StepOutput(logits[:, -1, :], KVBatch(present, mask, next_pos), int(ids.size), t0)
+            logits, present, computed = self._forward(ids, mask, pos, past)
+            return StepOutput(logits[:, -1, :], KVBatch(present, mask, next_pos), computed, t0)
         if plan.drafts:
             return self._verify(plan)
         if plan.decode:
@@ -524,8 +532,21 @@ class Engine:
             pos[row, n - 1 - k :] += np.arange(k + 1)
         mask = np.concatenate([b.mask, new], axis=1)
         t0 = time.perf_counter()
-        logits, present = self.decoder.forward(ids, mask, pos, b.kv, keep=n)
+        logits, present, _ = self._forward(ids, mask, pos, b.kv, keep=n)
         return StepOutput(logits, KVBatch(present, mask, b.next_pos.copy()), int(mask.size), t0)
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past, keep: int = 1):
+        """The decoder's pass over padded inputs: packed (engine/packing.py) where the rows' new
+        tokens differ in number and the decoder packs, so no padded slot is computed. Returns the
+        logits of each row's last ``keep`` positions [B, keep, V], the grown cache and the tokens
+        computed."""
+        packed = packing.from_padded(ids, mask, pos, keep) if self.packs else None
+        if packed is None:
+            logits, present = self.decoder.forward(ids, mask, pos, past, **({"keep": keep} if keep != 1 else {}))
+            return logits, present, int(ids.size)
+        logits, present = self.decoder.forward_packed(packed, past)
+        self._count({"packed_passes": 1})
+        return packing.spread(logits, packed, keep), present, packed.tokens
 
     def update_from_output(self, plan: StepPlan, output: StepOutput | None) -> None:
         """Apply the forward pass: the lane's new cache, a token for each row, finished rows out."""

@@ -28,7 +28,7 @@ class TorchDecoder:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from switchboard.engine import heads
+        from switchboard.engine import heads, packed_torch
         from switchboard.engine.masks import unslide, windowed
         from switchboard.runtime import pytorch
 
@@ -45,6 +45,8 @@ class TorchDecoder:
             )
         self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.model_dtype)
         heads.restrict(self.model, checkpoint)  # the graph's head, where the checkpoint lists one
+        packed_torch.register()
+        self.model.set_attn_implementation(packed_torch.EITHER)  # padded passes as SDPA, packed ones too
         self.window = windowed(config)
         if self.window is None:
             unslide(self.model.config)  # as the exported graph
@@ -69,6 +71,7 @@ class TorchDecoder:
         return a
 
     verifies = True  # several positions' logits a pass: drafts can be verified
+    packs = True  # forward_packed: a pass over rows of different lengths without padding
 
     def forward(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list, keep: int = 1
@@ -99,3 +102,22 @@ class TorchDecoder:
             logits = out.logits.float().cpu().numpy()
             present = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         return logits, present
+
+    def forward_packed(self, packed, past: list):
+        """Logits [K, V] of ``packed.logits_index``'s tokens on the host and the cache grown by
+        ``packed.width`` columns on the device, as ``forward`` over the same rows padded
+        (engine/packing.py)."""
+        torch = self.torch
+        from switchboard.engine.packed_torch import packed_forward
+        from switchboard.engine.packing import LANES
+
+        def t(a):
+            return self._on_device(a, torch.long)
+
+        with torch.inference_mode():
+            past = [(self._on_device(k, self.model_dtype), self._on_device(v, self.model_dtype)) for k, v in past]
+            logits, present = packed_forward(
+                self.model, self.window, t(packed.input_ids), t(packed.attention_mask), t(packed.position_ids),
+                t(packed.token_index), t(packed.logits_index), past, {name: t(getattr(packed, name)) for name in LANES},
+            )  # fmt: skip
+            return logits.float().cpu().numpy(), present

@@ -20,7 +20,7 @@ log = logging.getLogger("switchboard.engine")
 _DESCRIPTIONS = {
     "prefill_batches": "prefill calls (one per admission round)",
     "prefill_tokens": "prompt tokens prefilled (cached prefixes excluded)",
-    "prefill_padded_tokens": "prefill input positions including left padding",
+    "prefill_padded_tokens": "prefill input positions computed, left padding included (none in a packed pass)",
     "decode_steps": "decode steps",
     "decode_columns": "attention-mask positions over all decode steps and rows",
     "decode_padded_columns": "masked (wasted) attention-mask positions over all decode steps and rows",
@@ -36,6 +36,7 @@ _DESCRIPTIONS = {
     "drafted_tokens": "tokens drafted and verified by the model (speculative decoding)",
     "accepted_tokens": "drafted tokens the model agreed with: forward passes saved",
     "compactions": "copies of a lane's KV cache to close the holes that rejected drafts left",
+    "packed_passes": "forward passes over rows of different lengths that computed no padded position",
 }
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from switchboard.artifact.manifest import Manifest
+from switchboard.artifact.tokenizer import TextTokenizer
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.engine.scheduler import Engine, GenerationRequest
 from switchboard.engine.torch_runtime import TorchDecoder
@@ -83,3 +84,32 @@ def test_a_checkpoint_of_another_shape_is_refused_before_its_weights_are_read(ar
     (tmp_path / "config.json").write_text(json.dumps(config))  # and no weights beside it
     with pytest.raises(ValueError, match=r"not the model the repository was exported from \(num_layers \d+ != \d+"):
         TorchDecoder(tmp_path, Manifest.load(artifacts), "cpu")
+
+
+def test_packed_passes_answer_as_padded_ones(artifacts):
+    """On ``runtime: torch`` the engine packs the passes whose rows differ (prompts of different
+    lengths prefilled together, rows verifying drafts of different lengths, each draft whole): the
+    answers are those of padded passes decoding a token at a time."""
+    from tests.conftest import ROOT
+    from tests.model.test_engine import QUESTIONS, prompt, run, speculation
+
+    manifest = Manifest.load(artifacts)
+    onnx = OnnxDecoder(artifacts, manifest, "fp32", threads=2)
+    model = (manifest, onnx, TextTokenizer(artifacts))  # what tests/model/test_engine.py's helpers take
+    torch_rt = TorchDecoder(ROOT / CHECKPOINT, manifest, "cpu")
+    prompts = [prompt(model, ("user", q)) for q in QUESTIONS]
+    assert len({len(p) for p in prompts}) > 1, "prompts of different lengths: a padded prefill would pad"
+
+    def answers(**kw):
+        e = Engine(torch_rt, max_batch=8, max_waiting=16, stop_ids=set(manifest.eos_token_ids), **kw)
+        sinks = run(e, [GenerationRequest(p, 40, logprobs=1) for p in prompts])
+        return sinks, e.snapshot()[0]
+
+    padded, padded_stats = answers(pack=False)
+    packed, stats = answers(speculation=speculation(model))
+    assert [s.tokens for s in packed] == [s.tokens for s in padded]
+    for a, b in zip(packed, padded):
+        chosen = [[lp for entry in s.logprobs for lp, _ in entry] for s in (a, b)]
+        np.testing.assert_allclose(*chosen, atol=1e-4)
+    assert padded_stats["packed_passes"] == 0 and stats["packed_passes"] >= 2  # the prefill, verifying steps
+    assert stats["accepted_tokens"] > 0 and stats["prefill_padded_tokens"] == stats["prefill_tokens"]
