@@ -82,13 +82,16 @@ def pass_cost(decoder, prompts: list[list[int]], batch: int, repeats: int = 5) -
     return max(0.0, float(np.median(ratios)))
 
 
-def _generate(decoder, manifest, prompts, max_new, batch, speculation) -> tuple[float, list[list[int]], dict]:
+def _generate(
+    decoder, manifest, prompts, max_new, batch, speculation, pack: bool = True
+) -> tuple[float, list[list[int]], dict]:
     engine = Engine(
         decoder,
         max_batch=batch,
         max_waiting=len(prompts),
         stop_ids=set(manifest.eos_token_ids),
         speculation=speculation,
+        pack=pack,
     )
     t0 = time.perf_counter()
     results = generate(engine, [(prompt, max_new, None) for prompt in prompts])

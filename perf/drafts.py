@@ -12,8 +12,10 @@ is built once into ``build/arctic-suffix`` (nanobind, CMake, Ninja, a C++20 comp
 
 ``--engine`` runs the export's own measurement again on an exported model (the engine with and
 without drafts, what the manifest's ``speculation`` records), e.g. after a change to the engine.
+``--packing CHECKPOINT`` runs the engine on ``runtime: torch`` (which packs passes) with no
+drafts, with drafts verified in padded passes, and in packed passes (each draft whole).
 
-    python -m perf drafts [--artifacts build/artifacts/default] [--arctic | --engine]
+    python -m perf drafts [--artifacts build/artifacts/default] [--arctic | --engine | --packing build/default-model]
 """
 
 from __future__ import annotations
@@ -176,6 +178,48 @@ def engine(artifacts: Path) -> dict:
     return speculation.measure(decoder, manifest, prompts, answers)
 
 
+def packing(checkpoint: Path, artifacts: Path, rounds: int = 5, batch: int = 8) -> dict:
+    """The engine on ``runtime: torch`` (which packs) at ``batch``: the export's held-out questions
+    decoded a token a pass, with drafts in padded passes (each pass's drafts cut to one width),
+    and with drafts in packed passes (each verified whole), interleaved ``rounds`` times."""
+    from switchboard.artifact.manifest import Manifest
+    from switchboard.artifact.tokenizer import TextTokenizer
+    from switchboard.engine.draft import Drafter, DraftLength, Speculation, SuffixIndex
+    from switchboard.engine.torch_runtime import TorchDecoder
+    from switchboard.export import speculation
+
+    manifest, tok = Manifest.load(artifacts), TextTokenizer(artifacts)
+    decoder = TorchDecoder(checkpoint, manifest, "cpu", threads=0)
+    answers = speculation.corpus_answers(tok, manifest.end_of_turn_id)
+    prompts = speculation.heldout_prompts(tok, manifest.system_prompt, min(manifest.context_window - 1, 512))
+    corpus = SuffixIndex()
+    for a in answers:
+        corpus.add(a)
+    cost = manifest.speculation.get("cost_per_token", 0.16)
+    arms = {"plain": (None, False), "drafts, padded": (True, False), "drafts, packed": (True, True)}
+    seconds = dict.fromkeys(arms, 0.0)
+    stats, tokens = {}, {}
+    for _ in range(rounds):
+        for name, (drafting, pack) in arms.items():
+            spec = Speculation(Drafter(None, corpus), DraftLength(cost=cost)) if drafting else None
+            s, out, stats[name] = speculation._generate(decoder, manifest, prompts, 48, batch, spec, pack)
+            seconds[name] += s
+            tokens[name] = out
+    assert all(t == tokens["plain"] for t in tokens.values()), "an arm answered differently"
+    n = sum(len(t) for t in tokens["plain"]) * rounds
+    return {
+        name: {
+            "tokens_per_s": round(n / seconds[name], 1),
+            "speedup": round(seconds["plain"] / seconds[name], 3),
+            "verify_steps": stats[name]["verify_steps"],
+            "drafted_tokens": stats[name]["drafted_tokens"],
+            "accepted_tokens": stats[name]["accepted_tokens"],
+            "packed_passes": stats[name]["packed_passes"],
+        }
+        for name in arms
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf drafts", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifacts", type=Path, default=ROOT / "build" / "artifacts" / "default", help="exported model")
@@ -190,10 +234,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: the export's measurement again (the engine with and without drafts: the manifest's)",
     )
+    p.add_argument(
+        "--packing",
+        type=Path,
+        metavar="CHECKPOINT",
+        help="instead: on runtime torch with this checkpoint, drafts verified in padded passes against packed ones",
+    )
     p.add_argument("--out", type=Path, help="write results.json here")
     args = p.parse_args(argv)
-    if args.engine:
-        results = engine(args.artifacts)
+    if args.engine or args.packing:
+        results = packing(args.packing, args.artifacts) if args.packing else engine(args.artifacts)
         print(json.dumps(results, indent=2))
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)

@@ -113,3 +113,15 @@ def test_packed_passes_answer_as_padded_ones(artifacts):
         np.testing.assert_allclose(*chosen, atol=1e-4)
     assert padded_stats["packed_passes"] == 0 and stats["packed_passes"] >= 2  # the prefill, verifying steps
     assert stats["accepted_tokens"] > 0 and stats["prefill_padded_tokens"] == stats["prefill_tokens"]
+
+
+def test_the_packing_benchmark_runs_its_three_arms(artifacts):
+    """``python -m perf drafts --packing``: the same answers in each arm (it asserts that), the
+    packed arm's verifying passes packed, the padded arm's not."""
+    from perf.drafts import packing
+    from tests.conftest import ROOT
+
+    arms = packing(ROOT / CHECKPOINT, artifacts, rounds=1)
+    assert list(arms) == ["plain", "drafts, padded", "drafts, packed"]
+    assert arms["drafts, padded"]["packed_passes"] == 0 and arms["drafts, padded"]["verify_steps"] > 0
+    assert arms["drafts, packed"]["packed_passes"] > 0 and arms["drafts, packed"]["verify_steps"] > 0
