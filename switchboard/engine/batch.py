@@ -27,9 +27,12 @@ def _zeros(like, shape: tuple) -> np.ndarray:
 
 
 def _concat(a, b):
-    """``a`` and ``b`` one after the other along the rows."""
+    """``a`` and ``b`` one after the other along the rows (``b`` from the host, ``a`` a device's:
+    on ``a``'s device, in its dtype)."""
     if isinstance(a, np.ndarray):
         return np.concatenate([a, b])
+    if isinstance(b, np.ndarray):
+        b = a.new_tensor(b)
     out = a.new_empty((a.shape[0] + b.shape[0], *a.shape[1:]))
     out[: a.shape[0]], out[a.shape[0] :] = a, b
     return out

@@ -219,6 +219,7 @@ STAT_KEYS = (
     "accepted_tokens",
     "compactions",
     "packed_passes",
+    "mixed_passes",
 )
 
 
@@ -431,17 +432,19 @@ class Engine:
 
     def schedule(self, lane: _Lane | None = None) -> StepPlan:
         """Decide the iteration: which lane, which waiting sequences take rows on it, and whether
-        it prefills (which chunks) or decodes. With a budget, a lane that has rows to decode
-        decodes after each prefill pass; without one, prefills always go first."""
+        it prefills (which chunks) or decodes. On a decoder that packs, a lane with rows to decode
+        prefills its chunks in the same pass (a mixed pass). Otherwise, with a budget, a lane that
+        has rows to decode decodes after each prefill pass; without one, prefills go first."""
         lane = lane if lane is not None else self._turn()
         admitted = self._admit(lane)
         chunks = []
-        if lane.prefilling and not (self.prefill_budget and lane.running and self._decode_first(lane)):
+        mixed = self.packs and bool(lane.running)  # prompts' chunks ride in the decode pass
+        if lane.prefilling and (mixed or not (self.prefill_budget and lane.running and self._decode_first(lane))):
             chunks = self._take_chunks(lane)
         lane.prefilled = bool(chunks)
         lane.urgent_prefilled = any(seq.request.priority <= 1 for seq, _ in chunks)
-        decode = not chunks and bool(lane.running)
-        drafts = self._draft(lane) if decode and self.speculation is not None else []
+        decode = bool(lane.running) and (mixed or not chunks)
+        drafts = self._draft(lane) if decode and not chunks and self.speculation is not None else []
         return StepPlan(lane, admitted, decode=decode, chunks=chunks, drafts=drafts)
 
     def _draft(self, lane: _Lane) -> list[tuple[int, ...]]:
@@ -495,6 +498,8 @@ class Engine:
 
     def run(self, plan: StepPlan) -> StepOutput | None:
         """The decoder's forward pass for ``plan``: the only call into the model."""
+        if plan.chunks and plan.decode:
+            return self._mixed(plan)
         if plan.chunks:
             t0 = time.perf_counter()
             reqs = [(s.request, end) for s, end in plan.chunks]
@@ -535,6 +540,25 @@ class Engine:
         logits, present, _ = self._forward(ids, mask, pos, b.kv, keep=n)
         return StepOutput(logits, KVBatch(present, mask, b.next_pos.copy()), int(mask.size), t0)
 
+    def _mixed(self, plan: StepPlan) -> StepOutput:
+        """One packed pass: each running row's next token, and each chunk on top of its cached
+        prefix in a row after them (its prefix joins the lane's cache for the pass)."""
+        lane, (layers, heads, dim) = plan.lane, self._shape
+        reqs = [(s.request, end) for s, end in plan.chunks]
+        ids, mask, _, past, _ = prefill_inputs(
+            [r.prompt[:end] for r, end in reqs], [r.reused for r, _ in reqs], [r.past for r, _ in reqs],
+            layers, heads, dim, self.decoder.dtype,
+        )  # fmt: skip
+        prefixes = KVBatch(past, mask[:, : mask.shape[1] - ids.shape[1]], np.array([r.reused for r, _ in reqs]))
+        grid = lane.batch.merge(prefixes)
+        new = [[s.tokens[-1]] for s in lane.running] + [r.prompt[r.reused : end] for r, end in reqs]
+        packed = packing.pack(new, grid.next_pos, grid.mask)
+        t0 = time.perf_counter()
+        logits, present = self.decoder.forward_packed(packed, grid.kv)
+        self._count({"packed_passes": 1})
+        next_pos = np.concatenate([lane.batch.next_pos + 1, [end for _, end in reqs]]).astype(np.int64)
+        return StepOutput(logits, KVBatch(present, packed.attention_mask, next_pos), packed.tokens, t0)
+
     def _forward(self, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past, keep: int = 1):
         """The decoder's pass over padded inputs: packed (engine/packing.py) where the rows' new
         tokens differ in number and the decoder packs, so no padded slot is computed. Returns the
@@ -551,7 +575,21 @@ class Engine:
     def update_from_output(self, plan: StepPlan, output: StepOutput | None) -> None:
         """Apply the forward pass: the lane's new cache, a token for each row, finished rows out."""
         lane = plan.lane
-        if plan.chunks:
+        if plan.chunks and plan.decode:
+            rows = len(lane.running)
+            mask = output.batch.mask[:rows]
+            self._count(
+                {
+                    "decode_steps": 1,
+                    "mixed_passes": 1,
+                    "decode_padded_columns": int(mask.size - mask.sum()),
+                    "decode_columns": int(mask.size),
+                },
+                decode_size=rows,
+            )
+            self._emit(lane.running, output.last_logits[:rows])
+            self._apply_chunks(plan, output, first=rows)
+        elif plan.chunks:
             self._apply_chunks(plan, output)
         elif plan.decode:
             size, mask = output.batch.size, output.batch.mask
@@ -598,10 +636,11 @@ class Engine:
         lane.batch = batch
         self._count({"verify_steps": 1, "drafted_tokens": drafted, "accepted_tokens": accepted})
 
-    def _apply_chunks(self, plan: StepPlan, output: StepOutput) -> None:
+    def _apply_chunks(self, plan: StepPlan, output: StepOutput, first: int = 0) -> None:
         """A prefill pass applied: a sequence with more prompt to go keeps its real columns as
         its own cache for the next chunk; one whose prompt is done joins the running batch and
-        gets its first token."""
+        gets its first token. ``first``: the pass's row of the first chunk (a mixed pass: the
+        lane's running rows come first, and its cache is the lane's new one)."""
         lane, now = plan.lane, time.perf_counter()
         done = [i for i, (seq, end) in enumerate(plan.chunks) if end == len(seq.request.prompt)]
         self._count(
@@ -609,7 +648,7 @@ class Engine:
                 "prefill_chunks": 1,
                 "prefill_batches": int(bool(done)),  # groups that joined the running batch together
                 "prefill_s": now - output.started,
-                "prefill_padded_tokens": output.padded,
+                "prefill_padded_tokens": output.padded - first,  # a mixed pass's decode rows left out
                 "prefill_tokens": sum(end - seq.request.reused for seq, end in plan.chunks),
             }
         )
@@ -618,11 +657,14 @@ class Engine:
             if seq.prefill_started is None:
                 seq.prefill_started = output.started
             if end < len(seq.request.prompt):
-                seq.request.past, seq.request.reused = output.batch.row_cache(row, self.decoder.dtype), end
+                seq.request.past, seq.request.reused = output.batch.row_cache(first + row, self.decoder.dtype), end
                 more.append(seq)
         if more:
             lane.prefilling.extend(more)
             lane.prefilling.sort(key=_by_rank)
+        if first:  # the running rows and the chunks that finished stay in the lane's cache
+            keep = list(range(first)) + [first + i for i in done]
+            lane.batch = output.batch if len(keep) == output.batch.size else output.batch.select(keep)
         if not done:
             return
         joined = [plan.chunks[i][0] for i in done]
@@ -630,10 +672,11 @@ class Engine:
             seq.prefill_ms = (now - seq.prefill_started) * 1000
             seq.admitted_with = len(lane.running) + len(joined)
             seq.request.past = None  # the batch owns the cache now
-        batch = output.batch if len(done) == len(plan.chunks) else output.batch.select(done)
-        lane.batch = batch if lane.batch is None else lane.batch.merge(batch)
+        if not first:
+            batch = output.batch if len(done) == len(plan.chunks) else output.batch.select(done)
+            lane.batch = batch if lane.batch is None else lane.batch.merge(batch)
         lane.running.extend(joined)
-        self._emit(joined, output.last_logits[done])
+        self._emit(joined, output.last_logits[[first + i for i in done]])
 
     def _turn(self) -> _Lane:
         """The lane this iteration works on, when one thread runs both (the policy's ``turn``)."""

@@ -37,6 +37,7 @@ _DESCRIPTIONS = {
     "accepted_tokens": "drafted tokens the model agreed with: forward passes saved",
     "compactions": "copies of a lane's KV cache to close the holes that rejected drafts left",
     "packed_passes": "forward passes over rows of different lengths that computed no padded position",
+    "mixed_passes": "passes that decoded the running rows and prefilled chunks together (their time is in prefill_s)",
 }
 
 

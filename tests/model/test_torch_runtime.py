@@ -88,8 +88,9 @@ def test_a_checkpoint_of_another_shape_is_refused_before_its_weights_are_read(ar
 
 def test_packed_passes_answer_as_padded_ones(artifacts):
     """On ``runtime: torch`` the engine packs the passes whose rows differ (prompts of different
-    lengths prefilled together, rows verifying drafts of different lengths, each draft whole): the
-    answers are those of padded passes decoding a token at a time."""
+    lengths prefilled together, rows verifying drafts of different lengths, each draft whole,
+    prompts' chunks in the running rows' pass): the answers are those of padded passes decoding
+    a token at a time, prompts prefilled apart."""
     from tests.conftest import ROOT
     from tests.model.test_engine import QUESTIONS, prompt, run, speculation
 
@@ -100,19 +101,34 @@ def test_packed_passes_answer_as_padded_ones(artifacts):
     prompts = [prompt(model, ("user", q)) for q in QUESTIONS]
     assert len({len(p) for p in prompts}) > 1, "prompts of different lengths: a padded prefill would pad"
 
-    def answers(**kw):
+    def answers(later: bool = False, **kw):
+        """``later``: the first question decodes a few steps alone, the others join it then, in
+        chunks of 16 prompt tokens."""
         e = Engine(torch_rt, max_batch=8, max_waiting=16, stop_ids=set(manifest.eos_token_ids), **kw)
-        sinks = run(e, [GenerationRequest(p, 40, logprobs=1) for p in prompts])
+        requests = [GenerationRequest(p, 40, logprobs=1) for p in prompts]
+        if not later:
+            return run(e, requests), e.snapshot()[0]
+        sinks = [Sink() for _ in requests]
+        e.submit(requests[0], sinks[0])
+        for _ in range(3):
+            e.step()
+        for r, sink in zip(requests[1:], sinks[1:]):
+            e.submit(r, sink)
+        while any(sink.result is None for sink in sinks):
+            e.step()
         return sinks, e.snapshot()[0]
 
     padded, padded_stats = answers(pack=False)
     packed, stats = answers(speculation=speculation(model))
-    assert [s.tokens for s in packed] == [s.tokens for s in padded]
-    for a, b in zip(packed, padded):
-        chosen = [[lp for entry in s.logprobs for lp, _ in entry] for s in (a, b)]
-        np.testing.assert_allclose(*chosen, atol=1e-4)
+    mixed, mixed_stats = answers(later=True, prefill_budget=16)
+    for arm in (packed, mixed):
+        assert [s.tokens for s in arm] == [s.tokens for s in padded]
+        for a, b in zip(arm, padded):
+            chosen = [[lp for entry in s.logprobs for lp, _ in entry] for s in (a, b)]
+            np.testing.assert_allclose(*chosen, atol=1e-4)
     assert padded_stats["packed_passes"] == 0 and stats["packed_passes"] >= 2  # the prefill, verifying steps
     assert stats["accepted_tokens"] > 0 and stats["prefill_padded_tokens"] == stats["prefill_tokens"]
+    assert mixed_stats["mixed_passes"] >= 2  # the later prompts' chunks rode in the first one's steps
 
 
 def test_the_packing_benchmark_runs_its_three_arms(artifacts):

@@ -49,6 +49,25 @@ class ScriptedDecoder:
         return logits, [(np.concatenate([k, new], 2), np.concatenate([v, new], 2)) for k, v in past]
 
 
+class PackingDecoder(ScriptedDecoder):
+    """``ScriptedDecoder`` that also takes packed passes (engine/packing.py); ``calls`` records
+    one as ("packed", rows, tokens)."""
+
+    packs = True
+
+    def forward_packed(self, packed, past):
+        rows, width = packed.attention_mask.shape[0], packed.width
+        with self._lock:
+            self.calls.append(("packed", rows, packed.tokens))
+        assert past[0][0].shape[2] + width == packed.attention_mask.shape[1], "the cache and the mask disagree"
+        logits = np.zeros((packed.logits_index.size, VOCAB), np.float32)
+        logits[np.arange(packed.logits_index.size), (packed.input_ids[0, packed.logits_index] + 1) % VOCAB] = 1.0
+        grid = np.zeros((rows * width, 2), self.dtype)
+        grid[packed.token_index, 0] = packed.position_ids[0]  # each column's position, as ScriptedDecoder's
+        new = grid.reshape(rows, 1, width, 2)
+        return logits, [(np.concatenate([k, new], 2), np.concatenate([v, new], 2)) for k, v in past]
+
+
 class Sink:
     def __init__(self, log=None, name=None, cancel_after=None):
         self.tokens, self.result, self.error, self.times, self.logprobs = [], None, None, [], []
@@ -497,10 +516,11 @@ def test_a_long_prompt_is_prefilled_in_chunks_of_at_most_the_budget_with_the_sam
     assert 0 < s.result.prefill_ms < s.result.engine_ms
 
 
-def long_prompt_beside_a_decoding_row(budget):
+def long_prompt_beside_a_decoding_row(budget, decoder=None):
     """The forward passes from a 400-token prompt's admission to its first token, and how many
     tokens a row that was already decoding got meanwhile."""
-    decoder, e = chunked(budget)
+    decoder = decoder or ScriptedDecoder(context_window=1024)
+    e = engine(decoder, prefill_budget=budget)
     short = submit(e, [Sink()], max_new=100)[0]
     e.step()  # its prefill
     e.step()  # a decode step
@@ -518,6 +538,36 @@ def test_a_decoding_row_gets_a_token_between_every_two_chunks_of_a_long_prompt()
     assert tokens == 6
     calls, tokens = long_prompt_beside_a_decoding_row(0)
     assert calls == [(1, 400)] and tokens == 0, "without a budget the row waits for the whole prefill"
+
+
+@pytest.mark.parametrize("budget", [64, 0])
+def test_on_a_packing_decoder_each_chunk_rides_in_the_decode_pass(budget):
+    """A mixed pass: the running row's token and the long prompt's chunk in one packed pass, so
+    the row gets a token in every pass and the prompt never waits for a decode step."""
+    calls, tokens = long_prompt_beside_a_decoding_row(budget, PackingDecoder(context_window=1024))
+    if budget:
+        assert calls == [("packed", 2, 65)] * 6 + [("packed", 2, 17)]
+    else:
+        assert calls == [("packed", 2, 401)]
+    assert tokens == len(calls)
+
+
+def test_mixed_passes_give_the_tokens_and_caches_of_passes_apart():
+    results = []
+    for decoder in (ScriptedDecoder(context_window=1024), PackingDecoder(context_window=1024)):
+        e = engine(decoder, prefill_budget=64)
+        first = submit(e, [Sink()], max_new=30)[0]
+        e.step()
+        later = [Sink(), Sink()]
+        e.submit(GenerationRequest(LONG[:150], 6, return_cache=True), later[0])
+        e.submit(GenerationRequest([3, 4, 5], 6, return_cache=True), later[1])
+        drain(e, [first, *later])
+        results.append(
+            [(s.tokens, positions(s.result.cache) if s.result.cache is not None else None) for s in [first, *later]]
+        )
+        if isinstance(decoder, PackingDecoder):
+            assert e.snapshot()[0]["mixed_passes"] >= 3
+    assert results[0] == results[1]
 
 
 def test_short_prompts_share_a_pass_while_their_chunks_fit_the_budget():
