@@ -413,6 +413,12 @@ class EngineConfig(_RedisConfig):
         "step verifies them in one pass (answers unchanged, token for token); auto: on where the export measured "
         "it faster for this model (the manifest's 'speculation'), on, or off",
     )
+    packed_passes: bool = setting(
+        True,
+        "where the runtime packs (runtime torch; an ONNX graph exported packed): a pass over rows of different "
+        "lengths (prompts, drafts) computes their tokens only, no padding, every draft is verified whole, and "
+        "prompts' chunks ride in the running rows' decode pass (false: padded passes, chunks between them)",
+    )
     draft_tokens: int = setting(
         8, "the most tokens a row drafts for one step (its recent acceptance may pick fewer)", 1, 64
     )

@@ -150,6 +150,7 @@ class TritonPythonModel:
             stop_ids=set(self.manifest.eos_token_ids),
             banned_ids=self._control_tokens(),
             speculation=self._speculation(decoder, cfg),
+            pack=cfg.packed_passes,
         )
 
     def _speculation(self, decoder: Decoder, cfg: EngineConfig) -> Speculation | None:
