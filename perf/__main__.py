@@ -33,6 +33,7 @@ SUITES = {
         "a prompt token's prefill cost against a decoded token's, with ONNX Runtime's profile",
     ),
     "packed-cost": ("packed_cost", "a packed pass against the padded pass and a pass per new length"),
+    "mixed-passes": ("mixed_passes", "a prompt arriving beside decoding rows, chunks mixed into their pass or not"),
     "drafts": ("drafts", "speculative decoding's drafts on held-out answers, beside arctic-inference's suffix tree"),
     "llamacpp": ("llamacpp", "llama.cpp's server as a peer: build, convert, serve"),
     # speech

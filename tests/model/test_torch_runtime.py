@@ -141,3 +141,17 @@ def test_the_packing_benchmark_runs_its_three_arms(artifacts):
     assert list(arms) == ["plain", "drafts, padded", "drafts, packed"]
     assert arms["drafts, padded"]["packed_passes"] == 0 and arms["drafts, padded"]["verify_steps"] > 0
     assert arms["drafts, packed"]["packed_passes"] > 0 and arms["drafts, packed"]["verify_steps"] > 0
+
+
+def test_a_prompts_chunks_ride_in_the_decoding_rows_passes(artifacts):
+    """``python -m perf mixed-passes``' run: a 40-token prompt in chunks of 16 beside decoding
+    rows takes 3 passes; mixed, the rows get a token in each, apart only in the 2 decode steps
+    between the chunks."""
+    from perf.mixed_passes import arrival, manifest
+    from tests.conftest import ROOT
+
+    decoder = TorchDecoder(ROOT / CHECKPOINT, manifest(ROOT / CHECKPOINT, artifacts), "cpu")
+    mixed = arrival(decoder, rows=2, prompt_tokens=40, budget=16, pack=True, seed=1)
+    apart = arrival(decoder, rows=2, prompt_tokens=40, budget=16, pack=False, seed=1)
+    assert (mixed["tokens_meanwhile"], apart["tokens_meanwhile"]) == (3, 2)
+    assert mixed["ttft_ms"] > 0 and apart["longest_gap_ms"] > 0
