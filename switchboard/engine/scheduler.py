@@ -31,6 +31,12 @@ during a priority-2 prefill pass takes the next pass, not the one after the deco
 batch" of seed 001's batching fix, applied to prompt tokens. Budget 0 prefills whole prompts
 at admission, before any decode step.
 
+On a decoder that packs (engine/packing.py; ``pack``), a pass whose rows take different numbers
+of tokens computes their tokens only, no padding: prompts prefilled together, rows verifying
+drafts of different lengths (each draft whole), and *mixed passes*: a lane with running rows
+prefills its prompts' chunks in their decode pass instead of between their steps (``_mixed``),
+so a row gets a token every pass and a prompt never waits for a decode step.
+
 With ``lane_threads`` 2 the two lanes run on threads of their own instead of taking turns,
 priority 2's ``normal_nice`` nice levels below the process (Linux, per thread; with ONNX
 Runtime at one intra-op thread the model runs on the calling thread, so this covers priority
