@@ -180,7 +180,6 @@ def _default_last_position(path: Path) -> None:
 
 
 # -- the packed pass (engine/packing.py) ----------------------------------------------------------
-TOKEN_INDEX = "token_index"
 
 
 class PackedDecoderWrapper(torch.nn.Module):
@@ -210,10 +209,10 @@ class PackedDecoderWrapper(torch.nn.Module):
 
 
 def packed_io_names(num_layers: int) -> tuple[list[str], list[str]]:
-    from switchboard.engine.packing import LANES
+    from switchboard.engine.packing import INPUTS
 
     inputs, outputs = io_names(num_layers)
-    return inputs[:3] + [TOKEN_INDEX] + inputs[3:4] + list(LANES) + inputs[4:], outputs
+    return list(INPUTS) + inputs[4:], outputs
 
 
 def export_packed(model, geo: Geometry, path: Path) -> Path:
@@ -221,7 +220,7 @@ def export_packed(model, geo: Geometry, path: Path) -> Path:
     import numpy as np
 
     from switchboard.engine import packed_torch
-    from switchboard.engine.packing import LANES, pack
+    from switchboard.engine.packing import pack
 
     wrapper = PackedDecoderWrapper(model, geo.num_layers).eval()
     stock = model.config._attn_implementation
@@ -230,8 +229,7 @@ def export_packed(model, geo: Geometry, path: Path) -> Path:
     # rows 0, 1, 2 take 4, 2 and 3 new tokens: row 0 is the wide lane, the narrow grid [3, 3]
     rows, past_len = 3, 4
     p = pack([[5, 6, 7, 8], [9, 10], [11, 12, 13]], np.full(rows, past_len), np.ones((rows, past_len)), [2, 2, 2])
-    names = ("input_ids", "attention_mask", "position_ids", "token_index", "logits_index", *LANES)
-    sample = [torch.from_numpy(getattr(p, name)) for name in names]
+    sample = [torch.from_numpy(a) for a in p.inputs().values()]
     sample += [torch.randn(rows, geo.num_kv_heads, past_len, geo.head_dim) for _ in range(2 * geo.num_layers)]
     b, n, past, t, k = (torch.export.Dim(name) for name in ("batch", "tokens", "past", "total", "keep"))
     narrow, s, c = (torch.export.Dim(name) for name in ("narrow_tokens", "narrow_width", "wide_tokens"))

@@ -68,11 +68,10 @@ def padded_feed(rows: list[list[int]], past: dict, mask: np.ndarray, next_pos: n
 
 
 def packed_feed(rows: list[list[int]], past: dict, mask: np.ndarray, next_pos: np.ndarray) -> tuple[dict, object]:
-    from switchboard.engine.packing import LANES, pack
+    from switchboard.engine.packing import pack
 
     p = pack(rows, next_pos, mask)
-    names = ("input_ids", "attention_mask", "position_ids", "token_index", "logits_index", *LANES)
-    return {name: getattr(p, name) for name in names} | past, p
+    return p.inputs() | past, p
 
 
 def graphs(checkpoint: Path, out: Path) -> tuple[Path, Path]:

@@ -27,6 +27,9 @@ import numpy as np
 
 # the attention lanes' inputs of a packed pass (each a field of ``Packed``)
 LANES = ("narrow_tokens", "narrow_slot", "narrow_positions", "wide_tokens", "wide_row")
+# the packed pass's inputs but the past, in the graph's order (export/onnx_export.py's
+# ``export_packed``): each a field of ``Packed``
+INPUTS = ("input_ids", "attention_mask", "position_ids", "token_index", "logits_index", *LANES)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,10 @@ class Packed:
     @property
     def tokens(self) -> int:
         return int(self.input_ids.shape[1])
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """``INPUTS`` by name: a packed graph's feed, but the past."""
+        return {name: getattr(self, name) for name in INPUTS}
 
     def padded_tokens(self) -> int:
         """The tokens a padded pass over the same rows would feed: B * S."""
@@ -106,15 +113,20 @@ def pack(new: list[list[int]], next_pos: np.ndarray, mask: np.ndarray, keep: lis
 
 
 def from_padded(
-    input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, keep: int = 1
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    position_ids: np.ndarray,
+    keep: int = 1,
+    only_if_padded: bool = True,
 ) -> Packed | None:
     """The packed inputs of a padded pass (``input_ids`` and ``position_ids`` [B, N], rows
     right-aligned; ``attention_mask`` [B, T + N]) whose logits are the last ``keep`` positions of
-    each row; None when no slot is padding (nothing to save) or a row is not right-aligned."""
+    each row; None when a row is not right-aligned, or (``only_if_padded``) when no slot is
+    padding (nothing to save)."""
     b, n = input_ids.shape
     new_mask = attention_mask[:, -n:].astype(bool)
     counts = new_mask.sum(axis=1)
-    if counts.min() == n or counts.max() < n:  # no padding; or no row fills the new columns
+    if (only_if_padded and counts.min() == n) or counts.max() < n:  # no padding; no row fills the new columns
         return None
     if any(not new_mask[i, n - c :].all() for i, c in enumerate(counts)):
         return None

@@ -19,7 +19,6 @@ from switchboard.engine import packing
 from switchboard.runtime import onnx
 
 LOGITS_INDEX = "logits_index"  # the graph's input naming the positions whose logits it returns
-TOKEN_INDEX = "token_index"  # the packed pass's input: each token's slot in the padded grid
 
 
 class OnnxDecoder:
@@ -48,7 +47,7 @@ class OnnxDecoder:
             x.name for x in self.session.get_overridable_initializers()
         }
         self.verifies = LOGITS_INDEX in names  # several positions' logits a pass: drafts can be verified
-        self.packs = TOKEN_INDEX in names  # the packed pass's graph (export_packed): forward_packed
+        self.packs = "token_index" in names  # the packed pass's graph (export_packed): forward_packed
 
     def empty_past(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
         shape = (batch, self.manifest.num_kv_heads, 0, self.manifest.head_dim)
@@ -64,12 +63,9 @@ class OnnxDecoder:
     ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """Logits of the last ``keep`` positions [B, keep, V] and the cache grown by N columns."""
         if self.packs:  # the packed graph runs a padded pass too: every row's tokens packed
-            packed = packing.from_padded(input_ids, attention_mask, position_ids, keep)
+            packed = packing.from_padded(input_ids, attention_mask, position_ids, keep, only_if_padded=False)
             if packed is None:
-                packed = packing.pack(
-                    [row.tolist() for row in input_ids], position_ids[:, 0], attention_mask[:, : -input_ids.shape[1]],
-                    [keep] * input_ids.shape[0],
-                )  # fmt: skip
+                raise ValueError("a padded pass's rows must be right-aligned (engine/batch.py)")
             logits, present = self.forward_packed(packed, past)
             return packing.spread(logits, packed, keep), present
         feed = {
@@ -90,9 +86,7 @@ class OnnxDecoder:
     def forward_packed(self, packed: packing.Packed, past: list[tuple[np.ndarray, np.ndarray]]):
         """Logits [K, V] of ``packed.logits_index``'s tokens and the cache grown by
         ``packed.width`` columns, as ``forward`` over the same rows padded (engine/packing.py)."""
-        feed = {name: getattr(packed, name) for name in ("input_ids", "attention_mask", "position_ids")}
-        feed |= {TOKEN_INDEX: packed.token_index, LOGITS_INDEX: packed.logits_index}
-        feed |= {name: getattr(packed, name) for name in packing.LANES}
+        feed = packed.inputs()
         for (kname, vname), (k, v) in zip(self._past_names, past):
             feed[kname], feed[vname] = k, v
         out = self.session.run(self._outputs, feed)

@@ -111,13 +111,11 @@ class TorchDecoder:
         from switchboard.engine.packed_torch import packed_forward
         from switchboard.engine.packing import LANES
 
-        def t(a):
-            return self._on_device(a, torch.long)
-
+        t = {name: self._on_device(a, torch.long) for name, a in packed.inputs().items()}
         with torch.inference_mode():
             past = [(self._on_device(k, self.model_dtype), self._on_device(v, self.model_dtype)) for k, v in past]
             logits, present = packed_forward(
-                self.model, self.window, t(packed.input_ids), t(packed.attention_mask), t(packed.position_ids),
-                t(packed.token_index), t(packed.logits_index), past, {name: t(getattr(packed, name)) for name in LANES},
+                self.model, self.window, t["input_ids"], t["attention_mask"], t["position_ids"],
+                t["token_index"], t["logits_index"], past, {name: t[name] for name in LANES},
             )  # fmt: skip
             return logits.float().cpu().numpy(), present

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from switchboard.artifact.geometry import geometry
-from switchboard.engine.packing import LANES, pack
+from switchboard.engine.packing import pack
 from switchboard.engine.runtime import OnnxDecoder
 from switchboard.export import onnx_export
 from tests.packed_rows import SCENARIOS, assert_same_cache, batch, padded_forward, padded_inputs, saved, tiny
@@ -33,9 +33,7 @@ def test_the_packed_graph_is_the_padded_pass(graph, scenario):
         want_logits, want_cache = padded_forward(model, p, past)
     inputs, outputs = onnx_export.packed_io_names(model.config.num_hidden_layers)
     assert [i.name for i in session.get_inputs()] == inputs
-    feed = {name: getattr(p, name) for name in ("input_ids", "attention_mask", "position_ids")}
-    feed |= {onnx_export.TOKEN_INDEX: p.token_index, onnx_export.LOGITS_INDEX: p.logits_index}
-    feed |= {name: getattr(p, name) for name in LANES}
+    feed = p.inputs()
     pasts = [name for name in inputs if name.startswith("past_key_values")]
     feed |= {name: t.numpy() for name, t in zip(pasts, (a for pair in past for a in pair))}
     logits, *present = session.run(outputs, feed)
