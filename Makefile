@@ -197,8 +197,8 @@ image-smoke: setup ## the image as a pod runs it: /readyz, a chat and a transcri
 kube-play: setup ## deploy/k8s's Redis, Switchboard and gateway Deployments with podman kube play: probes, a chat, a pod killed and back
 	@$(PY) -m switchboard.ops.kube_play all
 
-lock: ## re-resolve requirements.in into requirements.lock
-	@$(PY) -m pip install -q -r requirements.in && $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock
+lock: ## re-resolve requirements.in and requirements-dev.in into requirements.lock and requirements-dev.lock (in a fresh venv)
+	@bash scripts/lock.sh
 
 clean: ## stop the stack, remove build outputs, installed artifacts and the venv
 	-@[ -x $(PY) ] && $(PY) -m switchboard.ops.launch down

@@ -88,12 +88,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
   run "$PY" -m venv "$VENV"
 fi
+# requirements.lock: what Switchboard runs on; requirements-dev.lock: the tests', benchmarks' and
+# lint's packages, left out where SETUP_TEST_TOOLS=0 (the image).
+locks=(requirements.lock)
+[ "${SETUP_TEST_TOOLS:-1}" = 0 ] || locks+=(requirements-dev.lock)
 stamp="$VENV/.switchboard-setup"
-want=$(cat requirements.lock pyproject.toml setup.py | sha256sum | cut -c1-16)   # setup.py: the package layout
+want=$(cat "${locks[@]}" pyproject.toml setup.py | sha256sum | cut -c1-16)   # setup.py: the package layout
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "installing pinned Python packages (requirements.lock; a minute or two on a fresh clone)"
+  say "installing pinned Python packages (${locks[*]}; a minute or two on a fresh clone)"
   run "$VENV/bin/pip" install -q --upgrade pip
-  pip_install "$(grep -c '==' requirements.lock)" -r requirements.lock
+  pip_install "$(cat "${locks[@]}" | grep -c '==')" "${locks[@]/#/-r}"
   run "$VENV/bin/pip" install --no-deps --no-build-isolation -e .
   echo "$want" > "$stamp"
 fi
