@@ -224,8 +224,8 @@ def expected_tokens(k: int, acceptance: float) -> float:
 
 
 class DraftLength:
-    """A row's draft cap from its recent acceptance (an exponential average over its passes), and
-    the width of a pass that verifies several rows' drafts."""
+    """A row's draft cap from its recent acceptance (an exponential average over its passes), the
+    width of a padded pass that verifies several rows' drafts, and each row's length in a packed one."""
 
     def __init__(
         self, cost: float, cap: int = 8, prior: float = 0.5, memory: float = 0.7, cost_batch_1: float | None = None
@@ -268,6 +268,32 @@ class DraftLength:
             return sum(expected_tokens(min(w, k), a) for k, a in rows) / (1 + cost * w)
 
         return max(range(longest + 1), key=lambda w: (rate(w), -w))
+
+    def packed(self, acceptances: Sequence[float]) -> list[int]:
+        """Each row's draft length in a packed pass, its rows' acceptances given: the lengths whose
+        expected tokens, over all rows, per unit of pass cost are the most. A row's draft costs its
+        own tokens only, each ``cost_at(rows) / rows`` of a one-token pass (the share of a padded
+        column's cost one row's token bears), so a row that keeps its drafts drafts long beside
+        rows that draft nothing; rows alike get ``best`` each. Dinkelbach's iteration: at the
+        pass's rate so far, each row takes the length whose tokens beat what its cost could buy
+        at that rate; the rate rises until no row changes (a few rounds). Acceptances are taken
+        in steps of 0.05, as ``best`` takes them, so rows alike are weighed once."""
+        if not acceptances:
+            return []
+        per_token = self.cost_at(len(acceptances)) / len(acceptances)
+        grid = [round(min(max(a, 0.0), 1.0) * 20) for a in acceptances]
+        rows = Counter(grid)  # grid point -> rows there
+        tokens = {g: [expected_tokens(k, g / 20) for k in range(self.cap + 1)] for g in rows}
+        length = dict.fromkeys(rows, 0)
+        rate = float(len(acceptances))  # a plain decode step: one token a row
+        while True:
+            price = rate * per_token  # what a drafted token's cost could buy at the rate so far
+            step = {g: max(range(self.cap + 1), key=lambda k, e=tokens[g]: (e[k] - price * k, -k)) for g in rows}
+            drafted = sum(n * step[g] for g, n in rows.items())
+            gained = sum(n * tokens[g][step[g]] for g, n in rows.items()) / (1 + per_token * drafted)
+            if gained <= rate + 1e-12:
+                return [length[g] for g in grid]
+            length, rate = step, gained
 
     def idle(self, acceptance: float) -> float:
         """The row's acceptance after a pass without a draft: a step back towards the prior, so

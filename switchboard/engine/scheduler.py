@@ -457,9 +457,12 @@ class Engine:
         """Each running row's draft: as long as its recent acceptance makes worth it
         (``DraftLength``), never past its token limit or the context window; [] when no row has one."""
         spec, out, rows = self.speculation, [], len(lane.running)
+        # packed: every row's length weighed together (a row's draft costs its own tokens); padded:
+        # each row's best, then one width for the pass below
+        packed = spec.length.packed([seq.acceptance for seq in lane.running]) if self.packs else None
         for row, seq in enumerate(lane.running):
             room = min(seq.limit - len(seq.tokens), self.context_window - int(lane.batch.next_pos[row])) - 1
-            k = min(spec.length.best(seq.acceptance, rows), room)
+            k = min(packed[row] if packed else spec.length.best(seq.acceptance, rows), room)
             if k <= 0:
                 out.append(())
                 continue
