@@ -30,7 +30,7 @@ SETUP_STAMP := $(VENV)/.switchboard-setup
 # MODEL=gemma: the fine-tuned Gemma 3 270M agent (make model-gemma); MODEL=x.gguf: imported first
 MODEL_DIR   := $(if $(filter gemma,$(MODEL)),build/gemma-agent,$(if $(MODEL),$(MODEL),build/default-model))
 
-.PHONY: traces traces-receiver help setup model model-gemma bench-gemma model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve stop monitor dashboard rollout rollback status chat lint test test-unit test-bench test-integration perf bench bench-full chaos soak capacity-sim lock clean image image-smoke kube-play
+.PHONY: traces traces-receiver help setup model model-gemma bench-gemma model-large model-asr model-asr-base model-asr-tiny-en model-asr-large export-asr test-recognizer bench-large bench-aiperf bench-asr bench-asr-base bench-asr-full bench-asr-gpu bench-asr-voices export serve scale stop monitor dashboard rollout rollback status chat lint test test-unit test-bench test-integration perf bench bench-full chaos soak capacity-sim lock clean image image-smoke kube-play
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -80,6 +80,9 @@ export: model ## export MODEL (default: the built default model) to ONNX + INT8 
 
 serve: export ## start redis-server, tritonserver (ports 8000/8001/8002, Redis 6379) and the HTTP gateway (8080: OpenAI API, web chat) in the background; the recognizer joins when built (ASR_MODEL); REPLICAS=2: two behind HAProxy on 8001
 	@$(PY) -m switchboard.ops.launch up --repository $(REPO) --replicas $(REPLICAS) --gateway-port $(GATEWAY_PORT)
+
+scale: ## run REPLICAS=n replicas in a running `make serve REPLICAS=2+`, live: new ones join HAProxy when ready, removed ones drain first (docs/capacity.md)
+	@$(PY) -m switchboard.ops.launch scale --replicas $(REPLICAS)
 
 stop: ## stop what `make serve` (and `make monitor`, `make traces`) started
 	@$(PY) -m switchboard.ops.monitor down >/dev/null

@@ -8,12 +8,20 @@ half second: a replica that dies is out within about a second, its sessions move
 (whose Redis tier has their blocks), and connections that cannot reach a replica are
 re-dispatched to another. A chat already streaming from a replica that dies is lost with it;
 the SDK retries a chat that had received nothing yet.
+
+Replicas join and leave a running HAProxy through its runtime API (the admin socket in the run
+directory): the configuration holds ``SLOTS`` servers, those not running disabled; ``add``
+points a free slot at a replica and enables it, ``remove`` drains one (no new chats; its streams
+finish) and then disables it. Every chat is a stream HAProxy routes on its own, so a replica
+added live takes chats on the connections clients already hold.
 """
 
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,11 +37,36 @@ class Replica:
     metrics_port: int | None = None
 
 
-def haproxy_config(port: int, replicas: list[Replica], stats_port: int | None = None, host: str = "127.0.0.1") -> str:
-    servers = "\n".join(
+SLOTS = 16  # servers a running balancer can hold: the replicas it started with and those added live
+
+
+def slot_name(i: int) -> str:
+    return f"replica-{i}"
+
+
+def haproxy_config(
+    port: int,
+    replicas: list[Replica],
+    stats_port: int | None = None,
+    host: str = "127.0.0.1",
+    admin_socket: Path | None = None,
+    slots: int = 0,
+) -> str:
+    """``replicas`` as HAProxy servers, then (with ``slots``) disabled servers up to ``slots`` in
+    all, named ``replica-<i>`` by position, for replicas added live through ``admin_socket``."""
+    if slots and len(replicas) > slots:
+        raise ValueError(f"{len(replicas)} replicas, but the balancer holds {slots}")
+    servers = [
         f"    server {r.name} 127.0.0.1:{r.grpc_port} proto h2 check port {r.http_port} check-proto h1"
         for r in replicas
-    )
+    ]
+    # a free slot: an address nothing listens on, in maintenance until `add` points it at a replica
+    servers += [
+        f"    server {slot_name(i)} 127.0.0.1:1 proto h2 check port 1 check-proto h1 disabled"
+        for i in range(len(replicas), slots)
+    ]
+    servers = "\n".join(servers)
+    admin = f"\n    stats socket {admin_socket} mode 600 level admin" if admin_socket else ""
     stats = (
         f"""
 frontend stats
@@ -47,7 +80,7 @@ frontend stats
     )
     return f"""# Rendered by switchboard.ops.balancer: gRPC to {len(replicas)} Switchboard replicas.
 global
-    maxconn 4096
+    maxconn 4096{admin}
     # one client connection carries many chats (the SDK multiplexes its streams on one channel):
     # at HAProxy's default of 100 streams a connection, the 101st chat waited in the client's
     # gRPC queue, unseen by chat's admission, which could neither shed nor order it
@@ -87,12 +120,58 @@ def haproxy_binary() -> str:
     return found
 
 
+class BalancerError(RuntimeError):
+    pass
+
+
+class Admin:
+    """HAProxy's runtime API on its admin socket: one command a connection."""
+
+    def __init__(self, path: Path, timeout_s: float = 5.0):
+        self.path, self.timeout_s = path, timeout_s
+
+    def command(self, line: str) -> str:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(self.timeout_s)
+            s.connect(str(self.path))
+            s.sendall(line.encode() + b"\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace").strip()
+
+    def servers(self, backend: str = "replicas") -> dict[str, dict[str, str]]:
+        """Each server's row of ``show stat`` (status: UP, DOWN, DRAIN, MAINT, ...; scur: streams now)."""
+        lines = self.command("show stat").splitlines()
+        if not lines or not lines[0].startswith("# "):
+            raise BalancerError(f"haproxy's `show stat` said: {lines[:1]}")
+        header = lines[0][2:].split(",")
+        rows = [dict(zip(header, line.split(","))) for line in lines[1:] if line]
+        return {r["svname"]: r for r in rows if r["pxname"] == backend and r["svname"] not in ("FRONTEND", "BACKEND")}
+
+    def set(self, line: str) -> None:
+        """A command that answers nothing when it succeeds (HAProxy's convention), else fails."""
+        answer = self.command(line)
+        if answer and not answer.startswith("no need to change"):
+            raise BalancerError(f"haproxy refused `{line}`: {answer}")
+
+
+def admin_socket(run_dir: Path, port: int) -> Path:
+    return run_dir / f"haproxy-{port}.sock"
+
+
 class Balancer:
-    """A haproxy process in front of ``replicas``, listening on ``port``."""
+    """A haproxy process in front of ``replicas``, listening on ``port``; replicas added and
+    removed while it runs (``add``, ``remove``) through its admin socket."""
 
     def __init__(self, port: int, replicas: list[Replica], run_dir: Path, stats_port: int | None = None):
         self.port, self.replicas, self.run_dir, self.stats_port = port, replicas, run_dir, stats_port
         self.proc: subprocess.Popen | None = None
+        self.admin = Admin(admin_socket(run_dir, port))
+
+    def config(self) -> str:
+        slots = max(SLOTS, len(self.replicas))
+        return haproxy_config(self.port, self.replicas, self.stats_port, admin_socket=self.admin.path, slots=slots)
 
     @property
     def url(self) -> str:
@@ -101,7 +180,7 @@ class Balancer:
     def start(self) -> "Balancer":
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config = self.run_dir / f"haproxy-{self.port}.cfg"
-        config.write_text(haproxy_config(self.port, self.replicas, self.stats_port))
+        config.write_text(self.config())
         binary = haproxy_binary()
         check = subprocess.run([binary, "-c", "-q", "-f", str(config)], capture_output=True, text=True)
         if check.returncode != 0:
@@ -118,3 +197,34 @@ class Balancer:
     def stop(self) -> None:
         stop_process(self.proc)
         self.proc = None
+
+
+def add(admin: Admin, slot: int, replica: Replica, timeout_s: float = 30.0) -> None:
+    """Points slot ``slot`` at ``replica`` and enables it; returns once HAProxy's check finds it UP."""
+    name = slot_name(slot)
+    servers = admin.servers()
+    if name not in servers:
+        raise BalancerError(f"the balancer has no slot {name} (it holds {len(servers)})")
+    if servers[name]["status"] != "MAINT":
+        raise BalancerError(f"slot {name} is in use ({servers[name]['status']})")
+    admin.set(f"set server replicas/{name} addr 127.0.0.1 port {replica.grpc_port}")
+    admin.set(f"set server replicas/{name} check-port {replica.http_port}")
+    admin.set(f"enable server replicas/{name}")
+    deadline = time.monotonic() + timeout_s
+    while (status := admin.servers()[name]["status"]) != "UP":
+        if time.monotonic() > deadline:
+            admin.set(f"disable server replicas/{name}")  # the slot free again
+            raise BalancerError(f"{name} (gRPC :{replica.grpc_port}) not UP after {timeout_s:.0f} s: {status}")
+        time.sleep(0.2)
+
+
+def remove(admin: Admin, slot: int, timeout_s: float = 60.0) -> bool:
+    """Drains slot ``slot`` (no new chats; sessions hashed to it move to the others) until its
+    streams are done, then disables it. False when streams were still open at ``timeout_s``."""
+    name = slot_name(slot)
+    admin.set(f"set server replicas/{name} state drain")
+    deadline = time.monotonic() + timeout_s
+    while (busy := int(admin.servers()[name]["scur"] or 0)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    admin.set(f"disable server replicas/{name}")
+    return busy == 0

@@ -5,8 +5,10 @@ in the background under ``switchboard.ops.supervisor`` (which restarts tritonser
 stops answering), waits until every model is READY and records the supervisor's pid under the
 run directory; ``down`` stops exactly what ``up`` started. ``up --replicas N`` starts N
 tritonservers sharing one Redis, each under its own supervisor on ports 100 + 10 * i above the
-given ones, and Debian's HAProxy on the gRPC port in front of them (switchboard.ops.balancer).
-The same ``Stack`` class starts servers on free ports for the integration tests.
+given ones, and Debian's HAProxy on the gRPC port in front of them (switchboard.ops.balancer);
+``scale --replicas N`` then starts or stops replicas while the stack serves, and HAProxy takes
+them in or drains them through its admin socket. The same ``Stack`` class starts servers on free
+ports for the integration tests.
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ from pathlib import Path
 from typing import Callable
 
 from switchboard import paths
+from switchboard.ops.balancer import SLOTS, Admin, Balancer, BalancerError, Replica, add, admin_socket, remove
 from switchboard.ops.model_control import OPERATOR_HEADER
 from switchboard.ops.process import http_ok, kill_pid, pid_file, port_open, stop_process, stubs, wait_until
+
+# `up --replicas`'s ports, repository and balancer, for `scale`
+FLEET = "fleet.json"
 
 
 def jemalloc(env: dict[str, str]) -> str | None:
@@ -286,7 +292,7 @@ def stack_from_arguments(args: argparse.Namespace) -> Stack:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchboard.ops.launch", description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("action", choices=["up", "down", "status", "scale"])
     add_stack_arguments(p)
     p.add_argument("--timeout-s", type=float, default=300, help="how long `up` waits for the models (default 300)")
     p.add_argument("--probe-interval-s", type=float, default=5.0, help="seconds between the supervisor's probes")
@@ -295,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         "--replicas",
         type=int,
         default=int(os.environ.get("REPLICAS", 1)),
-        help="tritonservers sharing one Redis behind HAProxy on the gRPC port (default 1: no balancer)",
+        help="tritonservers sharing one Redis behind HAProxy on the gRPC port (default 1: no balancer); "
+        f"`scale`: how many to run now, 1 to {SLOTS}",
     )
     p.add_argument(
         "--gateway-port",
@@ -317,8 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "down":
         stopped = [name for name, path in _pidfiles(run) if kill_pid(path, timeout=90)]
         (run / "replicas.json").unlink(missing_ok=True)
+        (run / FLEET).unlink(missing_ok=True)
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         return 0
+    if args.action == "scale":
+        return scale(run, args.replicas, args.timeout_s)
     if args.action == "status":
         _voice_status(run)
         if (run / "replicas.json").exists():
@@ -464,8 +474,6 @@ def replica_arguments(args: argparse.Namespace, i: int) -> argparse.Namespace:
 
 
 def _up_replicas(args: argparse.Namespace) -> int:
-    from switchboard.ops.balancer import Balancer, Replica
-
     t0, run = time.monotonic(), args.run_dir
     run.mkdir(parents=True, exist_ok=True)
     os.environ["SWITCHBOARD_OPERATOR_KEY"] = operator_key(run)  # one key for every replica
@@ -484,13 +492,67 @@ def _up_replicas(args: argparse.Namespace) -> int:
     if not _start_gateway(args):
         return 1
     (run / "replicas.json").write_text(json.dumps([vars(r) for r in replicas]))
+    # what `scale` needs to start more replicas as these were started
+    fleet = {key: getattr(args, key) for key in ("http_port", "grpc_port", "metrics_port", "redis_port")}
+    (run / FLEET).write_text(json.dumps({**fleet, "repository": str(args.repository), "port": args.grpc_port}))
     _start_voice(args)
     print(
         f"[serve] ready in {time.monotonic() - t0:.0f} s: {args.replicas} replicas behind HAProxy on gRPC "
         f"127.0.0.1:{args.grpc_port} (sessions kept on one replica), its stats on http://127.0.0.1:{args.http_port}/"
         f"\n[serve] replicas' own ports: {', '.join(str(r.grpc_port) for r in replicas)}; logs in {run}/; "
-        "`make stop` stops everything"
+        "`make scale REPLICAS=n` runs more or fewer, live; `make stop` stops everything"
     )
+    return 0
+
+
+def scale(run: Path, replicas: int, timeout_s: float = 300) -> int:
+    """Runs ``replicas`` replicas where ``up --replicas`` runs some: starts the missing ones (each
+    under its supervisor, on Redis of replica 0) and adds each to HAProxy once it is ready, or
+    drains the last ones out of HAProxy (their streams finish) and stops them."""
+    listed = run / "replicas.json"
+    if not listed.exists() or not (run / FLEET).exists():
+        up = "is not running" if not pid_file(run, "supervisor").exists() else "runs one server, no balancer"
+        print(f"`make serve` {up} ({run}): scaling needs `make serve REPLICAS=n` with n >= 2", file=sys.stderr)
+        return 1
+    if not 1 <= replicas <= SLOTS:
+        print(f"--replicas {replicas}: from 1 to {SLOTS} (the balancer's slots)", file=sys.stderr)
+        return 1
+    fleet = json.loads((run / FLEET).read_text())
+    base = argparse.Namespace(**{**fleet, "repository": Path(fleet["repository"]), "run_dir": run})
+    base.timeout_s, base.probe_interval_s, base.probe_failures = timeout_s, 5.0, 3
+    admin = Admin(admin_socket(run, fleet["port"]))
+    os.environ["SWITCHBOARD_OPERATOR_KEY"] = operator_key(run)  # the key every replica has
+    running = json.loads(listed.read_text())
+    t0 = time.monotonic()
+    try:
+        while len(running) < replicas:
+            i = len(running)
+            r = replica_arguments(base, i)
+            print(f"[scale] replica {i}: starting tritonserver (gRPC :{r.grpc_port}) under a supervisor", flush=True)
+            if not _start_supervisor(r, ["--shared-redis"]):
+                return 1
+            replica = Replica(f"replica-{i}", r.grpc_port, r.http_port, r.metrics_port)
+            try:
+                add(admin, i, replica)
+            except BalancerError:
+                kill_pid(pid_file(r.run_dir, "supervisor"), timeout=90)
+                raise
+            running.append(vars(replica))
+            listed.write_text(json.dumps(running))
+            print(f"[scale] replica {i} takes chats (+{time.monotonic() - t0:.0f} s)", flush=True)
+        while len(running) > replicas:
+            i = len(running) - 1
+            print(f"[scale] replica {i}: draining (its streams finish, its sessions move) ...", flush=True)
+            drained = remove(admin, i)
+            kill_pid(pid_file(run / f"replica-{i}", "supervisor"), timeout=90)
+            running.pop()
+            listed.write_text(json.dumps(running))
+            left = "" if drained else " (streams still open at the drain's end were cut)"
+            print(f"[scale] replica {i} stopped{left} (+{time.monotonic() - t0:.0f} s)", flush=True)
+    except (BalancerError, OSError) as e:
+        print(f"[scale] {e}", file=sys.stderr)
+        return 1
+    print(f"[scale] {len(running)} replicas behind HAProxy on gRPC 127.0.0.1:{fleet['port']}")
     return 0
 
 

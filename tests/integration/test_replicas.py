@@ -1,6 +1,8 @@
-"""Two Switchboard replicas sharing one Redis behind Debian's HAProxy on one gRPC address:
-session affinity keeps a session's KV blocks local; when a replica is killed under load the
-other answers, sessions keep their history and reuse the blocks the dead one stored."""
+"""Two Switchboard replicas sharing one Redis behind Debian's HAProxy on one gRPC address: the
+second added to the running balancer (its admin socket) takes chats on a connection the client
+already held; session affinity keeps a session's KV blocks local; a replica drained out moves its
+sessions with their history; when a replica is killed under load the other answers, sessions keep
+their history and reuse the blocks the dead one stored."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import redis
 
 from perf.servertools import scrape
 from switchboard.client import ChatClient, ChatError
-from switchboard.ops.balancer import Balancer, Replica
+from switchboard.ops.balancer import Balancer, Replica, add, remove
 from switchboard.ops.launch import Ports, Stack, free_ports
 from tests.integration.kvtools import session_blocks
 
@@ -28,9 +30,12 @@ def fleet(artifacts, tmp_path_factory):
     ports.redis = first.ports.redis
     second = Stack(ports, run_dir=run / "r1")
     second.start_triton()
-    replicas = [Replica(f"r{i}", s.ports.grpc, s.ports.http) for i, s in enumerate((first, second))]
-    balancer = Balancer(free_ports(1)[0], replicas, run).start()
-    yield first, second, balancer
+    balancer = Balancer(free_ports(1)[0], [Replica("replica-0", first.ports.grpc, first.ports.http)], run).start()
+    # a client connected while the balancer has one replica; the second joins it live
+    client = ChatClient(balancer.url, timeout_s=60)
+    client.chat("Hello", stream=False, max_new_tokens=2)
+    add(balancer.admin, 1, Replica("replica-1", second.ports.grpc, second.ports.http))
+    yield first, second, balancer, client
     balancer.stop()
     second.stop_triton()
     first.stop()
@@ -42,8 +47,7 @@ def _lookups(stack) -> float:
 
 
 def test_sessions_stay_on_one_replica_and_find_their_blocks_local(fleet):
-    first, second, balancer = fleet
-    client = ChatClient(balancer.url, timeout_s=60)
+    first, second, balancer, client = fleet  # the client connected before the second replica joined
     later = []
     for n in range(16):
         # Each session its own text: identical conversations would share blocks across replicas.
@@ -60,8 +64,26 @@ def test_sessions_stay_on_one_replica_and_find_their_blocks_local(fleet):
     assert _lookups(first) > 0 and _lookups(second) > 0, "both replicas should hold some sessions"
 
 
+def test_a_replica_drained_out_moves_its_sessions_with_their_history(fleet):
+    first, second, balancer, client = fleet
+    pinned = ChatClient(second.grpc_url, timeout_s=60)
+    sids = [f"drained-{n}" for n in range(3)]
+    for sid in sids:  # sessions whose first turn the second replica answered
+        pinned.chat(f"Where is my parcel {sid}?", session_id=sid, stream=False, max_new_tokens=8)
+    time.sleep(1.5)
+    before = _lookups(second)
+    assert remove(balancer.admin, 1, timeout_s=30) is True
+    assert balancer.admin.servers()["replica-1"]["status"] == "MAINT"
+    for sid in sids:
+        moved = client.chat("Can I change the address?", session_id=sid, stream=False, max_new_tokens=8).stats.raw
+        assert moved["session"] == "hit", moved
+    time.sleep(1.5)
+    assert _lookups(second) == before, "a drained replica takes no chat"
+    add(balancer.admin, 1, Replica("replica-1", second.ports.grpc, second.ports.http))  # back for the next test
+
+
 def test_a_replica_killed_under_load_leaves_the_other_answering_with_the_sessions_history(fleet):
-    first, second, balancer = fleet
+    first, second, balancer, _ = fleet
     client = ChatClient(balancer.url, timeout_s=60)
     texts = ["Where is my order?", "Can I change the address?", "How do I return it?", "And the refund?"]
     records, stop = [], threading.Event()

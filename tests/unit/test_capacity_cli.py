@@ -50,21 +50,32 @@ def series(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "replicas, says",
+    "replicas, fleet, says",
     [
-        (None, "would start: make serve REPLICAS=12"),
-        (2, "would scale `make serve` from 2 to 12 replicas (dry run): make stop && make serve REPLICAS=12"),
-        (12, "runs 12 replicas, as planned"),
+        (None, False, "would start: make serve REPLICAS=12"),
+        (2, True, "would scale `make serve` from 2 to 12 replicas (dry run): make scale REPLICAS=12"),
+        (2, False, "runs 2 without a balancer that scales: to run 12, make stop && make serve REPLICAS=12"),
+        (12, True, "runs 12 replicas, as planned"),
     ],
 )
-def test_plan_local_says_what_make_serve_would_run(tmp_path, capsys, series, replicas, says):
+def test_plan_local_says_what_make_serve_would_run(tmp_path, capsys, series, replicas, fleet, says):
     if replicas:
         (tmp_path / "replicas.json").write_text(json.dumps([{"name": f"replica-{i}"} for i in range(replicas)]))
+    if fleet:
+        (tmp_path / "fleet.json").write_text("{}")
     argv = ["plan", "--calendar", str(EXAMPLE), "--series", str(series), "--at", "2026-11-11T19:49:00+08:00"]
     assert main([*argv, "--local", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "12 replicas (floor 2, forecast 3, calendar 15); promotions asking: flash sale" in out
     assert says in out
+
+
+def test_apply_refuses_a_stack_it_cannot_scale_and_every_s_without_apply(tmp_path, capsys, series):
+    argv = ["plan", "--calendar", str(EXAMPLE), "--series", str(series), "--run-dir", str(tmp_path)]
+    assert main([*argv, "--at", "2026-11-11T19:49:00+08:00", "--apply"]) == 1
+    assert "`make serve` is not running" in capsys.readouterr().out
+    assert main([*argv, "--every-s", "5"]) == 2
+    assert "--every-s repeats --apply" in capsys.readouterr().err
 
 
 def test_simulate_refuses_a_series_that_does_not_cover_the_day(tmp_path, capsys):

@@ -2,8 +2,9 @@
 
 - ``check CALENDAR``: validate a promotion calendar and list when each promotion asks.
 - ``plan``: the desired replicas at a time (now), and why; ``--local`` compares it with what
-  ``make serve REPLICAS=n`` runs and prints the command that would get there (a dry run: the
-  local stack's replicas and HAProxy are fixed at start-up).
+  ``make serve REPLICAS=n`` runs and prints the command that would get there (a dry run);
+  ``--apply`` scales the running stack to it (``launch scale``: replicas started and taken into
+  HAProxy, or drained and stopped), once or ``--every-s`` seconds.
 - ``serve``: the exporter the HPA's External metric reads (switchboard_capacity_desired_replicas).
 - ``record``: the chat rate from Prometheus as a per-minute CSV, for ``simulate --series``.
 - ``simulate``: a Double-11-shaped day, reactive HPA alone against calendar (+ forecast) + HPA:
@@ -18,10 +19,13 @@ import logging
 import signal
 import sys
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from switchboard import paths
+from switchboard.ops import launch
+from switchboard.ops.balancer import SLOTS
 from switchboard.ops.capacity import calendar as cal
 from switchboard.ops.capacity.exporter import DEMAND_QUERY, Exporter, HistoryError, Planner, PrometheusHistory
 from switchboard.ops.capacity.forecast import SeriesHistory
@@ -99,6 +103,17 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare with the replicas `make serve` runs (build/run) and print the command (dry run)",
     )
+    one.add_argument(
+        "--apply",
+        action="store_true",
+        help="scale the running `make serve REPLICAS=n` (n >= 2) to the plan, live (implies --local)",
+    )
+    one.add_argument(
+        "--every-s",
+        type=float,
+        default=0.0,
+        help="with --apply: plan and apply again every this many seconds until interrupted (default 0: once)",
+    )
     one.add_argument("--run-dir", type=Path, default=paths.RUN)
     serve = sub.add_parser("serve", help="serve the plan as Prometheus gauges for the HPA")
     _planner_arguments(serve)
@@ -164,25 +179,46 @@ def _local_replicas(run: Path) -> int | None:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if args.every_s and (not args.apply or args.at):
+        print("error: --every-s repeats --apply at the time of each run: give --apply, not --at", file=sys.stderr)
+        return 2
     planner = _planner(args)
+    while True:
+        rc = _plan_once(args, planner)
+        if not args.every_s or rc:
+            return rc
+        time.sleep(args.every_s)
+
+
+def _plan_once(args: argparse.Namespace, planner) -> int:
     t = args.at or datetime.now(timezone.utc)
     p = planner.at(t)
-    print(f"{t.isoformat()}: {p.reason()}; promotions asking: {', '.join(p.promotions) or 'none'}")
+    print(f"{t.isoformat()}: {p.reason()}; promotions asking: {', '.join(p.promotions) or 'none'}", flush=True)
     if p.forecast is not None:
         print(f"forecast: {p.forecast.rate:.1f} chats/s ({p.forecast.source}, trend x{p.forecast.trend:.2f})")
-    if args.local:
-        now = _local_replicas(args.run_dir)
-        if now is None:
-            print(f"local: `make serve` is not running ({args.run_dir}); would start: make serve REPLICAS={p.desired}")
-        elif now == p.desired:
-            print(f"local: `make serve` runs {now} replicas, as planned")
-        else:
-            # launch.py starts the replicas and HAProxy's server list once; adding one live is not built
-            print(
-                f"local: would scale `make serve` from {now} to {p.desired} replicas (dry run): "
-                f"make stop && make serve REPLICAS={p.desired}"
-            )
-    return 0
+    if not (args.local or args.apply):
+        return 0
+    now, live = _local_replicas(args.run_dir), (args.run_dir / launch.FLEET).exists()
+    want = min(p.desired, SLOTS)
+    capped = f" (the balancer's {SLOTS} slots)" if want < p.desired else ""
+    if now is None:
+        print(f"local: `make serve` is not running ({args.run_dir}); would start: make serve REPLICAS={want}")
+        return 1 if args.apply else 0
+    if now == want:
+        print(f"local: `make serve` runs {now} replicas, as planned{capped}")
+        return 0
+    if not live:  # one server (no balancer), or a stack started before `scale` existed
+        print(
+            f"local: `make serve` runs {now} without a balancer that scales: to run {want}, "
+            f"make stop && make serve REPLICAS={want}"
+        )
+        return 1 if args.apply else 0
+    if not args.apply:
+        scaled = f"from {now} to {want} replicas{capped}"
+        print(f"local: would scale `make serve` {scaled} (dry run): make scale REPLICAS={want}")
+        return 0
+    print(f"local: scaling `make serve` from {now} to {want} replicas{capped}", flush=True)
+    return launch.scale(args.run_dir, want)
 
 
 def _serve(args: argparse.Namespace) -> int:
