@@ -6,6 +6,7 @@ what comes back, events (switchboard.client.events)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import AsyncIterator
 
 import grpc
@@ -26,7 +27,7 @@ from switchboard.client.events import (
 )
 from switchboard.client.request import Call, ChatRequest, VoiceRequest, transcribe_call
 from switchboard.codec import first_elements
-from switchboard.wire import AsrResult, ChatStats, channel_args
+from switchboard.wire import STREAM_MAX_AGE_S, AsrResult, ChatStats, channel_args
 
 STREAM_END_S = 5.0  # a stream half-closed after its answer is cancelled if Triton has not ended it by then
 
@@ -46,6 +47,8 @@ class AsyncChatClient:
     call (setup, write, half-close: about a third of the gateway's CPU before). A chat left
     early cancels its stream, which cancels the chat in Triton; that stream is not reused. A
     chat with a ``session_id`` gets a stream of its own (its header routes it: ``session_headers``).
+    A stream older than ``stream_max_age_s`` is ended instead of reused: behind a balancer, the
+    chats move to replicas added or off replicas drained within that time.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class AsyncChatClient:
         timeout_s: float = 120.0,
         idle_streams: int = 64,
         *,
+        stream_max_age_s: float = STREAM_MAX_AGE_S,
         asr_model: str = "asr",
         voice_model: str = "voice_chat",
     ):
@@ -64,9 +68,11 @@ class AsyncChatClient:
         self.voice_model = voice_model
         self.timeout_s = timeout_s
         self.idle_streams = idle_streams
+        self.stream_max_age_s = stream_max_age_s
         self._channel = grpc.aio.insecure_channel(url, options=channel_args())
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-        self._idle: list[grpc.aio.StreamStreamCall] = []
+        self._idle: list[tuple[grpc.aio.StreamStreamCall, float]] = []  # (stream, when it was opened)
+        self._ending: set[asyncio.Task] = set()  # aged streams being ended
 
     async def __aenter__(self) -> "AsyncChatClient":
         return self
@@ -76,7 +82,7 @@ class AsyncChatClient:
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []
-        await asyncio.gather(*(self._finish(call) for call in idle))  # answered: ended, not cancelled
+        await asyncio.gather(*(self._finish(call) for call, _ in idle), *self._ending)  # answered: ended, not cancelled
         await self._channel.close()
 
     async def ready(self, timeout_s: float = 5.0) -> bool:
@@ -149,7 +155,7 @@ class AsyncChatClient:
         headers, decode = request.headers, request.decode
         message = request.message()
         pooled = request.pooled and headers is None
-        call = self._take() if pooled else None
+        call, born = self._take() if pooled else (None, 0.0)
         done = retried = False
         try:
             # A stream that failed before the request's first response (a reused one that broke
@@ -158,6 +164,7 @@ class AsyncChatClient:
             while True:
                 if call is None:
                     call = self._stub.ModelStreamInfer(metadata=tuple(headers.items()) if headers else None)
+                    born = time.monotonic()
                 try:
                     await self._write(call, message)
                     response = await self._read(call)
@@ -178,8 +185,9 @@ class AsyncChatClient:
             raise e.error from None
         finally:
             if call is not None:
-                if done and pooled and len(self._idle) < self.idle_streams and not call.done():
-                    self._idle.append(call)
+                young = time.monotonic() - born < self.stream_max_age_s
+                if done and pooled and young and len(self._idle) < self.idle_streams and not call.done():
+                    self._idle.append((call, born))
                 elif done:
                     await self._finish(call)
                 else:
@@ -198,12 +206,19 @@ class AsyncChatClient:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
             call.cancel()
 
-    def _take(self) -> grpc.aio.StreamStreamCall | None:
+    def _take(self) -> tuple[grpc.aio.StreamStreamCall | None, float]:
+        """An idle stream to reuse and when it was opened; aged ones are ended on the way."""
+        now = time.monotonic()
         while self._idle:
-            call = self._idle.pop()
-            if not call.done():
-                return call
-        return None
+            call, born = self._idle.pop()
+            if call.done():
+                continue
+            if now - born < self.stream_max_age_s:
+                return call, born
+            task = asyncio.get_running_loop().create_task(self._finish(call))
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
+        return None, 0.0
 
     async def _write(self, call, request) -> None:
         try:

@@ -30,6 +30,10 @@ TRACE_PARAMETER = "traceparent"
 # gRPC metadata the SDK sends with a session's chats: a balancer in front of several replicas
 # hashes it to keep the session on one replica (switchboard/ops/balancer.py).
 SESSION_HEADER = "x-session-id"
+# A stream the SDK keeps open between chats is ended rather than reused once this old: a balancer
+# routes a stream once, so its chats move to a replica added (or off one drained) within this
+# time, as gRPC's max connection age does for connections.
+STREAM_MAX_AGE_S = 15.0
 
 
 MAX_TOP_LOGPROBS = 5  # logprobs: alternatives per token at most (the engine scores; OpenAI allows 20)

@@ -11,9 +11,10 @@ the SDK retries a chat that had received nothing yet.
 
 Replicas join and leave a running HAProxy through its runtime API (the admin socket in the run
 directory): the configuration holds ``SLOTS`` servers, those not running disabled; ``add``
-points a free slot at a replica and enables it, ``remove`` drains one (no new chats; its streams
-finish) and then disables it. Every chat is a stream HAProxy routes on its own, so a replica
-added live takes chats on the connections clients already hold.
+points a free slot at a replica and enables it, ``remove`` drains one (no new streams; its chats
+finish) and then disables it. HAProxy routes each stream on its own, so a replica added live takes
+new streams on the connections clients already hold; the SDK's pooled streams, each routed once,
+are renewed every ``stream_max_age_s`` (15 s), so their chats follow within that time.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from switchboard.ops.process import port_open, stop_process, wait_until
-from switchboard.wire import SESSION_HEADER
+from switchboard.wire import SESSION_HEADER, STREAM_MAX_AGE_S
 
 
 @dataclass(frozen=True)
@@ -218,13 +220,37 @@ def add(admin: Admin, slot: int, replica: Replica, timeout_s: float = 30.0) -> N
         time.sleep(0.2)
 
 
-def remove(admin: Admin, slot: int, timeout_s: float = 60.0) -> bool:
-    """Drains slot ``slot`` (no new chats; sessions hashed to it move to the others) until its
-    streams are done, then disables it. False when streams were still open at ``timeout_s``."""
-    name = slot_name(slot)
-    admin.set(f"set server replicas/{name} state drain")
-    deadline = time.monotonic() + timeout_s
-    while (busy := int(admin.servers()[name]["scur"] or 0)) and time.monotonic() < deadline:
+def remove(
+    admin: Admin,
+    slots: list[int],
+    idle: Callable[[int], bool] | None = None,
+    settle_s: float = STREAM_MAX_AGE_S + 1,
+    timeout_s: float = 60.0,
+) -> dict[int, bool]:
+    """Drains ``slots`` together and disables each once done: HAProxy routes no new stream to
+    them (sessions hashed to them move to the others). A slot is done when it holds no stream,
+    or once ``settle_s`` have passed (the SDK's pooled streams on it have aged out: no chat starts
+    on them any more) and ``idle(slot)`` (its replica has no chat in flight) has held for a
+    second; its idle streams are then shut, which their clients retry elsewhere. Per slot: True
+    when done, False when ``timeout_s`` ran out first (what was open is cut)."""
+    for slot in slots:
+        admin.set(f"set server replicas/{slot_name(slot)} state drain")
+    start = time.monotonic()
+    idle_since: dict[int, float] = {}
+    done: dict[int, bool] = {}
+    while len(done) < len(slots):
+        now, servers = time.monotonic(), admin.servers()
+        for slot in slots:
+            if slot in done:
+                continue
+            if idle is not None and now - start >= settle_s and idle(slot):
+                idle_since.setdefault(slot, now)
+            else:
+                idle_since.pop(slot, None)
+            empty = not int(servers[slot_name(slot)]["scur"] or 0)
+            if empty or now - idle_since.get(slot, now) >= 1.0 or now - start > timeout_s:
+                done[slot] = empty or slot in idle_since
+                admin.set(f"shutdown sessions server replicas/{slot_name(slot)}")
+                admin.set(f"disable server replicas/{slot_name(slot)}")
         time.sleep(0.2)
-    admin.set(f"disable server replicas/{name}")
-    return busy == 0
+    return done

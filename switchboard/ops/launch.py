@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -540,20 +541,36 @@ def scale(run: Path, replicas: int, timeout_s: float = 300) -> int:
             running.append(vars(replica))
             listed.write_text(json.dumps(running))
             print(f"[scale] replica {i} takes chats (+{time.monotonic() - t0:.0f} s)", flush=True)
-        while len(running) > replicas:
-            i = len(running) - 1
-            print(f"[scale] replica {i}: draining (its streams finish, its sessions move) ...", flush=True)
-            drained = remove(admin, i)
-            kill_pid(pid_file(run / f"replica-{i}", "supervisor"), timeout=90)
-            running.pop()
-            listed.write_text(json.dumps(running))
-            left = "" if drained else " (streams still open at the drain's end were cut)"
-            print(f"[scale] replica {i} stopped{left} (+{time.monotonic() - t0:.0f} s)", flush=True)
+        if len(running) > replicas:
+            gone = list(range(replicas, len(running)))
+            print(f"[scale] draining replicas {', '.join(map(str, gone))} (their chats finish, sessions move) ...")
+            ports = {i: running[i]["metrics_port"] for i in gone}
+            drained = remove(admin, gone, idle=lambda i: _chats_in_flight(ports[i]) == 0)
+            for i in reversed(gone):
+                kill_pid(pid_file(run / f"replica-{i}", "supervisor"), timeout=90)
+                running.pop()
+                listed.write_text(json.dumps(running))
+                left = "" if drained[i] else " (chats still open at the drain's end were cut)"
+                print(f"[scale] replica {i} stopped{left} (+{time.monotonic() - t0:.0f} s)", flush=True)
     except (BalancerError, OSError) as e:
         print(f"[scale] {e}", file=sys.stderr)
         return 1
     print(f"[scale] {len(running)} replicas behind HAProxy on gRPC 127.0.0.1:{fleet['port']}")
     return 0
+
+
+def _chats_in_flight(metrics_port: int) -> float | None:
+    """Chats a replica holds (generating or waiting in its admission), from its /metrics; None
+    when it does not answer."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = ("switchboard_chat_admission_running", "switchboard_chat_admission_waiting")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name in names)
 
 
 def _pidfiles(run: Path) -> list[tuple[str, Path]]:

@@ -10,7 +10,9 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import openai
@@ -65,13 +67,39 @@ def test_replicas_are_added_and_removed_while_the_stack_serves(artifacts, tmp_pa
             http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics, run_dir=tmp_path
         )
         third = replica_arguments(base, 2)  # its ports, as `scale` gave them
-        ask(9)  # round robin over three: the new replica gets its share
         time.sleep(1.5)  # the pools publish their counters once a second
-        assert _lookups(third.metrics_port) > 0, "the replica added live took chats"
+        before = _lookups(third.metrics_port)  # its warm-up chat
+        # nine at once: the gateway opens new streams beside its pooled one, which HAProxy
+        # spreads round robin over the three
+        with ThreadPoolExecutor(9) as pool:
+            list(pool.map(lambda i: ask(1), range(9)))
+        time.sleep(1.5)
+        assert _lookups(third.metrics_port) > before, "the replica added live took chats"
 
         pids = {i: int(pid_file(tmp_path / f"replica-{i}", "supervisor").read_text()) for i in (1, 2)}
-        fewer = run("scale", "--replicas", "1")
+        # scaled down under load: three clients chatting all along, none refused or cut
+        stop, answered, failed = threading.Event(), [], []
+
+        def chatting():
+            while not stop.is_set():
+                try:
+                    ask(1)
+                    answered.append(1)
+                except Exception as e:  # noqa: BLE001 - every failure is reported below
+                    failed.append(repr(e))
+
+        load = [threading.Thread(target=chatting) for _ in range(3)]
+        for t in load:
+            t.start()
+        try:
+            fewer = run("scale", "--replicas", "1")
+        finally:
+            stop.set()
+            for t in load:
+                t.join(60)
         assert fewer.returncode == 0, fewer.stdout + fewer.stderr
+        assert failed == [] and len(answered) > 10, (len(answered), failed[:3])
+        assert "were cut" not in fewer.stdout, "drained before the deadline"
         assert "replica 2 stopped" in fewer.stdout and "replica 1 stopped" in fewer.stdout
         assert [r["name"] for r in json.loads((tmp_path / "replicas.json").read_text())] == ["replica-0"]
         assert not any(alive(pid) for pid in pids.values()), "the drained replicas' supervisors stopped"

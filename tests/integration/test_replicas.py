@@ -72,7 +72,7 @@ def test_a_replica_drained_out_moves_its_sessions_with_their_history(fleet):
         pinned.chat(f"Where is my parcel {sid}?", session_id=sid, stream=False, max_new_tokens=8)
     time.sleep(1.5)
     before = _lookups(second)
-    assert remove(balancer.admin, 1, timeout_s=30) is True
+    assert remove(balancer.admin, [1], timeout_s=30) == {1: True}
     assert balancer.admin.servers()["replica-1"]["status"] == "MAINT"
     for sid in sids:
         moved = client.chat("Can I change the address?", session_id=sid, stream=False, max_new_tokens=8).stats.raw

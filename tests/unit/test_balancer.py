@@ -91,7 +91,7 @@ def test_a_replica_is_added_to_a_running_balancer_and_drained_out_of_it(balancer
     assert b.admin.servers()["replica-1"]["status"] == "UP", "add returns once the check finds it ready"
     with pytest.raises(BalancerError, match="slot replica-1 is in use"):
         add(b.admin, 1, Replica("again", 1, ports[1]))
-    assert remove(b.admin, 1, timeout_s=5) is True, "no stream open: drained at once"
+    assert remove(b.admin, [1], timeout_s=5) == {1: True}, "no stream open: drained at once"
     assert b.admin.servers()["replica-1"]["status"] == "MAINT"
     add(b.admin, 1, Replica("replica-1", free_ports(1)[0], ports[1]))  # the slot is free again
     with pytest.raises(BalancerError, match=f"no slot replica-{SLOTS}"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import grpc
 import numpy as np
@@ -153,6 +154,31 @@ def test_chats_one_after_another_share_one_stream():
     assert [s["requests"] for s in streams] == [4, 1, 1]
 
 
+def test_a_stream_past_its_age_is_ended_and_the_next_chat_opens_a_new_one():
+    """Behind a balancer a stream stays where it was routed: aged, it is ended (not cancelled),
+    so the client's chats move to replicas added or off replicas drained."""
+
+    async def main():
+        fake, port = FakeChat(), free_port()
+        server = await serve(fake, port)
+        async with AsyncChatClient(f"127.0.0.1:{port}", timeout_s=5, stream_max_age_s=0.5) as client:
+            texts = [await answer(client) for _ in range(2)]
+            await asyncio.sleep(0.6)
+            texts.append(await answer(client))
+            await asyncio.sleep(0.2)
+            aged = [(s["requests"], s["ended"], s["cancelled"]) for s in fake.streams]
+        async with AsyncChatClient(f"127.0.0.1:{port}", timeout_s=5, stream_max_age_s=0) as client:
+            texts += [await answer(client) for _ in range(2)]
+        await asyncio.sleep(0.2)
+        await server.stop(None)
+        return texts, aged, [(s["requests"], s["ended"], s["cancelled"]) for s in fake.streams[2:]]
+
+    texts, aged, never_pooled = asyncio.run(main())
+    assert texts == ["Hello there"] * 5
+    assert aged == [(2, True, False), (1, False, False)], "two chats on the first stream, ended once aged"
+    assert never_pooled == [(1, True, False), (1, True, False)]
+
+
 def test_a_chat_left_early_cancels_its_stream_and_the_next_chat_gets_a_new_one():
     async def main():
         fake, port = FakeChat(), free_port()
@@ -222,7 +248,7 @@ def test_a_chat_on_a_stream_that_fails_when_used_goes_once_more_on_a_new_one():
         fake, port = FakeChat(), free_port()
         server = await serve(fake, port)
         async with AsyncChatClient(f"127.0.0.1:{port}", timeout_s=5) as client:
-            client._idle[:] = [BrokenCall()]
+            client._idle[:] = [(BrokenCall(), time.monotonic())]
             after = await answer(client)
         await server.stop(None)
         return after, fake.streams
