@@ -555,7 +555,8 @@ def scale(run: Path, replicas: int, timeout_s: float = 300) -> int:
     except (BalancerError, OSError) as e:
         print(f"[scale] {e}", file=sys.stderr)
         return 1
-    print(f"[scale] {len(running)} replicas behind HAProxy on gRPC 127.0.0.1:{fleet['port']}")
+    n = len(running)
+    print(f"[scale] {n} replica{'s' if n != 1 else ''} behind HAProxy on gRPC 127.0.0.1:{fleet['port']}")
     return 0
 
 
