@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from perf.servertools import scrape
 from switchboard.kv.blocks import chain, model_root
 from switchboard.kv.model import chat_template
 from switchboard.repository.versions import ModelVersion
@@ -13,6 +14,11 @@ from switchboard.serving.engine_client import EngineClient
 from switchboard.serving.pool_health import PoolHealth
 from switchboard.serving.pool_stream import Generation, PoolStreams
 from switchboard.serving.session import session_key
+
+
+def kv_lookups(metrics_port: int) -> float:
+    """Prompts a server's pools looked up: the chats it generated (its warm-up's among them)."""
+    return sum(v for (name, _), v in scrape(metrics_port).items() if name == "switchboard_kv_lookups_total")
 
 
 def session_blocks(redis_client, repository: Path, session_id: str) -> list[str]:

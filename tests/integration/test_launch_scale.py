@@ -17,14 +17,9 @@ from datetime import datetime, timedelta, timezone
 
 import openai
 
-from perf.servertools import scrape
 from switchboard.ops.launch import Ports, free_port, replica_arguments
 from switchboard.ops.process import alive, pid_file
-
-
-def _lookups(metrics_port: int) -> float:
-    """Prompts this replica's pools looked up: the chats it generated."""
-    return sum(v for (name, _), v in scrape(metrics_port).items() if name == "switchboard_kv_lookups_total")
+from tests.integration.kvtools import kv_lookups
 
 
 def test_replicas_are_added_and_removed_while_the_stack_serves(artifacts, tmp_path):
@@ -68,13 +63,13 @@ def test_replicas_are_added_and_removed_while_the_stack_serves(artifacts, tmp_pa
         )
         third = replica_arguments(base, 2)  # its ports, as `scale` gave them
         time.sleep(1.5)  # the pools publish their counters once a second
-        before = _lookups(third.metrics_port)  # its warm-up chat
+        before = kv_lookups(third.metrics_port)  # its warm-up chat
         # nine at once: the gateway opens new streams beside its pooled one, which HAProxy
         # spreads round robin over the three
         with ThreadPoolExecutor(9) as pool:
             list(pool.map(lambda i: ask(1), range(9)))
         time.sleep(1.5)
-        assert _lookups(third.metrics_port) > before, "the replica added live took chats"
+        assert kv_lookups(third.metrics_port) > before, "the replica added live took chats"
 
         pids = {i: int(pid_file(tmp_path / f"replica-{i}", "supervisor").read_text()) for i in (1, 2)}
         # scaled down under load: three clients chatting all along, none refused or cut

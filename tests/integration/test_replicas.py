@@ -14,11 +14,10 @@ import time
 import pytest
 import redis
 
-from perf.servertools import scrape
 from switchboard.client import ChatClient, ChatError
 from switchboard.ops.balancer import Balancer, Replica, add, remove
 from switchboard.ops.launch import Ports, Stack, free_ports
-from tests.integration.kvtools import session_blocks
+from tests.integration.kvtools import kv_lookups, session_blocks
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +40,6 @@ def fleet(artifacts, tmp_path_factory):
     first.stop()
 
 
-def _lookups(stack) -> float:
-    """Prompts this replica's pools looked up: the chats it generated."""
-    return sum(v for (name, _), v in scrape(stack.ports.metrics).items() if name == "switchboard_kv_lookups_total")
-
-
 def test_sessions_stay_on_one_replica_and_find_their_blocks_local(fleet):
     first, second, balancer, client = fleet  # the client connected before the second replica joined
     later = []
@@ -61,7 +55,8 @@ def test_sessions_stay_on_one_replica_and_find_their_blocks_local(fleet):
         if s["kv_redis_blocks"] or s["session"] != "hit"
     ]
     time.sleep(1.5)  # the pools publish their counters once a second
-    assert _lookups(first) > 0 and _lookups(second) > 0, "both replicas should hold some sessions"
+    lookups = [kv_lookups(s.ports.metrics) for s in (first, second)]
+    assert lookups[0] > 0 and lookups[1] > 0, "both replicas should hold some sessions"
 
 
 def test_a_replica_drained_out_moves_its_sessions_with_their_history(fleet):
@@ -71,14 +66,14 @@ def test_a_replica_drained_out_moves_its_sessions_with_their_history(fleet):
     for sid in sids:  # sessions whose first turn the second replica answered
         pinned.chat(f"Where is my parcel {sid}?", session_id=sid, stream=False, max_new_tokens=8)
     time.sleep(1.5)
-    before = _lookups(second)
+    before = kv_lookups(second.ports.metrics)
     assert remove(balancer.admin, [1], timeout_s=30) == {1: True}
     assert balancer.admin.servers()["replica-1"]["status"] == "MAINT"
     for sid in sids:
         moved = client.chat("Can I change the address?", session_id=sid, stream=False, max_new_tokens=8).stats.raw
         assert moved["session"] == "hit", moved
     time.sleep(1.5)
-    assert _lookups(second) == before, "a drained replica takes no chat"
+    assert kv_lookups(second.ports.metrics) == before, "a drained replica takes no chat"
     add(balancer.admin, 1, Replica("replica-1", second.ports.grpc, second.ports.http))  # back for the next test
 
 
