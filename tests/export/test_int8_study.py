@@ -21,7 +21,8 @@ def test_study_reports_the_gate_both_ways_and_the_outliers(tokenizer_dir, tmp_pa
             layer.pre_feedforward_layernorm.weight[3:5] = 20.0
     model.save_pretrained(ckpt)
     out = tmp_path / "study"
-    assert int8_study.main(["--model", str(ckpt), "--out", str(out), "--precision", "fp32,int8-dynamic"]) == 0
+    argv = ["--model", str(ckpt), "--out", str(out), "--precision", "fp32,int8-dynamic", "--heldout-per-class", "4"]
+    assert int8_study.main(argv) == 0
     result = json.loads((out / "study.json").read_text())
     assert set(result["runs"]) == {"plain", "smoothed"}
     assert result["runs"]["smoothed"]["smoothing"]["applied"] and not result["runs"]["plain"]["smoothing"]["applied"]
