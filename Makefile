@@ -75,8 +75,8 @@ export-asr: $(if $(filter-out off,$(ASR_MODEL)),setup,model-asr-base) ## export 
 test-recognizer: model-asr-tiny-en
 	@$(PY) -m switchboard.export.asr --model build/asr-tiny-en --out build/artifacts/asr/test-tiny-en --precision fp32 --no-gate --bench-batches '' --install $(REPO)
 
-export: model ## export MODEL (default: the built default model) to ONNX + INT8 and install it into the repository
-	@$(PY) -m switchboard.export --model $(MODEL_DIR) --out $(ARTIFACTS) --precision $(PRECISION) --install $(REPO)
+export: model ## export MODEL (default: the built default model, also packed) to ONNX + INT8 and install it into the repository
+	@$(PY) -m switchboard.export --model $(MODEL_DIR) --out $(ARTIFACTS) --precision $(PRECISION) $(if $(MODEL),,--packed) --install $(REPO)
 
 serve: export ## start redis-server, tritonserver (ports 8000/8001/8002, Redis 6379) and the HTTP gateway (8080: OpenAI API, web chat) in the background; the recognizer joins when built (ASR_MODEL); REPLICAS=2: two behind HAProxy on 8001
 	@$(PY) -m switchboard.ops.launch up --repository $(REPO) --replicas $(REPLICAS) --gateway-port $(GATEWAY_PORT)

@@ -94,14 +94,16 @@ def run_export(
     required: set[str] | None = None,
     coverage_study: bool = False,
     smooth_alpha: float = 0.5,
+    packed: bool = False,
     console=None,
 ) -> dict:
     """Export, check, quantize, gate and report; returns the manifest as a dict.
 
     ``required``: variants that must pass the gate (default: all of ``precisions``); the others
     are left out when they fail. ``smooth_alpha``: INT8 variants are made from a smoothed copy
-    of the model (``export.smooth``; 0: from the plain graph). ``console``: where the step's
-    lines and bars go.
+    of the model (``export.smooth``; 0: from the plain graph). ``packed``: FP32 and INT8 dynamic
+    also as the packed pass's graph, checked against PyTorch, timed against the padded graph and
+    chosen where cheaper (``export.packed_choice``). ``console``: where the step's lines and bars go.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -112,7 +114,16 @@ def run_export(
     from switchboard.artifact.tokenizer import TextTokenizer
     from switchboard.engine import heads
     from switchboard.engine.runtime import OnnxDecoder
-    from switchboard.export import accuracy, calibration, onnx_export, parity, quantize, smooth, speculation
+    from switchboard.export import (
+        accuracy,
+        calibration,
+        onnx_export,
+        packed_choice,
+        parity,
+        quantize,
+        smooth,
+        speculation,
+    )
 
     say = console or console_mod.detached("export")
     required = set(precisions) if required is None else required
@@ -211,11 +222,19 @@ def run_export(
         )
     drafting = _speculation(say, speculation, tok, manifest, decoder, system_prompt, limit, out)
     int8 = [p for p in precisions if p != "fp32"]
+    packed_sources = {}  # padded graph -> its packed rendering, for the INT8 variants made packed too
+    if packed:
+        packed_sources[fp32] = onnx_export.export_packed(model, geo, out / "model.packed.onnx")
+        if check:
+            _check_packed(say, parity, model, out, manifest, prompts)
     source, source_decoder = fp32, decoder
     if int8 and smooth_alpha > 0:
         smooth_model = smooth.smoothed(model, prompts, smooth_alpha)
         if smooth_model is not None:
             source = onnx_export.export(smooth_model, geo, out / "model.smoothed.onnx")
+            if packed:
+                packed_path = out / "model.smoothed.packed.onnx"
+                packed_sources[source] = onnx_export.export_packed(smooth_model, geo, packed_path)
             del smooth_model
             with_source = {**variants, "smoothed": {"file": source.name}}
             source_decoder = OnnxDecoder(out, Manifest(**{**manifest.__dict__, "variants": with_source}), "smoothed")
@@ -242,9 +261,12 @@ def run_export(
                 )
             data = target.with_name(target.name + ".data")  # a quantizer's external data, for large models
             add_variant(precision, [target, data] if data.exists() else [target])
+            if precision == "int8-dynamic" and source in packed_sources:
+                quantize.quantize_int8_dynamic(packed_sources[source], out / f"model.{precision}.packed.onnx", parts)
             bar.update()
-    for f in out.glob("model.smoothed.onnx*"):
+    for f in out.glob("model.smoothed.*onnx*"):
         f.unlink()
+    packing = _choose_packed(say, packed_choice, out, manifest, variants, file_digest) if packed else {}
     smoothing = {"alpha": smooth_alpha, "applied": source != fp32} if int8 else {}
     manifest = Manifest(
         **{
@@ -252,6 +274,7 @@ def run_export(
             "variants": variants,
             "parity": report,
             "speculation": drafting,
+            "packing": packing,
             "source": {**manifest.source, "int8_smoothing": smoothing},
         }
     )
@@ -291,15 +314,22 @@ def run_export(
                 )
             )
         for v, reasons in left_out.items():
-            for f in {variants[v]["file"], *(p.name for p in out.glob(f"model.{v}.onnx*"))}:
+            for f in {variants[v]["file"], *(p.name for p in out.glob(f"model.{v}.*onnx*"))}:
                 (out / f).unlink(missing_ok=True)
             del variants[v]
             say.line(
                 f"left out {v}: {'; '.join(reasons)} (ask for it by name, e.g. --precision fp32,{v}, "
                 f"to make this an error)"
             )
+        packing = {v: c for v, c in manifest.packing.items() if v in variants}
         manifest = Manifest(
-            **{**manifest.__dict__, "variants": variants, "accuracy": accuracy_report, "left_out": left_out}
+            **{
+                **manifest.__dict__,
+                "variants": variants,
+                "accuracy": accuracy_report,
+                "left_out": left_out,
+                "packing": packing,
+            }
         )
         manifest.save(out)
     shipped = [p for p in precisions if p in variants]
@@ -321,6 +351,49 @@ def run_export(
         + (f"; report: {out / 'report.md'}" if bench_batches else "")
     )
     return manifest.__dict__
+
+
+def _check_packed(say, parity, model, out: Path, manifest, prompts) -> None:
+    """The packed graph against PyTorch as the padded one was (``parity.check``: left padding, a
+    cached prefix, decode steps), run by ``OnnxDecoder`` on its packed passes."""
+    from switchboard.artifact.manifest import Manifest
+    from switchboard.engine.runtime import OnnxDecoder
+
+    variants = {"fp32-packed": {"file": "model.packed.onnx"}}
+    decoder = OnnxDecoder(out, Manifest(**{**manifest.__dict__, "variants": variants}), "fp32-packed")
+    report = parity.check(model, decoder, [prompts[i] for i in range(0, len(prompts), max(1, len(prompts) // 4))][:4])
+    if not report["ok"]:
+        raise SystemExit(f"export check failed: the packed graph does not match PyTorch: {report}")
+    say.line(f"packed graph matches PyTorch (logits within {report['max_abs_logit_diff']:.0e})")
+
+
+def _choose_packed(say, packed_choice, out: Path, manifest, variants: dict, file_digest) -> dict:
+    """Each variant exported packed too: its packed graph recorded beside the padded one
+    (``variants[v]["packed"]``), both timed on the serving passes, and the one to serve from
+    (``packing[v]``, export/packed_choice.py)."""
+    from switchboard.artifact.manifest import Manifest
+    from switchboard.engine.runtime import OnnxDecoder
+
+    packing = {}
+    for precision, variant in variants.items():
+        graph = out / ("model.packed.onnx" if precision == "fp32" else f"model.{precision}.packed.onnx")
+        if not graph.exists():
+            continue
+        files = [graph, *sorted(out.glob(graph.name + ".data"))]
+        variant["packed"] = {
+            "file": graph.name,
+            "weights_sha256": file_digest(files),
+            "bytes": sum(f.stat().st_size for f in files),
+        }
+        both = Manifest(**{**manifest.__dict__, "variants": variants, "packing": {precision: {"chosen": "packed"}}})
+        padded, packed = (OnnxDecoder(out, both, precision, pack=p).session for p in (False, True))
+        packing[precision] = c = packed_choice.measure(padded, packed, vocab=manifest.vocab_size)
+        del padded, packed
+        say.line(
+            f"{precision}: packed passes {c['packed_ms']:.1f} ms against padded {c['padded_ms']:.1f} "
+            f"({c['ratio']:.2f}x; its worst pass {c['worst_ratio']:.2f}x): serves {c['chosen']}"
+        )
+    return packing
 
 
 def _speculation(say, speculation, tok, manifest, decoder, system_prompt, limit, out) -> dict:
@@ -374,7 +447,7 @@ def _coverage_study(
 
 
 # What a checkpoint's switchboard.json may set under "export" (argument names).
-CHECKPOINT_DEFAULTS = ("precision", "int8_parts", "bench_batches", "bench_repeats", "smooth_alpha")
+CHECKPOINT_DEFAULTS = ("precision", "int8_parts", "bench_batches", "bench_repeats", "smooth_alpha", "packed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -417,6 +490,12 @@ def main(argv: list[str] | None = None) -> int:
         help="held-out conversations per class in the accuracy gate (6 classes)",
     )
     p.add_argument("--no-gate", action="store_true", help="skip the accuracy evaluation and gate")
+    p.add_argument(
+        "--packed",
+        action="store_true",
+        help="also export FP32 and INT8 dynamic as the packed pass's graph (rows of different lengths without "
+        "padding), time it against the padded graph and serve it where cheaper (the manifest's 'packing')",
+    )
     p.add_argument(
         "--coverage-study",
         action="store_true",
@@ -472,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         str(args.coverage_study),
         str(args.smooth_alpha),
         repr(gate),
+        *(["packed"] if args.packed else []),
     ]
     stamp = Stamp(args.out, _inputs_digest(args.model, options))
     with console.step("export", args.log) as out:
@@ -493,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                     required=required,
                     coverage_study=args.coverage_study,
                     smooth_alpha=args.smooth_alpha,
+                    packed=args.packed,
                     console=out,
                 )
         else:

@@ -18,60 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
-
-import numpy as np
 
 from perf.machine import machine
 from perf.markdown import table
 from perf.prefill_cost import op_profile
-
-DRAFTS = (0, 0, 0, 0, 2, 4, 7, 1)  # rows verifying drafts of these lengths (plus each row's next token)
+from switchboard.export import packed_choice
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
-
-
-def cases(chunks: list[int], rows: int, seed: int = 0) -> dict[str, list[list[int]]]:
-    """The passes to time, by name: each row's new token ids (random: the cost does not depend on
-    them)."""
-    rng = np.random.default_rng(seed)
-
-    def tokens(n: int) -> list[int]:
-        return [int(t) for t in rng.integers(10, 4000, n)]
-
-    out = {
-        f"a {c}-token chunk + {rows - 1} decode rows": [tokens(c)] + [tokens(1) for _ in range(rows - 1)]
-        for c in chunks
-    }
-    out[f"{rows} decode rows"] = [tokens(1) for _ in range(rows)]
-    drafts = [DRAFTS[i % len(DRAFTS)] for i in range(rows)]
-    out[f"{rows} rows verifying drafts of {','.join(map(str, drafts))}"] = [tokens(d + 1) for d in drafts]
-    return out
-
-
-def padded_feed(rows: list[list[int]], past: dict, mask: np.ndarray, next_pos: np.ndarray, idx: list[int]) -> dict:
-    """The padded graph's inputs for rows ``idx``: [b, S], each row right-aligned."""
-    from switchboard.engine.packing import pack
-
-    p = pack([rows[i] for i in idx], next_pos[idx], mask[idx])
-    b, s = len(idx), p.width
-    ids, pos = np.zeros(b * s, np.int64), np.zeros(b * s, np.int64)
-    ids[p.token_index], pos[p.token_index] = p.input_ids[0], p.position_ids[0]
-    feed = {"input_ids": ids.reshape(b, s), "attention_mask": p.attention_mask, "position_ids": pos.reshape(b, s)}
-    feed["logits_index"] = np.array([-1], np.int64)
-    return feed | {name: a[idx] for name, a in past.items()}
-
-
-def packed_feed(rows: list[list[int]], past: dict, mask: np.ndarray, next_pos: np.ndarray) -> tuple[dict, object]:
-    from switchboard.engine.packing import pack
-
-    p = pack(rows, next_pos, mask)
-    return p.inputs() | past, p
 
 
 def graphs(checkpoint: Path, out: Path) -> tuple[Path, Path]:
@@ -99,13 +56,7 @@ def measure(args) -> dict:
 
     padded_path, packed_path = graphs(args.checkpoint, args.out)
     padded, packed = session(padded_path, args.threads), session(packed_path, args.threads)
-    inputs = {i.name: i for i in padded.get_inputs()}
-    pasts = [n for n in inputs if n.startswith("past_key_values")]
-    _, heads, _, dim = inputs[pasts[0]].shape
-    rng = np.random.default_rng(0)
     b, t = args.rows, args.context
-    past = {n: rng.standard_normal((b, heads, t, dim)).astype(np.float32) for n in pasts}
-    mask, next_pos = np.ones((b, t), np.int64), np.full(b, t, np.int64)
     results = {
         "checkpoint": str(args.checkpoint),
         "rows": b,
@@ -113,36 +64,16 @@ def measure(args) -> dict:
         "threads": args.threads,
         "repeats": args.repeats,
         "machine": machine(),
-        "passes": {},
+        "passes": packed_choice.time_passes(
+            padded, packed, args.chunks, b, t, args.repeats, say=lambda line: print(f"[packed-cost] {line}", flush=True)
+        ),
     }
-    for name, rows in cases(args.chunks, b).items():
-        feed, p = packed_feed(rows, past, mask, next_pos)
-        full = padded_feed(rows, past, mask, next_pos, list(range(b)))
-        groups: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            groups.setdefault(len(r), []).append(i)
-        per_length = [padded_feed(rows, past, mask, next_pos, idx) for idx in groups.values()]
-        runs = {
-            "padded": lambda full=full: padded.run(["logits"], full),
-            "packed": lambda feed=feed: packed.run(["logits"], feed),
-            "per_length": lambda feeds=per_length: [padded.run(["logits"], f) for f in feeds],
-        }
-        for run in runs.values():
-            run()  # the shape warmed
-        times: dict[str, list[float]] = {k: [] for k in runs}
-        for _ in range(args.repeats):
-            for k, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                times[k].append(time.perf_counter() - t0)
-        ms = {k: statistics.median(v) * 1000 for k, v in times.items()}
-        results["passes"][name] = {"tokens": p.tokens, "padded_tokens": p.padded_tokens(), "ms": ms}
-        print(f"[packed-cost] {name}: {ms['padded']:.1f} / {ms['packed']:.1f} / {ms['per_length']:.1f} ms", flush=True)
     if args.profile:
         chunk = max(args.chunks)
-        rows = cases([chunk], b)[f"a {chunk}-token chunk + {b - 1} decode rows"]
-        feed, _ = packed_feed(rows, past, mask, next_pos)
-        alone = padded_feed(rows, past, mask, next_pos, [0])
+        rows = packed_choice.cases([chunk], b)[f"a {chunk}-token chunk + {b - 1} decode rows"]
+        past, mask, next_pos = packed_choice.cache(padded, b, t)
+        feed, _ = packed_choice.packed_feed(rows, past, mask, next_pos)
+        alone = packed_choice.padded_feed(rows, past, mask, next_pos, [0])
         results["profiles"] = {}
         for label, path, f in (("packed", packed_path, feed), (f"the chunk's own pass ({chunk})", padded_path, alone)):
             opts = session_options(args.threads)

@@ -35,6 +35,7 @@ class Manifest:
     accuracy: dict = field(default_factory=dict)  # variants against FP32 on held-out data
     left_out: dict[str, list[str]] = field(default_factory=dict)  # variant -> the gate's reasons
     speculation: dict = field(default_factory=dict)  # drafts measured at export: enabled, cost_per_token, ...
+    packing: dict[str, dict] = field(default_factory=dict)  # variant -> packed against padded passes: chosen, ...
 
     @property
     def kv_shape(self) -> tuple[int, int, int, int]:
@@ -49,6 +50,15 @@ class Manifest:
         if precision not in self.variants:
             raise ValueError(f"precision {precision!r} not exported; have {sorted(self.variants)}")
         return self.variants[precision]
+
+    def graph(self, precision: str, pack: bool = True) -> dict:
+        """The file ``precision`` serves from: its packed rendering (the variant's ``packed``)
+        where ``pack`` and the export measured it cheaper (``packing``), else the padded graph."""
+        variant = self.variant(precision)
+        chosen = self.packing.get(precision, {}).get("chosen")
+        if pack and chosen == "packed" and "packed" in variant:
+            return variant["packed"] | {"fingerprint": variant["fingerprint"] + ".packed"}
+        return variant
 
     def save(self, directory: Path) -> None:
         (directory / MANIFEST).write_text(json.dumps(asdict(self), ensure_ascii=False, indent=2) + "\n")

@@ -42,11 +42,15 @@ def load_decoder(
     precision: str,
     gpu: str | None = None,
     native: Callable[[str, Manifest], Decoder] | None = None,
+    pack: bool = True,
 ) -> Decoder:
     """The decoder for the model version in ``directory``. ``gpu``: the device id of the GPU
-    the Triton instance runs on, if it does; ``native``: how to reach a native Triton model."""
+    the Triton instance runs on, if it does; ``native``: how to reach a native Triton model;
+    ``pack``: the graph exported packed where the export chose it (``packed_passes``)."""
     if choice.kind == ONNXRUNTIME:
-        return OnnxDecoder(directory, manifest, precision, threads=choice.threads, weights_cache=choice.weights_cache)
+        return OnnxDecoder(
+            directory, manifest, precision, threads=choice.threads, weights_cache=choice.weights_cache, pack=pack
+        )
     if choice.kind == TRITON:
         if native is None:
             raise ValueError(f"runtime '{TRITON}:{choice.target}' runs only inside Triton")

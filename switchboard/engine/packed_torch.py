@@ -140,7 +140,9 @@ def packed_forward(model, window, input_ids, attention_mask, position_ids, token
     hidden = model.model(
         input_ids=input_ids, attention_mask=placeholder, position_ids=position_ids, past_key_values=cache, grid=cache
     ).last_hidden_state
-    logits = model.lm_head(hidden[0].index_select(0, logits_index))
+    # [1, K, hidden] into the head, as the padded graph's: a 2-D input exports as Gemm, which
+    # ONNX Runtime's dynamic quantizer rewrites without updating the shapes it inferred
+    logits = model.lm_head(hidden.index_select(1, logits_index))[0]
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:  # Gemma
         logits = torch.tanh(logits / cap) * cap

@@ -30,11 +30,13 @@ class OnnxDecoder:
         threads: int = 2,
         providers: list[str] | None = None,
         weights_cache: Path | None = None,
+        pack: bool = True,
     ):
         """``weights_cache``: where the shared pre-packed copy of the weights lives (``onnx.prepared``);
-        None loads the graph as it is, with a private pre-packed copy."""
+        None loads the graph as it is, with a private pre-packed copy. ``pack``: the variant's packed
+        graph where the export chose it (``Manifest.graph``); False: the padded graph."""
         self.manifest = manifest
-        variant = manifest.variant(precision)
+        variant = manifest.graph(precision, pack)
         path = Path(directory) / variant["file"]
         providers = providers or onnx.CPU
         self.path = onnx.shared_weights(path, variant.get("fingerprint", precision), weights_cache, providers)

@@ -415,9 +415,10 @@ class EngineConfig(_RedisConfig):
     )
     packed_passes: bool = setting(
         True,
-        "where the runtime packs (runtime torch; an ONNX graph exported packed): a pass over rows of different "
-        "lengths (prompts, drafts) computes their tokens only, no padding, every draft is verified whole, and "
-        "prompts' chunks ride in the running rows' decode pass (false: padded passes, chunks between them)",
+        "where the runtime packs (runtime torch; onnxruntime where the export measured its packed graph cheaper, "
+        "the manifest's 'packing'): a pass over rows of different lengths (prompts, drafts) computes their tokens "
+        "only, no padding, every draft is verified whole, and prompts' chunks ride in the running rows' decode pass "
+        "(false: the padded graph, padded passes, chunks between them)",
     )
     draft_tokens: int = setting(
         8, "the most tokens a row drafts for one step (its recent acceptance may pick fewer)", 1, 64

@@ -46,8 +46,15 @@ def variant_files(directory: Path, variant: dict) -> list[Path]:
 
 
 def verify_variant(directory: Path, manifest: Manifest, precision: str) -> None:
-    """Raise ``ChecksumError`` unless the variant's files hash to the manifest's ``weights_sha256``."""
+    """Raise ``ChecksumError`` unless the variant's files hash to the manifest's ``weights_sha256``
+    (and its packed graph's, where it was exported packed too)."""
     variant = manifest.variant(precision)
+    _verify_graph(directory, variant, precision)
+    if "packed" in variant:
+        _verify_graph(directory, variant["packed"], f"{precision} (packed)")
+
+
+def _verify_graph(directory: Path, variant: dict, precision: str) -> None:
     want = variant.get("weights_sha256")
     if not want:
         raise ChecksumError(f"{directory}: the manifest has no weights_sha256 for {precision!r}; re-export it")

@@ -104,7 +104,9 @@ class TritonPythonModel:
             # file fails this load, and the version already serving goes on (switchboard/ops/rollout.py).
             self.version.verify()
         gpu = args["model_instance_device_id"] if args.get("model_instance_kind") == "GPU" else None
-        decoder = load_decoder(runtime, version, self.manifest, self.version.precision, gpu, native=_native_decoder)
+        decoder = load_decoder(
+            runtime, version, self.manifest, self.version.precision, gpu, native=_native_decoder, pack=cfg.packed_passes
+        )
         return decoder, runtime
 
     def _block_cache(self, cfg: EngineConfig, version) -> BlockCache:

@@ -1,11 +1,13 @@
-"""perf/packed_cost.py: the passes it times, their inputs, its report and its refusals."""
+"""perf/packed_cost.py: the passes it times and their inputs (export/packed_choice.py's, which the
+export times too), its report and its refusals."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from perf.packed_cost import cases, main, packed_feed, padded_feed, report_md
+from perf.packed_cost import main, report_md
+from switchboard.export.packed_choice import cases, packed_feed, padded_feed
 
 
 def test_the_cases_are_a_chunk_beside_decode_rows_decode_rows_and_drafts():

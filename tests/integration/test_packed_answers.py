@@ -1,10 +1,15 @@
 """Packed passes on a real server: two stacks serve the default model on ``runtime: torch`` (which
 packs) with drafting on, one with ``packed_passes`` off. Chats sent together, so prompts are
 prefilled beside running rows and drafts of different lengths are verified in one pass, get the
-same answers token for token from both; the packing stack counts its packed and mixed passes."""
+same answers token for token from both; the packing stack counts its packed and mixed passes.
+The same on ONNX Runtime: the export's packed graph (``make export`` writes it for the default
+model) served against the padded one."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,6 +37,30 @@ def pair(artifacts, tmp_path_factory):
     finally:
         for s in stacks.values():
             s.stop()
+
+
+@pytest.fixture(scope="module")
+def onnx_packed(artifacts, tmp_path_factory):
+    """A stack on a copy of the repository (hard links) whose pools serve the packed graph the
+    export wrote beside the padded one, whichever the export chose for this machine."""
+    repo = tmp_path_factory.mktemp("packed-onnx") / "repo"
+    shutil.copytree("model_repository", repo, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__"))
+    for pool in ("engine_short", "engine_long"):
+        path = repo / pool / "1" / "manifest.json"
+        manifest = json.loads(path.read_text())
+        assert "packed" in manifest["variants"]["fp32"], "make export writes the default model's packed graph"
+        manifest["packing"]["fp32"]["chosen"] = "packed"
+        path.unlink()  # a hard link to the export's own manifest: write a new file
+        path.write_text(json.dumps(manifest))
+    s = Stack(
+        Ports.free(), repository=repo, run_dir=tmp_path_factory.mktemp("packed-onnx-run"),
+        env={"SWITCHBOARD_SPECULATION": "on"},
+    )  # fmt: skip
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
 
 
 def _together(stack, questions, **kw):
@@ -62,3 +91,13 @@ def test_answers_are_the_same_packed_or_padded(pair, sampling):
         assert [e["token"] for e in packed.logprobs] == [e["token"] for e in padded.logprobs], q
     assert _passes(pair["true"], "switchboard_engine_packed_passes_total") > 0
     assert _passes(pair["false"], "switchboard_engine_packed_passes_total", settle_s=0) == 0
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.8, top_p=0.95, seed=7)])
+def test_the_exported_packed_graph_answers_as_the_padded_one(onnx_packed, stack, sampling):
+    questions = QUESTIONS + MORE
+    packed, padded = (_together(s, questions, max_new_tokens=48, logprobs=0, **sampling) for s in (onnx_packed, stack))
+    for q, a, b in zip(questions, packed, padded):
+        assert not a.stats.fallback and not b.stats.fallback, q
+        assert [e["token"] for e in a.logprobs] == [e["token"] for e in b.logprobs], q
+    assert _passes(onnx_packed, "switchboard_engine_packed_passes_total") > 0
