@@ -8,16 +8,19 @@ import time
 
 from switchboard.ops.process import stop_process
 
-IGNORES_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+READY = "print('ready', flush=True); time.sleep(60)"
+IGNORES_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); " + READY
 
 
-def _start():
-    return subprocess.Popen([sys.executable, "-c", IGNORES_SIGINT], start_new_session=True)
+def _start(code: str = IGNORES_SIGINT) -> subprocess.Popen:
+    """A child running ``code``, once it has set its SIGINT handler (it prints ``ready``)."""
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == b"ready\n"
+    return proc
 
 
 def test_a_process_that_ignores_sigint_is_killed_after_the_timeout():
     proc = _start()
-    time.sleep(0.3)
     t0 = time.monotonic()
     stop_process(proc, timeout=1.0)
     assert proc.poll() is not None and 1.0 <= time.monotonic() - t0 < 10
@@ -25,14 +28,18 @@ def test_a_process_that_ignores_sigint_is_killed_after_the_timeout():
 
 def test_settled_ends_the_wait_before_the_timeout():
     proc, asked = _start(), []
-    time.sleep(0.3)
     t0 = time.monotonic()
     stop_process(proc, timeout=30, settled=lambda: asked.append(1) or len(asked) >= 3)
     assert proc.poll() is not None and len(asked) == 3 and time.monotonic() - t0 < 10
 
 
+# SIGINT's Python default, set in the child: a shell that ran the tests in the background left
+# SIGINT ignored, and a child inherits that (it then waited out the whole timeout).
+EXITS_ON_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); " + READY
+
+
 def test_a_process_that_exits_on_sigint_is_not_waited_for():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    time.sleep(0.3)
+    proc = _start(EXITS_ON_SIGINT)
+    t0 = time.monotonic()
     stop_process(proc, timeout=30, settled=lambda: False)
-    assert proc.returncode is not None
+    assert proc.returncode is not None and time.monotonic() - t0 < 10
